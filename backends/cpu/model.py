@@ -1,0 +1,229 @@
+"""The decoder-only transformer (llama, qwen2, qwen3) as a plain PyTorch module.
+
+One forward runs a flattened batch of tokens from many sequences; attention reads
+keys and values through the paged cache, so prefill chunks, decode steps and
+multi-token verification all take the same path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from kernels import reference as K
+
+if TYPE_CHECKING:
+    from backends.models import ModelConfig
+
+
+@dataclass
+class PrefillGroup:
+    """One sequence whose new tokens are a contiguous run ``[start, end)`` of the batch."""
+
+    start: int
+    end: int
+    fresh: bool  # starts at position 0: attend over the new tokens, no cache read
+    block_table: torch.Tensor | None  # [1, num_blocks] when not fresh
+    context_len: torch.Tensor | None
+    query_start: torch.Tensor | None
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs about the batch, built once per step."""
+
+    slots: torch.Tensor  # [T] cache slot of every new token
+    cos: torch.Tensor  # [T, 1, head_dim]
+    sin: torch.Tensor
+    decode_index: torch.Tensor | None  # [D] batch rows that are single-token steps
+    decode_tables: torch.Tensor | None  # [D, max_blocks], padded
+    decode_lens: torch.Tensor | None  # [D]
+    prefills: list[PrefillGroup]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.eps = cfg.rms_norm_eps
+        self.qkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias, dtype=dtype)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False, dtype=dtype)
+        self.q_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
+
+    def forward(
+        self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = K.rms_norm(q, self.q_norm, self.eps)
+            k = K.rms_norm(k, self.k_norm, self.eps)
+        q = K.apply_rope(q, meta.cos, meta.sin)
+        k = K.apply_rope(k, meta.cos, meta.sin)
+        K.store_kv(k_cache, v_cache, k, v, meta.slots)
+
+        out = torch.empty_like(q)
+        if meta.decode_index is not None:
+            qd = q.index_select(0, meta.decode_index)[:, None]
+            od = K.paged_attention(
+                qd, k_cache, v_cache, meta.decode_tables, meta.decode_lens,
+                meta.decode_lens - 1, self.scale,
+            )
+            out.index_copy_(0, meta.decode_index, od[:, 0])
+        for p in meta.prefills:
+            if p.fresh:
+                out[p.start : p.end] = K.causal_attention(
+                    q[p.start : p.end], k[p.start : p.end], v[p.start : p.end], self.scale
+                )
+            else:
+                out[p.start : p.end] = K.paged_attention(
+                    q[None, p.start : p.end], k_cache, v_cache, p.block_table,
+                    p.context_len, p.query_start, self.scale,
+                )[0]
+        return self.o_proj(out.view(T, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, dtype=dtype)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(K.silu_and_mul(self.gate_up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
+        self.post_attention_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
+        self.attn = Attention(cfg, dtype)
+        self.mlp = MLP(cfg, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            h = K.rms_norm(x, self.input_norm, self.eps)
+        else:
+            h, residual = K.add_rms_norm(x, residual, self.input_norm, self.eps)
+        h = self.attn(h, meta, k_cache, v_cache)
+        h, residual = K.add_rms_norm(h, residual, self.post_attention_norm, self.eps)
+        return self.mlp(h), residual
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
+            cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_index: torch.Tensor,
+    ) -> torch.Tensor:
+        x = self.embed(input_ids)
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, meta, k_cache, v_cache)
+        # Only the rows whose logits were asked for go through the final norm and
+        # the (large) output projection.
+        x = x.index_select(0, logits_index)
+        residual = residual.index_select(0, logits_index)
+        h, _ = K.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(h, head).float()
+
+    @torch.no_grad()
+    def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
+        """Copy canonical (Hugging Face named) tensors in, fusing q/k/v and gate/up."""
+        pending: dict[str, torch.Tensor] = {}
+        seen: set[str] = set()
+        for name, array in tensors:
+            pending[name] = torch.from_numpy(np.ascontiguousarray(array))
+            self._consume(pending, seen)
+        if pending:
+            raise ValueError(f"unexpected tensors in model file: {sorted(pending)[:8]}")
+        expected = self._expected_names()
+        missing = expected - seen
+        if missing:
+            raise ValueError(f"model file lacks tensors: {sorted(missing)[:8]}")
+
+    def _expected_names(self) -> set[str]:
+        cfg = self.cfg
+        names = {"model.embed_tokens.weight", "model.norm.weight"}
+        if not cfg.tie_word_embeddings:
+            names.add("lm_head.weight")
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            names |= {p + s for s in (
+                "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+            )}
+            if cfg.attention_bias:
+                names |= {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"}
+            if cfg.qk_norm:
+                names |= {p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"}
+        return names
+
+    def _consume(self, pending: dict[str, torch.Tensor], seen: set[str]) -> None:
+        """Move every tensor whose destination is complete out of ``pending``."""
+
+        def put(dst: torch.Tensor, *names: str) -> None:
+            if all(n in pending for n in names):
+                parts = [pending.pop(n) for n in names]
+                src = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+                if src.shape != dst.shape:
+                    raise ValueError(f"{names[0]}: shape {tuple(src.shape)} != expected {tuple(dst.shape)}")
+                dst.copy_(src)
+                seen.update(names)
+
+        put(self.embed.weight, "model.embed_tokens.weight")
+        put(self.norm, "model.norm.weight")
+        if self.lm_head is not None:
+            put(self.lm_head.weight, "lm_head.weight")
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a = layer.attn
+            put(a.qkv.weight, p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight")
+            if a.qkv.bias is not None:
+                put(a.qkv.bias, p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias")
+            put(a.o_proj.weight, p + "self_attn.o_proj.weight")
+            if a.q_norm is not None:
+                put(a.q_norm, p + "self_attn.q_norm.weight")
+                put(a.k_norm, p + "self_attn.k_norm.weight")
+            put(layer.mlp.gate_up.weight, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+            put(layer.mlp.down.weight, p + "mlp.down_proj.weight")
+            put(layer.input_norm, p + "input_layernorm.weight")
+            put(layer.post_attention_norm, p + "post_attention_layernorm.weight")

@@ -1,0 +1,58 @@
+"""Framework-neutral serving engine: scheduling, paged-KV bookkeeping, sampling,
+detokenisation. Imports no torch/mlx; the backend (backends/base.py) owns tensors.
+
+See docs/contracts.md for the seam this package implements.
+"""
+
+from .async_engine import AsyncEngine
+from .block_manager import BlockManager
+from .detokenizer import IncrementalDetokenizer
+from .errors import (
+    BlockManagerError,
+    CacheCapacityError,
+    DuplicateRequestError,
+    EmptyPromptError,
+    EngineConfigError,
+    EngineDeadError,
+    EngineError,
+    EngineStepError,
+    InvalidPromptError,
+    InvalidRequestError,
+    PromptTooLongError,
+    SamplingParamsError,
+)
+from .llm_engine import DEFAULT_KV_CACHE_BYTES, EngineConfig, LLMEngine
+from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
+
+__all__ = [
+    "AsyncEngine",
+    "BlockManager",
+    "BlockManagerError",
+    "CacheCapacityError",
+    "DEFAULT_KV_CACHE_BYTES",
+    "DuplicateRequestError",
+    "EmptyPromptError",
+    "EngineConfig",
+    "EngineConfigError",
+    "EngineDeadError",
+    "EngineError",
+    "EngineStats",
+    "EngineStepError",
+    "IncrementalDetokenizer",
+    "InvalidPromptError",
+    "InvalidRequestError",
+    "LLMEngine",
+    "PromptTooLongError",
+    "RequestOutput",
+    "Sampler",
+    "SamplingParams",
+    "SamplingParamsError",
+    "Scheduler",
+    "Sequence",
+    "SequenceStatus",
+    "TokenLogprob",
+]

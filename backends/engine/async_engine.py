@@ -1,0 +1,266 @@
+"""Runs an LLMEngine on its own thread and streams outputs to asyncio.
+
+Threading rules:
+
+* All engine state is touched only by the engine thread. Other threads hand it
+  commands (add, abort) through an inbox guarded by a condition variable; the
+  thread sleeps on that condition when it has nothing to do.
+* Outputs travel back through one ``asyncio.Queue`` per request, filled with
+  ``loop.call_soon_threadsafe`` (one call per event loop per step).
+* ``generate`` validates the request in the caller's thread first, so a bad
+  request raises before anything is queued, on the first ``__anext__``.
+* When a consumer stops iterating (``aclose()``, task cancellation, client
+  disconnect) its request is aborted and its KV blocks freed.
+* When a step raises, every request in flight fails with ``EngineStepError``
+  (raised from ``generate``) and the loop carries on with new requests. Only if
+  the engine cannot even abort its requests does it become dead
+  (``EngineDeadError`` for everyone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import DuplicateRequestError, EngineDeadError, EngineStepError
+from .llm_engine import LLMEngine
+from .outputs import EngineStats, RequestOutput
+from .sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Stream:
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+@dataclass
+class _Add:
+    stream: _Stream
+    prompt: list[int]
+    params: SamplingParams
+    priority: int
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class _Outbox:
+    """Items for asyncio queues, batched so each event loop is woken once."""
+
+    def __init__(self) -> None:
+        self.by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]] = {}
+
+    def put(self, stream: _Stream, item: Any) -> None:
+        self.by_loop.setdefault(stream.loop, []).append((stream, item))
+
+    def flush(self) -> list[_Stream]:
+        """Deliver everything; returns the streams whose event loop is gone."""
+        orphaned = []
+        for loop, items in self.by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: nobody will read these
+                orphaned.extend(stream for stream, _ in items)
+        self.by_loop = {}
+        return orphaned
+
+
+def _put_all(items: list[tuple[_Stream, Any]]) -> None:
+    for stream, item in items:
+        stream.queue.put_nowait(item)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._inbox: list[_Add | _Abort] = []  # guarded by _cond
+        self._stopping = False  # guarded by _cond
+        self._thread: threading.Thread | None = None
+        self._dead: EngineDeadError | None = None
+        self._active: set[str] = set()  # request ids with a live generate(); guarded by _cond
+        self._stats = engine.stats()  # snapshot published by the engine thread
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        """Start the engine thread (idempotent)."""
+        with self._cond:
+            if self._thread is not None or self._stopping:
+                return
+            self._thread = threading.Thread(target=self._run, name="inferflux-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop the loop; requests still in flight fail with EngineDeadError."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    # -- the API used by the gateway (asyncio thread)
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs (deltas); the last one has ``finished=True``.
+
+        Raises ``InvalidRequestError`` subclasses for a bad request,
+        ``EngineStepError`` if a step failed while it ran, ``EngineDeadError``
+        if the engine is shut down.
+        """
+        prompt, params, _ = self.engine.validate_request(prompt_token_ids, params, priority)
+        stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue())
+        with self._cond:
+            self._check_alive()
+            if request_id in self._active:
+                raise DuplicateRequestError(request_id)
+            self._active.add(request_id)
+        done = False
+        try:
+            self.start()
+            self._submit(_Add(stream, prompt, params, priority))
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    done = True  # the engine already dropped the request
+                    raise item
+                done = item.finished
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abort(request_id)
+            with self._cond:
+                self._active.discard(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request from any thread; its stream ends with finish_reason "abort"."""
+        with self._cond:
+            if self._stopping or self._dead is not None:
+                return  # the loop is gone and has failed every request already
+            self._inbox.append(_Abort(request_id))
+            self._cond.notify()
+
+    def stats(self) -> EngineStats:
+        """The latest snapshot, published by the engine thread after every step."""
+        return self._stats
+
+    # -- engine thread
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead.message)
+        if self._stopping:
+            raise EngineDeadError("the engine is shut down")
+
+    def _submit(self, command: _Add | _Abort) -> None:
+        with self._cond:
+            self._check_alive()
+            self._inbox.append(command)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        outbox = _Outbox()
+        while True:
+            with self._cond:
+                while not (self._inbox or self._stopping or self.engine.has_unfinished_requests()):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                commands, self._inbox = self._inbox, []
+            self._apply(commands, outbox)
+            if self.engine.has_unfinished_requests():
+                self._step(outbox)
+            self._drop_orphans(outbox.flush())
+            self._stats = self.engine.stats()
+            if self._dead is not None:
+                break
+        self._close(outbox)
+
+    def _apply(self, commands: list[_Add | _Abort], outbox: _Outbox) -> None:
+        for cmd in commands:
+            if isinstance(cmd, _Add):
+                try:
+                    self.engine.add_request(cmd.stream.request_id, cmd.prompt, cmd.params, cmd.priority)
+                except Exception as exc:
+                    outbox.put(cmd.stream, exc)
+                else:
+                    self._streams[cmd.stream.request_id] = cmd.stream
+            else:
+                final = self.engine.abort_request(cmd.request_id)
+                stream = self._streams.pop(cmd.request_id, None)
+                if stream is not None and final is not None:
+                    outbox.put(stream, final)
+
+    def _step(self, outbox: _Outbox) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            logger.exception("engine step failed; failing %d request(s)", len(self._streams))
+            self._fail_all(exc, outbox)
+            return
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                outbox.put(stream, out)
+            if out.finished:
+                self._streams.pop(out.request_id, None)
+
+    def _fail_all(self, cause: BaseException, outbox: _Outbox) -> None:
+        try:
+            self.engine.abort_all()
+        except Exception as exc:
+            logger.exception("engine could not abort its requests; it is now dead")
+            with self._cond:
+                self._dead = EngineDeadError(f"the engine is broken after a failed step: {exc!r}")
+        for stream in self._streams.values():
+            err = EngineStepError(f"the engine failed while running this request: {cause!r}")
+            err.__cause__ = cause
+            outbox.put(stream, err)
+        self._streams.clear()
+
+    def _drop_orphans(self, orphans: list[_Stream]) -> None:
+        for stream in orphans:
+            if self._streams.pop(stream.request_id, None) is stream:
+                self.engine.abort_request(stream.request_id)
+
+    def _close(self, outbox: _Outbox) -> None:
+        """Fail whatever is still pending once the loop stops."""
+        with self._cond:
+            commands, self._inbox = self._inbox, []
+        reason = self._dead or EngineDeadError("the engine is shut down")
+        for cmd in commands:
+            if isinstance(cmd, _Add):
+                outbox.put(cmd.stream, EngineDeadError(str(reason)))
+        for stream in self._streams.values():
+            outbox.put(stream, EngineDeadError(str(reason)))
+        self._streams.clear()
+        try:
+            self.engine.abort_all()
+        except Exception:
+            logger.exception("aborting requests at shutdown failed")
+        outbox.flush()
+        self._stats = self.engine.stats()

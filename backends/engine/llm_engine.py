@@ -1,0 +1,300 @@
+"""The synchronous engine: schedule -> forward -> sample -> detokenize.
+
+Not thread-safe: one thread owns an ``LLMEngine`` (``AsyncEngine`` runs it on
+its own thread). ``validate_request`` is the exception: it reads only
+configuration and may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from backends.base import Backend, ModelInfo
+
+from .block_manager import DEFAULT_BLOCK_SIZE, BlockManager, blocks_for
+from .detokenizer import DecodingTokenizer, IncrementalDetokenizer
+from .errors import (
+    CacheCapacityError,
+    DuplicateRequestError,
+    EmptyPromptError,
+    EngineConfigError,
+    InvalidPromptError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
+from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .sampler import SampleResult, Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
+
+DEFAULT_KV_CACHE_BYTES = 1 << 30  # used when neither num_blocks nor kv_cache_bytes is set
+
+
+@dataclass
+class EngineConfig:
+    """Sizes of the KV cache and of a step.
+
+    Give the cache either as ``num_blocks`` or as ``kv_cache_bytes`` (divided by
+    the backend's ``kv_block_bytes(block_size)``), not both; with neither,
+    ``DEFAULT_KV_CACHE_BYTES`` is used. ``max_model_len`` defaults to the
+    model's context length and may only lower it.
+    """
+
+    block_size: int = DEFAULT_BLOCK_SIZE
+    num_blocks: int | None = None
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+
+    def check(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            _positive(name, getattr(self, name))
+        for name in ("num_blocks", "kv_cache_bytes", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.num_blocks is not None and self.kv_cache_bytes is not None:
+            raise EngineConfigError("set num_blocks or kv_cache_bytes, not both")
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: DecodingTokenizer,
+        model_info: ModelInfo,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.config = config = config or EngineConfig()
+        config.check()
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+        self.vocab_size = model_info.vocab_size
+        self.block_size = config.block_size
+        self.num_blocks = self._resolve_num_blocks(backend, config)
+        self.max_model_len = self._resolve_max_model_len(model_info, config)
+
+        backend.allocate_kv(self.num_blocks, self.block_size)
+        self.block_manager = BlockManager(self.num_blocks, self.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.eos_token_ids = _eos_ids(tokenizer)
+        self.sampler = Sampler(self.eos_token_ids)
+
+        self._requests: dict[str, Sequence] = {}
+        self._next_seq_id = 0
+        self._token_text: dict[int, str] = {}  # for logprobs: id -> text of the token alone
+        self.num_steps = 0
+        self.num_tokens_processed = 0
+        self.num_tokens_generated = 0
+
+    # -- requests
+
+    def validate_request(
+        self, prompt_token_ids: Iterable[int], params: SamplingParams | None = None, priority: int = 0
+    ) -> tuple[list[int], SamplingParams, int]:
+        """Check a request against the model and the cache without queueing it.
+
+        Returns ``(prompt, params, max_tokens)`` with ``max_tokens`` resolved
+        (``params.max_tokens=None`` becomes "until the context or the cache is
+        full"). Raises an ``InvalidRequestError`` subclass. Thread-safe.
+        """
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate(self.vocab_size)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidRequestError(f"priority must be an integer, got {priority!r}", param="priority")
+
+        try:
+            prompt = [operator.index(t) for t in prompt_token_ids]
+        except TypeError:
+            raise InvalidPromptError("prompt token ids must be integers") from None
+        n = len(prompt)
+        if n == 0:
+            raise EmptyPromptError()
+        lo, hi = min(prompt), max(prompt)
+        if lo < 0 or hi >= self.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise InvalidPromptError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+        if params.max_tokens is None:
+            if n >= self.max_model_len:
+                raise PromptTooLongError(n, None, self.max_model_len)
+            # The last sampled token is never fed back, so n + max_tokens - 1
+            # positions need KV.
+            cache_tokens = self.num_blocks * self.block_size
+            max_tokens = min(self.max_model_len - n, cache_tokens + 1 - n)
+            if max_tokens < 1:
+                raise CacheCapacityError(n, blocks_for(n, self.block_size), self.num_blocks, self.block_size)
+        else:
+            max_tokens = params.max_tokens
+            if n + max_tokens > self.max_model_len:
+                raise PromptTooLongError(n, max_tokens, self.max_model_len)
+        needed = n + max_tokens - 1
+        if blocks_for(needed, self.block_size) > self.num_blocks:
+            raise CacheCapacityError(needed, blocks_for(needed, self.block_size), self.num_blocks, self.block_size)
+        return prompt, params, max_tokens
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; it joins the running batch at the next step.
+
+        Raises ``InvalidRequestError`` subclasses (``DuplicateRequestError``,
+        ``EmptyPromptError``, ``PromptTooLongError``, ``CacheCapacityError``,
+        ``SamplingParamsError``, ...) and queues nothing in that case.
+        """
+        if request_id in self._requests:
+            raise DuplicateRequestError(request_id)
+        prompt, params, max_tokens = self.validate_request(prompt_token_ids, params, priority)
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        seq = Sequence(seq_id, request_id, prompt, params, max_tokens=max_tokens, priority=priority, arrival=seq_id)
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt, params, self.eos_token_ids)
+        self._requests[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks. Returns its final output
+        (finish_reason "abort"), or None if it is unknown or already finished."""
+        seq = self._requests.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.abort(seq)
+        return RequestOutput(
+            request_id=request_id,
+            new_token_ids=[],
+            new_text="",
+            finished=True,
+            finish_reason="abort",
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+        )
+
+    def abort_all(self) -> list[RequestOutput]:
+        return [out for rid in list(self._requests) if (out := self.abort_request(rid)) is not None]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    # -- the loop body
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch. Returns an output for every request that got a token.
+
+        If the backend or the sampler raises, no sequence has advanced: the
+        same step can be retried, or the requests aborted.
+        """
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        logits = self.backend.forward(sched.batch())
+        seqs = sched.sampled_seqs  # logits row i belongs to seqs[i]
+        samples = self.sampler.sample(logits, seqs)
+        outputs = [self._append(seq, sample) for seq, sample in zip(seqs, samples)]
+        for seq in self.scheduler.postprocess(sched):
+            self._requests.pop(seq.request_id, None)
+        self.num_steps += 1
+        self.num_tokens_processed += sched.num_tokens
+        self.num_tokens_generated += len(seqs)
+        return outputs
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_blocks_used=bm.num_used_blocks,
+            num_blocks_free=bm.num_free_blocks,
+            num_blocks_total=bm.num_blocks,
+            block_size=bm.block_size,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_tokens_processed=self.num_tokens_processed,
+            num_tokens_generated=self.num_tokens_generated,
+            num_steps=self.num_steps,
+            max_num_seqs=self.config.max_num_seqs,
+            max_model_len=self.max_model_len,
+        )
+
+    # -- internals
+
+    def _append(self, seq: Sequence, sample: SampleResult) -> RequestOutput:
+        seq.append_token(sample.token_id)
+        detok = seq.detokenizer
+        reason = detok.append(sample.token_id)
+        if reason is None and seq.num_output_tokens >= seq.max_tokens:
+            reason = detok.finish("length")
+        if reason is not None:
+            seq.status = SequenceStatus.FINISHED_STOPPED if reason == "stop" else SequenceStatus.FINISHED_LENGTH
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=[sample.token_id],
+            new_text=detok.take_delta(),
+            finished=reason is not None,
+            finish_reason=reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=seq.num_output_tokens,
+            logprobs=[self._logprob(sample)] if seq.params.logprobs else None,
+        )
+
+    def _logprob(self, sample: SampleResult) -> TokenLogprob:
+        top = [(t, self._text_of(t), lp) for t, lp in sample.top_logprobs or ()]
+        return TokenLogprob(sample.token_id, self._text_of(sample.token_id), sample.logprob, top)
+
+    def _text_of(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text[token_id] = text
+        return text
+
+    @staticmethod
+    def _resolve_num_blocks(backend: Backend, config: EngineConfig) -> int:
+        if config.num_blocks is not None:
+            return config.num_blocks
+        budget = config.kv_cache_bytes if config.kv_cache_bytes is not None else DEFAULT_KV_CACHE_BYTES
+        block_bytes = backend.kv_block_bytes(config.block_size)
+        if block_bytes <= 0:
+            raise EngineConfigError(f"backend reports {block_bytes} bytes per KV block")
+        num_blocks = budget // block_bytes
+        if num_blocks < 1:
+            raise EngineConfigError(
+                f"kv_cache_bytes={budget} is smaller than one KV block ({block_bytes} bytes "
+                f"for {config.block_size} tokens)"
+            )
+        return num_blocks
+
+    @staticmethod
+    def _resolve_max_model_len(info: ModelInfo, config: EngineConfig) -> int:
+        if config.max_model_len is None:
+            return info.context_length
+        if config.max_model_len > info.context_length:
+            raise EngineConfigError(
+                f"max_model_len={config.max_model_len} exceeds the model's context length {info.context_length}"
+            )
+        return config.max_model_len
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _eos_ids(tokenizer: DecodingTokenizer) -> frozenset[int]:
+    ids = getattr(tokenizer, "eos_token_ids", None)
+    if ids is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        ids = () if eos is None else (eos,)
+    return frozenset(int(t) for t in ids)

@@ -1,0 +1,60 @@
+"""What the engine hands back: per-step deltas and counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Logprob of one generated token and, if asked, the best alternatives.
+
+    ``token`` is the token's text as decoded on its own (special tokens kept),
+    so a token holding part of a UTF-8 character reads as U+FFFD, as in OpenAI's
+    API. ``top`` is best first: ``(token_id, token, logprob)``.
+    """
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]]
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One request's progress in one step (deltas, not totals).
+
+    ``new_text`` may be empty while ``new_token_ids`` is not: text is held back
+    while a character is split across tokens or might be the start of a stop
+    string. The token that triggered a stop (eos, a stop token id) is in
+    ``new_token_ids`` and counted in ``completion_tokens`` but adds no text.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    prompt_tokens: int
+    completion_tokens: int  # total so far
+    logprobs: list[TokenLogprob] | None = None  # one per new token when requested
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_blocks_used: int
+    num_blocks_free: int
+    num_blocks_total: int
+    block_size: int
+    num_preemptions: int  # total since start
+    num_tokens_processed: int  # tokens run through forward (prefill + decode), total
+    num_tokens_generated: int  # tokens sampled, total
+    num_steps: int
+    max_num_seqs: int
+    max_model_len: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.num_blocks_used / self.num_blocks_total if self.num_blocks_total else 0.0

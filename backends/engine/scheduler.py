@@ -1,0 +1,223 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Every step mixes decodes of running sequences with prefill chunks, under a
+token budget (``max_num_batched_tokens``) and a sequence cap (``max_num_seqs``).
+Order within a step:
+
+1. decodes of running sequences, most important first; when a decode needs a
+   block and none is free, the least important running sequence not yet
+   scheduled in this step is preempted (possibly the one asking);
+2. next prefill chunks of running sequences whose prompt is not fully computed;
+3. admission of waiting sequences in (priority, arrival) order. A waiting
+   sequence gets blocks for all its known tokens at admission (so a chunked
+   prefill never stalls half-way), and may preempt running sequences that are
+   strictly less important than itself. Admission stops at the first waiting
+   sequence that does not fit, so a large request is not starved by small ones.
+
+Preemption frees the sequence's blocks and puts it back in the waiting queue
+(ahead of later arrivals of its priority); on readmission its prompt and its
+output so far are prefilled again. Imports no tensor library.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from backends.base import Batch, SequenceSlice
+
+from .block_manager import BlockManager
+from .errors import BlockManagerError
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """``num_tokens`` tokens of ``seq`` starting at ``start_pos`` run this step."""
+
+    seq: Sequence
+    start_pos: int
+    num_tokens: int
+    num_logits: int  # 1 when the chunk reaches the end of the known tokens, else 0
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    block_size: int = 16
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def sampled_seqs(self) -> list[Sequence]:
+        """Sequences owning a logits row, in row order."""
+        return [s.seq for s in self.scheduled if s.num_logits]
+
+    def batch(self) -> Batch:
+        slices = [
+            SequenceSlice(
+                seq_id=s.seq.seq_id,
+                token_ids=tuple(s.seq.token_ids[s.start_pos : s.start_pos + s.num_tokens]),
+                start_pos=s.start_pos,
+                block_table=tuple(s.seq.block_table),
+                num_logits=s.num_logits,
+            )
+            for s in self.scheduled
+        ]
+        return Batch(slices=slices, block_size=self.block_size)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        # Both lists stay sorted by Sequence.sort_key (most important first).
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=_key)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop ``seq`` wherever it is and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.block_manager.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED_ABORTED
+
+    # -- one step
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(block_size=self.block_manager.block_size)
+        scheduled: dict[int, ScheduledSeq] = {}  # seq_id -> entry, insertion ordered
+        budget = self.max_num_batched_tokens
+
+        # 1. decodes, with preemption when blocks run out
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
+                continue
+            while not self.block_manager.can_append(seq, 1):
+                victim = self._pick_victim(scheduled)
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            if seq.status is SequenceStatus.RUNNING:
+                self.block_manager.append_slots(seq, 1)
+                scheduled[seq.seq_id] = _entry(seq, 1)
+                budget -= 1
+
+        # 2. next chunks of prefills already under way
+        for seq in self.running:
+            if budget == 0:
+                break
+            if seq.seq_id in scheduled:
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            scheduled[seq.seq_id] = _entry(seq, n)
+            budget -= n
+
+        # 3. admissions
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if not self._make_room_for(seq, scheduled, out):
+                break
+            for entry in [e for e in scheduled.values() if e.seq.status is not SequenceStatus.RUNNING]:
+                # a sequence scheduled above was preempted to make room: give back its budget
+                del scheduled[entry.seq.seq_id]
+                budget += entry.num_tokens
+            self.waiting.pop(0)
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self.running, seq, key=_key)
+            n = min(seq.num_uncomputed_tokens, budget)
+            scheduled[seq.seq_id] = _entry(seq, n)
+            budget -= n
+
+        out.scheduled = list(scheduled.values())
+        return out
+
+    def postprocess(self, out: SchedulerOutput) -> list[Sequence]:
+        """Record that the scheduled tokens are in the KV cache, and release
+        sequences that finished (the engine sets their status). Returns them."""
+        finished = []
+        for entry in out.scheduled:
+            seq = entry.seq
+            if seq.status is SequenceStatus.WAITING:
+                continue  # preempted (and reset) after scheduling: nothing to record
+            seq.num_computed_tokens = entry.start_pos + entry.num_tokens
+            if seq.is_finished and seq.status is not SequenceStatus.FINISHED_ABORTED:
+                self.running.remove(seq)
+                self.block_manager.free(seq)
+                finished.append(seq)
+        return finished
+
+    # -- preemption
+
+    def _pick_victim(self, scheduled: dict[int, ScheduledSeq]) -> Sequence:
+        """The least important, most recently arrived running sequence not yet
+        scheduled in this step (the one asking for room qualifies)."""
+        for seq in reversed(self.running):
+            if seq.seq_id not in scheduled:
+                return seq
+        raise BlockManagerError("no running sequence left to preempt")
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)
+        out.preempted.append(seq)
+
+    def _fits(self, seq: Sequence) -> bool:
+        return len(self.running) < self.max_num_seqs and self.block_manager.can_allocate(seq)
+
+    def _make_room_for(self, seq: Sequence, scheduled: dict[int, ScheduledSeq], out: SchedulerOutput) -> bool:
+        """True when ``seq`` can be admitted now, after preempting strictly less
+        important running sequences if that is enough to make it fit."""
+        if self._fits(seq):
+            return True
+        victims = [v for v in reversed(self.running) if v.priority > seq.priority]
+        if not victims:
+            return False
+        reclaimable = self.block_manager.num_free_blocks + sum(len(v.block_table) for v in victims)
+        if (
+            self.block_manager.blocks_needed(seq.num_tokens) > reclaimable
+            or len(self.running) - len(victims) >= self.max_num_seqs
+        ):
+            return False  # evicting them all would not be enough: evict nobody
+        for victim in victims:
+            self._preempt(victim, out)
+            if self._fits(seq):
+                return True
+        # Only reachable once blocks are shared between tables (the count above
+        # then overestimates what eviction frees); waiting a step is safe.
+        return False
+
+
+def _key(seq: Sequence) -> tuple[int, int]:
+    return seq.sort_key
+
+
+def _entry(seq: Sequence, num_tokens: int) -> ScheduledSeq:
+    start = seq.num_computed_tokens
+    reaches_end = start + num_tokens == seq.num_tokens
+    return ScheduledSeq(seq=seq, start_pos=start, num_tokens=num_tokens, num_logits=1 if reaches_end else 0)

@@ -1,0 +1,115 @@
+"""One request's token stream and its bookkeeping. Imports no tensor library."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .detokenizer import IncrementalDetokenizer
+    from .sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "finished_stopped"  # eos, stop token or stop string
+    FINISHED_LENGTH = "finished_length"  # max_tokens or context full
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISHED = frozenset(
+    {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
+)
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Sequence:
+    """A request as the scheduler sees it.
+
+    ``token_ids`` is prompt + output. ``num_computed_tokens`` of them have their
+    KV in the cache; the rest (the whole prompt for a new or preempted
+    sequence, the last sampled token for a decoding one) are fed to the next
+    forward passes. ``block_table[i]`` is the physical block that holds
+    positions ``i*block_size .. (i+1)*block_size - 1``.
+    """
+
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        max_tokens: int,
+        priority: int = 0,
+        arrival: int = 0,
+    ) -> None:
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.params = params
+        self.max_tokens = max_tokens  # params.max_tokens resolved against the context
+        self.priority = priority  # lower is more important
+        self.arrival = arrival  # engine-wide counter: FIFO order within a priority
+        self.status = SequenceStatus.WAITING
+
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.num_preemptions = 0
+
+        # Set by the engine: per-request state that outlives preemption, so a
+        # recomputed sequence continues its text and its random stream exactly.
+        self.detokenizer: IncrementalDetokenizer | None = None
+        self.generator: Any = None  # numpy Generator, owned by the sampler
+        self.prompt_token_set: Any = None  # cached by the sampler for penalties
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, request={self.request_id!r}, {self.status.value}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+            f"blocks={len(self.block_table)}, priority={self.priority})"
+        )
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        """Most important first: lower priority number, then earlier arrival."""
+        return (self.priority, self.arrival)
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)

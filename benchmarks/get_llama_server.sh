@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Build llama.cpp's `llama-server` (the peer for benchmarks/bench_serving.py) from the
+# llama.cpp source vendored inside the PyPI source distribution of llama-cpp-python.
+#
+# Only PyPI is contacted (via pip). The embedded web UI is disabled: recent llama.cpp
+# otherwise tries to download prebuilt UI assets from huggingface.co at build time. Everything is built outside the repo, under
+#   ${INFERFLUX_CACHE:-~/.cache/inferflux}/llama.cpp/
+# Idempotent: if the binary already exists, it only prints its path.
+#
+# Env overrides:
+#   PIP                   pip to use (default: <repo>/.venv/bin/pip, else `python3 -m pip`)
+#   LLAMA_CPP_PY_VERSION  pin an sdist version, e.g. 0.3.16 (default: latest on PyPI)
+#   JOBS                  parallel build jobs (default: 2)
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${INFERFLUX_CACHE:-$HOME/.cache/inferflux}/llama.cpp"
+BIN="$CACHE/build/bin/llama-server"
+JOBS="${JOBS:-2}"
+
+if [[ -x "$BIN" ]]; then
+  echo "llama-server already built: $BIN"
+  exit 0
+fi
+
+for tool in cmake c++ tar; do
+  command -v "$tool" >/dev/null || { echo "error: '$tool' is required" >&2; exit 1; }
+done
+
+if [[ -n "${PIP:-}" ]]; then
+  read -r -a PIPCMD <<<"$PIP"
+elif [[ -x "$REPO_ROOT/.venv/bin/pip" ]]; then
+  PIPCMD=("$REPO_ROOT/.venv/bin/pip")
+else
+  PIPCMD=(python3 -m pip)
+fi
+
+SPEC="llama-cpp-python${LLAMA_CPP_PY_VERSION:+==$LLAMA_CPP_PY_VERSION}"
+DL="$CACHE/sdist"
+mkdir -p "$DL"
+if ! ls "$DL"/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+  echo "[get_llama_server] downloading sdist $SPEC from PyPI ..."
+  # --no-binary is scoped to llama-cpp-python (not :all:) so that pip may take its
+  # *build* dependencies (scikit-build-core, used only to read the sdist's metadata)
+  # as wheels instead of compiling setuptools/hatchling/... from source recursively.
+  "${PIPCMD[@]}" download --no-deps --no-binary llama-cpp-python "$SPEC" -d "$DL"
+fi
+SDIST="$(ls -1 "$DL"/llama_cpp_python-*.tar.gz | sort -V | tail -n 1)"
+echo "[get_llama_server] sdist: $SDIST"
+
+# Extract the vendored llama.cpp tree into $CACHE/src (re-extract, and drop the build
+# dir, only when the sdist changed; an interrupted build resumes where it stopped).
+if [[ ! -f "$CACHE/src/CMakeLists.txt" || "$(cat "$CACHE/SOURCE" 2>/dev/null)" != "$(basename "$SDIST")" ]]; then
+  rm -rf "$CACHE/src" "$CACHE/extract" "$CACHE/build"
+  mkdir -p "$CACHE/extract"
+  tar -xzf "$SDIST" -C "$CACHE/extract"
+  TOP="$(find "$CACHE/extract" -mindepth 1 -maxdepth 1 -type d | head -n 1)"
+  if [[ ! -f "$TOP/vendor/llama.cpp/CMakeLists.txt" ]]; then
+    echo "error: $SDIST does not contain vendor/llama.cpp" >&2; exit 1
+  fi
+  mv "$TOP/vendor/llama.cpp" "$CACHE/src"
+  rm -rf "$CACHE/extract"
+  basename "$SDIST" > "$CACHE/SOURCE"
+fi
+
+echo "[get_llama_server] configuring (Release, native CPU, no curl) ..."
+start=$(date +%s)
+nice -n 19 cmake -S "$CACHE/src" -B "$CACHE/build" \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DLLAMA_CURL=OFF \
+  -DGGML_NATIVE=ON \
+  -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_UI=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF \
+  -DBUILD_SHARED_LIBS=OFF
+echo "[get_llama_server] building target llama-server with -j$JOBS (nice 19) ..."
+nice -n 19 cmake --build "$CACHE/build" --config Release --target llama-server -j"$JOBS"
+end=$(date +%s)
+
+[[ -x "$BIN" ]] || { echo "error: build finished but $BIN is missing" >&2; exit 1; }
+echo "[get_llama_server] build took $((end - start)) s"
+"$BIN" --version 2>&1 | head -n 4 || true
+echo "llama-server built: $BIN"

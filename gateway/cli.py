@@ -1,0 +1,309 @@
+"""``inferctl``: run the server, and small clients for a running one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+
+from gateway.settings import ConfigError, ensure_data_dir, load_settings
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # argparse's own code for bad usage; bad configuration is the same kind of mistake
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class ClientError(Exception):
+    """A client command failed in a way worth one line, not a traceback."""
+
+
+def _error(message: str) -> None:
+    print(f"inferctl: error: {message}", file=sys.stderr)
+
+
+# -- serve --------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(
+            args.config,
+            overrides={
+                "host": args.host,
+                "port": args.port,
+                "data_dir": args.data_dir,
+                "log_level": args.log_level,
+                "backend": args.backend,
+                "dtype": args.dtype,
+                "model": args.model,
+                "model_name": args.model_name,
+                "engine.kv_cache_bytes": args.kv_cache_bytes,
+                "max_body_bytes": args.max_body_bytes,
+            },
+        )
+        ensure_data_dir(settings.data_dir)
+    except ConfigError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except OSError as exc:
+        _error(f"cannot create the data directory: {exc}")
+        return EXIT_FAILURE
+
+    level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    # Imported here: loading pulls in the engine and backends, which --help and
+    # the client commands do not need.
+    import uvicorn
+
+    from backends.base import BackendError
+    from gateway.app import create_app
+    from gateway.models import ModelManager, engine_config_from, load_served_model
+
+    specs = settings.model_specs()
+    manager = ModelManager(expected=[spec.name for spec, _ in specs])
+    for spec, backend in specs:
+        try:
+            manager.add(load_served_model(spec, backend, engine_config_from(settings.engine)))
+        except (BackendError, OSError, ValueError) as exc:
+            _error(f"cannot load model {spec.name!r} ({spec.path}) on backend {backend!r}: {exc}")
+            manager.shutdown()
+            return EXIT_FAILURE
+
+    app = create_app(settings, manager)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        # Let running streams finish briefly, but never hang a shutdown on one.
+        timeout_graceful_shutdown=10,
+    )
+    return EXIT_OK
+
+
+# -- clients ------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> httpx.Client:
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    return httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=httpx.Timeout(10.0, read=None))
+
+
+def _raise_for_error(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        response.read()
+        message = response.json()["error"]["message"]
+    except Exception:  # not an OpenAI-shaped error: show what came back
+        message = response.text[:500]
+    raise ClientError(f"HTTP {response.status_code}: {message}")
+
+
+def _models(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        response = client.get("/v1/models")
+        _raise_for_error(response)
+        data = response.json()["data"]
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    for model in data:
+        aliases = ", ".join(model.get("aliases") or [])
+        print(f"{model['id']}" + (f"  (aliases: {aliases})" if aliases else ""))
+    return EXIT_OK
+
+
+def _sse_payloads(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    for line in response.iter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        payload = json.loads(data)
+        if "error" in payload:
+            raise ClientError(payload["error"].get("message", "error in stream"))
+        yield payload
+
+
+def _generate(args: argparse.Namespace, path: str, body: dict[str, Any], text_of: Any) -> int:
+    model = args.model
+    with _client(args) as client:
+        if model is None:
+            response = client.get("/v1/models")
+            _raise_for_error(response)
+            models = response.json()["data"]
+            if not models:
+                raise ClientError("the server serves no model")
+            model = models[0]["id"]
+        body = {**body, "model": model, "max_tokens": args.max_tokens, "stream": not args.no_stream}
+        if args.temperature is not None:
+            body["temperature"] = args.temperature
+        if args.no_stream:
+            response = client.post(path, json=body)
+            _raise_for_error(response)
+            print(text_of(response.json()["choices"][0], full=True))
+            return EXIT_OK
+        with client.stream("POST", path, json=body) as response:
+            _raise_for_error(response)
+            for payload in _sse_payloads(response):
+                for choice in payload.get("choices", []):
+                    print(text_of(choice, full=False), end="", flush=True)
+        print()
+    return EXIT_OK
+
+
+def _complete(args: argparse.Namespace) -> int:
+    def text_of(choice: dict[str, Any], full: bool) -> str:
+        return str(choice.get("text") or "")
+
+    return _generate(args, "/v1/completions", {"prompt": args.prompt}, text_of)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": args.message})
+
+    def text_of(choice: dict[str, Any], full: bool) -> str:
+        part = choice.get("message" if full else "delta") or {}
+        return str(part.get("content") or "")
+
+    return _generate(args, "/v1/chat/completions", {"messages": messages}, text_of)
+
+
+# -- argument parsing ---------------------------------------------------------
+
+
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("INFERFLUX_URL", DEFAULT_URL),
+        help="base URL of the server (default: $INFERFLUX_URL or %(default)s)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("INFERFLUX_API_KEY"),
+        help="sent as a bearer token (default: $INFERFLUX_API_KEY)",
+    )
+
+
+def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model id (default: the first model the server lists)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, help="sampling temperature, 0 for greedy (default: the server's)")
+    parser.add_argument("--no-stream", action="store_true", help="wait for the whole answer instead of streaming it")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inferctl",
+        description="InferFlux: an OpenAI-compatible LLM inference gateway.",
+        epilog="Run 'inferctl COMMAND --help' for a command's options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="load the models and serve the OpenAI-compatible API",
+        description=(
+            "Load the configured models and serve the OpenAI-compatible API. Settings come from "
+            "the flags, then INFERFLUX_* environment variables, then the YAML config file, then "
+            "defaults. Without a model, the bundled SmolLM2-135M-Instruct is served as "
+            "'smollm2-135m-instruct'."
+        ),
+    )
+    serve.add_argument("--config", metavar="FILE", help="YAML settings file (env: INFERFLUX_CONFIG)")
+    serve.add_argument(
+        "--model",
+        metavar="PATH",
+        help="serve this one model, a GGUF file or a safetensors directory, instead of the "
+        "configured list (env: INFERFLUX_MODEL)",
+    )
+    serve.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="the model id clients send for --model (default: derived from the file name; "
+        "env: INFERFLUX_MODEL_NAME)",
+    )
+    serve.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="backend for models that do not name one: cpu, cuda, metal, mlx "
+        "(default: cpu; env: INFERFLUX_BACKEND)",
+    )
+    serve.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        help="weight and activation dtype for models that do not name one (default: auto; env: INFERFLUX_DTYPE)",
+    )
+    serve.add_argument("--host", help="address to listen on (default: 127.0.0.1; env: INFERFLUX_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: 8080; env: INFERFLUX_PORT)")
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="state directory, created mode 0700 (default: $XDG_DATA_HOME/inferflux or "
+        "~/.local/share/inferflux; env: INFERFLUX_DATA_DIR)",
+    )
+    serve.add_argument(
+        "--kv-cache-bytes",
+        metavar="SIZE",
+        help="memory for each model's KV cache, e.g. 512MiB (default: the engine's; env: INFERFLUX_KV_CACHE_BYTES)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        metavar="SIZE",
+        help="largest accepted request body, e.g. 4MiB (default: 4MiB; env: INFERFLUX_MAX_BODY_BYTES)",
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="log verbosity (default: info; env: INFERFLUX_LOG_LEVEL)",
+    )
+    serve.set_defaults(handler=_serve)
+
+    models = sub.add_parser("models", help="list the models a running server serves")
+    _add_client_options(models)
+    models.add_argument("--json", action="store_true", help="print the raw model objects")
+    models.set_defaults(handler=_models)
+
+    complete = sub.add_parser("complete", help="complete a prompt on a running server")
+    complete.add_argument("prompt", help="the text to continue")
+    _add_client_options(complete)
+    _add_generation_options(complete)
+    complete.set_defaults(handler=_complete)
+
+    chat = sub.add_parser("chat", help="send one chat message to a running server")
+    chat.add_argument("message", help="the user message")
+    chat.add_argument("--system", help="a system prompt")
+    _add_client_options(chat)
+    _add_generation_options(chat)
+    chat.set_defaults(handler=_chat)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except httpx.HTTPError as exc:
+        _error(f"cannot reach {getattr(args, 'url', 'the server')}: {exc}")
+        return EXIT_FAILURE
+    except ClientError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

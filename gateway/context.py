@@ -1,0 +1,78 @@
+"""Per-request context carried in the ASGI scope.
+
+The context is created by the outermost middleware so every later layer
+(authentication fills ``principal``, rate limiting and audit read it, the
+routes fill ``model``) shares one object instead of re-deriving things from
+headers.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.datastructures import MutableHeaders
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+SCOPE_KEY = "inferflux.context"
+REQUEST_ID_HEADER = "x-request-id"
+
+# A caller-supplied id ends up in logs and (later) audit records; accept only a
+# conservative shape so it cannot inject separators or grow unbounded.
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def new_request_id() -> str:
+    return secrets.token_hex(12)
+
+
+@dataclass
+class RequestContext:
+    request_id: str
+    started: float = field(default_factory=time.perf_counter)
+    # Set by the (future) authentication layer; None means anonymous.
+    principal: Any | None = None
+    # The served model's canonical name once a route has resolved it.
+    model: str | None = None
+
+
+def get_context(conn: HTTPConnection | Scope) -> RequestContext:
+    """The request's context; one is created if no middleware did (e.g. unit tests)."""
+    scope = conn.scope if isinstance(conn, HTTPConnection) else conn
+    ctx = scope.get(SCOPE_KEY)
+    if ctx is None:
+        ctx = RequestContext(request_id=new_request_id())
+        scope[SCOPE_KEY] = ctx
+    return ctx
+
+
+class RequestContextMiddleware:
+    """Creates the RequestContext and echoes the request id in the response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                incoming = value.decode("latin-1")
+                break
+        request_id = incoming if _REQUEST_ID_RE.match(incoming) else new_request_id()
+        scope[SCOPE_KEY] = RequestContext(request_id=request_id)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                if REQUEST_ID_HEADER not in headers:
+                    headers.append(REQUEST_ID_HEADER, request_id)
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -1,0 +1,169 @@
+"""The gateway's error hierarchy and its OpenAI-shaped rendering.
+
+Every error a client can see is a ``GatewayError``: it carries its HTTP status,
+the OpenAI ``type`` and ``code`` and the offending ``param``, so handlers raise
+and one exception handler renders. Anything else that escapes a handler is a
+bug and is rendered as an opaque 500 (the traceback goes to the log, never to
+the client).
+
+Later layers (auth, RBAC, rate limits, guardrails) raise their own subclasses
+of these; the statuses and ``type`` strings below are the public contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from starlette.responses import JSONResponse
+
+
+def error_payload(message: str, error_type: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+class GatewayError(Exception):
+    """Base of every error rendered to a client."""
+
+    status_code: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.headers = dict(headers or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return error_payload(self.message, self.error_type, param=self.param, code=self.code)
+
+    def to_response(self, request_id: str | None = None) -> JSONResponse:
+        headers = dict(self.headers)
+        if request_id:
+            headers["x-request-id"] = request_id
+        return JSONResponse(self.to_dict(), status_code=self.status_code, headers=headers)
+
+
+# -- 4xx: the client's fault -------------------------------------------------
+
+
+class InvalidRequest(GatewayError):
+    """400: the request is well-formed HTTP but its content is not acceptable."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class MalformedJSON(InvalidRequest):
+    default_code = "invalid_json"
+
+
+class UnsupportedParameter(InvalidRequest):
+    """A known OpenAI parameter this server does not implement.
+
+    Rejected rather than ignored, because silently ignoring e.g. ``logit_bias``
+    or ``tools`` would return something other than what the client asked for.
+    """
+
+    default_code = "unsupported_parameter"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class AuthenticationFailed(GatewayError):
+    """401; raised by the authentication layer."""
+
+    status_code = 401
+    error_type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class PermissionDenied(GatewayError):
+    """403; raised by the authorization layer."""
+
+    status_code = 403
+    error_type = "permission_error"
+    default_code = "permission_denied"
+
+
+class NotFound(GatewayError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    default_code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist", param="model")
+        self.model = model
+
+
+class MethodNotAllowed(GatewayError):
+    status_code = 405
+    error_type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+class RequestTooLarge(GatewayError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class UnsupportedMediaType(GatewayError):
+    status_code = 415
+    error_type = "invalid_request_error"
+    default_code = "unsupported_media_type"
+
+
+class RateLimited(GatewayError):
+    """429; ``retry_after`` seconds becomes the Retry-After header."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, code: str | None = None) -> None:
+        headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after is not None else None
+        super().__init__(message, code=code, headers=headers)
+
+
+# -- 5xx: ours ---------------------------------------------------------------
+
+
+class InternalError(GatewayError):
+    status_code = 500
+    default_code = "internal_error"
+
+
+class ServiceUnavailable(GatewayError):
+    """503: retryable; the client did nothing wrong."""
+
+    status_code = 503
+    error_type = "server_error"
+    default_code = "service_unavailable"
+
+
+class EngineOverloaded(ServiceUnavailable):
+    default_code = "engine_overloaded"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after is not None else None
+        super().__init__(message, headers=headers)
+
+
+class ModelNotReady(ServiceUnavailable):
+    default_code = "model_not_ready"

@@ -1,0 +1,215 @@
+"""The engine client: runs one HTTP request's sequences and merges their outputs.
+
+A request with ``n`` choices (or several prompts) becomes several engine
+sequences. Each is consumed by its own task so a slow choice never stalls the
+others; outputs reach the route through one queue, in arrival order.
+Cancelling or closing a ``Generation`` closes every engine generator, which is
+how the engine learns to abort the sequence and free its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from backends.engine.errors import (
+    CacheCapacityError,
+    EngineDeadError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
+
+from gateway.errors import (
+    ContextLengthExceeded,
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    ModelNotReady,
+    ServiceUnavailable,
+)
+
+if TYPE_CHECKING:
+    from backends.engine import RequestOutput, SamplingParams
+
+    from gateway.models import ServedModel
+
+log = logging.getLogger("inferflux.gateway.generation")
+
+
+@dataclass
+class ChoiceSpec:
+    index: int
+    prompt_index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str
+
+
+@dataclass
+class ChoiceEvent:
+    index: int
+    output: RequestOutput
+
+
+@dataclass
+class _Finished:
+    index: int
+
+
+@dataclass
+class _Failed:
+    index: int
+    error: BaseException
+
+
+@dataclass
+class Usage:
+    prompt_tokens_by_prompt: dict[int, int] = field(default_factory=dict)
+    completion_tokens_by_choice: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def prompt_tokens(self) -> int:
+        # OpenAI counts a prompt once however many choices sample from it.
+        return sum(self.prompt_tokens_by_prompt.values())
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.completion_tokens_by_choice.values())
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+class Generation:
+    """Async iterator of ``ChoiceEvent``; use ``async with`` or call ``close``.
+
+    Engine failures are raised as GatewayErrors. ``on_first_token`` is called
+    once, with the seconds since ``started``, when the first token arrives.
+    """
+
+    def __init__(
+        self,
+        served: ServedModel,
+        choices: list[ChoiceSpec],
+        *,
+        priority: int = 0,
+        started: float | None = None,
+        on_first_token: Callable[[float], None] | None = None,
+        on_close: Callable[[Usage], None] | None = None,
+        param_names: dict[str, str] | None = None,
+    ) -> None:
+        self.served = served
+        self.choices = choices
+        self._by_index = {c.index: c for c in choices}
+        self.priority = priority
+        self.param_names = param_names or {}
+        self.usage = Usage()
+        self._started = time.perf_counter() if started is None else started
+        self._on_first_token = on_first_token
+        self._on_close = on_close
+        self._queue: asyncio.Queue[ChoiceEvent | _Finished | _Failed] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._remaining = len(choices)
+        self._saw_token = False
+        self._closed = False
+
+    async def __aenter__(self) -> Generation:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start(self) -> None:
+        if self._tasks:
+            return
+        for choice in self.choices:
+            self._tasks.append(asyncio.create_task(self._run(choice), name=f"generate-{choice.request_id}"))
+
+    async def _run(self, choice: ChoiceSpec) -> None:
+        stream = self.served.engine.generate(
+            choice.request_id, choice.prompt_token_ids, choice.params, priority=self.priority
+        )
+        try:
+            # aclosing: the generator is closed in the task that iterated it,
+            # also when that task is cancelled, so the engine aborts the sequence.
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    self._queue.put_nowait(ChoiceEvent(choice.index, output))
+            self._queue.put_nowait(_Finished(choice.index))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._queue.put_nowait(_Failed(choice.index, exc))
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> ChoiceEvent:
+        self.start()
+        while self._remaining > 0:
+            item = await self._queue.get()
+            if isinstance(item, _Finished):
+                self._remaining -= 1
+                continue
+            if isinstance(item, _Failed):
+                raise self._to_gateway_error(item.error)
+            out = item.output
+            self.usage.prompt_tokens_by_prompt[self._by_index[item.index].prompt_index] = out.prompt_tokens
+            self.usage.completion_tokens_by_choice[item.index] = out.completion_tokens
+            if out.new_token_ids and not self._saw_token:
+                self._saw_token = True
+                if self._on_first_token is not None:
+                    self._on_first_token(time.perf_counter() - self._started)
+            if out.finished and out.finish_reason == "abort":
+                raise ServiceUnavailable("The engine aborted the generation; retry the request")
+            return item
+        raise StopAsyncIteration
+
+    def _to_gateway_error(self, exc: BaseException) -> GatewayError:
+        mapped = engine_error_to_gateway(exc, param_names=self.param_names)
+        if isinstance(mapped, InternalError):
+            log.error("engine failed on %s", self.served.name, exc_info=exc)
+        return mapped
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            if not task.done():
+                task.cancel()
+        results: list[Any] = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                log.error("generation task failed", exc_info=result)
+        if self._on_close is not None:
+            self._on_close(self.usage)
+
+
+def engine_error_to_gateway(exc: BaseException, *, param_names: dict[str, str] | None = None) -> GatewayError:
+    """The client-facing error for an exception raised by the engine.
+
+    ``param_names`` renames the engine's parameter names to the API's where
+    they differ (the completions API calls ``top_logprobs`` ``logprobs``).
+    """
+    if isinstance(exc, GatewayError):
+        return exc
+    names = param_names or {}
+    if isinstance(exc, PromptTooLongError | CacheCapacityError):
+        # To a client, a request the KV cache can never hold is a context that is too long.
+        return ContextLengthExceeded(str(exc), param=names.get(exc.param or "", exc.param))
+    if isinstance(exc, InvalidRequestError):
+        return InvalidRequest(str(exc), param=names.get(exc.param or "", exc.param))
+    if isinstance(exc, EngineDeadError):
+        return ModelNotReady(f"The model's engine is not running: {exc}")
+    return InternalError("The engine failed while generating")

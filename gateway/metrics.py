@@ -1,0 +1,160 @@
+"""Prometheus metrics: one registry per app, a recording middleware, the scrape route.
+
+A registry per app (not prometheus_client's global one) lets several apps live
+in one process, as tests and multi-listener deployments do, without
+duplicate-series errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from backends.engine import EngineStats
+
+    from gateway.models import ModelManager
+
+log = logging.getLogger("inferflux.gateway.metrics")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# Status recorded when the client went away before a response was sent (nginx's convention).
+CLIENT_CLOSED_STATUS = 499
+
+
+class EngineStatsCollector(Collector):
+    """Reads every engine's stats at scrape time, so gauges are never stale."""
+
+    def __init__(self, manager: ModelManager) -> None:
+        self._manager = manager
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {
+            "running": GaugeMetricFamily(
+                "inferflux_engine_running_sequences", "Sequences being generated", labels=["model"]
+            ),
+            "waiting": GaugeMetricFamily(
+                "inferflux_engine_waiting_sequences", "Sequences queued for admission", labels=["model"]
+            ),
+            "used": GaugeMetricFamily("inferflux_kv_blocks_used", "KV cache blocks in use", labels=["model"]),
+            "free": GaugeMetricFamily("inferflux_kv_blocks_free", "KV cache blocks free", labels=["model"]),
+        }
+        for model in self._manager:
+            try:
+                stats = model.engine.stats()
+            except Exception:  # a broken engine must not break the whole scrape
+                log.exception("reading stats of %s failed", model.name)
+                continue
+            for key, value in engine_gauges(stats).items():
+                families[key].add_metric([model.name], value)
+        yield from families.values()
+
+
+def engine_gauges(stats: EngineStats) -> dict[str, float]:
+    return {
+        "running": float(stats.num_running),
+        "waiting": float(stats.num_waiting),
+        "used": float(stats.num_blocks_used),
+        "free": float(stats.num_blocks_free),
+    }
+
+
+class GatewayMetrics:
+    def __init__(self, manager: ModelManager | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "inferflux_http_requests",
+            "HTTP requests by route template, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "inferflux_http_request_duration_seconds",
+            "Time from request start to the end of the response (streams included)",
+            ["route", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "inferflux_time_to_first_token_seconds",
+            "Time from request start to the first generated token",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "inferflux_prompt_tokens", "Prompt tokens processed", ["model"], registry=self.registry
+        )
+        self.completion_tokens = Counter(
+            "inferflux_completion_tokens", "Completion tokens generated", ["model"], registry=self.registry
+        )
+        if manager is not None:
+            self.registry.register(EngineStatsCollector(manager))
+
+    def observe_tokens(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        if prompt_tokens:
+            self.prompt_tokens.labels(model).inc(prompt_tokens)
+        if completion_tokens:
+            self.completion_tokens.labels(model).inc(completion_tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template; a fixed label for unmatched paths.
+
+    Raw paths would give every probed URL (and every model id in
+    ``/v1/models/{id}``) its own series.
+    """
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+# HTTP allows any token as a method; unknown ones share a label.
+_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class MetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_recording(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_recording)
+        finally:
+            route = route_template(scope)
+            method = scope.get("method", "")
+            method = method if method in _KNOWN_METHODS else "other"
+            self.metrics.requests.labels(route, method, str(status)).inc()
+            self.metrics.latency.labels(route, method).observe(time.perf_counter() - started)
+
+
+async def metrics_route(request: Request) -> Response:
+    metrics: GatewayMetrics = request.app.state.metrics
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,158 @@
+"""Served models: what the routes dispatch to, and how they are loaded."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from backends.base import ModelInfo, ModelSpec
+
+from gateway.errors import ModelNotFound
+
+if TYPE_CHECKING:  # the engine is only needed at load time
+    from backends.engine import AsyncEngine, EngineConfig
+    from backends.models import Tokenizer
+
+    from gateway.settings import EngineSettings
+
+log = logging.getLogger("inferflux.gateway.models")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("inferflux")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "0+unknown"
+
+
+_VERSION = _version()
+
+
+@dataclass(eq=False)
+class ServedModel:
+    name: str
+    aliases: tuple[str, ...]
+    tokenizer: Tokenizer
+    info: ModelInfo
+    engine: AsyncEngine
+    backend: str = "unknown"
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_model_len(self) -> int:
+        """The usable context: the engine may be configured below the model's own."""
+        return self.engine.stats().max_model_len
+
+    @property
+    def system_fingerprint(self) -> str:
+        """Changes whenever what produces the tokens changes (weights, backend, dtype)."""
+        raw = "|".join((_VERSION, self.name, self.info.architecture, self.backend, self.info.dtype))
+        return "fp_" + hashlib.sha256(raw.encode()).hexdigest()[:10]
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+class ModelManager:
+    """The served models by name and alias.
+
+    ``expected`` names the models the configuration asks for; readiness means
+    every one of them has been added.
+    """
+
+    def __init__(self, expected: Iterable[str] = ()) -> None:
+        self._models: dict[str, ServedModel] = {}
+        self._lookup: dict[str, ServedModel] = {}
+        self._expected: list[str] = list(expected)
+        self._default: str | None = None
+
+    def add(self, model: ServedModel, *, default: bool = False) -> None:
+        for key in (model.name, *model.aliases):
+            if key in self._lookup:
+                raise ValueError(f"model name or alias {key!r} is already served")
+        self._models[model.name] = model
+        for key in (model.name, *model.aliases):
+            self._lookup[key] = model
+        if default or self._default is None:
+            self._default = model.name
+
+    def get(self, name: str) -> ServedModel:
+        try:
+            return self._lookup[name]
+        except KeyError:
+            raise ModelNotFound(name) from None
+
+    def list(self) -> list[ServedModel]:
+        return list(self._models.values())
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(list(self._models.values()))
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    @property
+    def default(self) -> ServedModel:
+        if self._default is None:
+            raise ModelNotFound("(default)")
+        return self._models[self._default]
+
+    def missing(self) -> list[str]:
+        """Configured models that are not (yet) loaded."""
+        return [name for name in self._expected if name not in self._models]
+
+    def shutdown(self) -> None:
+        for model in self._models.values():
+            try:
+                model.shutdown()
+            except Exception:  # one engine failing to stop must not keep the others running
+                log.exception("shutting down model %s failed", model.name)
+
+
+def engine_config_from(engine: EngineSettings) -> EngineConfig:
+    """The engine's configuration from the ``engine`` settings; unset keys keep the engine's defaults."""
+    from backends.engine import EngineConfig
+
+    kwargs = {k: v for k, v in engine.model_dump().items() if v is not None}
+    return EngineConfig(**kwargs)
+
+
+def load_served_model(spec: ModelSpec, backend: str, engine_config: EngineConfig | None = None) -> ServedModel:
+    """Load ``spec`` on the named backend and start its engine.
+
+    Raises ``BackendError`` (from the registry or the backend) when the backend
+    is unavailable or the model cannot be loaded.
+    """
+    from backends.engine import AsyncEngine, EngineConfig, LLMEngine
+    from backends.models import open_model
+    from backends.registry import get_backend
+
+    backend_cls: Any = get_backend(backend)
+    instance = backend_cls()
+    started = time.perf_counter()
+    info = instance.load(spec)
+    tokenizer = open_model(spec.path).tokenizer()
+    engine = LLMEngine(instance, tokenizer, info, engine_config if engine_config is not None else EngineConfig())
+    aengine = AsyncEngine(engine)
+    aengine.start()
+    log.info(
+        "loaded model %s (%s, %s) on %s in %.1fs",
+        spec.name,
+        info.architecture,
+        info.dtype,
+        backend,
+        time.perf_counter() - started,
+    )
+    return ServedModel(
+        name=spec.name,
+        aliases=tuple(spec.aliases),
+        tokenizer=tokenizer,
+        info=info,
+        engine=aengine,
+        backend=backend,
+    )

@@ -1,0 +1,344 @@
+"""OpenAI request schemas and their translation to engine sampling parameters.
+
+Unknown fields are ignored, as OpenAI does. Known OpenAI fields this server
+does not implement (``logit_bias``, ``tools``, ``suffix``, ...) are rejected
+with ``unsupported_parameter`` instead of being silently dropped, because
+ignoring them would change the meaning of the request.
+
+Completions ``prompt`` may be a string, a list of token ids, or a list of
+several strings / token-id lists; several prompts are served, and their
+choices are numbered ``prompt_index * n + sample_index`` as OpenAI does. One
+request fans out to at most ``MAX_CHOICES`` engine sequences.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.errors import InvalidRequest, MalformedJSON, UnsupportedParameter
+
+MAX_N = 8
+MAX_CHOICES = 16
+MAX_STOP_SEQUENCES = 4  # OpenAI's limit, and the engine's
+MAX_TOP_LOGPROBS_CHAT = 20
+MAX_LOGPROBS_COMPLETIONS = 5
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+# strict: OpenAI rejects "max_tokens": true or "n": "2"; pydantic's lax mode would
+# quietly turn them into 1 and 2.
+_REQUEST_CONFIG = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(BaseModel):
+    model_config = _REQUEST_CONFIG
+
+    include_usage: bool = False
+
+
+class _SamplingRequest(BaseModel):
+    """Fields shared by chat and text completions."""
+
+    model_config = _REQUEST_CONFIG
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(default=None, max_length=256)
+    # Extensions beyond the OpenAI API (vLLM spells them the same way).
+    top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
+    priority: int = 0
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _check_common(self) -> _SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise _Unsupported("stream_options", "stream_options is only allowed when stream is true", code=None)
+        if self.logit_bias:
+            raise _Unsupported("logit_bias", "logit_bias is not supported by this server")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class _Unsupported(ValueError):
+    """Raised inside validators; converted to an ``UnsupportedParameter`` with its own param."""
+
+    def __init__(self, param: str, message: str, code: str | None = "unsupported_parameter") -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+        self.code = code
+
+
+# -- chat ---------------------------------------------------------------------
+
+Role = Literal["system", "user", "assistant", "developer", "tool"]
+
+
+class ChatMessage(BaseModel):
+    model_config = _REQUEST_CONFIG
+
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[Any] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _check_parts(cls, value: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        if isinstance(value, list):
+            for j, part in enumerate(value):
+                kind = part.get("type")
+                if kind != "text":
+                    raise ValueError(f"content part {j} has type {kind!r}; only 'text' parts are supported")
+                if not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part {j} must have a string 'text'")
+        return value
+
+    @model_validator(mode="after")
+    def _check_message(self) -> ChatMessage:
+        if self.tool_calls:
+            raise ValueError("tool_calls in messages are not supported by this server")
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a '{self.role}' message must have content")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part["text"] for part in self.content)
+
+    def to_template(self) -> dict[str, Any]:
+        # Open-weight chat templates know "system" but not OpenAI's newer
+        # "developer" role, which means the same thing.
+        role = "system" if self.role == "developer" else self.role
+        rendered: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.name is not None:
+            rendered["name"] = self.name
+        if self.tool_call_id is not None:
+            rendered["tool_call_id"] = self.tool_call_id
+        return rendered
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS_CHAT)
+    # Known OpenAI fields that are not implemented; rejected when meaningful.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise _Unsupported("top_logprobs", "top_logprobs requires logprobs to be true", code=None)
+        if self.tools or self.functions:
+            raise _Unsupported("tools" if self.tools else "functions", "tool calling is not supported by this server")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise _Unsupported("tool_choice", "tool calling is not supported by this server")
+        if self.function_call not in (None, "none", "auto"):
+            raise _Unsupported("function_call", "tool calling is not supported by this server")
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise _Unsupported("response_format", "only response_format type 'text' is supported")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        # max_completion_tokens supersedes the deprecated max_tokens.
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.to_template() for m in self.messages]
+
+
+# -- completions --------------------------------------------------------------
+
+PromptInput = str | list[int] | list[str] | list[list[int]]
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: PromptInput
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS_COMPLETIONS)
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt(cls, value: Any) -> Any:
+        # Checked by hand: a union error from pydantic lists every alternative,
+        # which says little about what was wrong.
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list) or not value:
+            raise ValueError("prompt must be a string, a list of token ids, or a non-empty list of those")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return value
+        if all(isinstance(v, str) for v in value):
+            return value
+        if all(isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v) for v in value):
+            return value
+        raise ValueError("prompt must be a string, a list of token ids, or a list of strings or of token-id lists")
+
+    @model_validator(mode="after")
+    def _check_completion(self) -> CompletionRequest:
+        if self.suffix:
+            raise _Unsupported("suffix", "suffix is not supported by this server")
+        if self.best_of is not None and self.best_of != self.n:
+            raise _Unsupported("best_of", "best_of other than n is not supported by this server")
+        if self.echo and self.logprobs is not None:
+            raise _Unsupported("echo", "echo together with logprobs is not supported by this server")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int:
+        # The legacy completions API defaults to 16 tokens.
+        return self.max_tokens if self.max_tokens is not None else 16
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt(s), each a string or a token-id list."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and isinstance(p[0], int):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+# -- parsing ------------------------------------------------------------------
+
+
+def decode_json_body(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        raise MalformedJSON("The request body is empty; expected a JSON object")
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedJSON(f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedJSON("The request body is nested too deeply") from None
+    if not isinstance(data, dict):
+        raise MalformedJSON("The request body must be a JSON object")
+    return data
+
+
+def _param_from_loc(loc: tuple[int | str, ...]) -> str | None:
+    """``("messages", 0, "content")`` -> ``"messages[0].content"``.
+
+    Pydantic puts union-member tags (``"str"``, ``"list[str]"``,
+    ``"function-after[...]"``) into the location; they are not parameters.
+    """
+    out = ""
+    for item in loc:
+        if isinstance(item, int):
+            out += f"[{item}]"
+        elif "[" in item or item in {"str", "int", "float", "bool", "list", "dict", "none"}:
+            continue
+        else:
+            out += f".{item}" if out else item
+    return out or None
+
+
+def parse_request(model_cls: type[_SamplingRequest], data: dict[str, Any]) -> Any:
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, _Unsupported):
+            if cause.code is None:
+                raise InvalidRequest(cause.message, param=cause.param) from None
+            raise UnsupportedParameter(cause.message, param=cause.param, code=cause.code) from None
+        param = _param_from_loc(tuple(first.get("loc", ())))
+        message = first.get("msg", "invalid value")
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        raise InvalidRequest(f"{param}: {message}" if param else message, param=param) from None
+
+
+# -- engine parameters --------------------------------------------------------
+
+
+def sampling_kwargs(
+    req: _SamplingRequest, *, max_tokens: int | None, num_logprobs: int | None, seed_offset: int = 0
+) -> dict[str, Any]:
+    """Keyword arguments for ``backends.engine.SamplingParams``.
+
+    OpenAI's defaults (temperature 1, top_p 1) are spelled out so the result
+    does not depend on the engine's own defaults. Choice ``i`` of a request
+    with a seed gets ``seed + i``; otherwise ``n`` seeded samples would all be
+    the same text.
+    """
+    kwargs: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "stop": req.stop_list,
+        "ignore_eos": req.ignore_eos,
+        "logprobs": num_logprobs is not None,
+        "top_logprobs": num_logprobs or 0,
+    }
+    optional = {
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "min_tokens": req.min_tokens,
+        "seed": None if req.seed is None else req.seed + seed_offset,
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    return kwargs

@@ -1,0 +1,521 @@
+"""OpenAI-compatible routes: chat completions, completions, models."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from backends.engine import RequestOutput, SamplingParams, SamplingParamsError, TokenLogprob
+from backends.models import ChatTemplateError
+
+from gateway.context import get_context
+from gateway.errors import (
+    ContextLengthExceeded,
+    EngineOverloaded,
+    GatewayError,
+    InvalidRequest,
+    UnsupportedMediaType,
+)
+from gateway.generation import ChoiceEvent, ChoiceSpec, Generation, Usage, engine_error_to_gateway
+from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics
+from gateway.models import ModelManager, ServedModel
+from gateway.protocol import (
+    MAX_CHOICES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    decode_json_body,
+    parse_request,
+    sampling_kwargs,
+)
+from gateway.streaming import SSE_DONE, ClientDisconnected, SSEResponse, run_until_disconnect, sse_event
+
+# -- request plumbing ---------------------------------------------------------
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    content_type = request.headers.get("content-type")
+    if content_type is not None:
+        media_type = content_type.split(";", 1)[0].strip().lower()
+        if media_type != "application/json" and not media_type.endswith("+json"):
+            raise UnsupportedMediaType(f"Content-Type must be application/json, not {media_type or 'empty'!r}")
+    return decode_json_body(await request.body())
+
+
+def _manager(request: Request) -> ModelManager:
+    return request.app.state.manager  # type: ignore[no-any-return]
+
+
+def _metrics(request: Request) -> GatewayMetrics:
+    return request.app.state.metrics  # type: ignore[no-any-return]
+
+
+def _client_closed() -> Response:
+    return Response(status_code=CLIENT_CLOSED_STATUS)
+
+
+@dataclass
+class PreparedPrompt:
+    token_ids: list[int]
+    text: str | None = None  # for echo; decoded lazily when only ids were given
+
+
+@dataclass
+class Plan:
+    """What a validated request asks of the engine."""
+
+    served: ServedModel
+    prompts: list[PreparedPrompt]
+    choices: list[ChoiceSpec]
+    completion_id: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _param_names(req: ChatCompletionRequest | CompletionRequest) -> dict[str, str]:
+    """Engine parameter names that the API spells differently."""
+    if isinstance(req, CompletionRequest):
+        return {"top_logprobs": "logprobs"}
+    return {"max_tokens": _max_tokens_param(req)}
+
+
+def _sampling_params(
+    req: ChatCompletionRequest | CompletionRequest, served: ServedModel, kwargs: dict[str, Any]
+) -> SamplingParams:
+    try:
+        params = SamplingParams(**kwargs)
+        params.validate(served.info.vocab_size)
+    except SamplingParamsError as exc:
+        raise engine_error_to_gateway(exc, param_names=_param_names(req)) from None
+    return params
+
+
+def _plan(
+    served: ServedModel,
+    req: ChatCompletionRequest | CompletionRequest,
+    prompts: list[PreparedPrompt],
+    *,
+    prefix: str,
+    prompt_param: str,
+) -> Plan:
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise InvalidRequest(
+            f"{len(prompts)} prompts x n={req.n} exceeds the limit of {MAX_CHOICES} choices per request",
+            param="n",
+        )
+    context = served.max_model_len
+    requested = req.requested_max_tokens
+    completion_id = f"{prefix}-{secrets.token_hex(12)}"
+    choices: list[ChoiceSpec] = []
+    for p_index, prompt in enumerate(prompts):
+        n_prompt = len(prompt.token_ids)
+        if n_prompt == 0:
+            raise InvalidRequest("The prompt is empty", param=prompt_param)
+        room = context - n_prompt
+        if room <= 0:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {context} tokens, and the prompt has "
+                f"{n_prompt}, which leaves no room for a completion. Please shorten the prompt.",
+                param=prompt_param,
+            )
+        if requested is not None and requested > room:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {context} tokens. However, you requested "
+                f"{n_prompt + requested} tokens ({n_prompt} in the prompt, {requested} for the completion). "
+                "Please reduce the prompt or the completion length.",
+                param=_max_tokens_param(req),
+            )
+        for sample in range(req.n):
+            index = p_index * req.n + sample
+            # max_tokens None: until the context or the KV cache is full (the engine resolves it).
+            kwargs = sampling_kwargs(req, max_tokens=requested, num_logprobs=req.num_logprobs, seed_offset=index)
+            choices.append(
+                ChoiceSpec(
+                    index=index,
+                    prompt_index=p_index,
+                    prompt_token_ids=prompt.token_ids,
+                    params=_sampling_params(req, served, kwargs),
+                    request_id=f"{completion_id}-{index}",
+                )
+            )
+    return Plan(served=served, prompts=prompts, choices=choices, completion_id=completion_id)
+
+
+def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest) -> str:
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
+def _admit(request: Request, plan: Plan) -> None:
+    """Refuse work the engine would only queue behind too much else."""
+    limit: int = request.app.state.settings.max_queued_sequences
+    waiting = plan.served.engine.stats().num_waiting
+    if waiting + len(plan.choices) > limit:
+        raise EngineOverloaded(
+            f"The model {plan.served.name!r} has {waiting} sequences waiting already; retry later",
+            retry_after=1,
+        )
+
+
+def _generation(request: Request, plan: Plan, req: ChatCompletionRequest | CompletionRequest) -> Generation:
+    metrics = _metrics(request)
+    model = plan.served.name
+
+    def record(usage: Usage) -> None:
+        metrics.observe_tokens(model, usage.prompt_tokens, usage.completion_tokens)
+
+    return Generation(
+        plan.served,
+        plan.choices,
+        priority=req.priority,
+        param_names=_param_names(req),
+        started=get_context(request).started,
+        on_first_token=lambda seconds: metrics.ttft.labels(model).observe(seconds),
+        on_close=record,
+    )
+
+
+async def _collect(gen: Generation) -> dict[int, list[RequestOutput]]:
+    outputs: dict[int, list[RequestOutput]] = {c.index: [] for c in gen.choices}
+    async for event in gen:
+        outputs[event.index].append(event.output)
+    return outputs
+
+
+class Renderer(Protocol):
+    """Turns engine outputs into one API's response objects."""
+
+    def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]: ...
+
+    def stream_start(self) -> list[dict[str, Any]]: ...
+
+    def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None: ...
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]: ...
+
+
+async def _stream_or_collect(
+    request: Request, plan: Plan, req: ChatCompletionRequest | CompletionRequest, render: Renderer
+) -> Response:
+    _admit(request, plan)
+    gen = _generation(request, plan, req)
+    if not req.stream:
+        try:
+            async with gen:
+                outputs = await run_until_disconnect(request.receive, _collect(gen))
+        except ClientDisconnected:
+            return _client_closed()
+        return JSONResponse(render.full(outputs, gen.usage))
+
+    gen.start()
+    try:
+        # Wait for the first output before sending headers, so that admission
+        # errors (prompt too long, overload) still get their real status.
+        first = await run_until_disconnect(request.receive, _first_event(gen))
+    except ClientDisconnected:
+        await gen.close()
+        return _client_closed()
+    except BaseException:
+        await gen.close()
+        raise
+    return SSEResponse(_sse_body(gen, first, render, req.include_usage), on_close=gen.close)
+
+
+async def _first_event(gen: Generation) -> ChoiceEvent | None:
+    try:
+        return await gen.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def _is_empty(out: RequestOutput) -> bool:
+    # The engine may hold back text (an incomplete UTF-8 sequence, a possible
+    # stop string); a chunk with nothing in it is noise for clients.
+    return not out.new_text and not out.finished and not out.logprobs
+
+
+async def _sse_body(
+    gen: Generation, first: ChoiceEvent | None, render: Renderer, include_usage: bool
+) -> AsyncIterator[bytes]:
+    for chunk in render.stream_start():
+        yield sse_event(chunk)
+    try:
+        if first is not None:
+            chunk = render.stream_event(first, include_usage)
+            if chunk is not None:
+                yield sse_event(chunk)
+            async for event in gen:
+                chunk = render.stream_event(event, include_usage)
+                if chunk is not None:
+                    yield sse_event(chunk)
+    except GatewayError as exc:
+        # Headers are gone already; the error travels in the stream, as OpenAI does.
+        yield sse_event(exc.to_dict())
+        yield SSE_DONE
+        return
+    if include_usage:
+        yield sse_event(render.usage_chunk(gen.usage))
+    yield SSE_DONE
+
+
+# -- rendering ----------------------------------------------------------------
+
+
+def _finish_reason(outputs: list[RequestOutput]) -> str | None:
+    return outputs[-1].finish_reason if outputs and outputs[-1].finished else None
+
+
+class _ChatRenderer:
+    def __init__(self, plan: Plan, logprobs: bool) -> None:
+        self.plan = plan
+        self.served = plan.served
+        self.logprobs = logprobs
+
+    def _header(self, obj: str) -> dict[str, Any]:
+        return {
+            "id": self.plan.completion_id,
+            "object": obj,
+            "created": self.plan.created,
+            "model": self.served.name,
+            "system_fingerprint": self.served.system_fingerprint,
+        }
+
+    @staticmethod
+    def _logprob_entry(lp: TokenLogprob) -> dict[str, Any]:
+        return {
+            "token": lp.token,
+            "logprob": float(lp.logprob),
+            "bytes": list(lp.token.encode("utf-8")),
+            "top_logprobs": [
+                {"token": token, "logprob": float(value), "bytes": list(token.encode("utf-8"))}
+                for _id, token, value in lp.top
+            ],
+        }
+
+    def _logprobs(self, outputs: list[RequestOutput]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        return {"content": [self._logprob_entry(lp) for out in outputs for lp in (out.logprobs or [])]}
+
+    def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
+        choices = [
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": "".join(o.new_text for o in outs)},
+                "logprobs": self._logprobs(outs),
+                "finish_reason": _finish_reason(outs),
+            }
+            for index, outs in sorted(outputs.items())
+        ]
+        return {**self._header("chat.completion"), "choices": choices, "usage": usage.to_dict()}
+
+    def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, Any]:
+        chunk = {**self._header("chat.completion.chunk"), "choices": choices}
+        if include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def stream_start(self) -> list[dict[str, Any]]:
+        # The role comes first, alone, as OpenAI sends it.
+        return [
+            self._chunk(
+                [{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+                include_usage=False,
+            )
+            for c in self.plan.choices
+        ]
+
+    def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None:
+        out = event.output
+        if _is_empty(out):
+            return None
+        delta: dict[str, Any] = {"content": out.new_text} if out.new_text or not out.finished else {}
+        choice = {
+            "index": event.index,
+            "delta": delta,
+            "logprobs": self._logprobs([out]),
+            "finish_reason": out.finish_reason if out.finished else None,
+        }
+        return self._chunk([choice], include_usage)
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self._header("chat.completion.chunk"), "choices": [], "usage": usage.to_dict()}
+
+
+class _CompletionRenderer:
+    def __init__(self, plan: Plan, logprobs: int | None, echo: bool) -> None:
+        self.plan = plan
+        self.served = plan.served
+        self.logprobs = logprobs
+        self.echo = echo
+        self._offsets: dict[int, int] = {}
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "id": self.plan.completion_id,
+            "object": "text_completion",
+            "created": self.plan.created,
+            "model": self.served.name,
+            "system_fingerprint": self.served.system_fingerprint,
+        }
+
+    def _prompt_text(self, index: int) -> str:
+        prompt = self.plan.prompts[self.plan.choices[index].prompt_index]
+        if prompt.text is None:
+            prompt.text = self.served.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
+        return prompt.text
+
+    def _logprobs(self, index: int, outputs: list[RequestOutput]) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        tokens: list[str] = []
+        token_logprobs: list[float] = []
+        top: list[dict[str, float]] = []
+        offsets: list[int] = []
+        offset = self._offsets.get(index, 0)
+        for out in outputs:
+            for lp in out.logprobs or []:
+                tokens.append(lp.token)
+                token_logprobs.append(float(lp.logprob))
+                top.append({token: float(value) for _id, token, value in lp.top})
+                offsets.append(offset)
+                offset += len(lp.token)
+        self._offsets[index] = offset
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
+        choices = []
+        for index, outs in sorted(outputs.items()):
+            text = "".join(o.new_text for o in outs)
+            if self.echo:
+                text = self._prompt_text(index) + text
+            choices.append(
+                {
+                    "index": index,
+                    "text": text,
+                    "logprobs": self._logprobs(index, outs),
+                    "finish_reason": _finish_reason(outs),
+                }
+            )
+        return {**self._header(), "choices": choices, "usage": usage.to_dict()}
+
+    def stream_start(self) -> list[dict[str, Any]]:
+        if not self.echo:
+            return []
+        return [
+            {
+                **self._header(),
+                "choices": [{"index": c.index, "text": self._prompt_text(c.index), "logprobs": None, "finish_reason": None}],
+            }
+            for c in self.plan.choices
+        ]
+
+    def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None:
+        out = event.output
+        if _is_empty(out):
+            return None
+        chunk: dict[str, Any] = {
+            **self._header(),
+            "choices": [
+                {
+                    "index": event.index,
+                    "text": out.new_text,
+                    "logprobs": self._logprobs(event.index, [out]),
+                    "finish_reason": out.finish_reason if out.finished else None,
+                }
+            ],
+        }
+        if include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self._header(), "choices": [], "usage": usage.to_dict()}
+
+
+# -- handlers -----------------------------------------------------------------
+
+
+async def chat_completions(request: Request) -> Response:
+    req = parse_request(ChatCompletionRequest, await read_json(request))
+    served = _manager(request).get(req.model)
+    get_context(request).model = served.name
+    token_ids = await run_in_threadpool(_encode_chat, served, req)
+    plan = _plan(served, req, [PreparedPrompt(token_ids)], prefix="chatcmpl", prompt_param="messages")
+    return await _stream_or_collect(request, plan, req, _ChatRenderer(plan, req.logprobs))
+
+
+def _encode_chat(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
+    try:
+        text = served.tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise InvalidRequest(f"The messages cannot be rendered with this model's chat template: {exc}", param="messages") from None
+    # The template already wrote the special tokens (BOS, turn markers) as
+    # text; letting the tokenizer add its own would double them.
+    return served.tokenizer.encode(text, add_special_tokens=False)
+
+
+async def completions(request: Request) -> Response:
+    req = parse_request(CompletionRequest, await read_json(request))
+    served = _manager(request).get(req.model)
+    get_context(request).model = served.name
+    prompts = await run_in_threadpool(_encode_prompts, served, req)
+    plan = _plan(served, req, prompts, prefix="cmpl", prompt_param="prompt")
+    return await _stream_or_collect(request, plan, req, _CompletionRenderer(plan, req.logprobs, req.echo))
+
+
+def _encode_prompts(served: ServedModel, req: CompletionRequest) -> list[PreparedPrompt]:
+    vocab = served.info.vocab_size
+    prepared: list[PreparedPrompt] = []
+    raw = req.prompts()
+    if len(raw) > MAX_CHOICES:
+        raise InvalidRequest(f"At most {MAX_CHOICES} prompts are allowed per request", param="prompt")
+    for i, prompt in enumerate(raw):
+        if isinstance(prompt, str):
+            prepared.append(PreparedPrompt(served.tokenizer.encode(prompt), text=prompt))
+            continue
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            where = "prompt" if len(raw) == 1 else f"prompt[{i}]"
+            raise InvalidRequest(f"Token id {bad} is outside the vocabulary (0..{vocab - 1})", param=where)
+        prepared.append(PreparedPrompt(list(prompt)))
+    return prepared
+
+
+def _model_card(served: ServedModel) -> dict[str, Any]:
+    return {
+        "id": served.name,
+        "object": "model",
+        "created": served.created,
+        "owned_by": "inferflux",
+        # Extensions; OpenAI clients ignore unknown fields.
+        "aliases": list(served.aliases),
+        "context_length": served.max_model_len,
+        "backend": served.backend,
+    }
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(m) for m in _manager(request).list()]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    served = _manager(request).get(request.path_params["model_id"])
+    return JSONResponse(_model_card(served))
+
+
+def routes() -> list[BaseRoute]:
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        # :path so ids containing "/" (e.g. "org/model") resolve.
+        Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
+    ]

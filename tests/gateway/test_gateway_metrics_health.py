@@ -1,0 +1,77 @@
+"""/metrics, /livez and /readyz."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+from starlette.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.models import ModelManager, ServedModel
+from gateway.settings import Settings
+
+MODEL = "smollm2-135m-instruct"
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one series in Prometheus text format, or None."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_metrics_after_requests(live_server: str) -> None:
+    with httpx.Client(base_url=live_server, timeout=60) as http:
+        ok = http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
+        assert ok.status_code == 200
+        assert http.get("/v1/models/no-such-model").status_code == 404
+        assert http.get("/definitely/not/a/route").status_code == 404
+        resp = http.get("/metrics")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/plain")
+    text = resp.text
+
+    route = "/v1/chat/completions"
+    assert (_sample(text, "inferflux_http_requests_total", route=route, method="POST", status="200") or 0) >= 1
+    # The route template, not the raw path, labels the 404 on /v1/models/{id}.
+    assert _sample(text, "inferflux_http_requests_total", route="/v1/models/{model_id:path}", status="404")
+    assert _sample(text, "inferflux_http_requests_total", route="unmatched", status="404")
+    assert "no-such-model" not in text and "/definitely" not in text
+    assert (_sample(text, "inferflux_http_request_duration_seconds_count", route=route, method="POST") or 0) >= 1
+    assert (_sample(text, "inferflux_time_to_first_token_seconds_count", model=MODEL) or 0) >= 1
+    assert (_sample(text, "inferflux_prompt_tokens_total", model=MODEL) or 0) > 0
+    assert (_sample(text, "inferflux_completion_tokens_total", model=MODEL) or 0) >= 3
+    for gauge in ("inferflux_engine_running_sequences", "inferflux_engine_waiting_sequences"):
+        assert _sample(text, gauge, model=MODEL) is not None
+    used = _sample(text, "inferflux_kv_blocks_used", model=MODEL)
+    free = _sample(text, "inferflux_kv_blocks_free", model=MODEL)
+    assert used is not None and free is not None and free > 0
+
+
+def test_livez_and_readyz(live_server: str) -> None:
+    with httpx.Client(base_url=live_server, timeout=10) as http:
+        assert http.get("/livez").json() == {"status": "ok"}
+        ready = http.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ok"}
+
+
+def test_readyz_reports_missing_models(served_model: ServedModel) -> None:
+    manager = ModelManager(expected=[served_model.name, "still-loading"])
+    manager.add(served_model)
+    client = TestClient(create_app(Settings(), manager, owns_models=False))
+    resp = client.get("/readyz")
+    assert resp.status_code == 503
+    assert resp.json()["reasons"] == ["model 'still-loading' is not loaded"]
+    assert client.get("/livez").status_code == 200
+
+    empty = TestClient(create_app(Settings(), ModelManager(), owns_models=False))
+    assert empty.get("/readyz").status_code == 503

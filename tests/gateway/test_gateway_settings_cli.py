@@ -1,0 +1,158 @@
+"""Settings precedence and errors, and the inferctl command line."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway import cli
+from gateway.settings import DEFAULT_MODEL_NAME, ConfigError, ensure_data_dir, load_settings
+
+INFERCTL = [sys.executable, "-m", "gateway.cli"]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "inferflux.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults(tmp_path: Path) -> None:
+    settings = load_settings(env={"XDG_DATA_HOME": str(tmp_path)})
+    assert (settings.host, settings.port, settings.backend) == ("127.0.0.1", 8080, "cpu")
+    assert settings.max_body_bytes == 4 * 1024 * 1024
+    [(spec, backend)] = settings.model_specs()
+    assert spec.name == DEFAULT_MODEL_NAME and backend == "cpu"
+    assert Path(spec.path).is_file()
+
+
+def test_default_data_dir_follows_xdg(tmp_path: Path) -> None:
+    assert load_settings(env={"XDG_DATA_HOME": str(tmp_path)}).data_dir == tmp_path / "inferflux"
+    assert load_settings(env={}).data_dir == Path.home() / ".local" / "share" / "inferflux"
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        "host: 0.0.0.0\nport: 9000\nlog_level: debug\nbackend: cuda\nengine:\n  kv_cache_bytes: 1GiB\n",
+    )
+    from_file = load_settings(config, env={})
+    assert (from_file.host, from_file.port, from_file.log_level) == ("0.0.0.0", 9000, "debug")
+    assert from_file.engine.kv_cache_bytes == 1024**3
+
+    env = {"INFERFLUX_PORT": "9100", "INFERFLUX_BACKEND": "cpu", "INFERFLUX_KV_CACHE_BYTES": "64MiB"}
+    from_env = load_settings(config, env=env)
+    assert (from_env.host, from_env.port, from_env.backend) == ("0.0.0.0", 9100, "cpu")
+    assert from_env.engine.kv_cache_bytes == 64 * 1024**2
+
+    flags = {"port": 9200, "host": None, "engine.kv_cache_bytes": "32MiB"}
+    from_flags = load_settings(config, env=env, overrides=flags)
+    assert (from_flags.host, from_flags.port) == ("0.0.0.0", 9200)
+    assert from_flags.engine.kv_cache_bytes == 32 * 1024**2
+
+
+def test_config_file_from_env_and_models(tmp_path: Path) -> None:
+    config = write(
+        tmp_path,
+        "dtype: bfloat16\nmodels:\n"
+        "  - {name: a, path: /models/a.gguf, aliases: [alpha]}\n"
+        "  - {name: b, path: /models/b, backend: mlx, dtype: float32}\n",
+    )
+    settings = load_settings(env={"INFERFLUX_CONFIG": str(config), "INFERFLUX_DTYPE": "float32"})
+    (a, a_backend), (b, b_backend) = settings.model_specs()
+    assert (a.name, a.aliases, a.dtype, a_backend) == ("a", ("alpha",), "float32", "cpu")
+    assert (b.name, b.dtype, b_backend) == ("b", "float32", "mlx")
+
+    single = load_settings(config, env={"INFERFLUX_MODEL": "/models/Other-Model.gguf"})
+    [(spec, _)] = single.model_specs()
+    assert (spec.name, spec.path) == ("other-model", "/models/Other-Model.gguf")
+    named = load_settings(config, env={}, overrides={"model": "/m.gguf", "model_name": "mine"})
+    assert named.model_specs()[0][0].name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("port: 70000\n", {}, "'port'"),
+        ("prot: 8080\n", {}, "'prot' (from config file"),
+        ("models:\n  - {name: a}\n", {}, "'models[0].path'"),
+        ("models:\n  - {name: a, path: x}\n  - {name: a, path: y}\n", {}, "appears twice"),
+        ("engine:\n  kv_cache_bytes: lots\n", {}, "'engine.kv_cache_bytes'"),
+        ("dtype: float8\n", {}, "'dtype'"),
+        ("- just\n- a list\n", {}, "mapping"),
+        ("port: [\n", {}, "not valid YAML"),
+        ("", {"INFERFLUX_PORT": "eighty"}, "(from INFERFLUX_PORT)"),
+    ],
+    ids=["port-range", "unknown-key", "model-path", "duplicate", "size", "dtype", "list", "yaml", "env"],
+)
+def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text), env=env)
+    assert expected in str(info.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "absent.yaml", env={})
+
+
+def test_data_dir_is_private(tmp_path: Path) -> None:
+    path = ensure_data_dir(tmp_path / "a" / "inferflux")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+
+
+def test_serve_with_bad_config_exits_2_without_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = write(tmp_path, "port: nope\n")
+    assert cli.main(["serve", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "inferctl: error: invalid setting 'port'" in err
+    assert "Traceback" not in err
+
+
+def test_serve_with_bad_flag_value_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["serve", "--data-dir", str(tmp_path), "--kv-cache-bytes", "much"]) == 2
+    assert "(from --kv-cache-bytes)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["serve", "--help"], ["models", "--help"], ["chat", "--help"]])
+def test_help_runs(args: list[str]) -> None:
+    result = subprocess.run([*INFERCTL, *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "usage: inferctl" in result.stdout
+
+
+def test_serve_help_documents_flags() -> None:
+    out = subprocess.run([*INFERCTL, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    for flag in ("--model", "--backend", "--host", "--port", "--data-dir", "--config", "--dtype", "--log-level"):
+        assert flag in out
+    assert "INFERFLUX_PORT" in out
+
+
+def test_models_command_against_live_server(live_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["models", "--url", live_server]) == 0
+    assert DEFAULT_MODEL_NAME in capsys.readouterr().out
+
+
+def test_complete_and_chat_commands(live_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["complete", "Hello", "--url", live_server, "--max-tokens", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert cli.main(["chat", "Hi", "--url", live_server, "--max-tokens", "3", "--no-stream"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_client_command_reports_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["models", "--url", "http://127.0.0.1:9"]) == 1
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_serve_with_unavailable_backend_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data_dir = tmp_path / "data"
+    assert cli.main(["serve", "--data-dir", str(data_dir), "--backend", "no-such-backend"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot load model 'smollm2-135m-instruct'" in err and "no-such-backend" in err
+    assert "Traceback" not in err
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
