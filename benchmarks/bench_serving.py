@@ -317,6 +317,48 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     return res
 
 
+_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _system_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds summed over all cores since boot, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return (0.0, 0.0)
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    total = sum(v[:8])  # guest time is already counted in user
+    return ((total - idle) / _HZ, total / _HZ)
+
+
+def _group_cpu(pgid: int | None) -> float | None:
+    """CPU seconds (user+sys, all threads) of every process in process group ``pgid``."""
+    if pgid is None:
+        return None
+    tot = 0.0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rfind(")") + 2:].split()  # after "pid (comm) "
+        try:
+            if int(fields[2]) == pgid:  # field 5 pgrp
+                tot += (int(fields[11]) + int(fields[12])) / _HZ  # utime, stime
+        except (IndexError, ValueError):
+            continue
+    return tot
+
+
+def _self_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -349,12 +391,18 @@ class LevelResult:
     token_count_source: str  # "usage" | "chunks" | "mixed"
     mean_prompt_tokens_reported: float | None
     mean_tokens_per_request: float | None
+    # CPU use during the level, in cores (CPU seconds / wall seconds): the server's process
+    # group, this client, and everything else on the machine (other users' work = noise).
+    cpu_server_cores: float | None = None
+    cpu_client_cores: float | None = None
+    cpu_other_cores: float | None = None
     errors: list[str] = field(default_factory=list)
 
 
 async def run_level(base_url: str, model: str, prompts: list[str], concurrency: int,
                     num_requests: int, output_tokens: int, request_timeout: float,
-                    level_timeout: float, extra_body: dict[str, Any]) -> LevelResult:
+                    level_timeout: float, extra_body: dict[str, Any],
+                    server_pgid: int | None = None) -> LevelResult:
     url = base_url.rstrip("/") + "/v1/completions"
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     timeout = httpx.Timeout(connect=10.0, read=request_timeout, write=30.0, pool=request_timeout)
@@ -386,6 +434,7 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
                     return
                 results.append(await one_request(client, url, body(i), request_timeout))
 
+        sys0, srv0, cli0 = _system_cpu(), _group_cpu(server_pgid), _self_cpu()
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, num_requests))]
         done, pending = await asyncio.wait(tasks, timeout=level_timeout)
@@ -396,7 +445,14 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         wall = time.perf_counter() - t0
+        sys1, srv1, cli1 = _system_cpu(), _group_cpu(server_pgid), _self_cpu()
 
+    busy = (sys1[0] - sys0[0]) / wall if wall > 0 and sys1[1] > 0 else None
+    srv_c = (srv1 - srv0) / wall if srv0 is not None and srv1 is not None and wall > 0 else None
+    cli_c = (cli1 - cli0) / wall if wall > 0 else None
+    other = None
+    if busy is not None and cli_c is not None:
+        other = max(0.0, busy - cli_c - (srv_c or 0.0))
     ok = [r for r in results if r.ok]
     gen = sum(r.tokens for r in results)  # tokens actually received, failed requests included
     ttfts = [r.ttft * 1e3 for r in ok if r.ttft is not None]
@@ -429,6 +485,7 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
         token_count_source="mixed" if len(sources) > 1 else (sources.pop() if sources else "none"),
         mean_prompt_tokens_reported=statistics.fmean(prompt_reported) if prompt_reported else None,
         mean_tokens_per_request=statistics.fmean([r.tokens for r in ok]) if ok else None,
+        cpu_server_cores=srv_c, cpu_client_cores=cli_c, cpu_other_cores=other,
         errors=errs,
     )
 
@@ -639,6 +696,11 @@ METRICS = [  # (key, label, higher_is_better, fmt)
     ("itl_ms_p99", "ITL p99 (ms)", False, "{:.1f}"),
     ("latency_s_p50", "latency p50 (s)", False, "{:.2f}"),
 ]
+# shown in the table without a ratio: how busy the machine was during the level
+CPU_METRICS = [
+    ("cpu_server_cores", "server CPU (cores)", "{:.2f}"),
+    ("cpu_other_cores", "other load (cores)", "{:.2f}"),
+]
 
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -657,6 +719,7 @@ def summarize(results: dict[str, dict[int, list[dict[str, Any]]]], levels: list[
         for c in levels:
             runs = per_level.get(c, [])
             out[key][c] = {m: median_of(runs, m) for m, *_ in METRICS}
+            out[key][c].update({m: median_of(runs, m) for m, *_ in CPU_METRICS})
             out[key][c]["rounds"] = len(runs)
             out[key][c]["output_tok_s_all"] = [round(r["output_tok_s"], 2) for r in runs]
             out[key][c]["failed_total"] = sum(r["failed"] for r in runs)
@@ -686,6 +749,11 @@ def markdown_table(summary: dict, levels: list[int], labels: dict[str, str]) -> 
                 a, b = summary["ours"][c][m], summary["peer"][c][m]
                 row.append("–" if a is None or not b else f"{a / b:.2f}")
             lines.append("| " + " | ".join(row) + " |")
+        for m, label, f in CPU_METRICS:
+            row = [str(c), label] + [_fmt(summary[k][c][m], f) for k in keys]
+            if both:
+                row.append("")
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -700,7 +768,7 @@ def method_text(meta: dict[str, Any]) -> str:
         f"- Date: {meta['date']}; client: benchmarks/bench_serving.py (Python {m['python']}, httpx {m['httpx']}).",
     ]
     for k, v in meta.get("servers", {}).items():
-        lines.append(f"- {v['label']}: version {v['version']}; command `{v['cmd']}`")
+        lines.append(f"- {v['label']}: {v['version']}; command `{v['cmd']}`")
     if meta.get("url"):
         lines.append(f"- Server under test: {meta['url']} (model `{meta.get('model')}`)")
     lines += [
@@ -718,6 +786,9 @@ def method_text(meta: dict[str, Any]) -> str:
         "- TTFT = send to first text chunk; ITL = gaps between successive text chunks (all requests pooled); "
         "latency = send to end of stream. Percentiles over completed requests; table cells are medians over rounds "
         "(tok/s shows min–max in brackets). Ratio = ours/peer: >1 is better for tok/s, <1 is better for latencies.",
+        "- CPU rows: CPU seconds per wall second during the level for the server's process group, and for "
+        "everything else on the machine except this client (other users' work: anything well above 0 "
+        "means the numbers of that level were disturbed).",
         f"- Limits: request timeout {w['request_timeout']}s, level deadline {w['level_timeout']}s.",
     ]
     return "\n".join(lines)
@@ -829,13 +900,13 @@ def main(argv: list[str] | None = None) -> int:
     labels = {d.key: d.label for d in defs}
     token_sources: set[str] = set()
 
-    def bench(base_url: str, model: str, c: int, key: str, rnd: int) -> None:
+    def bench(base_url: str, model: str, c: int, key: str, rnd: int, pgid: int | None = None) -> None:
         if args.warmup:
             asyncio.run(run_level(base_url, model, warm_prompts, min(args.warmup, c), args.warmup,
                                   args.output_tokens, args.request_timeout, args.level_timeout, extra_body))
         lr = asyncio.run(run_level(base_url, model, bench_prompts, c, requests_for(args, c),
                                    args.output_tokens, args.request_timeout, args.level_timeout,
-                                   extra_body))
+                                   extra_body, pgid))
         d = asdict(lr)
         d["round"] = rnd
         results.setdefault(key, {}).setdefault(c, []).append(d)
@@ -844,7 +915,9 @@ def main(argv: list[str] | None = None) -> int:
               f"TTFT p50 {_fmt(lr.ttft_ms_p50, '{:.0f}')} ms  ITL p50 {_fmt(lr.itl_ms_p50, '{:.1f}')} ms  "
               f"ok {lr.completed}/{lr.num_requests}  wall {lr.wall_s:.1f}s  tokens {lr.generated_tokens} "
               f"({lr.token_count_source}; prompt tokens reported "
-              f"{_fmt(lr.mean_prompt_tokens_reported, '{:.0f}')})"
+              f"{_fmt(lr.mean_prompt_tokens_reported, '{:.0f}')}; CPU cores server "
+              f"{_fmt(lr.cpu_server_cores, '{:.2f}')} client {_fmt(lr.cpu_client_cores, '{:.2f}')} "
+              f"other {_fmt(lr.cpu_other_cores, '{:.2f}')})"
               + (f"  errors: {lr.errors}" if lr.errors else ""), file=sys.stderr)
 
     if args.url is not None:
@@ -864,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
                         model = args.model or fetch_model_id(d.base_url) or "default"
                         meta["servers"][d.key]["model_id"] = model
                         meta["servers"][d.key].setdefault("startup_s", []).append(round(srv.startup_s or 0, 2))
-                        bench(d.base_url, model, c, d.key, rnd)
+                        bench(d.base_url, model, c, d.key, rnd, srv.proc.pid if srv.proc else None)
 
     meta["token_sources"] = sorted(token_sources)
     summary = summarize(results, levels)

@@ -3,7 +3,8 @@
 # llama.cpp source vendored inside the PyPI source distribution of llama-cpp-python.
 #
 # Only PyPI is contacted (via pip). The embedded web UI is disabled: recent llama.cpp
-# otherwise tries to download prebuilt UI assets from huggingface.co at build time. Everything is built outside the repo, under
+# otherwise tries to download prebuilt UI assets from huggingface.co at build time.
+# Everything is built outside the repo, under
 #   ${INFERFLUX_CACHE:-~/.cache/inferflux}/llama.cpp/
 # Idempotent: if the binary already exists, it only prints its path.
 #

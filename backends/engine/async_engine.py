@@ -194,8 +194,11 @@ class AsyncEngine:
             self._apply(commands, outbox)
             if self.engine.has_unfinished_requests():
                 self._step(outbox)
-            self._drop_orphans(outbox.flush())
+            # publish before delivering: a consumer that sees its last output
+            # also sees the stats of the step that produced it
             self._stats = self.engine.stats()
+            if self._drop_orphans(outbox.flush()):
+                self._stats = self.engine.stats()
             if self._dead is not None:
                 break
         self._close(outbox)
@@ -242,10 +245,13 @@ class AsyncEngine:
             outbox.put(stream, err)
         self._streams.clear()
 
-    def _drop_orphans(self, orphans: list[_Stream]) -> None:
+    def _drop_orphans(self, orphans: list[_Stream]) -> bool:
+        dropped = False
         for stream in orphans:
             if self._streams.pop(stream.request_id, None) is stream:
                 self.engine.abort_request(stream.request_id)
+                dropped = True
+        return dropped
 
     def _close(self, outbox: _Outbox) -> None:
         """Fail whatever is still pending once the loop stops."""

@@ -77,7 +77,7 @@ class Sampler:
         rand = [i for i, seq in enumerate(seqs) if not seq.params.greedy]
         if rand:
             inv_temp = np.array([1.0 / seqs[i].params.temperature for i in rand], dtype=np.float32)
-            scaled = logits[rand] * inv_temp[:, None]
+            scaled = (logits if len(rand) == len(seqs) else logits[rand]) * inv_temp[:, None]
             for row, i in zip(scaled, rand):
                 tokens[i] = _sample_row(row, seqs[i].params, _generator(seqs[i]))
 

@@ -128,7 +128,6 @@ class Tokenizer:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        # int(): ids often arrive as numpy integers from a sampler, which tokenizers rejects
         return self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
