@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Engine-only throughput: no HTTP, no gateway.
 
-Builds the engine in-process as described in docs/contracts.md:
+Builds the engine in-process, as the server does:
 
     backend = backends.registry.get_backend("cpu")(); info = backend.load(ModelSpec(...))
     tokenizer = backends.models.open_model(path).tokenizer()
@@ -38,7 +38,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serving import PromptTokenizer, build_prompts, machine_info, pct  # noqa: E402
+from bench_serving import (  # noqa: E402
+    PromptTokenizer,
+    _self_cpu,
+    _system_cpu,
+    build_prompts,
+    machine_info,
+    pct,
+)
 
 
 class _Tok(PromptTokenizer):
@@ -210,9 +217,13 @@ def main(argv: list[str] | None = None) -> int:
             engine = LLMEngine(backend, tokenizer, info, cfg)
 
     reqs = [(f"r{i}", ids[i]) for i in range(args.num_requests)]
+    sys0, me0 = _system_cpu(), _self_cpu()
     t0 = time.perf_counter()
     generated, step_times, first_token = run(reqs, params, args.timeout)
     wall = time.perf_counter() - t0
+    sys1, me1 = _system_cpu(), _self_cpu()
+    cpu_self = (me1 - me0) / wall if wall else None
+    cpu_other = max(0.0, (sys1[0] - sys0[0]) / wall - cpu_self) if wall and sys1[1] else None
 
     fwd = timed.records
     prefill = [r for r in fwd if r[1] > r[2]]  # more tokens than sequences: contains a prefill chunk
@@ -241,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                            "ms_p90": pct(ms([r[0] for r in decode]), 90),
                            "ms_total": round(sum(r[0] for r in decode) * 1e3, 1)},
         "ttft_s": {q: pct(list(first_token.values()), q) for q in (50, 90)},
+        "cpu_cores_self": round(cpu_self, 2) if cpu_self is not None else None,
+        "cpu_cores_other": round(cpu_other, 2) if cpu_other is not None else None,
     }
     m = result["machine"]
     print(f"engine-only, {m['cpu']} (nproc {m['nproc']}), {Path(path).name}, dtype {info.dtype}, "
@@ -256,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
           f"prefill {pf['calls']} calls / {pf['tokens']} tokens / {pf['ms_total']:.0f} ms; "
           f"decode {d['calls']} calls, mean batch {d['mean_batch'] or 0:.1f}, "
           f"ms p50 {d['ms_p50'] or 0:.1f} p90 {d['ms_p90'] or 0:.1f}")
+    print(f"CPU during the run: this process {result['cpu_cores_self']} cores, other processes "
+          f"{result['cpu_cores_other']} cores (well above 0: the numbers were disturbed)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=str)

@@ -123,7 +123,7 @@ class LocalTokenizer(PromptTokenizer):
         self.gguf = gguf
         err: list[str] = []
         self._enc: Callable[[str], list[int]] | None = None
-        try:  # the project's own tokenizer (docs/contracts.md), when it exists
+        try:  # the project's own tokenizer
             sys.path.insert(0, str(REPO_ROOT))
             from backends.models import open_model  # type: ignore
 
@@ -732,6 +732,7 @@ def summarize(results: dict[str, dict[int, list[dict[str, Any]]]], levels: list[
             out[key][c]["output_tok_s_all"] = [round(r["output_tok_s"], 2) for r in runs]
             out[key][c]["failed_total"] = sum(r["failed"] for r in runs)
             out[key][c]["any_deadline"] = any(r["timed_out"] for r in runs)
+            out[key][c]["disturbed_kept"] = sum(bool(r.get("disturbed")) for r in runs)
     return out
 
 
@@ -752,6 +753,8 @@ def markdown_table(summary: dict, levels: list[int], labels: dict[str, str]) -> 
                     cell += f" ({min(allv):.1f}–{max(allv):.1f})"
                 if m == "output_tok_s" and (summary[k][c]["failed_total"] or summary[k][c]["any_deadline"]):
                     cell += f" ⚠ {summary[k][c]['failed_total']} failed"
+                if m == "output_tok_s" and summary[k][c].get("disturbed_kept"):
+                    cell += f" ⚠ {summary[k][c]['disturbed_kept']} disturbed"
                 row.append(cell)
             if both:
                 a, b = summary["ours"][c][m], summary["peer"][c][m]
@@ -796,7 +799,8 @@ def method_text(meta: dict[str, Any]) -> str:
         "(tok/s shows min–max in brackets). Ratio = ours/peer: >1 is better for tok/s, <1 is better for latencies.",
         "- CPU rows: CPU seconds per wall second during the level for the server's process group, and for "
         "everything else on the machine except this client (other users' work: anything well above 0 "
-        "means the numbers of that level were disturbed).",
+        f"means the numbers of that level were disturbed); a level with other load > {w['max_other_load']} "
+        f"cores is repeated up to {w['disturbed_retries']} times (cells marked ⚠ disturbed kept one anyway).",
         f"- Limits: request timeout {w['request_timeout']}s, level deadline {w['level_timeout']}s.",
     ]
     if meta.get("interrupted"):
@@ -852,6 +856,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how prompt lengths are counted (auto: local GGUF tokenizer, then the "
                         "server's /tokenize, then a calibrated word count)")
     w.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
+    w.add_argument("--max-other-load", type=float, default=0.3,
+                   help="a level during which other processes used more than this many cores is "
+                        "repeated (see --disturbed-retries); 0 disables the check")
+    w.add_argument("--disturbed-retries", type=int, default=2,
+                   help="how many times a disturbed level is repeated before it is kept anyway")
     w.add_argument("--request-timeout", type=float, default=600.0)
     w.add_argument("--level-timeout", type=float, default=900.0)
     o = p.add_argument_group("output")
@@ -908,7 +917,8 @@ def main(argv: list[str] | None = None) -> int:
             "requests_per_level": {c: requests_for(args, c) for c in levels},
             "rounds": args.rounds if args.url is None else 1, "warmup": args.warmup,
             "request_timeout": args.request_timeout, "level_timeout": args.level_timeout,
-            "extra_body": extra_body,
+            "extra_body": extra_body, "max_other_load": args.max_other_load,
+            "disturbed_retries": args.disturbed_retries,
         },
         "servers": {},
     }
@@ -918,6 +928,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[int, list[dict[str, Any]]]] = {}
     _after_level: list[Callable[[], Any]] = []
+    discarded: dict[str, dict[int, list[dict[str, Any]]]] = {}  # disturbed attempts that were repeated
     labels = {d.key: d.label for d in defs}
     token_sources: set[str] = set()
 
@@ -925,23 +936,34 @@ def main(argv: list[str] | None = None) -> int:
         if args.warmup:
             asyncio.run(run_level(base_url, model, warm_prompts, min(args.warmup, c), args.warmup,
                                   args.output_tokens, args.request_timeout, args.level_timeout, extra_body))
-        lr = asyncio.run(run_level(base_url, model, bench_prompts, c, requests_for(args, c),
-                                   args.output_tokens, args.request_timeout, args.level_timeout,
-                                   extra_body, pgid))
-        d = asdict(lr)
-        d["round"] = rnd
-        results.setdefault(key, {}).setdefault(c, []).append(d)
-        token_sources.add(lr.token_count_source)
+        for attempt in range(args.disturbed_retries + 1):
+            lr = asyncio.run(run_level(base_url, model, bench_prompts, c, requests_for(args, c),
+                                       args.output_tokens, args.request_timeout, args.level_timeout,
+                                       extra_body, pgid))
+            d = asdict(lr)
+            d["round"], d["attempt"] = rnd, attempt
+            disturbed = (args.max_other_load > 0 and lr.cpu_other_cores is not None
+                         and lr.cpu_other_cores > args.max_other_load)
+            print(f"[bench] {labels[key]:<12} round {rnd} conc {c:>3}: {lr.output_tok_s:8.1f} tok/s  "
+                  f"TTFT p50 {_fmt(lr.ttft_ms_p50, '{:.0f}')} ms  ITL p50 {_fmt(lr.itl_ms_p50, '{:.1f}')} ms  "
+                  f"ok {lr.completed}/{lr.num_requests}  wall {lr.wall_s:.1f}s  tokens {lr.generated_tokens} "
+                  f"({lr.token_count_source}; prompt tokens reported "
+                  f"{_fmt(lr.mean_prompt_tokens_reported, '{:.0f}')}; CPU cores server "
+                  f"{_fmt(lr.cpu_server_cores, '{:.2f}')} client {_fmt(lr.cpu_client_cores, '{:.2f}')} "
+                  f"other {_fmt(lr.cpu_other_cores, '{:.2f}')})"
+                  + (f"  errors: {lr.errors}" if lr.errors else "")
+                  + ("  DISTURBED" if disturbed else ""), file=sys.stderr)
+            if disturbed and attempt < args.disturbed_retries:
+                discarded.setdefault(key, {}).setdefault(c, []).append(d)
+                print(f"[bench]   other load {lr.cpu_other_cores:.2f} > {args.max_other_load} cores: "
+                      f"discarding and repeating the level", file=sys.stderr)
+                continue
+            d["disturbed"] = disturbed
+            results.setdefault(key, {}).setdefault(c, []).append(d)
+            token_sources.add(lr.token_count_source)
+            break
         for hook in _after_level:
             hook()
-        print(f"[bench] {labels[key]:<12} round {rnd} conc {c:>3}: {lr.output_tok_s:8.1f} tok/s  "
-              f"TTFT p50 {_fmt(lr.ttft_ms_p50, '{:.0f}')} ms  ITL p50 {_fmt(lr.itl_ms_p50, '{:.1f}')} ms  "
-              f"ok {lr.completed}/{lr.num_requests}  wall {lr.wall_s:.1f}s  tokens {lr.generated_tokens} "
-              f"({lr.token_count_source}; prompt tokens reported "
-              f"{_fmt(lr.mean_prompt_tokens_reported, '{:.0f}')}; CPU cores server "
-              f"{_fmt(lr.cpu_server_cores, '{:.2f}')} client {_fmt(lr.cpu_client_cores, '{:.2f}')} "
-              f"other {_fmt(lr.cpu_other_cores, '{:.2f}')})"
-              + (f"  errors: {lr.errors}" if lr.errors else ""), file=sys.stderr)
 
     def finish(final: bool) -> str:
         meta["token_sources"] = sorted(token_sources)
@@ -950,8 +972,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:  # also written after every level, so a killed run keeps what it measured
             tmp = args.json + ".tmp"
             with open(tmp, "w") as f:
-                json.dump({"meta": meta, "summary": summary, "runs": results, "markdown": report,
-                           "complete": final}, f, indent=2, default=str)
+                json.dump({"meta": meta, "summary": summary, "runs": results, "discarded": discarded,
+                           "markdown": report, "complete": final}, f, indent=2, default=str)
             os.replace(tmp, args.json)
         return report
 

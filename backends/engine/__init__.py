@@ -1,7 +1,7 @@
 """Framework-neutral serving engine: scheduling, paged-KV bookkeeping, sampling,
 detokenisation. Imports no torch/mlx; the backend (backends/base.py) owns tensors.
 
-See docs/contracts.md for the seam this package implements.
+See docs/architecture.md for the seam this package implements.
 """
 
 from .async_engine import AsyncEngine

@@ -32,7 +32,7 @@ REPLACEMENT_CHAR = "\ufffd"
 
 
 class DecodingTokenizer(Protocol):
-    """The part of the Tokenizer contract (docs/contracts.md) the engine uses."""
+    """The part of backends.models.Tokenizer the engine uses."""
 
     eos_token_ids: frozenset[int]
 
