@@ -269,8 +269,10 @@ def main(argv: list[str] | None = None) -> int:
           f"prefill {pf['calls']} calls / {pf['tokens']} tokens / {pf['ms_total']:.0f} ms; "
           f"decode {d['calls']} calls, mean batch {d['mean_batch'] or 0:.1f}, "
           f"ms p50 {d['ms_p50'] or 0:.1f} p90 {d['ms_p90'] or 0:.1f}")
-    print(f"CPU during the run: this process {result['cpu_cores_self']} cores, other processes "
-          f"{result['cpu_cores_other']} cores (well above 0: the numbers were disturbed)")
+    other = result["cpu_cores_other"]
+    print(f"CPU during the run: this process {result['cpu_cores_self']} cores, other processes {other} cores"
+          + ("  DISTURBED: other work took CPU, rerun on a quiet machine" if other is not None and other > 0.3
+             else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=str)
