@@ -11,10 +11,8 @@ submits N requests at once (the bench_serving.py workload: 128-token prompts, 12
 generated tokens, greedy, ignore_eos), steps until every request is done and reports
 generated tokens/s plus per-step timing (engine step and the backend's forward alone).
 
-The synchronous stepping API is not in the contract; the script uses
-``engine.add_request(request_id, prompt_token_ids, params)`` + ``engine.step()`` (returning
-RequestOutputs) when the engine has them, and otherwise drives ``AsyncEngine.generate``
-with N concurrent consumers (then "step" timings are the backend forward calls).
+It drives ``LLMEngine.add_request`` + ``LLMEngine.step()`` directly on this thread, so the
+numbers are the engine's and the backend's alone (``bench_serving.py`` adds HTTP on top).
 
 Usage:
     .venv/bin/python benchmarks/bench_offline.py --num-requests 32 --dtype bfloat16
@@ -23,9 +21,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
-import inspect
 import json
 import os
 import statistics
@@ -79,81 +74,28 @@ class TimedForward:
         return out
 
 
-def make_engine_config(EngineConfig: Any, n: int, overrides: dict[str, Any]) -> Any:
-    kwargs: dict[str, Any] = {}
-    names: set[str] = set()
-    if dataclasses.is_dataclass(EngineConfig):
-        names = {f.name for f in dataclasses.fields(EngineConfig)}
-    else:
-        with_params = inspect.signature(EngineConfig).parameters
-        names = set(with_params)
-    for k in ("max_num_seqs", "max_batch_size"):  # let all N requests run together
-        if k in names:
-            kwargs[k] = n
-    kwargs.update(overrides)
-    return EngineConfig(**kwargs)
-
-
-def _len(x: Any) -> int:
-    return len(x) if x is not None else 0
-
-
-def run_sync(engine: Any, reqs: list[tuple[str, list[int]]], params: Any, deadline: float,
-             max_steps: int) -> tuple[int, list[float], dict[str, float]]:
+def run(engine: Any, reqs: list[tuple[str, list[int]]], params: Any, deadline: float,
+        max_steps: int) -> tuple[int, list[float], dict[str, float]]:
+    """Add every request, step until all are finished; returns (generated tokens, step
+    times, time to each request's first token)."""
     step_times: list[float] = []
     first_token: dict[str, float] = {}
     generated = 0
-    finished: set[str] = set()
     t0 = time.perf_counter()
     for rid, ids in reqs:
         engine.add_request(rid, ids, params)
-    has_unfinished = getattr(engine, "has_unfinished_requests", None) or getattr(engine, "has_unfinished", None)
-    steps = 0
-    while True:
-        if has_unfinished is not None:
-            if not has_unfinished():
-                break
-        elif len(finished) == len(reqs):
-            break
-        if time.perf_counter() > deadline or steps >= max_steps:
-            raise TimeoutError(f"gave up after {steps} steps / deadline; {len(finished)}/{len(reqs)} finished")
+    while engine.has_unfinished_requests():
+        if time.perf_counter() > deadline or len(step_times) >= max_steps:
+            raise TimeoutError(f"gave up after {len(step_times)} steps or the deadline")
         s0 = time.perf_counter()
-        outs = engine.step() or []
+        outs = engine.step()
         now = time.perf_counter()
         step_times.append(now - s0)
-        steps += 1
         for o in outs:
-            k = _len(getattr(o, "new_token_ids", None))
-            generated += k
-            if k and o.request_id not in first_token:
+            generated += len(o.new_token_ids)
+            if o.new_token_ids and o.request_id not in first_token:
                 first_token[o.request_id] = now - t0
-            if getattr(o, "finished", False):
-                finished.add(o.request_id)
     return generated, step_times, first_token
-
-
-async def run_async(AsyncEngine: Any, engine: Any, reqs: list[tuple[str, list[int]]], params: Any,
-                    timeout: float) -> tuple[int, list[float], dict[str, float]]:
-    aengine = AsyncEngine(engine)
-    aengine.start()
-    first_token: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    t0 = time.perf_counter()
-
-    async def one(rid: str, ids: list[int]) -> None:
-        async for o in aengine.generate(rid, ids, params):
-            k = _len(o.new_token_ids)
-            counts[rid] = counts.get(rid, 0) + k
-            if k and rid not in first_token:
-                first_token[rid] = time.perf_counter() - t0
-
-    try:
-        await asyncio.wait_for(asyncio.gather(*(one(r, i) for r, i in reqs)), timeout)
-    finally:
-        res = aengine.shutdown()
-        if inspect.isawaitable(res):
-            await res
-    return sum(counts.values()), [], first_token
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,8 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--engine-config", default="{}", help="JSON of extra EngineConfig fields")
-    p.add_argument("--api", choices=["auto", "sync", "async"], default="auto",
-                   help="drive LLMEngine.step() (sync) or AsyncEngine.generate (async)")
     p.add_argument("--timeout", type=float, default=1800.0, help="deadline for the measured run (s)")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--json", help="write the results here")
@@ -186,40 +126,27 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = open_model(path).tokenizer()
     timed = TimedForward(backend)
     backend.forward = timed  # instance attribute shadows the method
-    cfg = make_engine_config(EngineConfig, args.num_requests, json.loads(args.engine_config))
+    # max_num_seqs = N: every request may run in the same batch.
+    cfg = EngineConfig(**{"max_num_seqs": args.num_requests, **json.loads(args.engine_config)})
     engine = LLMEngine(backend, tokenizer, info, cfg)
     load_s = time.perf_counter() - t_load
 
     prompts, counts = build_prompts(args.num_requests + 1, args.prompt_tokens, _Tok(tokenizer))
     ids = [tokenizer.encode(t, add_special_tokens=False)[: args.prompt_tokens] for t in prompts]
     params = SamplingParams(max_tokens=args.output_tokens, temperature=0.0, ignore_eos=True)
-    if hasattr(params, "validate"):
-        params.validate(info.vocab_size)
-
-    use_sync = args.api == "sync" or (
-        args.api == "auto" and hasattr(engine, "add_request") and hasattr(engine, "step"))
-    if not use_sync:
-        from backends.engine import AsyncEngine
-
+    params.validate(info.vocab_size)
     max_steps = args.num_requests * (args.prompt_tokens + args.output_tokens) + 1000
-
-    def run(reqs: list[tuple[str, list[int]]], prm: Any, timeout: float) -> tuple[int, list[float], dict[str, float]]:
-        if use_sync:
-            return run_sync(engine, reqs, prm, time.perf_counter() + timeout, max_steps)
-        return asyncio.run(run_async(AsyncEngine, engine, reqs, prm, timeout))
 
     if not args.no_warmup:  # one short request: first-call costs (allocation, kernels) out of the timing
         timed.enabled = False
         warm = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-        run([("warmup", ids[-1])], warm, 300.0)
+        run(engine, [("warmup", ids[-1])], warm, time.perf_counter() + 300.0, max_steps)
         timed.enabled = True
-        if not use_sync:  # AsyncEngine was shut down; rebuild the engine on the same backend
-            engine = LLMEngine(backend, tokenizer, info, cfg)
 
     reqs = [(f"r{i}", ids[i]) for i in range(args.num_requests)]
     sys0, me0 = _system_cpu(), _self_cpu()
     t0 = time.perf_counter()
-    generated, step_times, first_token = run(reqs, params, args.timeout)
+    generated, step_times, first_token = run(engine, reqs, params, time.perf_counter() + args.timeout, max_steps)
     wall = time.perf_counter() - t0
     sys1, me1 = _system_cpu(), _self_cpu()
     cpu_self = (me1 - me0) / wall if wall else None
@@ -232,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "machine": machine_info(),
         "model": path, "dtype": info.dtype, "backend": args.backend,
-        "engine_config": repr(cfg), "api": "LLMEngine.step" if use_sync else "AsyncEngine.generate",
+        "engine_config": repr(cfg),
         "num_requests": args.num_requests, "prompt_tokens": args.prompt_tokens,
         "output_tokens": args.output_tokens, "load_s": round(load_s, 2),
         "wall_s": round(wall, 3), "generated_tokens": generated,
         "generated_tok_s": round(generated / wall, 2) if wall else None,
         "total_tok_s": round((generated + args.num_requests * args.prompt_tokens) / wall, 2) if wall else None,
-        "steps": len(step_times) or len(fwd),
-        "step_ms": {q: pct(ms(step_times), q) for q in (50, 90, 99)} if step_times else None,
+        "steps": len(step_times),
+        "step_ms": {q: pct(ms(step_times), q) for q in (50, 90, 99)},
         "forward_calls": len(fwd),
         "forward_ms_total": round(sum(r[0] for r in fwd) * 1e3, 1),
         "forward_share_of_wall": round(sum(r[0] for r in fwd) / wall, 3) if wall else None,
@@ -257,13 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     m = result["machine"]
     print(f"engine-only, {m['cpu']} (nproc {m['nproc']}), {Path(path).name}, dtype {info.dtype}, "
-          f"{result['api']}")
+          "LLMEngine.step")
     print(f"{args.num_requests} requests x ({args.prompt_tokens} prompt + {args.output_tokens} generated): "
           f"{generated} tokens in {wall:.2f}s = {result['generated_tok_s']} generated tok/s "
           f"({result['total_tok_s']} incl. prompt)")
-    if step_times:
-        s = result["step_ms"]
-        print(f"engine steps: {len(step_times)}, step ms p50 {s[50]:.1f} p90 {s[90]:.1f} p99 {s[99]:.1f}")
+    s = result["step_ms"]
+    print(f"engine steps: {len(step_times)}, step ms p50 {s[50]:.1f} p90 {s[90]:.1f} p99 {s[99]:.1f}")
     d, pf = result["decode_forward"], result["prefill_forward"]
     print(f"backend forward: {len(fwd)} calls, {result['forward_share_of_wall'] * 100:.0f}% of wall; "
           f"prefill {pf['calls']} calls / {pf['tokens']} tokens / {pf['ms_total']:.0f} ms; "

@@ -169,64 +169,54 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
-        """Copy canonical (Hugging Face named) tensors in, fusing q/k/v and gate/up."""
-        pending: dict[str, torch.Tensor] = {}
-        seen: set[str] = set()
+        """Copy canonical (Hugging Face named) tensors in, fusing q/k/v and gate/up.
+
+        Tensors stream in one at a time; a fused destination is written once all of
+        its parts have arrived, so at most one layer's parts are held at once.
+        """
+        destinations = self._destinations()
+        owner = {name: i for i, (_, names) in enumerate(destinations) for name in names}
+        parts: dict[int, dict[str, torch.Tensor]] = {}
+        done: set[int] = set()
         for name, array in tensors:
-            pending[name] = torch.from_numpy(np.ascontiguousarray(array))
-            self._consume(pending, seen)
-        if pending:
-            raise ValueError(f"unexpected tensors in model file: {sorted(pending)[:8]}")
-        expected = self._expected_names()
-        missing = expected - seen
-        if missing:
-            raise ValueError(f"model file lacks tensors: {sorted(missing)[:8]}")
-
-    def _expected_names(self) -> set[str]:
-        cfg = self.cfg
-        names = {"model.embed_tokens.weight", "model.norm.weight"}
-        if not cfg.tie_word_embeddings:
-            names.add("lm_head.weight")
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            names |= {p + s for s in (
-                "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
-            )}
-            if cfg.attention_bias:
-                names |= {p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"}
-            if cfg.qk_norm:
-                names |= {p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"}
-        return names
-
-    def _consume(self, pending: dict[str, torch.Tensor], seen: set[str]) -> None:
-        """Move every tensor whose destination is complete out of ``pending``."""
-
-        def put(dst: torch.Tensor, *names: str) -> None:
-            if all(n in pending for n in names):
-                parts = [pending.pop(n) for n in names]
-                src = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+            if name not in owner:
+                raise ValueError(f"unexpected tensor in model file: {name}")
+            i = owner[name]
+            got = parts.setdefault(i, {})
+            got[name] = torch.from_numpy(np.ascontiguousarray(array))
+            dst, names = destinations[i]
+            if len(got) == len(names):
+                src = torch.cat([got[n] for n in names], dim=0) if len(names) > 1 else got[names[0]]
                 if src.shape != dst.shape:
                     raise ValueError(f"{names[0]}: shape {tuple(src.shape)} != expected {tuple(dst.shape)}")
                 dst.copy_(src)
-                seen.update(names)
+                del parts[i]
+                done.add(i)
+        missing = [n for i, (_, names) in enumerate(destinations) if i not in done for n in names]
+        if missing:
+            raise ValueError(f"model file lacks tensors: {sorted(missing)[:8]}")
 
-        put(self.embed.weight, "model.embed_tokens.weight")
-        put(self.norm, "model.norm.weight")
+    def _destinations(self) -> list[tuple[torch.Tensor, tuple[str, ...]]]:
+        """Each parameter with the canonical tensor names concatenated into it."""
+        out: list[tuple[torch.Tensor, tuple[str, ...]]] = [
+            (self.embed.weight, ("model.embed_tokens.weight",)),
+            (self.norm, ("model.norm.weight",)),
+        ]
         if self.lm_head is not None:
-            put(self.lm_head.weight, "lm_head.weight")
+            out.append((self.lm_head.weight, ("lm_head.weight",)))
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             a = layer.attn
-            put(a.qkv.weight, p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight")
+            qkv = ("q_proj", "k_proj", "v_proj")
+            out.append((a.qkv.weight, tuple(f"{p}self_attn.{n}.weight" for n in qkv)))
             if a.qkv.bias is not None:
-                put(a.qkv.bias, p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias")
-            put(a.o_proj.weight, p + "self_attn.o_proj.weight")
+                out.append((a.qkv.bias, tuple(f"{p}self_attn.{n}.bias" for n in qkv)))
+            out.append((a.o_proj.weight, (p + "self_attn.o_proj.weight",)))
             if a.q_norm is not None:
-                put(a.q_norm, p + "self_attn.q_norm.weight")
-                put(a.k_norm, p + "self_attn.k_norm.weight")
-            put(layer.mlp.gate_up.weight, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
-            put(layer.mlp.down.weight, p + "mlp.down_proj.weight")
-            put(layer.input_norm, p + "input_layernorm.weight")
-            put(layer.post_attention_norm, p + "post_attention_layernorm.weight")
+                out.append((a.q_norm, (p + "self_attn.q_norm.weight",)))
+                out.append((a.k_norm, (p + "self_attn.k_norm.weight",)))
+            out.append((layer.mlp.gate_up.weight, (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")))
+            out.append((layer.mlp.down.weight, (p + "mlp.down_proj.weight",)))
+            out.append((layer.input_norm, (p + "input_layernorm.weight",)))
+            out.append((layer.post_attention_norm, (p + "post_attention_layernorm.weight",)))
+        return out

@@ -35,11 +35,21 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def backend():
+def loaded():
     be = CPUBackend()
     info = be.load(ModelSpec(name="smollm2", path=default_model_path(), dtype="float32"))
     assert info.dtype == "float32"
-    return be
+    return be, info
+
+
+@pytest.fixture(scope="module")
+def backend(loaded):
+    return loaded[0]
+
+
+@pytest.fixture(scope="module")
+def info(loaded):
+    return loaded[1]
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +74,11 @@ def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out
 
 
-def _run_engine(backend, tokenizer, requests: dict[str, list[int]], n: int, *, stagger: int = 0,
+def _run_engine(backend, info, tokenizer, requests: dict[str, list[int]], n: int, *, stagger: int = 0,
                 **config) -> dict[str, list[int]]:
     """Greedy ``n`` tokens per request through the real engine; with ``stagger``,
     each request is added ``stagger`` steps after the previous one."""
-    engine = LLMEngine(backend, tokenizer, backend_info(backend), EngineConfig(**config))
+    engine = LLMEngine(backend, tokenizer, info, EngineConfig(**config))
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     tokens: dict[str, list[int]] = {rid: [] for rid in requests}
     pending = list(requests.items())
@@ -87,18 +97,9 @@ def _run_engine(backend, tokenizer, requests: dict[str, list[int]], n: int, *, s
     return tokens
 
 
-def backend_info(backend):
-    cfg = backend.model.cfg
-    from backends.base import ModelInfo
-
-    return ModelInfo(name="smollm2", architecture=cfg.architecture, vocab_size=cfg.vocab_size,
-                     context_length=cfg.context_length, num_layers=cfg.num_layers,
-                     num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype="float32")
-
-
-def test_greedy_matches_transformers(backend, tokenizer, prompts, hf_causal_lm):
+def test_greedy_matches_transformers(backend, info, tokenizer, prompts, hf_causal_lm):
     expected = {f"p{i}": _hf_greedy(hf_causal_lm, ids, 32) for i, ids in enumerate(prompts)}
-    got = _run_engine(backend, tokenizer, {f"p{i}": ids for i, ids in enumerate(prompts)}, 32)
+    got = _run_engine(backend, info, tokenizer, {f"p{i}": ids for i, ids in enumerate(prompts)}, 32)
     assert got == expected
 
 
@@ -112,12 +113,12 @@ def test_prefill_logits_match_transformers(backend, prompts, hf_causal_lm):
     np.testing.assert_allclose(ours, ref, atol=2e-4, rtol=0)
 
 
-def test_greedy_is_batch_invariant_through_the_engine(backend, tokenizer, prompts):
+def test_greedy_is_batch_invariant_through_the_engine(backend, info, tokenizer, prompts):
     requests = {f"p{i}": ids for i, ids in enumerate(prompts)}
-    alone = {rid: _run_engine(backend, tokenizer, {rid: ids}, 24)[rid] for rid, ids in requests.items()}
-    together = _run_engine(backend, tokenizer, requests, 24)
+    alone = {rid: _run_engine(backend, info, tokenizer, {rid: ids}, 24)[rid] for rid, ids in requests.items()}
+    together = _run_engine(backend, info, tokenizer, requests, 24)
     # Joining mid-flight, with prompts split into chunks by a small step budget.
-    staggered = _run_engine(backend, tokenizer, requests, 24, stagger=3, max_num_batched_tokens=20)
+    staggered = _run_engine(backend, info, tokenizer, requests, 24, stagger=3, max_num_batched_tokens=20)
     assert together == alone
     assert staggered == alone
 
