@@ -4,10 +4,13 @@ Middleware order, outermost first::
 
     RequestContextMiddleware   request id, the context later layers fill in
     MetricsMiddleware          status and latency per route template
+    AuthMiddleware             401 unless the credentials prove a principal
     BodyLimitMiddleware        413 before a large body is read
-    (authentication, rate limiting, guardrails slot in here, in that order)
-    ExceptionMiddleware        GatewayError -> OpenAI-shaped JSON
-    routes
+    (rate limiting and guardrails slot in here, in that order)
+    ExceptionMiddleware        GatewayError / PolicyError -> OpenAI-shaped JSON
+    routes                     each requires its scope (gateway.authz)
+
+Only /livez, /readyz and /metrics answer without credentials.
 """
 
 from __future__ import annotations
@@ -25,13 +28,20 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
+from gateway.authz import requires
 from gateway.context import RequestContextMiddleware, get_context
-from gateway.errors import GatewayError, InternalError, MethodNotAllowed, NotFound, error_payload
+from gateway.errors import GatewayError, InternalError, MethodNotAllowed, NotFound, error_payload, render_policy_error
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
 from gateway.middleware import BodyLimitMiddleware
-from gateway.models import ModelManager
-from gateway.routes import health, openai
+from gateway.model_admin import ModelAdmin
+from gateway.models import _VERSION, ModelManager
+from gateway.openapi import document, openapi_route
+from gateway.routes import admin, health, openai
 from gateway.settings import Settings
+from policy.errors import PolicyError
+from policy.rbac import Scope
+from policy.store import PolicyStore
 
 log = logging.getLogger("inferflux.gateway")
 
@@ -56,6 +66,10 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     )
 
 
+async def _policy_error(request: Request, exc: Exception) -> Response:
+    return render_policy_error(cast(PolicyError, exc), get_context(request).request_id)
+
+
 async def _client_disconnect(request: Request, exc: Exception) -> Response:
     return Response(status_code=CLIENT_CLOSED_STATUS)
 
@@ -66,31 +80,67 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return InternalError(f"Internal server error (request id {ctx.request_id})").to_response(ctx.request_id)
 
 
-def create_app(settings: Settings, manager: ModelManager, *, owns_models: bool = True) -> Starlette:
-    """Build the app serving ``manager``'s models.
+def create_app(
+    settings: Settings,
+    manager: ModelManager,
+    *,
+    store: PolicyStore | None = None,
+    authenticator: Authenticator | None = None,
+    owns_models: bool = True,
+    configured_models: set[str] | None = None,
+) -> Starlette:
+    """Build the app serving ``manager``'s models, guarded by ``store``'s policies.
 
-    With ``owns_models`` the app shuts the engines down when it stops; tests
-    that share one engine across apps pass False.
+    Without ``store`` the app opens the one ``settings`` names (and closes it
+    when it stops). With ``owns_models`` the app shuts the engines down when
+    it stops; tests that share one engine across apps pass False.
+    ``configured_models`` names the models from the configuration, which the
+    admin API may not unload (default: those in ``manager`` now).
     """
+    owns_store = store is None
+    if store is None:
+        store = PolicyStore.open(settings.store, settings.data_dir)
+    if authenticator is None:
+        auth = settings.auth
+        authenticator = Authenticator(
+            store,
+            cache_ttl=auth.cache_ttl_seconds,
+            poll_interval=auth.revocation_poll_seconds,
+            flush_interval=auth.last_used_flush_seconds,
+        )
     metrics = GatewayMetrics(manager)
+    model_admin = ModelAdmin(
+        manager, store, settings, configured_models if configured_models is not None else {m.name for m in manager}
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.draining = False
-        yield
-        app.state.draining = True
-        if owns_models:
-            # Engine shutdown joins worker threads; keep the loop free meanwhile.
-            await asyncio.to_thread(manager.shutdown)
+        await authenticator.start()
+        try:
+            yield
+        finally:
+            app.state.draining = True
+            await model_admin.aclose()
+            await authenticator.stop()
+            if owns_models:
+                # Engine shutdown joins worker threads; keep the loop free meanwhile.
+                await asyncio.to_thread(manager.shutdown)
+            if owns_store:
+                await asyncio.to_thread(store.close)
 
+    openapi = document("This document", tag="meta")(requires(Scope.READ)(openapi_route("InferFlux", _VERSION)))
     routes = [
         *openai.routes(),
+        *admin.routes(),
         *health.routes(),
         Route("/metrics", metrics_route, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
     middleware = [
         Middleware(RequestContextMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),
+        Middleware(AuthMiddleware, authenticator=authenticator, public_paths=PUBLIC_PATHS),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
     ]
     app = Starlette(
@@ -98,6 +148,7 @@ def create_app(settings: Settings, manager: ModelManager, *, owns_models: bool =
         middleware=middleware,
         exception_handlers={
             GatewayError: _gateway_error,
+            PolicyError: _policy_error,
             HTTPException: _http_exception,
             ClientDisconnect: _client_disconnect,
             Exception: _unexpected,
@@ -107,5 +158,8 @@ def create_app(settings: Settings, manager: ModelManager, *, owns_models: bool =
     app.state.settings = settings
     app.state.manager = manager
     app.state.metrics = metrics
+    app.state.store = store
+    app.state.authenticator = authenticator
+    app.state.model_admin = model_admin
     app.state.draining = False
     return app

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import getpass
 import json
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from gateway.settings import ConfigError, ensure_data_dir, load_settings
+from gateway.settings import ConfigError, Settings, ensure_data_dir, load_settings
+from policy.errors import StoreConfigError
+
+if TYPE_CHECKING:  # SQLAlchemy is imported by the store commands only
+    from sqlalchemy import Engine
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -68,6 +75,23 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.models import ModelManager, engine_config_from, load_served_model
 
+    from gateway.model_admin import ModelAdmin
+    from policy.store import PolicyStore
+
+    # The store first: a wrong key or an unreachable database should fail in
+    # a second, not after the models have loaded.
+    try:
+        store = PolicyStore.open(settings.store, settings.data_dir)
+        admin_key = store.ensure_bootstrap_admin(os.environ.get("INFERFLUX_BOOTSTRAP_ADMIN_KEY"))
+    except StoreConfigError as exc:
+        _error(str(exc))
+        return EXIT_FAILURE
+    except Exception as exc:  # the driver's: connection refused, authentication failed, ...
+        _error(f"cannot open the policy store: {getattr(exc, 'orig', None) or exc}")
+        return EXIT_FAILURE
+    if admin_key is not None:
+        _announce_admin_key(admin_key)
+
     specs = settings.model_specs()
     manager = ModelManager(expected=[spec.name for spec, _ in specs])
     for spec, backend in specs:
@@ -76,9 +100,13 @@ def _serve(args: argparse.Namespace) -> int:
         except (BackendError, OSError, ValueError) as exc:
             _error(f"cannot load model {spec.name!r} ({spec.path}) on backend {backend!r}: {exc}")
             manager.shutdown()
+            store.close()
             return EXIT_FAILURE
+    configured = {spec.name for spec, _ in specs}
+    # Models loaded over the admin API before the restart; one that fails to load is logged and skipped.
+    ModelAdmin(manager, store, settings, configured).restore()
 
-    app = create_app(settings, manager)
+    app = create_app(settings, manager, store=store, configured_models=configured)
     uvicorn.run(
         app,
         host=settings.host,
@@ -87,6 +115,147 @@ def _serve(args: argparse.Namespace) -> int:
         # Let running streams finish briefly, but never hang a shutdown on one.
         timeout_graceful_shutdown=10,
     )
+    store.close()
+    return EXIT_OK
+
+
+def _announce_admin_key(key: str) -> None:
+    """The generated platform-admin key, on stderr, once: it is stored only as a hash."""
+    bar = "=" * 72
+    print(
+        f"{bar}\n"
+        "A platform-admin API key was created for this new policy store. It is shown\n"
+        "only now; keep it somewhere safe (set INFERFLUX_BOOTSTRAP_ADMIN_KEY before the\n"
+        "first start to choose it yourself):\n\n"
+        f"    {key}\n\n"
+        "Use it as 'Authorization: Bearer <key>' (or INFERFLUX_API_KEY for inferctl).\n"
+        f"{bar}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+# -- the policy store -----------------------------------------------------------
+
+
+def _store_command(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Report the store's failures in one line: a wrong key, an unreachable database, a bad path."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            return handler(args)
+        except (StoreConfigError, OSError) as exc:
+            raise ClientError(str(exc)) from None
+        except SQLAlchemyError as exc:
+            raise ClientError(f"the policy store failed: {getattr(exc, 'orig', None) or exc}") from None
+
+    return run
+
+
+def _store_settings(args: argparse.Namespace) -> Settings:
+    """The same settings ``serve`` reads (file, environment, --data-dir); ConfigError if invalid."""
+    settings = load_settings(args.config, overrides={"data_dir": args.data_dir})
+    ensure_data_dir(settings.data_dir)
+    # Warnings only: a generated key file must be reported, Alembic's progress need not be.
+    logging.basicConfig(level=logging.WARNING, format="inferctl: %(levelname)s: %(message)s")
+    return settings
+
+
+@contextmanager
+def _store_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
+    """An engine on the configured store, and how to name it (without a password)."""
+    # Imported here, like the server: SQLAlchemy and Alembic are not needed for --help.
+    from policy.store.db import create_store_engine, describe_url
+
+    settings = _store_settings(args)
+    url = settings.store.database_url(settings.data_dir)
+    engine = create_store_engine(url, settings.store)
+    try:
+        yield engine, describe_url(url)
+    finally:
+        engine.dispose()
+
+
+def _print_revision(engine: Engine, where: str) -> None:
+    from policy.store import migrate
+
+    revision, head = migrate.current(engine), migrate.head()
+    state = "head" if revision == head else f"head is {head}"
+    print(f"{where}: revision {revision or 'none (empty)'} ({state})")
+
+
+@_store_command
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from policy.store import migrate
+
+    with _store_engine(args) as (engine, where):
+        migrate.upgrade(engine, args.revision)
+        _print_revision(engine, where)
+    return EXIT_OK
+
+
+@_store_command
+def _db_downgrade(args: argparse.Namespace) -> int:
+    from policy.store import migrate
+
+    with _store_engine(args) as (engine, where):
+        migrate.downgrade(engine, args.revision)
+        _print_revision(engine, where)
+    return EXIT_OK
+
+
+@_store_command
+def _db_current(args: argparse.Namespace) -> int:
+    with _store_engine(args) as (engine, where):
+        _print_revision(engine, where)
+    return EXIT_OK
+
+
+def _new_passphrase() -> str:
+    passphrase = os.environ.get("INFERFLUX_STORE_NEW_PASSPHRASE")
+    if passphrase:
+        return passphrase
+    if not sys.stdin.isatty():
+        raise ClientError("--new-passphrase: set INFERFLUX_STORE_NEW_PASSPHRASE, or run on a terminal to be asked")
+    passphrase = getpass.getpass("New store passphrase: ")
+    if not passphrase:
+        raise ClientError("the new passphrase is empty")
+    if getpass.getpass("Repeat it: ") != passphrase:
+        raise ClientError("the passphrases differ")
+    return passphrase
+
+
+@_store_command
+def _rotate_key(args: argparse.Namespace) -> int:
+    from policy.store import PolicyStore
+
+    settings = _store_settings(args)
+    new_passphrase = _new_passphrase() if args.new_passphrase else None
+
+    def progress(table: str, rows: int) -> None:
+        if rows and args.verbose:
+            print(f"  {table}: {rows} rows re-encrypted", file=sys.stderr)
+
+    with PolicyStore.open(settings.store, settings.data_dir) as store:
+        report = store.rotate_key(
+            new_passphrase=new_passphrase, prune=args.prune, batch_size=args.batch_size, on_progress=progress
+        )
+    print(
+        f"key version {report.active_version} is active; "
+        f"re-encrypted {report.values} secret(s) in {report.rows} row(s)"
+    )
+    if report.pruned_versions:
+        print(f"removed key versions {', '.join(map(str, report.pruned_versions))}")
+    elif report.previous_versions:
+        print(
+            f"key versions {', '.join(map(str, report.previous_versions))} are kept to read backups made "
+            "before this rotation; remove them with --prune"
+        )
+    if new_passphrase is not None:
+        print("restart every server with the new passphrase (INFERFLUX_STORE_PASSPHRASE)")
     return EXIT_OK
 
 
@@ -197,6 +366,23 @@ def _add_client_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"not a positive integer: {value!r}")
+    return number
+
+
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML settings file, as for serve (env: INFERFLUX_CONFIG)")
+    parser.add_argument(
+        "--data-dir", metavar="DIR", help="state directory, as for serve (env: INFERFLUX_DATA_DIR)"
+    )
+
+
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model id (default: the first model the server lists)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
@@ -288,6 +474,47 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_options(chat)
     _add_generation_options(chat)
     chat.set_defaults(handler=_chat)
+
+    db = sub.add_parser("db", help="migrate the policy store's schema")
+    db_sub = db.add_subparsers(dest="db_command", metavar="COMMAND", required=True)
+    upgrade = db_sub.add_parser("upgrade", help="migrate the schema to this release's (or --revision)")
+    upgrade.add_argument("--revision", default="head", help="target revision (default: %(default)s)")
+    upgrade.set_defaults(handler=_db_upgrade)
+    downgrade = db_sub.add_parser(
+        "downgrade", help="migrate the schema back to --revision ('base' drops every table and all data)"
+    )
+    downgrade.add_argument("--revision", required=True, help="target revision, e.g. 0001 or base")
+    downgrade.set_defaults(handler=_db_downgrade)
+    current = db_sub.add_parser("current", help="show the schema's revision")
+    current.set_defaults(handler=_db_current)
+    for command in (upgrade, downgrade, current):
+        _add_store_options(command)
+
+    admin = sub.add_parser("admin", help="administer the policy store directly")
+    admin_sub = admin.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
+    rotate = admin_sub.add_parser(
+        "rotate-key",
+        help="re-encrypt the store's secrets with a new key",
+        description=(
+            "Add a new key version (to the key file, or from the passphrase with a new salt), make it "
+            "active, and re-encrypt every secret in small transactions. Safe while servers run: they "
+            "pick the new version up from the key file or the store. Old versions stay in the key file, "
+            "to read backups made before the rotation, until --prune."
+        ),
+    )
+    rotate.add_argument("--prune", action="store_true", help="then remove every old key version")
+    rotate.add_argument(
+        "--new-passphrase",
+        action="store_true",
+        help="derive the new key from a new passphrase ($INFERFLUX_STORE_NEW_PASSPHRASE, or asked for); "
+        "servers must then be restarted with it",
+    )
+    rotate.add_argument(
+        "--batch-size", type=_positive_int, default=200, help="rows per transaction (default: %(default)s)"
+    )
+    rotate.add_argument("-v", "--verbose", action="store_true", help="report progress per table")
+    _add_store_options(rotate)
+    rotate.set_defaults(handler=_rotate_key)
     return parser
 
 
@@ -301,6 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClientError as exc:
         _error(str(exc))
         return EXIT_FAILURE
+    except ConfigError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 from starlette.responses import JSONResponse
 
+from policy.errors import PolicyError
+
 
 def error_payload(message: str, error_type: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
@@ -167,3 +169,15 @@ class EngineOverloaded(ServiceUnavailable):
 
 class ModelNotReady(ServiceUnavailable):
     default_code = "model_not_ready"
+
+
+def render_policy_error(exc: PolicyError, request_id: str | None = None) -> JSONResponse:
+    """The policy layer's errors carry their own status, type and code; render them alike."""
+    headers = dict(exc.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
+    return JSONResponse(
+        error_payload(exc.message, exc.error_type, param=exc.param, code=exc.code),
+        status_code=exc.status_code,
+        headers=headers,
+    )

@@ -6,7 +6,7 @@ import hashlib
 import importlib.metadata
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,7 @@ class ModelManager:
         self._lookup: dict[str, ServedModel] = {}
         self._expected: list[str] = list(expected)
         self._default: str | None = None
+        self._loading: set[str] = set()
 
     def add(self, model: ServedModel, *, default: bool = False) -> None:
         for key in (model.name, *model.aliases):
@@ -95,6 +96,36 @@ class ModelManager:
 
     def __len__(self) -> int:
         return len(self._models)
+
+    def remove(self, name: str) -> ServedModel:
+        """Stop serving ``name`` (canonical name); the caller shuts its engine down."""
+        model = self._models.pop(name, None)
+        if model is None:
+            raise ModelNotFound(name)
+        for key in (model.name, *model.aliases):
+            self._lookup.pop(key, None)
+        if name in self._expected:
+            self._expected.remove(name)
+        if self._default == name:
+            self._default = next(iter(self._models), None)
+        return model
+
+    def set_default(self, name: str) -> None:
+        self._default = self.get(name).name
+
+    @property
+    def default_name(self) -> str | None:
+        return self._default
+
+    def loading(self) -> list[str]:
+        """Names being loaded in the background (see ``gateway.model_admin``)."""
+        return list(self._loading)
+
+    def mark_loading(self, name: str, loading: bool) -> None:
+        if loading:
+            self._loading.add(name)
+        else:
+            self._loading.discard(name)
 
     @property
     def default(self) -> ServedModel:
@@ -122,12 +153,19 @@ def engine_config_from(engine: EngineSettings) -> EngineConfig:
     return EngineConfig(**kwargs)
 
 
-def load_served_model(spec: ModelSpec, backend: str, engine_config: EngineConfig | None = None) -> ServedModel:
+def load_served_model(
+    spec: ModelSpec,
+    backend: str,
+    engine_config: EngineConfig | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> ServedModel:
     """Load ``spec`` on the named backend and start its engine.
 
+    ``on_stage`` is told each stage as it starts (for load progress).
     Raises ``BackendError`` (from the registry or the backend) when the backend
     is unavailable or the model cannot be loaded.
     """
+    stage = on_stage or (lambda _: None)
     from backends.engine import AsyncEngine, EngineConfig, LLMEngine
     from backends.models import open_model
     from backends.registry import get_backend
@@ -135,8 +173,11 @@ def load_served_model(spec: ModelSpec, backend: str, engine_config: EngineConfig
     backend_cls: Any = get_backend(backend)
     instance = backend_cls()
     started = time.perf_counter()
+    stage("loading weights")
     info = instance.load(spec)
+    stage("loading tokenizer")
     tokenizer = open_model(spec.path).tokenizer()
+    stage("starting engine")
     engine = LLMEngine(instance, tokenizer, info, engine_config if engine_config is not None else EngineConfig())
     aengine = AsyncEngine(engine)
     aengine.start()

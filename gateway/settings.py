@@ -22,6 +22,14 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
         backend: cpu        # optional
         dtype: float32      # optional
         aliases: [smollm2]
+    store:                  # the policy store (policy.store.StoreSettings)
+      url: postgresql://inferflux@db/inferflux   # default: SQLite at <data_dir>/policy.db
+      key_file: /run/secrets/store.key   # or passphrase; neither: <data_dir>/store.key, made on first start
+      auto_migrate: true    # false: refuse to start on an outdated schema ('inferctl db upgrade')
+    auth:
+      cache_ttl_seconds: 30         # longest a cached authentication decision lives
+      revocation_poll_seconds: 1    # how often the store is checked for revocations and role changes
+      last_used_flush_seconds: 5    # how often API keys' last-used times are written
 
 Environment variables (each sets the key beside it):
 
@@ -37,6 +45,9 @@ Environment variables (each sets the key beside it):
     INFERFLUX_KV_CACHE_BYTES         engine.kv_cache_bytes
     INFERFLUX_MAX_BODY_BYTES         max_body_bytes
     INFERFLUX_MAX_QUEUED_SEQUENCES   max_queued_sequences
+    INFERFLUX_STORE_URL              store.url
+    INFERFLUX_STORE_KEY_FILE         store.key_file
+    INFERFLUX_STORE_PASSPHRASE       store.passphrase
 
 The top-level ``backend`` and ``dtype`` are defaults: a model entry in the
 file that names its own keeps it, whatever the environment or flags say.
@@ -60,6 +71,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from backends.base import ModelSpec
+from policy.store.config import StoreSettings
 
 log = logging.getLogger("inferflux.gateway.settings")
 
@@ -116,6 +128,20 @@ class EngineSettings(BaseModel):
     max_model_len: int | None = Field(default=None, gt=0)
 
 
+class AuthSettings(BaseModel):
+    """How long authentication decisions are cached (see ``gateway.auth``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Upper bound on how long a cached decision lives, whatever happens.
+    cache_ttl_seconds: float = Field(default=30.0, ge=0, le=3600)
+    # How often each replica checks the store for changes; a revoked key or a
+    # changed role stops working everywhere within about this long.
+    revocation_poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    # API keys' last-used times are written in batches this often.
+    last_used_flush_seconds: float = Field(default=5.0, gt=0, le=3600)
+
+
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     xdg = (os.environ if env is None else env).get("XDG_DATA_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "share"
@@ -137,6 +163,8 @@ class Settings(BaseModel):
     max_queued_sequences: int = Field(default=256, ge=1)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: list[ModelEntry] = Field(default_factory=list)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
 
     @field_validator("data_dir", mode="before")
     @classmethod
@@ -195,6 +223,9 @@ ENV_KEYS: dict[str, str] = {
     "INFERFLUX_KV_CACHE_BYTES": "engine.kv_cache_bytes",
     "INFERFLUX_MAX_BODY_BYTES": "max_body_bytes",
     "INFERFLUX_MAX_QUEUED_SEQUENCES": "max_queued_sequences",
+    "INFERFLUX_STORE_URL": "store.url",
+    "INFERFLUX_STORE_KEY_FILE": "store.key_file",
+    "INFERFLUX_STORE_PASSPHRASE": "store.passphrase",
 }
 
 

@@ -16,17 +16,20 @@ from starlette.routing import BaseRoute, Route
 from backends.engine import RequestOutput, SamplingParams, SamplingParamsError, TokenLogprob
 from backends.models import ChatTemplateError
 
+from gateway.authz import principal_of, requires
 from gateway.context import get_context
 from gateway.errors import (
     ContextLengthExceeded,
     EngineOverloaded,
     GatewayError,
     InvalidRequest,
+    ModelNotFound,
     UnsupportedMediaType,
 )
 from gateway.generation import ChoiceEvent, ChoiceSpec, Generation, Usage, engine_error_to_gateway
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics
 from gateway.models import ModelManager, ServedModel
+from gateway.openapi import document
 from gateway.protocol import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -36,6 +39,7 @@ from gateway.protocol import (
     sampling_kwargs,
 )
 from gateway.streaming import SSE_DONE, ClientDisconnected, SSEResponse, run_until_disconnect, sse_event
+from policy.rbac import Scope
 
 # -- request plumbing ---------------------------------------------------------
 
@@ -51,6 +55,15 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 def _manager(request: Request) -> ModelManager:
     return request.app.state.manager  # type: ignore[no-any-return]
+
+
+def _resolve(request: Request, name: str) -> ServedModel:
+    """The served model, if this caller may use it; otherwise the same 404 as a missing one."""
+    served = _manager(request).get(name)
+    if not principal_of(request).may_use_model(served.name):
+        raise ModelNotFound(name)
+    get_context(request).model = served.name
+    return served
 
 
 def _metrics(request: Request) -> GatewayMetrics:
@@ -443,10 +456,11 @@ class _CompletionRenderer:
 # -- handlers -----------------------------------------------------------------
 
 
+@document("Chat completion (OpenAI-compatible; SSE when stream is true)", tag="openai", body=ChatCompletionRequest, streams=True)
+@requires(Scope.GENERATE)
 async def chat_completions(request: Request) -> Response:
     req = parse_request(ChatCompletionRequest, await read_json(request))
-    served = _manager(request).get(req.model)
-    get_context(request).model = served.name
+    served = _resolve(request, req.model)
     token_ids = await run_in_threadpool(_encode_chat, served, req)
     plan = _plan(served, req, [PreparedPrompt(token_ids)], prefix="chatcmpl", prompt_param="messages")
     return await _stream_or_collect(request, plan, req, _ChatRenderer(plan, req.logprobs))
@@ -462,10 +476,11 @@ def _encode_chat(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
     return served.tokenizer.encode(text, add_special_tokens=False)
 
 
+@document("Text completion (OpenAI-compatible; SSE when stream is true)", tag="openai", body=CompletionRequest, streams=True)
+@requires(Scope.GENERATE)
 async def completions(request: Request) -> Response:
     req = parse_request(CompletionRequest, await read_json(request))
-    served = _manager(request).get(req.model)
-    get_context(request).model = served.name
+    served = _resolve(request, req.model)
     prompts = await run_in_threadpool(_encode_prompts, served, req)
     plan = _plan(served, req, prompts, prefix="cmpl", prompt_param="prompt")
     return await _stream_or_collect(request, plan, req, _CompletionRenderer(plan, req.logprobs, req.echo))
@@ -502,13 +517,18 @@ def _model_card(served: ServedModel) -> dict[str, Any]:
     }
 
 
+@document("The models this caller may use", tag="openai")
+@requires(Scope.READ)
 async def list_models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_card(m) for m in _manager(request).list()]})
+    principal = principal_of(request)
+    cards = [_model_card(m) for m in _manager(request).list() if principal.may_use_model(m.name)]
+    return JSONResponse({"object": "list", "data": cards})
 
 
+@document("One model, by name or alias", tag="openai")
+@requires(Scope.READ)
 async def retrieve_model(request: Request) -> Response:
-    served = _manager(request).get(request.path_params["model_id"])
-    return JSONResponse(_model_card(served))
+    return JSONResponse(_model_card(_resolve(request, request.path_params["model_id"])))
 
 
 def routes() -> list[BaseRoute]:

@@ -24,12 +24,13 @@ def wait_until_idle(served: ServedModel, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def _post(live_server: str, path: str, body: dict[str, object]) -> socket.socket:
+def _post(live_server: str, path: str, body: dict[str, object], key: str) -> socket.socket:
     url = urlsplit(live_server)
     sock = socket.create_connection((url.hostname, url.port), timeout=60)
     payload = json.dumps(body).encode()
     sock.sendall(
         f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {key}\r\n"
         f"Content-Length: {len(payload)}\r\n\r\n".encode()
         + payload
     )
@@ -46,7 +47,7 @@ def _read_until(sock: socket.socket, marker: bytes, limit: int = 1 << 20) -> byt
     return data
 
 
-def test_stream_disconnect_aborts_generation(live_server: str, served_model: ServedModel) -> None:
+def test_stream_disconnect_aborts_generation(live_server: str, served_model: ServedModel, admin_key: str) -> None:
     wait_until_idle(served_model)
     generated_before = served_model.engine.stats().num_tokens_generated
     body = {
@@ -56,7 +57,7 @@ def test_stream_disconnect_aborts_generation(live_server: str, served_model: Ser
         "ignore_eos": True,
         "stream": True,
     }
-    sock = _post(live_server, "/v1/chat/completions", body)
+    sock = _post(live_server, "/v1/chat/completions", body, admin_key)
     try:
         head = _read_until(sock, b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
@@ -73,10 +74,12 @@ def test_stream_disconnect_aborts_generation(live_server: str, served_model: Ser
     assert served_model.engine.stats().num_tokens_generated - generated_before < 500
 
 
-def test_non_stream_disconnect_aborts_generation(live_server: str, served_model: ServedModel) -> None:
+def test_non_stream_disconnect_aborts_generation(
+    live_server: str, served_model: ServedModel, admin_key: str
+) -> None:
     wait_until_idle(served_model)
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True}
-    sock = _post(live_server, "/v1/completions", body)
+    sock = _post(live_server, "/v1/completions", body, admin_key)
     try:
         deadline = time.monotonic() + 20
         while served_model.engine.stats().num_running == 0:

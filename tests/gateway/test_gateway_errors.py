@@ -16,8 +16,8 @@ MSGS = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def http(live_server: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=live_server, timeout=60) as c:
+def http(live_server: str, auth_headers: dict[str, str]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live_server, headers=auth_headers, timeout=60) as c:
         yield c
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 from starlette.testclient import TestClient
@@ -25,8 +26,8 @@ def _sample(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-def test_metrics_after_requests(live_server: str) -> None:
-    with httpx.Client(base_url=live_server, timeout=60) as http:
+def test_metrics_after_requests(live_server: str, auth_headers: dict[str, str]) -> None:
+    with httpx.Client(base_url=live_server, headers=auth_headers, timeout=60) as http:
         ok = http.post(
             "/v1/chat/completions",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
@@ -64,14 +65,14 @@ def test_livez_and_readyz(live_server: str) -> None:
     assert ready.json() == {"status": "ok"}
 
 
-def test_readyz_reports_missing_models(served_model: ServedModel) -> None:
+def test_readyz_reports_missing_models(served_model: ServedModel, gateway_store: Any) -> None:
     manager = ModelManager(expected=[served_model.name, "still-loading"])
     manager.add(served_model)
-    client = TestClient(create_app(Settings(), manager, owns_models=False))
+    client = TestClient(create_app(Settings(), manager, store=gateway_store, owns_models=False))
     resp = client.get("/readyz")
     assert resp.status_code == 503
     assert resp.json()["reasons"] == ["model 'still-loading' is not loaded"]
     assert client.get("/livez").status_code == 200
 
-    empty = TestClient(create_app(Settings(), ModelManager(), owns_models=False))
+    empty = TestClient(create_app(Settings(), ModelManager(), store=gateway_store, owns_models=False))
     assert empty.get("/readyz").status_code == 503

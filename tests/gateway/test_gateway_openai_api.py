@@ -12,8 +12,8 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def client(live_server: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{live_server}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+def client(live_server: str, admin_key: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{live_server}/v1", api_key=admin_key, max_retries=0, timeout=120) as c:
         yield c
 
 

@@ -132,15 +132,25 @@ def test_serve_help_documents_flags() -> None:
     assert "INFERFLUX_PORT" in out
 
 
-def test_models_command_against_live_server(live_server: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["models", "--url", live_server]) == 0
+def test_models_command_against_live_server(
+    live_server: str, admin_key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["models", "--url", live_server, "--api-key", admin_key]) == 0
     assert DEFAULT_MODEL_NAME in capsys.readouterr().out
 
 
-def test_complete_and_chat_commands(live_server: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["complete", "Hello", "--url", live_server, "--max-tokens", "3", "--temperature", "0"]) == 0
+def test_client_command_without_key_reports_401(live_server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["models", "--url", live_server]) == 1
+    err = capsys.readouterr().err
+    assert "401" in err and "credentials" in err.lower()
+    assert "Traceback" not in err
+
+
+def test_complete_and_chat_commands(live_server: str, admin_key: str, capsys: pytest.CaptureFixture[str]) -> None:
+    key = ["--url", live_server, "--api-key", admin_key]
+    assert cli.main(["complete", "Hello", *key, "--max-tokens", "3", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.strip()
-    assert cli.main(["chat", "Hi", "--url", live_server, "--max-tokens", "3", "--no-stream"]) == 0
+    assert cli.main(["chat", "Hi", *key, "--max-tokens", "3", "--no-stream"]) == 0
     assert capsys.readouterr().out.strip()
 
 

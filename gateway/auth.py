@@ -1,0 +1,335 @@
+"""Authentication on every request: API keys and OIDC bearer JWTs.
+
+``AuthMiddleware`` (pure ASGI) turns the request's credentials into a
+``Principal`` on the request context, or answers 401 itself. What a principal
+may do is checked by the routes (``gateway.authz.requires``).
+
+Decisions are cached in-process, because the store is a database round trip
+away. Two things bound how long a cached decision may outlive a change in the
+store (a key revoked, a role changed, a tenant disabled):
+
+* every write to the store bumps its ``policy_version``; a background task
+  polls it (``auth.revocation_poll_seconds``, default 1 s) and drops every
+  cached decision when it moves, so every replica sees a change within about
+  one poll interval;
+* no entry lives longer than ``auth.cache_ttl_seconds`` or past the expiry of
+  the key or token it was made from.
+
+The last-used time of API keys is collected in memory and written in batches
+off the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.context import get_context
+from gateway.errors import render_policy_error
+from policy.authn.apikeys import looks_like_key
+from policy.authn.oidc import OidcProviderConfig, OidcVerifier, VerifiedToken
+from policy.errors import AuthenticationError, InvalidApiKey, InvalidToken, PermissionDenied, PolicyError, StoreUnavailable
+from policy.rbac import Principal, Role, effective_models
+from policy.store import PolicyStore
+
+log = logging.getLogger("inferflux.gateway.auth")
+
+T = TypeVar("T")
+
+# Routes that answer without credentials: probes and the scrape endpoint.
+PUBLIC_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
+
+# The tenant whose principals may hold platform-admin (created at bootstrap).
+PLATFORM_TENANT = "platform"
+
+
+async def call_store(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a store call on the thread pool; a database failure becomes a 503, never a 500."""
+    try:
+        return await run_in_threadpool(fn, *args, **kwargs)
+    except PolicyError:
+        raise
+    except Exception as exc:  # the driver's errors: connection refused, timeouts, ...
+        from sqlalchemy.exc import SQLAlchemyError
+
+        if not isinstance(exc, SQLAlchemyError):
+            raise
+        log.error("policy store call %s failed: %s", getattr(fn, "__name__", fn), exc)
+        raise StoreUnavailable("The policy store is unavailable; retry shortly") from None
+
+
+class _TTLCache:
+    """A bounded map whose entries expire; keys are digests, never raw credentials."""
+
+    def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
+        self._data: OrderedDict[bytes, tuple[float, Any]] = OrderedDict()
+        self._max = max_entries
+        self._clock = clock
+
+    def get(self, key: bytes) -> Any | None:
+        item = self._data.get(key)
+        if item is None:
+            return None
+        expires, value = item
+        if self._clock() >= expires:
+            del self._data[key]
+            return None
+        return value
+
+    def put(self, key: bytes, value: Any, ttl: float) -> None:
+        if ttl <= 0:
+            return
+        self._data[key] = (self._clock() + ttl, value)
+        self._data.move_to_end(key)
+        while len(self._data) > self._max:
+            self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def provider_config(record: Any) -> OidcProviderConfig:
+    """The verifier's view of a stored OIDC provider."""
+    return OidcProviderConfig(
+        id=record.id,
+        name=record.name,
+        issuer=record.issuer,
+        audience=record.audience,
+        algorithms=tuple(record.algorithms),
+        tenant_claim=record.tenant_claim,
+        roles_claim=record.roles_claim,
+        role_map=dict(record.role_map or {}),
+        required_claims=tuple(record.required_claims or ()),
+        leeway_seconds=record.leeway_seconds,
+        jwks_uri=record.jwks_uri,
+    )
+
+
+class Authenticator:
+    def __init__(
+        self,
+        store: PolicyStore,
+        verifier: OidcVerifier | None = None,
+        *,
+        cache_ttl: float = 30.0,
+        negative_ttl: float = 2.0,
+        poll_interval: float = 1.0,
+        flush_interval: float = 5.0,
+        max_entries: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.verifier = verifier if verifier is not None else OidcVerifier(())
+        self.cache_ttl = cache_ttl
+        self.negative_ttl = negative_ttl
+        self.poll_interval = poll_interval
+        self.flush_interval = flush_interval
+        self._clock = clock
+        self._wall = wall_clock
+        self._cache = _TTLCache(max_entries, clock)
+        self._rejected = _TTLCache(max_entries, clock)
+        self._version: int | None = None
+        self._last_used: dict[str, datetime] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        """Load the identity providers and start the background pollers."""
+        await self.refresh(force=True)
+        self._tasks = [
+            asyncio.create_task(self._every(self.poll_interval, self.refresh), name="auth-policy-poll"),
+            asyncio.create_task(self._every(self.flush_interval, self.flush_last_used), name="auth-last-used"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._tasks = []
+        await self.flush_last_used()
+        await self.verifier.aclose()
+
+    async def _every(self, interval: float, fn: Callable[[], Awaitable[Any]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await fn()
+            except Exception as exc:  # keep polling; the next round may succeed
+                log.warning("background %s failed: %s", getattr(fn, "__name__", fn), exc)
+
+    async def refresh(self, force: bool = False) -> bool:
+        """Drop cached decisions if the store changed since the last look; True if it did."""
+        version = await call_store(self.store.policy_version)
+        if not force and version == self._version:
+            return False
+        self._cache.clear()
+        self._rejected.clear()
+        providers = await call_store(self.store.list_enabled_oidc_providers)
+        self.verifier.set_providers([provider_config(p) for p in providers])
+        self._version = version
+        return True
+
+    async def flush_last_used(self) -> None:
+        if not self._last_used:
+            return
+        batch, self._last_used = self._last_used, {}
+        try:
+            await call_store(self.store.touch_api_keys, batch)
+        except PolicyError as exc:  # best effort: a lost last-used time is not worth a failed request
+            log.warning("could not record API key use: %s", exc.message)
+
+    # -- authentication
+
+    async def authenticate(self, authorization: str | None, api_key: str | None) -> Principal:
+        token = self._credential(authorization, api_key)
+        digest = _digest(token)
+        principal = self._cache.get(digest)
+        if principal is not None and (principal.expires_at is None or principal.expires_at > self._wall()):
+            self._note_use(principal)
+            return principal
+        rejected = self._rejected.get(digest)
+        if rejected is not None:
+            raise rejected
+        try:
+            if looks_like_key(token):
+                principal = await self._from_api_key(token)
+            elif token.count(".") == 2:
+                principal = await self._from_jwt(token)
+            else:
+                raise AuthenticationError("The credential is neither an API key nor a JWT", code="invalid_credentials")
+        except (AuthenticationError, PermissionDenied) as exc:
+            self._rejected.put(digest, exc, self.negative_ttl)
+            raise
+        self._cache.put(digest, principal, self._ttl(principal))
+        self._note_use(principal)
+        return principal
+
+    @staticmethod
+    def _credential(authorization: str | None, api_key: str | None) -> str:
+        if authorization:
+            scheme, _, value = authorization.strip().partition(" ")
+            if scheme.lower() != "bearer" or not value.strip():
+                raise AuthenticationError(
+                    "The Authorization header must be 'Bearer <API key or token>'", code="invalid_authorization_header"
+                )
+            return value.strip()
+        if api_key:
+            return api_key.strip()
+        raise AuthenticationError(
+            "No credentials: send 'Authorization: Bearer <API key or token>' or 'x-api-key'", code="missing_credentials"
+        )
+
+    def _ttl(self, principal: Principal) -> float:
+        ttl = self.cache_ttl
+        if principal.expires_at is not None:
+            ttl = min(ttl, principal.expires_at - self._wall())
+        return ttl
+
+    def _note_use(self, principal: Principal) -> None:
+        if principal.key_id is not None:
+            self._last_used[principal.key_id] = datetime.now(UTC)
+
+    async def _from_api_key(self, token: str) -> Principal:
+        key = await call_store(self.store.find_api_key, token)
+        if key is None:
+            raise InvalidApiKey("Invalid, expired or revoked API key")
+        tenant = await call_store(self.store.get_tenant, key.tenant_id)
+        roles = frozenset({key.role})
+        if Role.PLATFORM_ADMIN in roles and tenant.name != PLATFORM_TENANT:
+            roles = frozenset()  # never granted outside the platform tenant, whatever the row says
+        if not roles:
+            raise InvalidApiKey("This API key grants no role")
+        return Principal(
+            tenant_id=tenant.id,
+            tenant_name=tenant.name,
+            subject=f"key:{key.prefix}",
+            kind="api_key",
+            roles=roles,
+            key_id=key.id,
+            allowed_models=effective_models(tenant.allowed_models, key.allowed_models),
+            expires_at=_epoch(key.expires_at),
+        )
+
+    async def _from_jwt(self, token: str) -> Principal:
+        verified: VerifiedToken = await self.verifier.verify(token)
+        try:
+            tenant = await call_store(self.store.get_tenant_by_name, verified.tenant)
+        except PolicyError:
+            raise InvalidToken(f"The token's tenant '{verified.tenant}' is not known here", code="unknown_tenant") from None
+        if tenant.disabled:
+            raise InvalidToken(f"The tenant '{tenant.name}' is disabled", code="tenant_disabled")
+        bound = await call_store(
+            self.store.find_role_bindings, verified.provider_id, tenant.id, verified.subject, list(verified.groups)
+        )
+        roles = set(verified.roles) | set(bound)
+        if tenant.name != PLATFORM_TENANT:
+            roles.discard(Role.PLATFORM_ADMIN.value)
+        if not roles:
+            raise PermissionDenied(
+                "The token is valid but grants no role in this tenant; ask an admin for a role binding", code="no_role"
+            )
+        return Principal(
+            tenant_id=tenant.id,
+            tenant_name=tenant.name,
+            subject=f"oidc:{verified.provider_id}:{verified.subject}",
+            kind="oidc",
+            roles=frozenset(roles),
+            allowed_models=effective_models(tenant.allowed_models),
+            expires_at=verified.expires_at,
+        )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class AuthMiddleware:
+    """Authenticates every request outside ``public_paths``; 401 before the route runs."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator, public_paths: Iterable[str] = PUBLIC_PATHS) -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self.public_paths = frozenset(public_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.public_paths:
+            await self.app(scope, receive, send)
+            return
+        ctx = get_context(scope)
+        try:
+            ctx.principal = await self.authenticator.authenticate(
+                _header(scope, b"authorization"), _header(scope, b"x-api-key")
+            )
+        except PolicyError as exc:
+            await render_policy_error(exc, ctx.request_id)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

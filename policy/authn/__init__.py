@@ -1,0 +1,1 @@
+"""Authentication: API keys (``apikeys``) and OIDC bearer JWTs (``oidc``)."""

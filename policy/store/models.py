@@ -1,0 +1,189 @@
+"""The policy store's tables (SQLAlchemy 2 typed declarative).
+
+Ids are strings made by the application (``types.new_id``): the prefix says
+what an id names in logs and error messages, and a row's secrets are bound to
+its id before it is inserted. Secret columns are ``EncryptedText`` and hold
+``Sealed`` values; see ``policy.store.types`` for why.
+
+The tables change only through Alembic migrations (``migrations/versions``);
+a test compares these models with the migrated schema.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from policy.store.crypto import Sealed
+from policy.store.types import EncryptedText, UTCDateTime, json_type, secret_columns
+
+# Explicit constraint names: Alembic can only alter (and SQLite batch mode can
+# only recreate) constraints it can name.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID = String(32)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class StoreMeta(Base):
+    """Store-wide values: the policy version, key canaries and salts, the API key pepper.
+
+    ``value`` holds plain text; ``secret`` holds what must be encrypted (the
+    pepper), so key rotation re-encrypts it like any other secret.
+    """
+
+    __tablename__ = "store_meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str | None] = mapped_column(Text)
+    secret: Mapped[Sealed | None] = mapped_column(EncryptedText)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    display_name: Mapped[str | None] = mapped_column(String(200))
+    disabled: Mapped[bool]
+    allowed_models: Mapped[list[str] | None] = mapped_column(json_type())  # None: every model
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ID, ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    prefix: Mapped[str] = mapped_column(String(16), unique=True, index=True)
+    key_hash: Mapped[bytes] = mapped_column(LargeBinary(32))  # HMAC-SHA256(pepper, key)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(32))
+    allowed_models: Mapped[list[str] | None] = mapped_column(json_type())  # None: the tenant's
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    replaced_by: Mapped[str | None] = mapped_column(ID)
+    created_by: Mapped[str] = mapped_column(String(255))
+
+
+class OidcProvider(Base):
+    __tablename__ = "oidc_providers"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    issuer: Mapped[str] = mapped_column(String(2048), unique=True)
+    audience: Mapped[str] = mapped_column(String(2048))
+    client_id: Mapped[str | None] = mapped_column(String(255))
+    client_secret: Mapped[Sealed | None] = mapped_column(EncryptedText)
+    jwks_uri: Mapped[str | None] = mapped_column(String(2048))
+    algorithms: Mapped[list[str]] = mapped_column(json_type())
+    tenant_claim: Mapped[str] = mapped_column(String(255))
+    roles_claim: Mapped[str] = mapped_column(String(255))
+    role_map: Mapped[dict[str, str]] = mapped_column(json_type())
+    required_claims: Mapped[list[str]] = mapped_column(json_type())
+    leeway_seconds: Mapped[int] = mapped_column(Integer)
+    enabled: Mapped[bool]
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class RoleBinding(Base):
+    """A role in a tenant for an OIDC subject (``kind="subject"``) or group (``"group"``)."""
+
+    __tablename__ = "role_bindings"
+    __table_args__ = (UniqueConstraint("tenant_id", "provider_id", "kind", "subject"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ID, ForeignKey("tenants.id", ondelete="CASCADE"))
+    provider_id: Mapped[str] = mapped_column(ID, ForeignKey("oidc_providers.id", ondelete="CASCADE"), index=True)
+    subject: Mapped[str] = mapped_column(String(512))
+    kind: Mapped[str] = mapped_column(String(16))
+    role: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class ServedModel(Base):
+    """A model registered through the admin API, loaded again at every start."""
+
+    __tablename__ = "served_models"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+    backend: Mapped[str] = mapped_column(String(64))
+    dtype: Mapped[str] = mapped_column(String(16))
+    aliases: Mapped[list[str]] = mapped_column(json_type())
+    is_default: Mapped[bool]
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Policy(Base):
+    """A rate limit, quota, guardrail or OPA policy, global (no tenant) or a tenant's.
+
+    ``spec`` is plain JSON; what must not be readable in the database (an
+    upstream token inside a guardrail, say) goes in ``sensitive_spec``.
+    """
+
+    __tablename__ = "policies"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str | None] = mapped_column(ID, ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(200))
+    spec: Mapped[dict[str, Any]] = mapped_column(json_type())
+    sensitive_spec: Mapped[Sealed | None] = mapped_column(EncryptedText)
+    enabled: Mapped[bool]
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Credential(Base):
+    """A secret the gateway presents elsewhere: an upstream API key, a SIEM sink token."""
+
+    __tablename__ = "credentials"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str | None] = mapped_column(ID, ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    secret: Mapped[Sealed] = mapped_column(EncryptedText)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class AdminEvent(Base):
+    """What an administrator did. Kept when its tenant is deleted, hence no foreign key."""
+
+    __tablename__ = "admin_events"
+    __table_args__ = (Index(None, "tenant_id", "at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str | None] = mapped_column(ID)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    principal: Mapped[str] = mapped_column(String(255))
+    action: Mapped[str] = mapped_column(String(64))
+    target_kind: Mapped[str] = mapped_column(String(32))
+    target_id: Mapped[str | None] = mapped_column(String(64))
+    detail: Mapped[dict[str, Any] | None] = mapped_column(json_type())
+
+
+def encrypted_models() -> list[type[Base]]:
+    """Every model with a secret column, found from the mappings rather than listed by hand,
+    so that key rotation cannot miss a table added later."""
+    models = (mapper.class_ for mapper in Base.registry.mappers)
+    return sorted((m for m in models if secret_columns(m)), key=lambda m: m.__tablename__)
