@@ -97,6 +97,11 @@ class Backend(Protocol):
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy KV block ``src`` to ``dst`` for each pair (copy-on-write)."""
 
+    # Optional: ``release_thread_pool(self) -> None``. The engine calls it on
+    # the thread that loaded the model, just before its own thread takes over
+    # every later call, so a backend can free worker threads that the loading
+    # thread still holds (see CPUBackend.release_thread_pool).
+
 
 @dataclass
 class BackendError(Exception):

@@ -518,6 +518,7 @@ class ServerDef:
     argv: list[str]
     port: int
     ready_path: str
+    env: dict[str, str] = field(default_factory=dict)  # added to this environment
 
     @property
     def base_url(self) -> str:
@@ -540,6 +541,7 @@ class RunningServer:
         self.proc = subprocess.Popen(
             self.sdef.argv, stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(REPO_ROOT),
+            env={**os.environ, **self.sdef.env},
         )
         url = self.sdef.base_url + self.sdef.ready_path
         deadline = t0 + self.start_timeout
@@ -624,12 +626,20 @@ def find_inferctl() -> str:
 
 
 def ours_def(args: argparse.Namespace) -> ServerDef:
+    """``inferctl serve`` on a fresh data directory, its admin key chosen here and sent with every request.
+
+    The key goes in the common headers; llama-server, started without --api-key, ignores them.
+    """
+    from policy.authn.apikeys import generate_key
+
+    key = args.api_key or generate_key().token
+    HEADERS["Authorization"] = f"Bearer {key}"
     argv = [find_inferctl(), "serve", "--host", "127.0.0.1", "--port", str(args.ours_port),
-            "--dtype", args.dtype]
+            "--dtype", args.dtype, "--data-dir", tempfile.mkdtemp(prefix="inferflux-bench-data-")]
     if args.ours_model_flag and args.gguf_given:  # default model: inferctl's own default (same file)
         argv += [args.ours_model_flag, args.gguf]
     argv += shlex.split(args.ours_args)
-    return ServerDef("ours", "InferFlux", argv, args.ours_port, "/readyz")
+    return ServerDef("ours", "InferFlux", argv, args.ours_port, "/readyz", {"INFERFLUX_BOOTSTRAP_ADMIN_KEY": key})
 
 
 def peer_slot_ctx(args: argparse.Namespace) -> int:

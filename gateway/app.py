@@ -7,7 +7,7 @@ Middleware order, outermost first::
     AuthMiddleware             401 unless the credentials prove a principal
     BodyLimitMiddleware        413 before a large body is read
     (rate limiting and guardrails slot in here, in that order)
-    ExceptionMiddleware        GatewayError / PolicyError -> OpenAI-shaped JSON
+    ExceptionMiddleware        ApiError (GatewayError, PolicyError) -> OpenAI-shaped JSON
     routes                     each requires its scope (gateway.authz)
 
 Only /livez, /readyz and /metrics answer without credentials.
@@ -31,7 +31,7 @@ from starlette.routing import Route
 from gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
 from gateway.authz import requires
 from gateway.context import RequestContextMiddleware, get_context
-from gateway.errors import GatewayError, InternalError, MethodNotAllowed, NotFound, error_payload, render_policy_error
+from gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
 from gateway.middleware import BodyLimitMiddleware
 from gateway.model_admin import ModelAdmin
@@ -39,15 +39,15 @@ from gateway.models import _VERSION, ModelManager
 from gateway.openapi import document, openapi_route
 from gateway.routes import admin, health, openai
 from gateway.settings import Settings
-from policy.errors import PolicyError
+from policy.errors import ApiError
 from policy.rbac import Scope
 from policy.store import PolicyStore
 
 log = logging.getLogger("inferflux.gateway")
 
 
-async def _gateway_error(request: Request, exc: Exception) -> Response:
-    return cast(GatewayError, exc).to_response(get_context(request).request_id)
+async def _api_error(request: Request, exc: Exception) -> Response:
+    return render_error(cast(ApiError, exc), get_context(request).request_id)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -64,10 +64,6 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return JSONResponse(
         error_payload(str(http_exc.detail), error_type), status_code=http_exc.status_code, headers=headers
     )
-
-
-async def _policy_error(request: Request, exc: Exception) -> Response:
-    return render_policy_error(cast(PolicyError, exc), get_context(request).request_id)
 
 
 async def _client_disconnect(request: Request, exc: Exception) -> Response:
@@ -147,8 +143,7 @@ def create_app(
         routes=routes,
         middleware=middleware,
         exception_handlers={
-            GatewayError: _gateway_error,
-            PolicyError: _policy_error,
+            ApiError: _api_error,
             HTTPException: _http_exception,
             ClientDisconnect: _client_disconnect,
             Exception: _unexpected,

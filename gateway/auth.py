@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.context import get_context
-from gateway.errors import render_policy_error
+from gateway.errors import render_error
 from policy.authn.apikeys import looks_like_key
 from policy.authn.oidc import OidcProviderConfig, OidcVerifier, VerifiedToken
 from policy.errors import AuthenticationError, InvalidApiKey, InvalidToken, PermissionDenied, PolicyError, StoreUnavailable
@@ -330,6 +330,6 @@ class AuthMiddleware:
                 _header(scope, b"authorization"), _header(scope, b"x-api-key")
             )
         except PolicyError as exc:
-            await render_policy_error(exc, ctx.request_id)(scope, receive, send)
+            await render_error(exc, ctx.request_id)(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -292,6 +292,108 @@ def _models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- admin API clients ---------------------------------------------------------------
+
+
+def _admin_call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    with _client(args) as client:
+        response = client.request(method, "/admin/v1" + path, json=body)
+        _raise_for_error(response)
+        return response.json() if response.content else None
+
+
+def _print_rows(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    """A plain table: easy to read, easy to cut/awk."""
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "(none)"
+    return str(value)
+
+
+def _list_all(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        page = _admin_call(args, "GET", f"{path}?limit=200" + (f"&after={after}" if after else ""))
+        rows += page["data"]
+        after = page.get("next_cursor")
+        if not after:
+            return rows
+
+
+def _show(args: argparse.Namespace, value: Any, columns: Sequence[str]) -> int:
+    if args.json:
+        print(json.dumps(value, indent=2))
+    else:
+        _print_rows(value if isinstance(value, list) else [value], columns)
+    return EXIT_OK
+
+
+def _models_list(value: str | None) -> list[str] | None:
+    return None if value is None else [m.strip() for m in value.split(",") if m.strip()]
+
+
+_TENANT_COLUMNS = ("id", "name", "display_name", "disabled", "allowed_models")
+_KEY_COLUMNS = ("id", "prefix", "name", "role", "expires_at", "revoked_at", "last_used_at")
+
+
+def _whoami(args: argparse.Namespace) -> int:
+    return _show(args, _admin_call(args, "GET", "/whoami"), ("tenant", "subject", "roles", "scopes"))
+
+
+def _tenants(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        return _show(args, _list_all(args, "/tenants"), _TENANT_COLUMNS)
+    if args.action == "create":
+        body = {"name": args.name, "display_name": args.display_name, "allowed_models": _models_list(args.models)}
+        return _show(args, _admin_call(args, "POST", "/tenants", body), _TENANT_COLUMNS)
+    if args.action == "disable":
+        return _show(args, _admin_call(args, "PATCH", f"/tenants/{args.tenant}", {"disabled": True}), _TENANT_COLUMNS)
+    if args.action == "enable":
+        return _show(args, _admin_call(args, "PATCH", f"/tenants/{args.tenant}", {"disabled": False}), _TENANT_COLUMNS)
+    _admin_call(args, "DELETE", f"/tenants/{args.tenant}")
+    print(f"deleted tenant {args.tenant}")
+    return EXIT_OK
+
+
+def _print_new_key(args: argparse.Namespace, record: dict[str, Any]) -> int:
+    if args.json:
+        print(json.dumps(record, indent=2))
+        return EXIT_OK
+    # The key alone on stdout, so it can be captured; what it is, on stderr.
+    print(f"{record['role']} key {record['id']} (prefix {record['prefix']}); shown only now:", file=sys.stderr)
+    print(record["key"])
+    return EXIT_OK
+
+
+def _keys(args: argparse.Namespace) -> int:
+    base = f"/tenants/{args.tenant}/keys"
+    if args.action == "list":
+        return _show(args, _list_all(args, base), _KEY_COLUMNS)
+    if args.action == "create":
+        body = {
+            "name": args.name,
+            "role": args.role,
+            "allowed_models": _models_list(args.models),
+            "expires_in_seconds": args.expires_in,
+        }
+        return _print_new_key(args, _admin_call(args, "POST", base, body))
+    if args.action == "rotate":
+        return _print_new_key(
+            args, _admin_call(args, "POST", f"{base}/{args.key_id}/rotate", {"grace_seconds": args.grace})
+        )
+    return _show(args, _admin_call(args, "POST", f"{base}/{args.key_id}/revoke"), _KEY_COLUMNS)
+
+
 def _sse_payloads(response: httpx.Response) -> Iterator[dict[str, Any]]:
     for line in response.iter_lines():
         if not line.startswith("data:"):
@@ -461,6 +563,47 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_options(models)
     models.add_argument("--json", action="store_true", help="print the raw model objects")
     models.set_defaults(handler=_models)
+
+    whoami = sub.add_parser("whoami", help="show who the API key belongs to and what it may do")
+    _add_client_options(whoami)
+    whoami.add_argument("--json", action="store_true", help="print the raw response")
+    whoami.set_defaults(handler=_whoami)
+
+    tenants = sub.add_parser("tenants", help="manage tenants on a running server (platform admin)")
+    tenants_sub = tenants.add_subparsers(dest="action", metavar="ACTION", required=True)
+    tenants_sub.add_parser("list", help="list every tenant")
+    create_tenant = tenants_sub.add_parser("create", help="create a tenant")
+    create_tenant.add_argument("name", help="lower-case slug: a-z, 0-9, '-'")
+    create_tenant.add_argument("--display-name")
+    create_tenant.add_argument("--models", help="comma-separated model allow-list (default: every model)")
+    for action, text in (("disable", "stop every key and token of a tenant"), ("enable", "undo disable"),
+                         ("delete", "delete a tenant with its keys and bindings")):
+        tenants_sub.add_parser(action, help=text).add_argument("tenant", help="tenant id")
+    for action_parser in tenants_sub.choices.values():
+        _add_client_options(action_parser)
+        action_parser.add_argument("--json", action="store_true", help="print the raw response")
+    tenants.set_defaults(handler=_tenants)
+
+    keys = sub.add_parser("keys", help="manage a tenant's API keys on a running server")
+    keys_sub = keys.add_subparsers(dest="action", metavar="ACTION", required=True)
+    keys_sub.add_parser("list", help="list a tenant's keys (prefixes only)").add_argument("tenant", help="tenant id")
+    create_key = keys_sub.add_parser("create", help="create a key; it is printed on stdout, once")
+    create_key.add_argument("tenant", help="tenant id")
+    create_key.add_argument("--name", required=True, help="what the key is for")
+    create_key.add_argument("--role", required=True, choices=["platform-admin", "tenant-admin", "member", "viewer"])
+    create_key.add_argument("--models", help="comma-separated: narrows the tenant's model allow-list")
+    create_key.add_argument("--expires-in", type=_positive_int, metavar="SECONDS", help="lifetime (default: none)")
+    rotate_key = keys_sub.add_parser("rotate", help="replace a key; the old one works for --grace seconds more")
+    rotate_key.add_argument("tenant", help="tenant id")
+    rotate_key.add_argument("key_id", help="key id (key_...)")
+    rotate_key.add_argument("--grace", type=int, default=3600, help="seconds (default: %(default)s)")
+    revoke_key = keys_sub.add_parser("revoke", help="revoke a key now (every replica within seconds)")
+    revoke_key.add_argument("tenant", help="tenant id")
+    revoke_key.add_argument("key_id", help="key id (key_...)")
+    for action_parser in keys_sub.choices.values():
+        _add_client_options(action_parser)
+        action_parser.add_argument("--json", action="store_true", help="print the raw response")
+    keys.set_defaults(handler=_keys)
 
     complete = sub.add_parser("complete", help="complete a prompt on a running server")
     complete.add_argument("prompt", help="the text to continue")

@@ -1,58 +1,47 @@
 """The gateway's error hierarchy and its OpenAI-shaped rendering.
 
-Every error a client can see is a ``GatewayError``: it carries its HTTP status,
-the OpenAI ``type`` and ``code`` and the offending ``param``, so handlers raise
-and one exception handler renders. Anything else that escapes a handler is a
+Every error a client can see is an ``ApiError`` (``policy.errors``): a
+``GatewayError`` from here or a ``PolicyError`` from the policy layer. Each
+carries its HTTP status, the OpenAI ``type`` and ``code`` and the offending
+``param``, so handlers raise and one exception handler renders. Anything else that escapes a handler is a
 bug and is rendered as an opaque 500 (the traceback goes to the log, never to
 the client).
 
-Later layers (auth, RBAC, rate limits, guardrails) raise their own subclasses
-of these; the statuses and ``type`` strings below are the public contract.
+Authentication and authorisation errors (401, 403) live in ``policy.errors``;
+later layers (rate limits, guardrails) add their own subclasses. The statuses
+and ``type`` strings are the public contract.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from starlette.responses import JSONResponse
 
-from policy.errors import PolicyError
+from policy.errors import ApiError
 
 
 def error_payload(message: str, error_type: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
-class GatewayError(Exception):
-    """Base of every error rendered to a client."""
-
-    status_code: ClassVar[int] = 500
-    error_type: ClassVar[str] = "server_error"
-    default_code: ClassVar[str | None] = None
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code if code is not None else self.default_code
-        self.headers = dict(headers or {})
-
-    def to_dict(self) -> dict[str, Any]:
-        return error_payload(self.message, self.error_type, param=self.param, code=self.code)
+class GatewayError(ApiError):
+    """Base of every error the gateway itself raises towards a client."""
 
     def to_response(self, request_id: str | None = None) -> JSONResponse:
-        headers = dict(self.headers)
-        if request_id:
-            headers["x-request-id"] = request_id
-        return JSONResponse(self.to_dict(), status_code=self.status_code, headers=headers)
+        return render_error(self, request_id)
+
+
+def error_body(exc: ApiError) -> dict[str, Any]:
+    return error_payload(exc.message, exc.error_type, param=exc.param, code=exc.code)
+
+
+def render_error(exc: ApiError, request_id: str | None = None) -> JSONResponse:
+    """Any client-facing error (the gateway's or the policy layer's) as OpenAI-shaped JSON."""
+    headers = dict(exc.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
+    return JSONResponse(error_body(exc), status_code=exc.status_code, headers=headers)
 
 
 # -- 4xx: the client's fault -------------------------------------------------
@@ -81,22 +70,6 @@ class UnsupportedParameter(InvalidRequest):
 
 class ContextLengthExceeded(InvalidRequest):
     default_code = "context_length_exceeded"
-
-
-class AuthenticationFailed(GatewayError):
-    """401; raised by the authentication layer."""
-
-    status_code = 401
-    error_type = "authentication_error"
-    default_code = "invalid_api_key"
-
-
-class PermissionDenied(GatewayError):
-    """403; raised by the authorization layer."""
-
-    status_code = 403
-    error_type = "permission_error"
-    default_code = "permission_denied"
 
 
 class NotFound(GatewayError):
@@ -169,15 +142,3 @@ class EngineOverloaded(ServiceUnavailable):
 
 class ModelNotReady(ServiceUnavailable):
     default_code = "model_not_ready"
-
-
-def render_policy_error(exc: PolicyError, request_id: str | None = None) -> JSONResponse:
-    """The policy layer's errors carry their own status, type and code; render them alike."""
-    headers = dict(exc.headers)
-    if request_id:
-        headers["x-request-id"] = request_id
-    return JSONResponse(
-        error_payload(exc.message, exc.error_type, param=exc.param, code=exc.code),
-        status_code=exc.status_code,
-        headers=headers,
-    )

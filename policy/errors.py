@@ -16,8 +16,12 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 
-class PolicyError(Exception):
-    """Base of every error the policy layer raises towards a client."""
+class ApiError(Exception):
+    """An error a client sees: its HTTP status, OpenAI-style ``type``, ``code``, ``param``.
+
+    The root of both hierarchies, this one and ``gateway.errors``, so the
+    gateway renders every client-facing error with one function.
+    """
 
     status_code: ClassVar[int] = 500
     error_type: ClassVar[str] = "server_error"
@@ -36,6 +40,10 @@ class PolicyError(Exception):
         self.code = code if code is not None else self.default_code
         self.param = param
         self.headers = dict(headers or {})
+
+
+class PolicyError(ApiError):
+    """Base of every error the policy layer raises towards a client."""
 
 
 class AuthenticationError(PolicyError):

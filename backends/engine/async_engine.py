@@ -99,6 +99,11 @@ class AsyncEngine:
         with self._cond:
             if self._thread is not None or self._stopping:
                 return
+            # From here on only the engine thread calls the backend: let it drop
+            # what this (loading) thread holds, e.g. an idle OpenMP team.
+            release = getattr(self.engine.backend, "release_thread_pool", None)
+            if release is not None:
+                release()
             self._thread = threading.Thread(target=self._run, name="inferflux-engine", daemon=True)
             self._thread.start()
 

@@ -210,6 +210,13 @@ async def _tenant_in_scope(request: Request) -> tuple[Principal, str]:
 async def _audit(
     request: Request, principal: Principal, action: str, tenant_id: str | None, kind: str, target: str, **detail: Any
 ) -> None:
+    """Record a change as an admin event, and make it effective on this replica now.
+
+    Other replicas see it at their next poll of the store's policy version;
+    this one drops its cached decisions at once, so a client that revoked a
+    key here never finds it still working here.
+    """
+    await request.app.state.authenticator.refresh(force=True)
     await call_store(
         _store(request).record_admin_event,
         tenant_id=tenant_id,
@@ -492,7 +499,9 @@ def _check_provider(body: OidcProviderCreate | OidcProviderUpdate, issuer: str, 
     """Reject settings the verifier would refuse, at write time rather than on first login."""
     from policy.authn.oidc import OidcProviderConfig
 
-    merged = {**(_record(existing) if existing is not None else {}), **body.model_dump(exclude_unset=True)}
+    # A new provider is checked with its defaults; an update, merged over what is stored.
+    stored = _record(existing) if existing is not None else {}
+    merged = {**stored, **body.model_dump(exclude_unset=existing is not None)}
     try:
         OidcProviderConfig(
             id="check",

@@ -25,6 +25,7 @@ from gateway.errors import (
     InvalidRequest,
     ModelNotFound,
     UnsupportedMediaType,
+    error_body,
 )
 from gateway.generation import ChoiceEvent, ChoiceSpec, Generation, Usage, engine_error_to_gateway
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics
@@ -270,7 +271,7 @@ async def _sse_body(
                     yield sse_event(chunk)
     except GatewayError as exc:
         # Headers are gone already; the error travels in the stream, as OpenAI does.
-        yield sse_event(exc.to_dict())
+        yield sse_event(error_body(exc))
         yield SSE_DONE
         return
     if include_usage:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -51,3 +53,18 @@ def test_an_unexpected_tensor_is_refused(source):
 def test_a_bad_dtype_is_a_backend_error():
     with pytest.raises(BackendError, match="unsupported dtype"):
         CPUBackend().load(ModelSpec(name="m", path=default_model_path(), dtype="float8"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PyTorch's Linux wheels use libgomp; other platforms differ")
+def test_release_openmp_pool_frees_the_callers_team():
+    # A thread that ran a parallel region holds a libgomp team; releasing it
+    # must succeed (the engine thread depends on it for full speed) and torch
+    # must keep working on this thread afterwards (a new team is made on demand).
+    import torch
+
+    from backends.cpu.backend import release_openmp_pool
+
+    a = torch.randn(64, 256)
+    expected = a @ a.T
+    assert release_openmp_pool() is True
+    assert torch.equal(a @ a.T, expected)

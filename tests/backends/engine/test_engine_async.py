@@ -191,3 +191,17 @@ async def test_idle_loop_sleeps():
         assert a.stats().num_steps == steps == len(backend.batches)
     finally:
         a.shutdown(5)
+
+
+def test_start_lets_the_backend_release_the_loading_threads_resources():
+    # The hook runs on the starting (loading) thread, before the engine thread exists.
+    engine, backend = make_engine(num_blocks=8)
+    calls = []
+    backend.release_thread_pool = lambda: calls.append(threading.current_thread())
+    a = AsyncEngine(engine)
+    a.start()
+    a.start()  # idempotent: not released twice
+    try:
+        assert calls == [threading.current_thread()]
+    finally:
+        a.shutdown(timeout=5)
