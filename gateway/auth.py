@@ -150,6 +150,9 @@ class Authenticator:
         self._cache = _TTLCache(max_entries, clock)
         self._rejected = _TTLCache(max_entries, clock)
         self._version: int | None = None
+        # Bumped whenever the caches are dropped; a decision made from reads
+        # that began before a bump may predate the change and is not cached.
+        self._generation = 0
         self._last_used: dict[str, datetime] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -188,10 +191,15 @@ class Authenticator:
         version = await call_store(self.store.policy_version)
         if not force and version == self._version:
             return False
-        self._cache.clear()
-        self._rejected.clear()
-        providers = await call_store(self.store.list_enabled_oidc_providers)
-        self.verifier.set_providers([provider_config(p) for p in providers])
+        try:
+            providers = await call_store(self.store.list_enabled_oidc_providers)
+            self.verifier.set_providers([provider_config(p) for p in providers])
+        finally:
+            # After the providers are in place (no await between): a token
+            # verified meanwhile against the old ones is not cached.
+            self._cache.clear()
+            self._rejected.clear()
+            self._generation += 1
         self._version = version
         return True
 
@@ -216,6 +224,7 @@ class Authenticator:
         rejected = self._rejected.get(digest)
         if rejected is not None:
             raise rejected
+        generation = self._generation
         try:
             if looks_like_key(token):
                 principal = await self._from_api_key(token)
@@ -224,9 +233,14 @@ class Authenticator:
             else:
                 raise AuthenticationError("The credential is neither an API key nor a JWT", code="invalid_credentials")
         except (AuthenticationError, PermissionDenied) as exc:
-            self._rejected.put(digest, exc, self.negative_ttl)
+            if generation == self._generation:
+                self._rejected.put(digest, exc, self.negative_ttl)
             raise
-        self._cache.put(digest, principal, self._ttl(principal))
+        # The store changed while this request read it (a key revoked, a role
+        # removed): the decision stands for this request but must not be
+        # cached past the change, or it would outlive the revocation bound.
+        if generation == self._generation:
+            self._cache.put(digest, principal, self._ttl(principal))
         self._note_use(principal)
         return principal
 

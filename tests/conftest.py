@@ -2,16 +2,68 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
+import os
+import secrets
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+# Test helpers shared across test packages (the loopback identity provider, ...).
+sys.path.insert(0, str(Path(__file__).parent / "support"))
+
+from servers import start_uvicorn, stop_uvicorn  # noqa: E402
+
 DEFAULT_TEST_KV_CACHE_BYTES = 64 * 1024 * 1024
+
+# PostgreSQL tests each get a schema of their own (``search_path`` set through
+# the connection's options) and drop it afterwards, so they leave nothing
+# behind. The server is ``$INFERFLUX_TEST_PG_URL`` or postgres@127.0.0.1:5432/test;
+# if it is down the tests are skipped, except under CI (``$CI`` set), where
+# that is a failure.
+PG_URL = os.environ.get("INFERFLUX_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """The test PostgreSQL's URL, once it answered."""
+    from sqlalchemy import create_engine, pool
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+
+    engine = create_engine(PG_URL, poolclass=pool.NullPool, connect_args={"connect_timeout": 5})
+    try:
+        with engine.connect():
+            pass
+    except OperationalError as exc:
+        reason = f"PostgreSQL at {make_url(PG_URL).render_as_string()} is unreachable ({exc.orig})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI is set, so the PostgreSQL tests must run")
+        pytest.skip(reason)
+    finally:
+        engine.dispose()
+    return PG_URL
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A URL whose connections see only a fresh schema, dropped after the test."""
+    from sqlalchemy import create_engine, pool
+    from sqlalchemy.engine import make_url
+
+    schema = f"t_{secrets.token_hex(8)}"
+    admin = create_engine(pg_server, poolclass=pool.NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    url = make_url(pg_server).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -33,13 +85,6 @@ def served_model() -> Iterator[object]:
     model = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=DEFAULT_TEST_KV_CACHE_BYTES))
     yield model
     model.shutdown()
-
-
-def _free_loopback_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +118,7 @@ def auth_headers(admin_key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {admin_key}"}
 
 
-def build_app(served_model: Any, store: Any, **settings: Any) -> Any:
+def build_app(served_model: Any, store: Any, authenticator: Any = None, **settings: Any) -> Any:
     """An app serving the session model from ``store``; the engine stays the session's."""
     from gateway.app import create_app
     from gateway.models import ModelManager
@@ -81,30 +126,13 @@ def build_app(served_model: Any, store: Any, **settings: Any) -> Any:
 
     manager = ModelManager(expected=[served_model.name])
     manager.add(served_model)
-    return create_app(Settings(**settings), manager, store=store, owns_models=False)
+    return create_app(Settings(**settings), manager, store=store, authenticator=authenticator, owns_models=False)
 
 
-def start_uvicorn(app: Any) -> tuple[Any, threading.Thread, socket.socket, str]:
-    """Serve ``app`` on a free loopback port in a thread; returns (server, thread, socket, url)."""
-    import uvicorn
-
-    sock = _free_loopback_socket()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="live-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the live server did not start")
-        time.sleep(0.02)
-    return server, thread, sock, f"http://127.0.0.1:{port}"
-
-
-def stop_uvicorn(server: Any, thread: threading.Thread, sock: socket.socket) -> None:
-    server.should_exit = True
-    thread.join(timeout=15)
-    sock.close()
+@pytest.fixture(scope="session")
+def make_app(served_model: Any) -> Any:
+    """``make_app(store, authenticator=None, **settings)``: an app serving the session model from ``store``."""
+    return lambda store, authenticator=None, **settings: build_app(served_model, store, authenticator, **settings)
 
 
 @pytest.fixture(scope="session")

@@ -404,7 +404,13 @@ async def rotate_key(request: Request) -> Response:
     old = await call_store(_store(request).get_api_key, tenant_id, key_id)
     if not principal.may_grant(old.role):
         raise PermissionDenied(f"You cannot rotate a key with role '{old.role}', which has scopes you lack")
-    record, token = await call_store(_store(request).rotate_api_key, tenant_id, key_id, grace_seconds=body.grace_seconds)
+    record, token = await call_store(
+        _store(request).rotate_api_key,
+        tenant_id,
+        key_id,
+        grace_seconds=body.grace_seconds,
+        created_by=principal.subject,
+    )
     await _audit(request, principal, "key.rotate", tenant_id, "api_key", key_id, new_key=record.id, grace=body.grace_seconds)
     return _ok({**_key(record), "key": token, "replaces": key_id}, 201)
 

@@ -498,6 +498,7 @@ class PolicyStore:
             updated_at=now,
         )
         with self._write() as session:
+            _check_issuer_free(session, row.issuer, exclude_id=None)
             if client_secret is not None:
                 row.client_secret = self._keys.seal(session, row, "client_secret", validate.secret(client_secret))
             session.add(row)
@@ -545,6 +546,7 @@ class PolicyStore:
                 row.name = validate.slug(name, "name")
             if not isinstance(issuer, _Unset):
                 row.issuer = validate.url(issuer, "issuer")
+                _check_issuer_free(session, row.issuer, exclude_id=row.id)
             if not isinstance(audience, _Unset):
                 row.audience = validate.text(audience, "audience", 2048)
             if not isinstance(client_id, _Unset):
@@ -1105,6 +1107,17 @@ def _usable_admin_keys(now: datetime) -> Select[Any]:
         ApiKey.revoked_at.is_(None),
         or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > now),
     )
+
+
+def _check_issuer_free(session: Session, issuer: str, *, exclude_id: str | None) -> None:
+    """Issuers that differ only in a trailing slash are one issuer to the token verifier, which
+    routes tokens by it (``policy.authn.oidc``): two such providers would stop it loading any."""
+    query = select(OidcProvider.issuer)
+    if exclude_id is not None:
+        query = query.where(OidcProvider.id != exclude_id)
+    for other in session.scalars(query):
+        if other.rstrip("/") == issuer.rstrip("/"):
+            raise Conflict(f"An identity provider with issuer '{other}' already exists")
 
 
 def _check_model_names_free(session: Session, names: Sequence[str], *, exclude_id: str | None) -> None:

@@ -268,6 +268,21 @@ def test_oidc_providers(store: PolicyStore) -> None:
         store.get_oidc_provider(provider.id)
 
 
+def test_issuers_differing_in_a_trailing_slash_are_one_issuer(store: PolicyStore) -> None:
+    # The verifier routes tokens by issuer without its trailing slash; two such
+    # providers would make it refuse the whole list (and the gateway refuse to start).
+    first = store.create_oidc_provider("corp", "https://login.corp.example", "aud", enabled=False)
+    version = store.policy_version()
+    with pytest.raises(Conflict, match="issuer"):
+        store.create_oidc_provider("corp2", "https://login.corp.example/", "aud")
+    other = store.create_oidc_provider("other", "https://other.example/", "aud")
+    with pytest.raises(Conflict, match="issuer"):
+        store.update_oidc_provider(other.id, issuer="https://login.corp.example//")
+    assert store.policy_version() == version + 1  # only 'other' was written
+    assert store.update_oidc_provider(first.id, issuer="https://login.corp.example/").issuer.endswith("/")
+    assert {p.name for p in store.list_oidc_providers().items} == {"corp", "other"}
+
+
 def test_served_models(store: PolicyStore) -> None:
     first = store.create_served_model("llama", "/m/llama.gguf", aliases=["l3"], is_default=True)
     second = store.create_served_model("qwen", "/m/qwen", backend="cuda", dtype="bfloat16")

@@ -36,6 +36,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from servers import free_loopback_socket
+
 KeyKind = Literal["RSA", "EC", "OKP"]
 DEFAULT_AUDIENCE = "inferflux"
 _DEFAULT_ALG: dict[str, str] = {"RSA": "RS256", "EC": "ES256", "OKP": "EdDSA"}
@@ -80,16 +82,9 @@ def hmac_token(header: Mapping[str, Any], claims: Mapping[str, Any], secret: byt
     return f"{signing_input}.{b64url(signature)}"
 
 
-def _free_loopback_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
 def closed_loopback_url() -> str:
     """The URL of a loopback port nothing listens on (connection refused)."""
-    sock = _free_loopback_socket()
+    sock = free_loopback_socket()
     port = sock.getsockname()[1]
     sock.close()
     return f"http://127.0.0.1:{port}"
@@ -119,7 +114,7 @@ class LoopbackIdP:
     # -- lifecycle -----------------------------------------------------------
 
     def start(self) -> LoopbackIdP:
-        self._sock = _free_loopback_socket()
+        self._sock = free_loopback_socket()
         self.issuer = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         app = Starlette(
             routes=[

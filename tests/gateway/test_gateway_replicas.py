@@ -1,0 +1,159 @@
+"""Two `inferctl serve` processes on one PostgreSQL store: a change made through one
+replica stops a credential on the other within the bound the docs promise (2 s).
+
+This is also the end-to-end test of `inferctl serve` as a real process: start-up
+with a bootstrap key from the environment, readiness, and a clean shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from servers import free_loopback_socket
+
+from policy.authn.apikeys import generate_key
+
+BOUND_SECONDS = 2.0
+START_TIMEOUT = 180.0
+
+
+class Replica:
+    def __init__(self, name: str, data_dir: Path, env: dict[str, str], log: Path) -> None:
+        sock = free_loopback_socket()
+        self.port = sock.getsockname()[1]
+        sock.close()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = name
+        self.log = log
+        argv = [
+            sys.executable, "-m", "gateway.cli", "serve",
+            "--port", str(self.port), "--data-dir", str(data_dir),
+            "--dtype", "float32", "--kv-cache-bytes", "32MiB", "--log-level", "warning",
+        ]  # fmt: skip
+        self._log_file = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+
+    def wait_ready(self, deadline: float) -> None:
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} not ready in {START_TIMEOUT} s:\n{self.output()}")
+            time.sleep(0.2)
+
+    def output(self) -> str:
+        if not self._log_file.closed:
+            self._log_file.flush()
+        return self.log.read_text(errors="replace")[-5000:]
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._log_file.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def replicas(pg_url: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica, str]]:
+    admin_key = generate_key().token
+    env = {
+        **os.environ,
+        "INFERFLUX_STORE_URL": pg_url,
+        "INFERFLUX_STORE_PASSPHRASE": "correct horse battery staple",
+        "INFERFLUX_BOOTSTRAP_ADMIN_KEY": admin_key,
+    }  # and the default auth settings: the bound checked is the one they promise
+    # Both start at once: bootstrap and the store's first-start work must cope with a twin.
+    a = Replica("replica A", tmp_path / "a", env, tmp_path / "a.log")
+    b = Replica("replica B", tmp_path / "b", env, tmp_path / "b.log")
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        a.wait_ready(deadline)
+        b.wait_ready(deadline)
+        yield a, b, admin_key
+    finally:
+        codes = [a.stop(), b.stop()]
+        for replica, code in zip((a, b), codes, strict=True):
+            assert "Traceback" not in replica.output(), replica.output()
+            # uvicorn shuts down gracefully, then re-raises the signal it caught.
+            assert code in (0, -signal.SIGTERM), f"{replica.name} exited with {code}:\n{replica.output()}"
+
+
+def status(replica: Replica, key: str, path: str = "/v1/models") -> int:
+    return httpx.get(replica.url + path, headers={"authorization": f"Bearer {key}"}, timeout=30).status_code
+
+
+def seconds_until(replicas: list[Replica], key: str, want: int) -> float:
+    """How long until every replica answers ``want`` for ``key`` (fails past twice the bound)."""
+    start = time.monotonic()
+    pending = list(replicas)
+    while pending:
+        pending = [r for r in pending if status(r, key) != want]
+        elapsed = time.monotonic() - start
+        if elapsed > 2 * BOUND_SECONDS:
+            raise AssertionError(f"{[r.name for r in pending]} still not {want} after {elapsed:.1f} s")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def admin_call(replica: Replica, admin_key: str, method: str, path: str, body: Any = None) -> Any:
+    response = httpx.request(
+        method, replica.url + "/admin/v1" + path, json=body, headers={"authorization": f"Bearer {admin_key}"}, timeout=30
+    )
+    assert response.status_code < 300, response.text
+    return response.json()
+
+
+def test_revocation_and_role_changes_reach_every_replica(replicas: tuple[Replica, Replica, str]) -> None:
+    a, b, admin_key = replicas
+    # One platform admin for both: the twin did not bootstrap a second one.
+    assert status(a, admin_key) == 200 and status(b, admin_key) == 200
+    tenants = admin_call(b, admin_key, "GET", "/tenants")["data"]
+    assert [t["name"] for t in tenants] == ["platform"]
+    platform_keys = admin_call(a, admin_key, "GET", f"/tenants/{tenants[0]['id']}/keys")["data"]
+    assert len(platform_keys) == 1 and platform_keys[0]["role"] == "platform-admin"
+
+    tenant = admin_call(a, admin_key, "POST", "/tenants", {"name": "acme"})
+    key = admin_call(a, admin_key, "POST", f"/tenants/{tenant['id']}/keys", {"name": "app", "role": "member"})
+    # Both replicas now hold the key's decision in their caches.
+    assert status(a, key["key"]) == 200 and status(b, key["key"]) == 200
+
+    admin_call(a, admin_key, "POST", f"/tenants/{tenant['id']}/keys/{key['id']}/revoke")
+    took = seconds_until([a, b], key["key"], 401)
+    assert took <= BOUND_SECONDS, f"revocation took {took:.2f} s to reach both replicas"
+
+    # A tenant disabled through B stops its other key on A as well, and enabling it brings it back.
+    other = admin_call(b, admin_key, "POST", f"/tenants/{tenant['id']}/keys", {"name": "app2", "role": "member"})
+    assert status(a, other["key"]) == 200 and status(b, other["key"]) == 200
+    admin_call(b, admin_key, "PATCH", f"/tenants/{tenant['id']}", {"disabled": True})
+    assert seconds_until([a, b], other["key"], 401) <= BOUND_SECONDS
+    admin_call(b, admin_key, "PATCH", f"/tenants/{tenant['id']}", {"disabled": False})
+    assert seconds_until([a, b], other["key"], 200) <= BOUND_SECONDS
+
+    # A model allow-list change on A hides the model on B.
+    assert status(b, other["key"], "/v1/models/smollm2-135m-instruct") == 200
+    admin_call(a, admin_key, "PUT", f"/tenants/{tenant['id']}/models", {"allowed_models": []})
+    start = time.monotonic()
+    while status(b, other["key"], "/v1/models/smollm2-135m-instruct") != 404:
+        assert time.monotonic() - start <= BOUND_SECONDS, "the allow-list change did not reach replica B"
+        time.sleep(0.05)
