@@ -29,20 +29,23 @@ a store lookup plus an HMAC for a key, a signature check plus a role-binding
 lookup for a JWT.
 
 Usage:
-    .venv/bin/python benchmarks/bench_auth.py [--requests 2000] [--rounds 5] [--store-url postgresql+psycopg://...]
+    .venv/bin/python benchmarks/bench_auth.py [--requests 2000] [--rounds 5] [--store-url postgresql://...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
+import secrets
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +130,28 @@ async def cold_calls(auth: Authenticator, header: str, n: int) -> list[float]:
     return out
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+@contextlib.contextmanager
+def scratch_schema(url: str) -> Iterator[str]:
+    """A PostgreSQL URL whose connections see only a new schema, dropped afterwards."""
+    from sqlalchemy import create_engine, pool
+    from sqlalchemy.engine import make_url
+
+    schema = f"bench_auth_{secrets.token_hex(6)}"
+    base = make_url(StoreSettings(url=url).database_url(Path()))
+    admin = create_engine(base, poolclass=pool.NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
+        admin.dispose()
+
+
+async def run(args: argparse.Namespace, store_url: str | None) -> dict[str, Any]:
     data_dir = Path(tempfile.mkdtemp(prefix="bench-auth-"))
-    settings = Settings(data_dir=data_dir, store=StoreSettings(url=args.store_url) if args.store_url else StoreSettings())
+    settings = Settings(data_dir=data_dir, store=StoreSettings(url=store_url) if store_url else StoreSettings())
     store = PolicyStore.open(settings.store, data_dir)
     store.ensure_bootstrap_admin()
     tenant = store.create_tenant("bench")
@@ -216,10 +238,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="requests per variant per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cold", type=int, default=500, help="cold authenticate() calls per credential kind")
-    parser.add_argument("--store-url", help="a PostgreSQL URL instead of the default SQLite file")
+    parser.add_argument(
+        "--store-url", help="a PostgreSQL URL instead of the default SQLite file (a scratch schema is made and dropped)"
+    )
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
-    report = asyncio.run(run(args))
+    with contextlib.ExitStack() as stack:
+        store_url = stack.enter_context(scratch_schema(args.store_url)) if args.store_url else None
+        report = asyncio.run(run(args, store_url))
     print(__doc__.split("Usage:")[0].strip())
     print()
     print(f"store: {report['store']}; {args.rounds} rounds x {args.requests} requests per variant; "

@@ -81,19 +81,22 @@ def create_app(
     manager: ModelManager,
     *,
     store: PolicyStore | None = None,
+    owns_store: bool | None = None,
     authenticator: Authenticator | None = None,
     owns_models: bool = True,
     configured_models: set[str] | None = None,
 ) -> Starlette:
     """Build the app serving ``manager``'s models, guarded by ``store``'s policies.
 
-    Without ``store`` the app opens the one ``settings`` names (and closes it
-    when it stops). With ``owns_models`` the app shuts the engines down when
+    Without ``store`` the app opens the one ``settings`` names. It closes the
+    store when it stops if it opened it, or if ``owns_store`` says so. With
+    ``owns_models`` the app shuts the engines down when
     it stops; tests that share one engine across apps pass False.
     ``configured_models`` names the models from the configuration, which the
     admin API may not unload (default: those in ``manager`` now).
     """
-    owns_store = store is None
+    if owns_store is None:
+        owns_store = store is None
     if store is None:
         store = PolicyStore.open(settings.store, settings.data_dir)
     if authenticator is None:

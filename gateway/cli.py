@@ -106,7 +106,9 @@ def _serve(args: argparse.Namespace) -> int:
     # Models loaded over the admin API before the restart; one that fails to load is logged and skipped.
     ModelAdmin(manager, store, settings, configured).restore()
 
-    app = create_app(settings, manager, store=store, configured_models=configured)
+    # The app closes the store at shutdown: uvicorn re-raises the signal that
+    # stopped it, so nothing after uvicorn.run() is sure to run.
+    app = create_app(settings, manager, store=store, owns_store=True, configured_models=configured)
     uvicorn.run(
         app,
         host=settings.host,
@@ -115,7 +117,6 @@ def _serve(args: argparse.Namespace) -> int:
         # Let running streams finish briefly, but never hang a shutdown on one.
         timeout_graceful_shutdown=10,
     )
-    store.close()
     return EXIT_OK
 
 

@@ -111,10 +111,13 @@ class ModelAdmin:
     @staticmethod
     def _check_path(path: str) -> None:
         p = Path(path)
-        if p.is_file() and p.suffix.lower() == ".gguf":
-            return
-        if p.is_dir() and (p / "config.json").is_file():
-            return
+        try:
+            if p.is_file() and p.suffix.lower() == ".gguf":
+                return
+            if p.is_dir() and (p / "config.json").is_file():
+                return
+        except OSError:  # a name too long, a directory we may not read: not a model we can load
+            pass
         raise ValidationFailed(
             f"'{path}' is neither a .gguf file nor a directory with config.json on this server", param="path"
         )
@@ -165,8 +168,11 @@ class ModelAdmin:
             load.status, load.stage, load.error, load.finished = "failed", "failed", str(exc), time.monotonic()
             self.manager.mark_loading(load.name, False)
             return
+        previous_default = self.manager.default_name
+        added = False
         try:
             self.manager.add(served, default=load.default)
+            added = True
             if persist:
                 await call_store(
                     self.store.create_served_model,
@@ -179,6 +185,11 @@ class ModelAdmin:
                 )
         except Exception as exc:
             log.error("registering model %s failed: %s", load.name, exc)
+            if added:
+                # Its engine stops below: it must not stay served (nor the default) without one.
+                self.manager.remove(load.name)
+                if load.default and previous_default in {m.name for m in self.manager}:
+                    self.manager.set_default(previous_default)
             await asyncio.to_thread(served.shutdown)
             load.status, load.stage, load.error, load.finished = "failed", "failed", str(exc), time.monotonic()
             self.manager.mark_loading(load.name, False)
@@ -210,8 +221,16 @@ class ModelAdmin:
             served = self.manager.get(name)
         except Exception:
             raise NotFound(f"No model '{name}' is ready") from None
+        if served.name in self.configured:
+            # A configured model has no record in the store. Clear the stored
+            # mark instead, or the next start would make the admin-loaded model
+            # that holds it the default again (restore() follows the mark).
+            for record in await call_store(self.store.list_served_models):
+                if record.is_default:
+                    await call_store(self.store.update_served_model, record.id, is_default=False)
+        else:
+            await call_store(self.store.set_default_served_model, served.name)
         self.manager.set_default(served.name)
-        await call_store(self.store.set_default_served_model, served.name)
         return self._describe_served(served)
 
     def restore(self) -> list[str]:

@@ -13,6 +13,7 @@ page's ``next_cursor``.
 from __future__ import annotations
 
 import dataclasses
+import re
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ M = TypeVar("M", bound=BaseModel)
 PREFIX = "/admin/v1"
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 _MAX_LIST = 200
+_LIMIT_PATTERN = re.compile(r"[0-9]{1,4}")
 
 
 # -- request bodies ----------------------------------------------------------
@@ -189,7 +191,9 @@ async def _body(request: Request, model: type[M]) -> M:
 
 def _page_args(request: Request) -> tuple[int, str | None]:
     raw = request.query_params.get("limit", "50")
-    if not raw.isdigit() or not 1 <= int(raw) <= _MAX_LIST:
+    # ASCII digits, few of them: str.isdigit() also accepts "²", and int()
+    # refuses that and over 4300 digits alike (a 500 instead of a 422).
+    if not _LIMIT_PATTERN.fullmatch(raw) or not 1 <= int(raw) <= _MAX_LIST:
         raise ValidationFailed(f"limit must be an integer from 1 to {_MAX_LIST}", param="limit")
     return int(raw), request.query_params.get("after") or None
 
@@ -228,11 +232,18 @@ async def _audit(
     )
 
 
-def _check_models_known(request: Request, names: list[str] | None, param: str) -> None:
+def _check_models_known(
+    request: Request, names: list[str] | None, param: str, usable: tuple[str, ...] | None = None
+) -> None:
+    """Refuse names of models that do not exist, or that are not among ``usable`` (None: any)."""
     if names is None:
         return
     manager = request.app.state.manager
     known = {m.name for m in manager} | set(manager.loading())
+    if usable is not None:
+        # A model outside the tenant's allow-list is answered like a missing
+        # one, as /v1 does, so a tenant admin cannot probe which models exist.
+        known &= set(usable)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValidationFailed(f"unknown model(s): {', '.join(unknown)}", param=param)
@@ -363,7 +374,7 @@ async def create_key(request: Request) -> Response:
     tenant = await call_store(_store(request).get_tenant, tenant_id)
     if body.role == "platform-admin" and tenant.name != PLATFORM_TENANT:
         raise ValidationFailed("platform-admin keys exist only in the platform tenant", param="role")
-    _check_models_known(request, body.allowed_models, "allowed_models")
+    _check_models_known(request, body.allowed_models, "allowed_models", tenant.allowed_models)
     expires = datetime.now(UTC) + timedelta(seconds=body.expires_in_seconds) if body.expires_in_seconds else None
     record, token = await call_store(
         _store(request).create_api_key,
@@ -390,6 +401,11 @@ async def get_key(request: Request) -> Response:
 async def revoke_key(request: Request) -> Response:
     principal, tenant_id = await _tenant_in_scope(request)
     key_id = request.path_params["key_id"]
+    existing = await call_store(_store(request).get_api_key, tenant_id, key_id)
+    # As for rotation: a tenant admin of the platform tenant must not be able
+    # to lock the platform admins out by revoking their keys.
+    if not principal.may_grant(existing.role):
+        raise PermissionDenied(f"You cannot revoke a key with role '{existing.role}', which has scopes you lack")
     record = await call_store(_store(request).revoke_api_key, tenant_id, key_id)
     await _audit(request, principal, "key.revoke", tenant_id, "api_key", key_id, prefix=record.prefix)
     return _ok(_key(record))

@@ -54,7 +54,9 @@ def boolean(value: bool, param: str) -> bool:
 
 
 def strings(values: Sequence[str], param: str) -> list[str]:
-    if isinstance(values, str) or not all(isinstance(v, str) and v for v in values):
+    # Something that is no list at all (None from a JSON null) is refused too, not a TypeError.
+    is_list = isinstance(values, Sequence) and not isinstance(values, str)
+    if not is_list or not all(isinstance(v, str) and v for v in values):
         raise ValidationFailed(f"{param} must be a list of non-empty strings", param=param)
     return list(dict.fromkeys(values))  # without duplicates, in the order given
 

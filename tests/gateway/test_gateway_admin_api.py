@@ -1,4 +1,8 @@
-"""The admin API's own behaviour: models at run time, pagination, validation, the OpenAPI document."""
+"""Models loaded, made default, persisted, restored and unloaded at run time over the admin API.
+
+Pagination, body validation and the OpenAPI document are covered in
+``test_gateway_admin_behaviour.py`` and ``test_gateway_authz.py``.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from backends.models import default_model_path
@@ -38,6 +41,10 @@ def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
             "tenant": tenant,
             "data_dir": data_dir,
         }
+    # The app does not own the engines: shut down what the tests loaded, also after a failure.
+    for model in app.state.manager:
+        if model.name not in app.state.model_admin.configured:
+            model.shutdown()
     store.close()
 
 
@@ -117,96 +124,3 @@ def test_a_failed_load_is_reported_not_raised(world: dict[str, Any], tmp_path: P
     assert world["store"].list_served_models() == []
     assert client.delete("/admin/v1/models/broken", headers=admin).status_code == 204  # forget it
     assert client.get("/admin/v1/models/broken", headers=admin).status_code == 404
-
-
-def test_pagination(world: dict[str, Any]) -> None:
-    client, admin = world["client"], world["admin"]
-    for i in range(7):
-        assert client.post("/admin/v1/tenants", headers=admin, json={"name": f"page-{i}"}).status_code == 201
-    seen: list[str] = []
-    after = None
-    pages = 0
-    while True:
-        url = "/admin/v1/tenants?limit=3" + (f"&after={after}" if after else "")
-        page = client.get(url, headers=admin).json()
-        assert len(page["data"]) <= 3
-        seen += [t["name"] for t in page["data"]]
-        pages += 1
-        after = page["next_cursor"]
-        if after is None:
-            break
-    assert pages >= 3 and len(seen) == len(set(seen))
-    assert {f"page-{i}" for i in range(7)} <= set(seen)
-    for bad in ("0", "201", "x", "-1"):
-        response = client.get(f"/admin/v1/tenants?limit={bad}", headers=admin)
-        assert response.status_code == 422 and response.json()["error"]["param"] == "limit"
-    assert client.get("/admin/v1/tenants?after=garbage", headers=admin).status_code in (400, 422)
-
-
-@pytest.mark.parametrize(
-    "body,param",
-    [
-        ({"name": "Bad Name"}, "name"),
-        ({"name": "ok", "unexpected": 1}, "unexpected"),
-        ({"name": 5}, "name"),
-        ({"name": "ok", "allowed_models": "all"}, "allowed_models"),
-        ({"name": "ok", "allowed_models": ["no-such-model"]}, "allowed_models"),
-    ],
-)
-def test_tenant_body_validation(world: dict[str, Any], body: dict[str, Any], param: str) -> None:
-    response = world["client"].post("/admin/v1/tenants", headers=world["admin"], json=body)
-    assert response.status_code == 422, response.text
-    error = response.json()["error"]
-    assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
-
-
-def test_key_body_validation_and_conflicts(world: dict[str, Any]) -> None:
-    client, admin, tenant = world["client"], world["admin"], world["tenant"]
-    url = f"/admin/v1/tenants/{tenant.id}/keys"
-    assert client.post(url, headers=admin, json={"name": "x", "role": "superuser"}).status_code == 422
-    assert client.post(url, headers=admin, json={"name": "x", "role": "member", "expires_in_seconds": 1}).status_code == 422
-    assert client.post(url, headers=admin, content=b"{not json", ).status_code == 400
-    assert client.post("/admin/v1/tenants", headers=admin, json={"name": "acme"}).status_code == 409
-
-
-def test_oidc_provider_secret_is_write_only(world: dict[str, Any]) -> None:
-    client, admin = world["client"], world["admin"]
-    created = client.post(
-        "/admin/v1/oidc-providers",
-        headers=admin,
-        json={"name": "corp", "issuer": "https://login.example.com", "audience": "inferflux", "client_secret": "s3cr3t"},
-    )
-    assert created.status_code == 201, created.text
-    provider = created.json()
-    assert "client_secret" not in provider and provider["has_client_secret"] is True
-    fetched = client.get(f"/admin/v1/oidc-providers/{provider['id']}", headers=admin)
-    assert "s3cr3t" not in fetched.text
-    bad = client.patch(f"/admin/v1/oidc-providers/{provider['id']}", headers=admin, json={"algorithms": ["HS256"]})
-    assert bad.status_code == 422
-    bad = client.post(
-        "/admin/v1/oidc-providers",
-        headers=admin,
-        json={"name": "plain", "issuer": "http://idp.example.com", "audience": "x"},  # not https, not loopback
-    )
-    assert bad.status_code == 422
-    assert client.delete(f"/admin/v1/oidc-providers/{provider['id']}", headers=admin).status_code == 204
-    assert client.get(f"/admin/v1/oidc-providers/{provider['id']}", headers=admin).status_code == 404
-
-
-def test_openapi_documents_every_route(world: dict[str, Any]) -> None:
-    client = world["client"]
-    assert client.get("/openapi.json").status_code == 401
-    doc = client.get("/openapi.json", headers=world["tenant_admin"]).json()
-    assert doc["openapi"].startswith("3.")
-    for route in world["app"].routes:
-        assert isinstance(route, Route)
-        for method in route.methods - {"HEAD"}:
-            operation = doc["paths"][route.path][method.lower()]
-            public = route.path in ("/livez", "/readyz", "/metrics")
-            assert (operation["security"] == []) is public, route.path
-            if not public:
-                assert operation["x-required-scope"] in {"read", "generate", "admin:tenant", "admin:platform"}
-            assert operation["summary"] and operation["responses"]
-    assert doc["paths"]["/admin/v1/tenants"]["post"]["requestBody"]
-    assert "TenantCreate" in doc["components"]["schemas"]
-    assert "ChatCompletionRequest" in doc["components"]["schemas"]

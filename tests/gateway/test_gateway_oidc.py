@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from idp import EC_KID, ED_KID, RSA_KID, LoopbackIdP, hand_built_token, hmac_token
+from idp import EC_KID, ED_KID, RSA_KID, LoopbackIdP, hand_built_token, hmac_token, running_idp
 from servers import start_uvicorn, stop_uvicorn
 
 from gateway.auth import Authenticator
@@ -26,10 +26,7 @@ CHAT = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content
 
 @pytest.fixture(scope="module")
 def idp() -> Iterator[LoopbackIdP]:
-    with LoopbackIdP() as server:
-        server.add_key("RSA", kid=RSA_KID)
-        server.add_key("EC", kid=EC_KID)
-        server.add_key("OKP", kid=ED_KID)
+    with running_idp() as server:
         yield server
 
 

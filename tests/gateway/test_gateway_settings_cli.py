@@ -164,5 +164,9 @@ def test_serve_with_unavailable_backend_exits_1(tmp_path: Path, capsys: pytest.C
     assert cli.main(["serve", "--data-dir", str(data_dir), "--backend", "no-such-backend"]) == 1
     err = capsys.readouterr().err
     assert "cannot load model 'smollm2-135m-instruct'" in err and "no-such-backend" in err
+    # The store was opened first: a new one announces its platform-admin key, once.
+    assert "A platform-admin API key was created" in err and "ifx_" in err
+    assert cli.main(["serve", "--data-dir", str(data_dir), "--backend", "no-such-backend"]) == 1
+    assert "A platform-admin API key was created" not in capsys.readouterr().err
     assert "Traceback" not in err
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700

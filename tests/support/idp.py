@@ -24,7 +24,8 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import uvicorn
@@ -275,3 +276,13 @@ class LoopbackIdP:
         if raw is not None:
             return Response(raw, media_type="application/json")
         return JSONResponse(self.jwks())
+
+
+@contextmanager
+def running_idp() -> Iterator[LoopbackIdP]:
+    """A started IdP with one published key of each kind (RSA_KID, EC_KID, ED_KID)."""
+    with LoopbackIdP() as server:
+        server.add_key("RSA", kid=RSA_KID)
+        server.add_key("EC", kid=EC_KID)
+        server.add_key("OKP", kid=ED_KID)
+        yield server

@@ -5,16 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from idp import EC_KID, ED_KID, RSA_KID, FakeClock, LoopbackIdP
+from idp import EC_KID, ED_KID, RSA_KID, FakeClock, LoopbackIdP, running_idp
 
 
 @pytest.fixture(scope="module")
 def idp_server() -> Iterator[LoopbackIdP]:
     # One server (and one round of key generation) per module; ``idp`` resets it per test.
-    with LoopbackIdP() as server:
-        server.add_key("RSA", kid=RSA_KID)
-        server.add_key("EC", kid=EC_KID)
-        server.add_key("OKP", kid=ED_KID)
+    with running_idp() as server:
         yield server
 
 
