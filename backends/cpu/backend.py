@@ -122,6 +122,7 @@ class CPUBackend:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.model: Transformer | None = None
+        self.kernel_error: str | None = None  # why the compiled kernels are not in use, if they are not
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
 
@@ -150,11 +151,12 @@ class CPUBackend:
         except ValueError as exc:
             raise BackendError(f"cannot load {spec.path}: {exc}") from exc
         model.eval()
+        self.kernel_error = self._use_kernels(model)
         self.model = model
         self.dtype = dtype
         self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
-        log.info("cpu backend: loaded %s (%s, %s, %d threads)", spec.name, cfg.architecture, dtype_name,
-                 torch.get_num_threads())
+        log.info("cpu backend: loaded %s (%s, %s, %d threads, %s attention)", spec.name, cfg.architecture,
+                 dtype_name, torch.get_num_threads(), "reference" if self.kernel_error else "C++ paged")
         return ModelInfo(
             name=spec.name,
             architecture=cfg.architecture,
@@ -165,6 +167,16 @@ class CPUBackend:
             head_dim=cfg.head_dim,
             dtype=dtype_name,
         )
+
+    @staticmethod
+    def _use_kernels(model: Transformer) -> str | None:
+        """Swap the compiled paged attention in where it builds; else why not."""
+        from kernels import cpu as cpu_kernels
+
+        if cpu_kernels.load() is None:
+            return cpu_kernels.load_error()
+        model.use_paged_attention(cpu_kernels.paged_attention)
+        return None
 
     # -- KV cache ----------------------------------------------------------------
 
@@ -249,7 +261,7 @@ class CPUBackend:
                 ))
         pos = torch.from_numpy(np.concatenate(positions))
         cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
-        decode_index = decode_table = decode_len = decode_mask = None
+        decode_index = decode_table = decode_len = decode_start = decode_mask = None
         if decode_rows:
             padded = np.zeros((len(decode_tables), max(len(t) for t in decode_tables)), dtype=np.int64)
             for row, t in zip(padded, decode_tables):
@@ -258,9 +270,11 @@ class CPUBackend:
             decode_index = slice(0, len(ids)) if all_decode else torch.tensor(decode_rows)
             decode_table = torch.from_numpy(padded)
             decode_len = torch.tensor(decode_lens)
-            cfg = self._cfg
-            decode_mask = attention_mask(decode_len, decode_len - 1, 1, padded.shape[1] * bs,
-                                         cfg.num_heads // cfg.num_kv_heads)
+            decode_start = decode_len - 1
+            if self.kernel_error is not None:  # the reference path takes its mask from here, built once a step
+                cfg = self._cfg
+                decode_mask = attention_mask(decode_len, decode_start, 1, padded.shape[1] * bs,
+                                             cfg.num_heads // cfg.num_kv_heads)
         meta = AttentionMetadata(
             slots=torch.from_numpy(np.concatenate(slots)),
             cos=cos,
@@ -268,6 +282,7 @@ class CPUBackend:
             decode_rows=decode_index,
             decode_tables=decode_table,
             decode_lens=decode_len,
+            decode_starts=decode_start,
             decode_mask=decode_mask,
             prefills=prefills,
         )

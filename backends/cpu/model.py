@@ -8,7 +8,7 @@ multi-token verification all take the same path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from kernels import reference as K
 
 if TYPE_CHECKING:
     from backends.models import ModelConfig
+
+# kernels.reference.paged_attention's signature, which every implementation shares.
+PagedAttention = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -44,7 +47,8 @@ class AttentionMetadata:
     decode_rows: slice | torch.Tensor | None
     decode_tables: torch.Tensor | None  # [D, max_blocks], padded
     decode_lens: torch.Tensor | None  # [D]
-    decode_mask: torch.Tensor | None  # [D, q_len * group, max_ctx], shared by every layer
+    decode_starts: torch.Tensor | None  # [D] position of each decode token: decode_lens - 1
+    decode_mask: torch.Tensor | None  # [D, q_len * group, max_ctx], shared by every layer; None: built in the kernel
     prefills: list[PrefillGroup]
 
 
@@ -62,6 +66,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False, dtype=dtype)
         self.q_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
         self.k_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
+        # Decode steps' attention; Transformer.use_paged_attention may swap in a compiled kernel.
+        self.paged_attention: PagedAttention = K.paged_attention
 
     def forward(
         self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -81,9 +87,9 @@ class Attention(nn.Module):
 
         out = torch.empty_like(q)
         if meta.decode_rows is not None:
-            od = K.paged_attention(
+            od = self.paged_attention(
                 q[meta.decode_rows][:, None], k_cache, v_cache, meta.decode_tables, meta.decode_lens,
-                meta.decode_lens - 1, self.scale, mask=meta.decode_mask,
+                meta.decode_starts, self.scale, mask=meta.decode_mask,
             )
             out[meta.decode_rows] = od[:, 0]
         for p in meta.prefills:
@@ -166,6 +172,11 @@ class Transformer(nn.Module):
         h, _ = K.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(h, head).float()
+
+    def use_paged_attention(self, fn: PagedAttention) -> None:
+        """Run decode steps' attention with ``fn`` (same contract as the reference)."""
+        for layer in self.layers:
+            layer.attn.paged_attention = fn
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> None:

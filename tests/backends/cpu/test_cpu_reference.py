@@ -164,3 +164,23 @@ def test_logits_are_batch_invariant(backend, prompts):
             for a, b in zip(alone[seq], mode[seq]):
                 assert int(a.argmax()) == int(b.argmax())
                 np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
+def test_compiled_attention_is_in_use_and_agrees_with_the_reference(backend, prompts):
+    from kernels import cpu as cpu_kernels
+    from kernels import reference
+
+    # This machine has a compiler: a silent fall-back to the reference would hide a broken build.
+    assert backend.kernel_error is None
+    assert all(layer.attn.paged_attention is cpu_kernels.paged_attention for layer in backend.model.layers)
+    runs = [[(0, prompts[0]), (1, prompts[1])], [(2, prompts[2])], [(3, prompts[3])]]
+    compiled = _decode_logits(backend, runs, 6)
+    backend.model.use_paged_attention(reference.paged_attention)
+    try:
+        plain = _decode_logits(backend, runs, 6)
+    finally:
+        backend.model.use_paged_attention(cpu_kernels.paged_attention)
+    for seq in compiled:
+        for a, b in zip(compiled[seq], plain[seq], strict=True):
+            assert int(a.argmax()) == int(b.argmax())
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)

@@ -1,0 +1,89 @@
+"""C++ kernels for the CPU backend, compiled on first use for the machine they run on.
+
+The build goes through ``torch.utils.cpp_extension`` (a C++ compiler and
+``ninja``, which the ``cpu`` extra installs) into torch's extension cache, so
+later processes load the cached library at once. Where the build is not
+possible, ``load()`` returns None and says why in ``load_error()``; callers fall
+back to the PyTorch reference kernels in ``kernels.reference``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_attention.cpp")
+# Off switch, for comparing against the reference path and for machines where
+# the build misbehaves.
+DISABLE_ENV = "INFERFLUX_CPU_KERNELS"
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_error: str | None = None
+_tried = False
+
+
+def load() -> ModuleType | None:
+    """The compiled kernels, building them on the first call; None if unavailable."""
+    global _module, _error, _tried
+    with _lock:
+        if not _tried:
+            _tried = True
+            try:
+                _module = _build()
+            except Exception as exc:  # a failed build must not stop serving: the reference path works
+                _error = f"{type(exc).__name__}: {exc}".strip()
+                log.warning("CPU kernels unavailable, using the PyTorch reference path: %s", _error)
+        return _module
+
+
+def load_error() -> str | None:
+    """Why ``load()`` returned None (after it was called)."""
+    return _error
+
+
+def _build() -> ModuleType:
+    if os.environ.get(DISABLE_ENV, "1").strip().lower() in {"0", "off", "false", "no"}:
+        raise RuntimeError(f"disabled by {DISABLE_ENV}")
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise RuntimeError("no C++ compiler on PATH (set CXX or install g++)")
+    from torch.utils import cpp_extension
+
+    # -march=native: the library is built on, and cached for, the machine that runs it.
+    return cpp_extension.load(
+        name="inferflux_cpu_kernels",
+        sources=[str(SOURCE)],
+        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        verbose=False,
+    )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``kernels.reference.paged_attention`` in place on the cache (same arguments and result).
+
+    ``mask`` is accepted for the common signature and ignored: the kernel works
+    out what each query may see from ``context_lens`` and ``query_start``.
+    Call ``load()`` first; this raises if the kernels are unavailable.
+    """
+    if _module is None:
+        raise RuntimeError(f"CPU kernels are not loaded: {_error or 'call kernels.cpu.load() first'}")
+    return _module.paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start, scale)
