@@ -659,6 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     rotate.add_argument("-v", "--verbose", action="store_true", help="report progress per table")
     _add_store_options(rotate)
     rotate.set_defaults(handler=_rotate_key)
+
+    from policy.audit.cli import add_audit_parser  # stdlib only: --help stays fast
+
+    add_audit_parser(sub)
     return parser
 
 

@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 from servers import start_uvicorn, stop_uvicorn  # noqa: E402
+from services import service_unavailable  # noqa: E402
 
 DEFAULT_TEST_KV_CACHE_BYTES = 64 * 1024 * 1024
 
@@ -38,10 +39,8 @@ def pg_server() -> str:
         with engine.connect():
             pass
     except OperationalError as exc:
-        reason = f"PostgreSQL at {make_url(PG_URL).render_as_string()} is unreachable ({exc.orig})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason}; CI is set, so the PostgreSQL tests must run")
-        pytest.skip(reason)
+        service_unavailable(f"PostgreSQL at {make_url(PG_URL).render_as_string()} is unreachable ({exc.orig})",
+                            "PostgreSQL")
     finally:
         engine.dispose()
     return PG_URL

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from policy.store.crypto import Sealed
@@ -180,6 +180,36 @@ class AdminEvent(Base):
     target_kind: Mapped[str] = mapped_column(String(32))
     target_id: Mapped[str | None] = mapped_column(String(64))
     detail: Mapped[dict[str, Any] | None] = mapped_column(json_type())
+
+
+class AuditEventRow(Base):
+    """One audit event as indexed from the spool (``policy.audit.store``): what the admin queries read.
+
+    ``record`` is the whole spooled record (chain, seq, hashes, event), so a
+    page of results can be re-verified; the other columns are copies of its
+    fields for the indexes. No foreign key: the trail outlives its tenant.
+    """
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        UniqueConstraint("chain_id", "seq"),
+        Index(None, "tenant_id", "at"),
+        Index(None, "tenant_id", "principal", "at"),
+        Index(None, "tenant_id", "decision", "at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the event id
+    chain_id: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    tenant_id: Mapped[str | None] = mapped_column(String(64))
+    principal: Mapped[str | None] = mapped_column(String(255))
+    decision: Mapped[str] = mapped_column(String(16))
+    route: Mapped[str | None] = mapped_column(String(255))
+    model: Mapped[str | None] = mapped_column(String(255))
+    status: Mapped[int | None] = mapped_column(Integer)
+    record: Mapped[dict[str, Any]] = mapped_column(json_type())
 
 
 def encrypted_models() -> list[type[Base]]:

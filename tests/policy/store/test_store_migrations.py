@@ -26,6 +26,7 @@ TABLES = {
     "policies",
     "credentials",
     "admin_events",
+    "audit_events",
 }
 
 
@@ -44,7 +45,7 @@ def tables(engine: Engine) -> set[str]:
 def test_upgrade_downgrade_upgrade(engine: Engine) -> None:
     assert migrate.current(engine) is None
     migrate.upgrade(engine)
-    assert migrate.current(engine) == migrate.head() == "0001"
+    assert migrate.current(engine) == migrate.head() == "0002"
     assert tables(engine) == TABLES
     migrate.upgrade(engine)  # at head already: nothing to do
     migrate.downgrade(engine, "base")

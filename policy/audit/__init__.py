@@ -1,0 +1,67 @@
+"""Tamper-evident audit: events, hash chain, durable spool, SIEM sinks, live tail, store index.
+
+``AuditTrail`` (``policy.audit.trail``) wires the parts below together. The
+flow, all off the request path except one ``await``::
+
+    event = api_event(...) / admin_event(...)      policy.audit.events
+    receipt = spool.append(event)                  enqueue, never blocks
+    await receipt                                  resolves once the batch is fsynced
+    writer thread ─ seal (chain) ─ write ─ fsync   policy.audit.spool, .chain
+        ├─ LiveTail.publish (SSE subscribers)      policy.audit.tail
+        └─ Delivery per sink, own cursor, retry    policy.audit.delivery
+             FileSink, SyslogSink, HttpSink        policy.audit.sinks
+             IndexerSink → audit_events table      policy.audit.store
+
+The gateway answers a request only after its event's receipt resolved, so
+"acknowledged" means "on disk": a ``kill -9`` loses no answered request's
+event, and sinks deliver it after the restart (at-least-once, de-duplicated
+by event id). Group commit keeps that cheap: one fsync per batch.
+
+Names are imported on first use, so ``inferctl --help`` does not load them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from policy.audit.chain import Problem, VerifyReport, verify_lines
+    from policy.audit.cli import add_audit_parser, verify_files, verify_spool
+    from policy.audit.delivery import Backoff, Delivery, Sink
+    from policy.audit.errors import AuditUnavailable, InvalidAuditEvent, SinkError, SpoolConfigError
+    from policy.audit.events import AuditEvent, ContentDigester, Finding, admin_event, api_event
+    from policy.audit.sinks.file import FileSink
+    from policy.audit.sinks.http import HttpSink
+    from policy.audit.sinks.syslog import SyslogSink
+    from policy.audit.spool import Cursor, Receipt, Spool, SpooledRecord, SpoolSettings
+    from policy.audit.store import AuditRecord, AuditStore, IndexerSink
+    from policy.audit.store import Retention
+    from policy.audit.tail import Dropped, LiveTail, Subscription, sse_message
+    from policy.audit.trail import AuditTrail
+
+_EXPORTS = {
+    **dict.fromkeys(("Problem", "VerifyReport", "verify_lines"), "policy.audit.chain"),
+    **dict.fromkeys(("add_audit_parser", "verify_files", "verify_spool"), "policy.audit.cli"),
+    **dict.fromkeys(("Backoff", "Delivery", "Sink"), "policy.audit.delivery"),
+    **dict.fromkeys(("AuditUnavailable", "InvalidAuditEvent", "SinkError", "SpoolConfigError"), "policy.audit.errors"),
+    **dict.fromkeys(("AuditEvent", "ContentDigester", "Finding", "admin_event", "api_event"), "policy.audit.events"),
+    "FileSink": "policy.audit.sinks.file",
+    "HttpSink": "policy.audit.sinks.http",
+    "SyslogSink": "policy.audit.sinks.syslog",
+    **dict.fromkeys(("Cursor", "Receipt", "Spool", "SpooledRecord", "SpoolSettings"), "policy.audit.spool"),
+    **dict.fromkeys(("AuditRecord", "AuditStore", "IndexerSink", "Retention"), "policy.audit.store"),
+    **dict.fromkeys(("Dropped", "LiveTail", "Subscription", "sse_message"), "policy.audit.tail"),
+    "AuditTrail": "policy.audit.trail",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'policy.audit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,34 @@
+"""The audit library's errors.
+
+``AuditUnavailable`` reaches clients: the gateway refuses a request it cannot
+audit (default-deny) rather than serve it unrecorded. The others are for
+operators and start-up code and never carry a secret in their message.
+"""
+
+from __future__ import annotations
+
+from policy.errors import PolicyError
+
+
+class AuditUnavailable(PolicyError):
+    """503: the audit spool cannot take the event (closed, full, or its disk failed); retryable."""
+
+    status_code = 503
+    error_type = "server_error"
+    default_code = "audit_unavailable"
+
+
+class InvalidAuditEvent(PolicyError):
+    """500: the gateway built an event the audit model refuses (a bug, never the client's input)."""
+
+    status_code = 500
+    error_type = "server_error"
+    default_code = "invalid_audit_event"
+
+
+class SpoolConfigError(Exception):
+    """The spool cannot be opened as configured (unwritable, locked by another process, bad setting)."""
+
+
+class SinkError(Exception):
+    """A sink could not deliver a batch; the delivery loop retries it with back-off."""

@@ -1,0 +1,1 @@
+"""Where the spool delivers: a JSON-lines file, syslog (UDP, TCP, TLS), HTTP (webhook, Splunk HEC)."""

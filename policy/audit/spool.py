@@ -1,0 +1,645 @@
+"""The durable audit spool: an append-only, hash-chained log on local disk.
+
+The request path only enqueues (``Spool.append`` returns a ``Receipt`` at
+once); one writer thread drains the queue, seals each event into the chain,
+writes the whole batch with one ``write`` and makes it durable with one
+``fsync`` (group commit: the busier the gateway, the bigger the batches), then
+resolves the batch's receipts. An event is *acknowledged* when its receipt
+resolves, never before: the gateway awaits the receipt before it answers, so
+every answered request's event is on disk even if the process is killed the
+next instant (see ``policy.audit``).
+
+Layout of the spool directory (one per replica; its chain id is its own)::
+
+    chain               the chain id, written once
+    lock                flock'ed by the one process writing here
+    segments/000000000001.jsonl, ...   records, one JSON line each
+    cursors/<sink>.json the next position each sink will deliver
+
+Segments rotate by size at batch boundaries. On open a torn tail (bytes after
+the last newline, from a crash mid-write) is cut off and the chain continues
+from the last record. Readers (the sinks) see only what was fsynced, so no
+sink can deliver an event that a crash could still take back. A segment is
+deleted only when every sink's cursor is past it and it is older than
+``retain_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import json
+import logging
+import os
+import queue
+import re
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from policy.audit.chain import GENESIS, canonical_json, seal
+from policy.audit.errors import AuditUnavailable, SpoolConfigError
+from policy.audit.events import AuditEvent
+
+log = logging.getLogger("inferflux.policy.audit")
+
+SEGMENT_SUFFIX: Final = ".jsonl"
+_SEGMENT_NAME = re.compile(r"^(\d{12})\.jsonl$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_STOP: Final = object()
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Cursor:
+    """A position in the spool: a segment number and a byte offset in it."""
+
+    segment: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledRecord:
+    """One durable record as a sink sees it: the exact line (no newline) and its parsed JSON."""
+
+    line: bytes
+    record: dict[str, Any]
+    cursor: Cursor  # the position just after this record
+
+    @property
+    def event(self) -> dict[str, Any]:
+        event = self.record.get("event")
+        return event if isinstance(event, dict) else {}
+
+    @property
+    def chain(self) -> str | None:
+        return self.record.get("chain")
+
+    @property
+    def seq(self) -> int | None:
+        return self.record.get("seq")
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolSettings:
+    directory: Path
+    chain_id: str | None = None  # default: "<hostname>-<random>", chosen when the spool is created
+    segment_bytes: int = 64 * 1024 * 1024
+    max_batch: int = 1024  # events per write + fsync
+    max_pending: int = 100_000  # queued, not yet durable; beyond it append() refuses (503)
+    retain_seconds: float = 0.0  # keep delivered segments at least this long
+
+    def __post_init__(self) -> None:
+        for name in ("segment_bytes", "max_batch", "max_pending"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpoolConfigError(f"audit spool {name} must be a positive integer")
+        if not isinstance(self.retain_seconds, int | float) or self.retain_seconds < 0:
+            raise SpoolConfigError("audit spool retain_seconds must be a non-negative number")
+        if self.chain_id is not None and not _NAME.match(self.chain_id):
+            raise SpoolConfigError("audit chain_id must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'")
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolStats:
+    events: int  # made durable since open
+    batches: int
+    fsyncs: int
+    pending: int  # queued, not yet durable
+    failed: int  # events refused by a failed write
+
+
+class Receipt:
+    """The acknowledgement of one appended event: resolves once it is durable (fsynced), or failed.
+
+    ``wait()`` from a thread, ``await receipt`` from asyncio. A failed receipt
+    raises ``AuditUnavailable``.
+    """
+
+    __slots__ = ("event_id", "seq", "_done", "_error", "_lock", "_waiters")
+
+    def __init__(self, event_id: str) -> None:
+        self.event_id = event_id
+        self.seq: int | None = None
+        self._done = threading.Event()
+        self._error: AuditUnavailable | None = None
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once durable, False on timeout; raises AuditUnavailable if the write failed."""
+        if not self._done.wait(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    async def durable(self) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                loop = asyncio.get_running_loop()
+                future: asyncio.Future[None] = loop.create_future()
+                self._waiters.append((loop, future))
+            else:
+                future = None  # type: ignore[assignment]
+        if future is not None:
+            await future
+        if self._error is not None:
+            raise self._error
+
+    def __await__(self) -> Any:
+        return self.durable().__await__()
+
+    def _resolve(self, seq: int | None, error: AuditUnavailable | None) -> None:
+        with self._lock:
+            self.seq, self._error = seq, error
+            self._done.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(_finish, future)
+            except RuntimeError:  # that loop is closed: nobody is waiting any more
+                pass
+
+
+def _finish(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Spool:
+    """One replica's audit spool. ``Spool.open(settings)``; ``append`` events; ``close`` at shutdown."""
+
+    def __init__(self, settings: SpoolSettings, chain_id: str, lock_fd: int) -> None:
+        """Use ``Spool.open``."""
+        self.settings = settings
+        self.chain_id = chain_id
+        self._dir = settings.directory
+        self._segments_dir = self._dir / "segments"
+        self._cursors_dir = self._dir / "cursors"
+        self._lock_fd = lock_fd
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._state = threading.Condition()  # guards the fields below; notified when data becomes durable
+        self._pending = 0
+        self._closed = False
+        self._events = self._batches = self._fsyncs = self._failed = 0
+        self._listeners: list[Callable[[Sequence[SpooledRecord]], None]] = []
+        segments = _list_segments(self._segments_dir)
+        self._segments: list[int] = segments or [1]
+        self._next_seq, self._last_hash = 0, GENESIS
+        self._fd = -1
+        self._durable = Cursor(self._segments[-1], 0)
+        self._recover()
+        self._thread = threading.Thread(target=self._write_loop, name="audit-spool-writer", daemon=True)
+        self._thread.start()
+
+    # -- opening
+
+    @classmethod
+    def open(cls, settings: SpoolSettings) -> Spool:
+        """Open (creating if needed) the spool; SpoolConfigError if it cannot be used."""
+        directory = Path(settings.directory).expanduser()
+        settings = SpoolSettings(**{**_fields(settings), "directory": directory})
+        try:
+            for path in (directory, directory / "segments", directory / "cursors"):
+                path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            lock_fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise SpoolConfigError(f"cannot use the audit spool directory {directory}: {exc.strerror}") from None
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(lock_fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise SpoolConfigError(
+                    f"the audit spool {directory} is in use by another process; each replica needs its own"
+                ) from None
+            raise SpoolConfigError(f"cannot lock the audit spool {directory}: {exc.strerror}") from None
+        try:
+            return cls(settings, _chain_id(directory, settings.chain_id), lock_fd)
+        except OSError as exc:
+            os.close(lock_fd)
+            raise SpoolConfigError(f"cannot open the audit spool {directory}: {exc}") from None
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    def _recover(self) -> None:
+        """Cut a torn tail off the newest segment and find the chain's head."""
+        newest = self._segments[-1]
+        path = self._segment_path(newest)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        size = os.fstat(self._fd).st_size
+        good = _complete_length(path, size)
+        if good != size:
+            log.warning("audit spool: cut %d bytes of a torn record off %s", size - good, path.name)
+            os.ftruncate(self._fd, good)
+        os.fsync(self._fd)
+        _fsync_dir(self._segments_dir)
+        self._durable = Cursor(newest, good)
+        for number in reversed(self._segments):
+            head = _last_record(self._segment_path(number))
+            if head is not None:
+                self._next_seq, self._last_hash = head["seq"] + 1, head["hash"]
+                break
+
+    # -- writing
+
+    def append(self, event: AuditEvent) -> Receipt:
+        """Queue ``event``; never blocks. The receipt resolves when the event is durable.
+
+        Raises AuditUnavailable when the spool is closed or ``max_pending``
+        events already wait (the disk cannot keep up): the caller should then
+        refuse the request rather than serve it unaudited.
+        """
+        if not isinstance(event, AuditEvent):
+            raise TypeError("append() takes an AuditEvent")
+        receipt = Receipt(event.id)
+        with self._state:
+            if self._closed:
+                raise AuditUnavailable("The audit spool is closed")
+            if self._pending >= self.settings.max_pending:
+                raise AuditUnavailable("The audit spool is behind; retry shortly")
+            self._pending += 1
+            # Under the lock: close() queues its stop marker under it too, so nothing lands after the marker.
+            self._queue.put((event, receipt))
+        return receipt
+
+    def _write_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            batch: list[tuple[AuditEvent, Receipt]] = []
+            item = self._queue.get()
+            while True:
+                if item is _STOP:
+                    stopping = True
+                    break
+                batch.append(item)
+                if len(batch) >= self.settings.max_batch:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                try:
+                    self._write_batch(batch)
+                except Exception as exc:  # never let the writer die: later events would wait forever
+                    log.exception("audit spool writer failed")
+                    self._fail([item for item in batch if not item[1].done()], exc)
+        os.close(self._fd)
+
+    def _write_batch(self, batch: list[tuple[AuditEvent, Receipt]]) -> None:
+        try:
+            if self._durable.offset >= self.settings.segment_bytes:
+                self._rotate()
+        except OSError as exc:
+            self._fail(batch, exc)
+            return
+        start = self._durable
+        seq, prev = self._next_seq, self._last_hash
+        lines: list[bytes] = []
+        records: list[SpooledRecord] = []
+        offset = start.offset
+        accepted: list[tuple[AuditEvent, Receipt]] = []
+        for event, receipt in batch:
+            try:
+                record = seal(self.chain_id, seq, prev, event.to_json())
+                line = canonical_json(record)
+            except (TypeError, ValueError) as exc:  # not JSON (a lone surrogate, say): refuse this one only
+                self._fail([(event, receipt)], exc)
+                continue
+            offset += len(line) + 1
+            lines.append(line)
+            records.append(SpooledRecord(line, record, Cursor(start.segment, offset)))
+            accepted.append((event, receipt))
+            seq, prev = seq + 1, record["hash"]
+        if not accepted:
+            return
+        batch = accepted
+        try:
+            write_all(self._fd, b"\n".join(lines) + b"\n")
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._fail(batch, exc)
+            return
+        with self._state:
+            self._next_seq, self._last_hash = seq, prev
+            self._durable = Cursor(start.segment, offset)
+            self._pending -= len(batch)
+            self._events += len(batch)
+            self._batches += 1
+            self._fsyncs += 1
+            self._state.notify_all()
+            listeners = list(self._listeners)
+        for record, (_event, receipt) in zip(records, batch, strict=True):
+            receipt._resolve(record.seq, None)
+        for listener in listeners:
+            try:
+                listener(records)
+            except Exception:  # a listener (the live tail) must never stop the writer
+                log.exception("audit spool listener failed")
+
+    def _fail(self, batch: list[tuple[AuditEvent, Receipt]], exc: Exception) -> None:
+        log.error("audit spool: writing %d events failed: %s", len(batch), exc)
+        try:  # take back whatever part of the batch reached the file, so the chain stays whole
+            os.ftruncate(self._fd, self._durable.offset)
+        except OSError:
+            pass
+        error = AuditUnavailable("The audit spool could not store the event; retry shortly")
+        with self._state:
+            self._pending -= len(batch)
+            self._failed += len(batch)
+        for _event, receipt in batch:
+            receipt._resolve(None, error)
+
+    def _rotate(self) -> None:
+        number = self._segments[-1] + 1
+        fd = os.open(self._segment_path(number), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+        _fsync_dir(self._segments_dir)
+        os.close(self._fd)
+        self._fd = fd
+        with self._state:
+            self._segments.append(number)
+            self._durable = Cursor(number, 0)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued, stop the writer and release the directory."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            self._state.notify_all()
+            self._queue.put(_STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("audit spool writer did not stop within %.0fs", timeout)
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        with self._state:
+            return self._closed
+
+    @property
+    def stats(self) -> SpoolStats:
+        with self._state:
+            return SpoolStats(self._events, self._batches, self._fsyncs, self._pending, self._failed)
+
+    def add_listener(self, listener: Callable[[Sequence[SpooledRecord]], None]) -> None:
+        """Call ``listener(records)`` on the writer thread after each durable batch; it must not block."""
+        with self._state:
+            self._listeners.append(listener)
+
+    # -- reading
+
+    def durable_cursor(self) -> Cursor:
+        with self._state:
+            return self._durable
+
+    def read(self, cursor: Cursor, max_records: int = 500, wait: float = 0.0) -> tuple[list[SpooledRecord], Cursor]:
+        """Durable records after ``cursor`` (waiting up to ``wait`` seconds for some) and the cursor after them."""
+        deadline = time.monotonic() + wait
+        with self._state:
+            while self._durable <= cursor and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._state.wait(left)
+            durable, segments = self._durable, list(self._segments)
+        while cursor < durable:
+            if cursor.segment not in segments:
+                later = [n for n in segments if n > cursor.segment]
+                if not later:
+                    break
+                log.warning("audit spool: segment %d is gone; a reader skips to %d", cursor.segment, later[0])
+                cursor = Cursor(later[0], 0)
+                continue
+            path = self._segment_path(cursor.segment)
+            end = durable.offset if cursor.segment == durable.segment else _size(path)
+            if cursor.offset < end:
+                records = _read_records(path, cursor, end, max_records)
+                if records:
+                    return records, records[-1].cursor
+            following = [n for n in segments if n > cursor.segment]
+            if not following:
+                break
+            cursor = Cursor(following[0], 0)
+        return [], cursor
+
+    # -- sink cursors and pruning
+
+    def register_sink(self, name: str) -> Cursor:
+        """The sink's saved cursor, or (a new sink) the start of the oldest segment present."""
+        cursor = self.load_cursor(name)
+        if cursor is None:
+            with self._state:
+                cursor = Cursor(self._segments[0], 0)
+            self.save_cursor(name, cursor)
+        return cursor
+
+    def load_cursor(self, name: str) -> Cursor | None:
+        path = self._cursor_path(name)
+        try:
+            data = json.loads(path.read_bytes())
+            return Cursor(int(data["segment"]), int(data["offset"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Re-delivering is safe (at-least-once); skipping is not: start over from the oldest segment.
+            log.error("audit spool: cursor of sink %s is unreadable (%s); it restarts at the oldest segment", name, exc)
+            return None
+
+    def save_cursor(self, name: str, cursor: Cursor) -> None:
+        """Persist ``cursor`` atomically: a crash leaves the old or the new one, never a torn one."""
+        path = self._cursor_path(name)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            write_all(fd, canonical_json({"segment": cursor.segment, "offset": cursor.offset}))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(self._cursors_dir)
+
+    def forget_sink(self, name: str) -> None:
+        """Drop a sink that is no longer configured, so it stops holding segments back."""
+        self._cursor_path(name).unlink(missing_ok=True)
+
+    def prune(self, now: float | None = None) -> int:
+        """Delete segments every sink has delivered (and older than ``retain_seconds``); returns how many."""
+        cursors = [self.load_cursor(p.stem) for p in self._cursors_dir.glob("*.json")]
+        if not cursors or any(c is None for c in cursors):
+            return 0  # no sink has delivered anything, or one must start over: keep everything
+        horizon = min(c for c in cursors if c is not None).segment
+        now = time.time() if now is None else now
+        with self._state:
+            newest_with_data = self._segments[-1] if self._durable.offset else self._segments[-2:][0]
+            candidates = [n for n in self._segments if n < horizon and n < newest_with_data]
+        removed = []
+        for number in candidates:
+            path = self._segment_path(number)
+            try:
+                if now - path.stat().st_mtime < self.settings.retain_seconds:
+                    break  # segments are in time order: later ones are younger still
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            removed.append(number)
+        if removed:
+            _fsync_dir(self._segments_dir)
+            with self._state:
+                self._segments = [n for n in self._segments if n not in removed]
+        return len(removed)
+
+    def segment_paths(self) -> list[Path]:
+        with self._state:
+            return [self._segment_path(n) for n in self._segments]
+
+    def _segment_path(self, number: int) -> Path:
+        return self._segments_dir / f"{number:012d}{SEGMENT_SUFFIX}"
+
+    def _cursor_path(self, name: str) -> Path:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError("a sink name must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'")
+        return self._cursors_dir / f"{name}.json"
+
+
+# -- files ----------------------------------------------------------------------
+
+
+def segment_files(directory: Path) -> list[Path]:
+    """A spool directory's segments, oldest first (for verification; takes no lock)."""
+    segments = Path(directory) / "segments"
+    return [segments / f"{n:012d}{SEGMENT_SUFFIX}" for n in _list_segments(segments)]
+
+
+def _list_segments(directory: Path) -> list[int]:
+    numbers = []
+    for path in directory.iterdir() if directory.is_dir() else ():
+        match = _SEGMENT_NAME.match(path.name)
+        if match:
+            numbers.append(int(match.group(1)))
+    return sorted(numbers)
+
+
+def _chain_id(directory: Path, wanted: str | None) -> str:
+    path = directory / "chain"
+    try:
+        existing = path.read_text().strip()
+    except FileNotFoundError:
+        existing = None
+    if existing is not None:
+        if not _NAME.match(existing):
+            raise SpoolConfigError(f"{path} does not hold a valid chain id")
+        if wanted is not None and wanted != existing:
+            raise SpoolConfigError(
+                f"the audit spool {directory} belongs to chain {existing!r}, not {wanted!r}; "
+                "use another directory for another chain"
+            )
+        return existing
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "gateway"
+    chain = wanted or f"{host}-{secrets.token_hex(4)}"
+    tmp = directory / ".chain.tmp"
+    tmp.write_text(chain + "\n")
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+    return chain
+
+
+def _complete_length(path: Path, size: int) -> int:
+    """The length of ``path`` up to and including its last newline."""
+    if size == 0:
+        return 0
+    with path.open("rb") as f:
+        block = 64 * 1024
+        end = size
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            chunk = f.read(end - start)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            end = start
+    return 0
+
+
+def _last_record(path: Path) -> dict[str, Any] | None:
+    """The last line of ``path`` that reads as a record with a seq and hash (the chain's head)."""
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("seq"), int) and isinstance(record.get("hash"), str):
+            return record
+        log.error("audit spool: %s ends with an unreadable record; the chain continues from an earlier one", path.name)
+    return None
+
+
+def _read_records(path: Path, cursor: Cursor, end: int, max_records: int) -> list[SpooledRecord]:
+    records: list[SpooledRecord] = []
+    with path.open("rb") as f:
+        f.seek(cursor.offset)
+        offset = cursor.offset
+        while offset < end and len(records) < max_records:
+            line = f.readline(end - offset)
+            if not line.endswith(b"\n"):
+                break  # cannot happen below the durable mark, but never hand out half a line
+            offset += len(line)
+            line = line[:-1]
+            try:
+                parsed = json.loads(line)
+            except ValueError:
+                parsed = None
+            # A damaged line is still delivered as it is: verification, not delivery, judges it.
+            record = parsed if isinstance(parsed, dict) else {}
+            records.append(SpooledRecord(line, record, Cursor(cursor.segment, offset)))
+    return records
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a write may be partial)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fields(settings: SpoolSettings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in SpoolSettings.__dataclass_fields__}

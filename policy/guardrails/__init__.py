@@ -1,0 +1,61 @@
+"""Guardrails: blocklists, PII detection and redaction, streamed output checks, and OPA policies.
+
+Typical use on the request path::
+
+    guardrails = await resolver.resolve(principal.tenant_id)         # GuardrailResolver(store)
+    decision = guardrails.check_input(request_texts(body))
+    decision.raise_if_blocked()                                      # 400 content_filter
+    body = with_texts(body, decision.texts)                          # redacted, if any rule redacts
+    verdict = await guardrails.authorize(opa_input(principal, model=..., route=..., prompt_tokens=...,
+                                                   findings=decision.findings))
+    verdict.raise_for_deny()                                         # 403 policy_denied / 503
+    stream = guardrails.output_stream()
+    for delta in generated:                                          # per choice
+        step = stream.feed(delta)                                    # send step.text; stop if step.blocked
+    step = stream.flush()
+
+See ``spec`` for the policy format, ``normalize`` for what obfuscation is
+undone, ``pii`` for the detectors and ``stream`` for the hold-back bound.
+"""
+
+from __future__ import annotations
+
+from policy.guardrails.check import Decision
+from policy.guardrails.engine import EMPTY, Guardrails
+from policy.guardrails.errors import ContentFiltered, GuardrailMisconfigured, PolicyDenied, PolicyEngineUnavailable
+from policy.guardrails.findings import Action, Direction, Finding
+from policy.guardrails.normalize import Normalized, normalize
+from policy.guardrails.opa import EmbeddedRego, OpaDecision, RemoteOpa, opa_input
+from policy.guardrails.pii import PII_TYPES
+from policy.guardrails.resolver import GuardrailResolver
+from policy.guardrails.spec import KIND, GuardrailSpec, parse_spec
+from policy.guardrails.stream import OutputStream, StreamStep
+from policy.guardrails.texts import request_texts, with_texts
+
+__all__ = [
+    "EMPTY",
+    "KIND",
+    "PII_TYPES",
+    "Action",
+    "ContentFiltered",
+    "Decision",
+    "Direction",
+    "EmbeddedRego",
+    "Finding",
+    "GuardrailMisconfigured",
+    "GuardrailResolver",
+    "GuardrailSpec",
+    "Guardrails",
+    "Normalized",
+    "OpaDecision",
+    "OutputStream",
+    "PolicyDenied",
+    "PolicyEngineUnavailable",
+    "RemoteOpa",
+    "StreamStep",
+    "normalize",
+    "opa_input",
+    "parse_spec",
+    "request_texts",
+    "with_texts",
+]

@@ -1,0 +1,126 @@
+"""Scanning a normalised text with a set of matchers, and rendering redactions onto the original.
+
+One function finds, one resolves overlaps, one redacts, so the whole-text check
+and the streaming check (``stream``) decide exactly alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from policy.guardrails.errors import ContentFiltered
+from policy.guardrails.findings import Action, Finding, Hit, Matcher
+from policy.guardrails.normalize import Normalized, normalize
+
+
+def scan(text: str, matchers: Sequence[Matcher], start: int = 0) -> list[tuple[Matcher, Hit]]:
+    """The hits at or after ``start`` in normalised ``text``, in order of position.
+
+    PII detectors are tried most specific first (``pii.DETECTORS``) and a PII
+    hit overlapping one already taken is dropped (a card number is not also
+    a phone number); blocklist hits are all kept.
+    """
+    kept: list[tuple[Matcher, Hit]] = []
+    taken: list[Hit] = []
+    for matcher in matchers:
+        for hit in matcher.find(text):
+            if hit.start < start:
+                continue
+            if matcher.kind == "pii":
+                if any(hit.start < other.end and other.start < hit.end for other in taken):
+                    continue
+                taken.append(hit)
+            kept.append((matcher, hit))
+    kept.sort(key=lambda pair: (pair[1].start, -pair[1].end))
+    return kept
+
+
+def redact(
+    norm: Normalized, hits: Sequence[tuple[Matcher, Hit]], start: int, end: int, origin: int | None = None
+) -> str:
+    """Original text of normalised ``[start, end)`` with every redact hit inside replaced by its placeholder.
+
+    ``origin``: where in the original text to begin (default: where ``start`` came from); it
+    matters when invisible characters precede ``start``.
+    """
+    original = norm.original
+    cursor = norm.original_offset(start) if origin is None else origin
+    stop = norm.original_offset(end)
+    out: list[str] = []
+    last_end = start
+    for matcher, hit in hits:
+        if matcher.action is not Action.REDACT or hit.end > end:
+            continue
+        span_start, span_end = norm.original_span(hit.start, hit.end)
+        if hit.start < last_end:  # overlapping redactions merge into the first one's placeholder
+            cursor = max(cursor, span_end)
+            last_end = max(last_end, hit.end)
+            continue
+        out.append(original[cursor:span_start])
+        out.append(matcher.placeholder)
+        cursor = max(cursor, span_end)
+        last_end = hit.end
+    out.append(original[cursor:stop])
+    return "".join(out)
+
+
+def finding(matcher: Matcher, hit: Hit, norm: Normalized, index: int, offset: int = 0) -> Finding:
+    start, end = norm.original_span(hit.start, hit.end)
+    return Finding(
+        rule=matcher.rule,
+        kind=matcher.kind,
+        type=matcher.type,
+        action=matcher.action,
+        policy=matcher.policy,
+        index=index,
+        start=offset + start,
+        end=offset + end,
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of checking a request's (or a response's) texts.
+
+    ``texts`` are the texts to use, in the order given: redacted where a rule
+    says so, unchanged otherwise. A blocked decision still lists every finding.
+    """
+
+    blocked: bool
+    texts: tuple[str, ...]
+    findings: tuple[Finding, ...] = field(default=())
+
+    @property
+    def allowed(self) -> bool:
+        return not self.blocked
+
+    @property
+    def redacted(self) -> bool:
+        return any(f.action is Action.REDACT for f in self.findings)
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Why it was blocked: the rules that fired, never the content."""
+        return tuple(dict.fromkeys(f.reason() for f in self.findings if f.action is Action.BLOCK))
+
+    def error(self, direction: str = "input") -> ContentFiltered:
+        return ContentFiltered.from_findings(self.findings, direction=direction)
+
+    def raise_if_blocked(self, direction: str = "input") -> None:
+        if self.blocked:
+            raise self.error(direction)
+
+
+def check_texts(texts: Sequence[str], matchers: Sequence[Matcher]) -> Decision:
+    """Check each of ``texts`` against ``matchers``; see ``Decision``."""
+    out: list[str] = []
+    findings: list[Finding] = []
+    for index, text in enumerate(texts):
+        norm = normalize(text)
+        hits = scan(norm.text, matchers)
+        findings.extend(finding(matcher, hit, norm, index) for matcher, hit in hits)
+        has_redaction = any(matcher.action is Action.REDACT for matcher, _ in hits)
+        out.append(redact(norm, hits, 0, len(norm.text), 0) if has_redaction else text)
+    blocked = any(f.action is Action.BLOCK for f in findings)
+    return Decision(blocked=blocked, texts=tuple(out), findings=tuple(findings))

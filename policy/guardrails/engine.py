@@ -1,0 +1,109 @@
+"""A tenant's effective guardrails, compiled: input check, output check (whole or streamed), OPA.
+
+Several policies apply to one tenant (the global ones and its own). Their
+blocklist rules all apply; for a PII type named by several, the strictest mode
+wins (block > redact > log); every OPA policy must allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from policy.guardrails.blocklist import compile_regex, literal_finder, regex_finder
+from policy.guardrails.check import Decision, check_texts
+from policy.guardrails.findings import Action, Direction, Matcher
+from policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all
+from policy.guardrails.pii import DETECTORS, PLACEHOLDERS
+from policy.guardrails.spec import GuardrailSpec
+from policy.guardrails.stream import OutputStream
+
+BLOCKLIST_PLACEHOLDER = "[REDACTED]"
+
+
+def _blocklist_matchers(spec: GuardrailSpec, direction: Direction) -> list[Matcher]:
+    out = []
+    for rule in spec.blocklist:
+        if not rule.direction.covers(direction):
+            continue
+        if rule.literal is not None:
+            find = literal_finder(rule.literal, word=rule.word)
+            spaces = " " in rule.literal
+        else:
+            find = regex_finder(compile_regex(rule.regex or "", "regex"), word=rule.word)
+            spaces = True  # a pattern may match a space; assume it does
+        placeholder = BLOCKLIST_PLACEHOLDER
+        out.append(
+            Matcher(
+                f"blocklist.{rule.id}", "blocklist", "blocklist", rule.action, placeholder, find, rule.max_length,
+                spaces, spec.name,
+            )
+        )
+    return out
+
+
+def _pii_matchers(specs: Sequence[GuardrailSpec], direction: Direction) -> list[Matcher]:
+    strictest: dict[str, tuple[Action, str]] = {}
+    for spec in specs:
+        for rule in spec.pii:
+            if rule.direction.covers(direction):
+                held = strictest.get(rule.type)
+                if held is None or rule.action.rank > held[0].rank:
+                    strictest[rule.type] = (rule.action, spec.name)
+    out = []
+    for pii_type, find, max_length, spaces in DETECTORS:  # most specific first: the order overlaps resolve in
+        if pii_type in strictest:
+            action, policy = strictest[pii_type]
+            placeholder = PLACEHOLDERS[pii_type]
+            rule = f"pii.{pii_type}"
+            out.append(Matcher(rule, "pii", pii_type, action, placeholder, find, max_length, spaces, policy))
+    return out
+
+
+class Guardrails:
+    """The compiled guardrails of one tenant at one policy version; immutable and shared across requests."""
+
+    def __init__(self, specs: Sequence[GuardrailSpec], engines: Sequence[PolicyEngine] | None = None) -> None:
+        """``engines``: already-built OPA engines (the resolver reuses them); built from ``specs`` if None."""
+        self.specs = tuple(specs)
+        self.input_matchers = tuple(_pii_matchers(specs, Direction.INPUT)) + tuple(
+            m for spec in specs for m in _blocklist_matchers(spec, Direction.INPUT)
+        )
+        self.output_matchers = tuple(_pii_matchers(specs, Direction.OUTPUT)) + tuple(
+            m for spec in specs for m in _blocklist_matchers(spec, Direction.OUTPUT)
+        )
+        if engines is None:
+            engines = [build_engine(spec.name, spec.opa) for spec in specs if spec.opa is not None]
+        self.engines = tuple(engines)
+
+    @property
+    def checks_input(self) -> bool:
+        return bool(self.input_matchers)
+
+    @property
+    def checks_output(self) -> bool:
+        return bool(self.output_matchers)
+
+    def check_input(self, texts: Sequence[str]) -> Decision:
+        """Check a request's texts (``request_texts``): allow, possibly redacted, or block with reasons."""
+        return check_texts(texts, self.input_matchers)
+
+    def check_output(self, text: str) -> Decision:
+        """Check a whole (non-streamed) response text."""
+        return check_texts([text], self.output_matchers)
+
+    def output_stream(self) -> OutputStream:
+        """An incremental checker for one streamed response (one per choice)."""
+        return OutputStream(self.output_matchers)
+
+    async def authorize(self, document: Mapping[str, Any]) -> OpaDecision:
+        """Ask every OPA policy about ``document`` (``opa_input``); call ``raise_for_deny`` on the answer."""
+        return await decide_all(self.engines, document)
+
+    async def aclose(self) -> None:
+        """Close OPA clients; only for guardrails built directly (the resolver closes its own: ``aclose``)."""
+        for engine in self.engines:
+            await engine.aclose()
+
+
+EMPTY = Guardrails(())

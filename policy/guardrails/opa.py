@@ -1,0 +1,296 @@
+"""OPA decisions: Rego evaluated in-process (``regopy``), or by a remote OPA server (``opa-python-client``).
+
+A policy is asked one question, with an input document (``opa_input``) that
+names the tenant, principal, roles, model, route, token counts and guardrail
+findings. Its answer is either a boolean (allow) or an object
+``{"allow": bool, "reasons": [str, ...]}`` (``"deny": [...]`` is read as
+reasons too). Anything else, an undefined result included, is a deny: the
+default is to refuse.
+
+Embedded policies are compiled once, when the policy (version) is loaded, and
+evaluated on a small thread pool of their own so a slow policy never blocks the
+event loop, with the policy's timeout. A remote policy is a POST to the OPA
+Data API (``/v1/data/<path>`` with ``{"input": ...}``) with the same timeout
+and no retries. On an error or a timeout the policy's ``on_error`` decides:
+``allow`` fails open (the decision records the error), ``deny`` fails closed
+(``PolicyEngineUnavailable``, 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from policy.errors import ValidationFailed
+from policy.guardrails.errors import PolicyDenied, PolicyEngineUnavailable
+from policy.guardrails.findings import Finding
+from policy.guardrails.spec import OpaSettings
+from policy.rbac import Principal
+
+log = logging.getLogger("inferflux.guardrails.opa")
+
+MAX_REASONS = 10
+MAX_REASON_LENGTH = 300
+# Embedded evaluations run here, never on the event loop nor on the default pool that serves the store.
+_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="opa-eval")
+
+
+class OpaError(Exception):
+    """A policy could not be evaluated (compile error, bad answer, server down, timeout)."""
+
+
+@dataclass(frozen=True)
+class OpaDecision:
+    """One policy's (or several policies' combined) answer.
+
+    ``error`` is set when the policy could not be evaluated; ``allowed`` then
+    follows its ``on_error`` setting.
+    """
+
+    allowed: bool
+    reasons: tuple[str, ...] = ()
+    policy: str = ""
+    error: str | None = None
+
+    def raise_for_deny(self) -> None:
+        """``PolicyEngineUnavailable`` (503) if it failed closed, ``PolicyDenied`` (403) if denied."""
+        if self.allowed:
+            return
+        if self.error is not None:
+            raise PolicyEngineUnavailable(
+                f"The access policy '{self.policy}' could not be evaluated ({self.error}); retry shortly"
+            )
+        raise PolicyDenied(self.reasons, policy=self.policy)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"allowed": self.allowed, "reasons": list(self.reasons), "policy": self.policy, "error": self.error}
+
+
+def combine(decisions: Sequence[OpaDecision]) -> OpaDecision:
+    """Every policy must allow; the first refusal (a deny, or a closed failure) answers."""
+    for decision in decisions:
+        if not decision.allowed:
+            return decision
+    errors = [f"{d.policy}: {d.error}" for d in decisions if d.error]
+    return OpaDecision(True, (), ",".join(d.policy for d in decisions), "; ".join(errors) or None)
+
+
+def opa_input(
+    principal: Principal,
+    *,
+    model: str,
+    route: str,
+    prompt_tokens: int,
+    max_completion_tokens: int | None = None,
+    findings: Iterable[Finding] = (),
+    request_id: str | None = None,
+) -> dict[str, Any]:
+    """The input document a policy sees (no prompt text: only findings' types, rules and spans)."""
+    return {
+        "request_id": request_id,
+        "tenant": {"id": principal.tenant_id, "name": principal.tenant_name},
+        "principal": {"subject": principal.subject, "kind": principal.kind, "key_id": principal.key_id},
+        "roles": sorted(principal.roles),
+        "scopes": sorted(scope.value for scope in principal.scopes),
+        "model": model,
+        "route": route,
+        "tokens": {"prompt": prompt_tokens, "max_completion": max_completion_tokens},
+        "findings": [f.to_dict() for f in findings],
+    }
+
+
+def interpret(result: Any, *, defined: bool = True) -> tuple[bool, tuple[str, ...]]:
+    """A policy's answer as (allowed, reasons); OpaError if it is neither a boolean nor a decision object."""
+    if not defined:
+        return False, ("the policy gave no decision for this request",)
+    if isinstance(result, bool):
+        return result, ()
+    if isinstance(result, Mapping) and isinstance(result.get("allow"), bool):
+        raw = result.get("reasons", result.get("deny", []))
+        if not isinstance(raw, (list, tuple)) or not all(isinstance(r, str) for r in raw):
+            raise OpaError("the policy's reasons are not a list of strings")
+        reasons = tuple(r[:MAX_REASON_LENGTH] for r in raw[:MAX_REASONS])
+        return result["allow"], reasons
+    raise OpaError("the policy answered neither a boolean nor {allow, reasons}")
+
+
+class PolicyEngine(Protocol):
+    name: str
+
+    async def decide(self, document: Mapping[str, Any]) -> OpaDecision: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _Engine:
+    """What both engines share: the timeout, and turning a failure into the policy's fail-open or fail-closed."""
+
+    def __init__(self, name: str, settings: OpaSettings) -> None:
+        self.name = name
+        self.timeout = settings.timeout_ms / 1000
+        self.fail_open = settings.fail_open
+
+    async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+        raise NotImplementedError
+
+    async def decide(self, document: Mapping[str, Any]) -> OpaDecision:
+        try:
+            allowed, reasons = await asyncio.wait_for(self._evaluate(document), self.timeout)
+        except (TimeoutError, asyncio.TimeoutError):
+            return self._failed(f"timed out after {self.timeout * 1000:.0f} ms")
+        except OpaError as exc:
+            return self._failed(str(exc))
+        return OpaDecision(allowed, reasons, self.name)
+
+    def _failed(self, error: str) -> OpaDecision:
+        outcome = "failing open" if self.fail_open else "failing closed"
+        log.warning("OPA policy %r could not be evaluated (%s); %s", self.name, error, outcome)
+        return OpaDecision(self.fail_open, (), self.name, error)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _entrypoint(query: str) -> str:
+    return query.removeprefix("data.").replace(".", "/")
+
+
+def _compile(rego: str, query: str) -> tuple[Any, Any]:
+    import regopy
+
+    interpreter = regopy.Interpreter()
+    try:
+        interpreter.add_module("policy.rego", rego)
+        bundle = interpreter.build(None, [_entrypoint(query)])
+    except regopy.RegoError as exc:
+        raise OpaError(f"the Rego policy does not compile: {_rego_message(exc)}") from None
+    if not bundle.ok():
+        raise OpaError("the Rego policy does not compile")
+    return interpreter, bundle
+
+
+def _rego_message(exc: Exception) -> str:
+    # rego-cpp errors are S-expressions; keep the messages and their places.
+    text = str(exc)
+    messages = [line.strip()[len("(errormsg ") :].rstrip(")") for line in text.splitlines() if "(errormsg" in line]
+    places = [line.strip()[len("(error ") :] for line in text.splitlines() if line.strip().startswith("(error ")]
+    parts = [f"{m.split(':', 1)[-1]} at {p.split(':', 1)[-1]}" for m, p in zip(messages, places, strict=False)]
+    return "; ".join(parts[:3]) or text[:300]
+
+
+def check_rego(rego: str, query: str) -> None:
+    """ValidationFailed (on ``spec.opa.rego``) unless ``rego`` compiles with an entry point for ``query``."""
+    try:
+        _compile(rego, query)
+    except OpaError as exc:
+        raise ValidationFailed(str(exc), param="spec.opa.rego") from None
+
+
+class EmbeddedRego(_Engine):
+    """A Rego policy evaluated in-process by rego-cpp (``regopy``), compiled once."""
+
+    def __init__(self, name: str, settings: OpaSettings) -> None:
+        super().__init__(name, settings)
+        if settings.rego is None:
+            raise ValueError("an embedded OPA policy needs its Rego source")
+        self._entrypoint = _entrypoint(settings.query)
+        self._interpreter, self._bundle = _compile(settings.rego, settings.query)
+        # One interpreter holds the input between set_input and the query: one evaluation at a time.
+        self._lock = threading.Lock()
+
+    def evaluate(self, document: Mapping[str, Any], deadline: float | None = None) -> tuple[bool, tuple[str, ...]]:
+        """Evaluate synchronously (on the calling thread); OpaError on failure."""
+        import regopy
+
+        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not self._lock.acquire(timeout=wait):
+            raise OpaError("the policy is busy with an earlier evaluation")
+        try:
+            if deadline is not None and time.monotonic() > deadline:
+                raise OpaError("no time left to evaluate")
+            try:
+                self._interpreter.set_input_term(json.dumps(document, allow_nan=False))
+                output = self._interpreter.query_bundle_entrypoint(self._bundle, self._entrypoint)
+            except (regopy.RegoError, TypeError, ValueError) as exc:
+                raise OpaError(f"evaluation failed: {exc}") from None
+            if not output.ok():
+                raise OpaError(f"evaluation failed: {str(output)[:300]}")
+            expressions = output.results[0].expressions if output.results else []
+            return interpret(expressions[0] if expressions else None, defined=bool(expressions))
+        finally:
+            self._lock.release()
+
+    async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.timeout
+        return await loop.run_in_executor(_POOL, self.evaluate, document, deadline)
+
+
+class RemoteOpa(_Engine):
+    """A policy on an OPA server, asked over its Data API with ``opa_client.AsyncOpaClient``."""
+
+    def __init__(self, name: str, settings: OpaSettings) -> None:
+        super().__init__(name, settings)
+        if settings.url is None or settings.path is None:
+            raise ValueError("a remote OPA policy needs the server's url and the decision's path")
+        parts = urlsplit(settings.url)
+        self._host = parts.hostname or ""
+        self._tls = parts.scheme == "https"
+        self._port = parts.port or (443 if self._tls else 80)
+        self._path = settings.path
+        self._token = settings.token
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def _session(self) -> Any:
+        from opa_client import AsyncOpaClient
+
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:  # a client's session belongs to one loop
+            client = AsyncOpaClient(
+                host=self._host, port=self._port, ssl=self._tls, token=self._token, retries=0, timeout=self.timeout
+            )
+            await client.__aenter__()
+            self._client, self._loop = client, loop
+        return self._client
+
+    async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+        import aiohttp
+
+        try:
+            client = await self._session()
+            answer = await client.query_rule(input_data=dict(document), package_path=self._path)
+        except TimeoutError:
+            raise  # the client's own timeout (an OSError too): reported as the policy's timeout
+        except aiohttp.ClientResponseError as exc:
+            raise OpaError(f"the OPA server answered {exc.status}") from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise OpaError(f"the OPA server cannot be reached: {type(exc).__name__}") from None
+        if not isinstance(answer, Mapping):
+            raise OpaError("the OPA server's answer is not a JSON object")
+        return interpret(answer.get("result"), defined="result" in answer)
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None and self._loop is asyncio.get_running_loop():
+            await client.close_connection()
+
+
+def build_engine(name: str, settings: OpaSettings) -> PolicyEngine:
+    """The engine for one policy's OPA settings; OpaError if its Rego does not compile."""
+    return EmbeddedRego(name, settings) if settings.engine == "embedded" else RemoteOpa(name, settings)
+
+
+async def decide_all(engines: Sequence[PolicyEngine], document: Mapping[str, Any]) -> OpaDecision:
+    """Ask every engine (concurrently); allowed only if all allow."""
+    if not engines:
+        return OpaDecision(True)
+    return combine(await asyncio.gather(*(engine.decide(document) for engine in engines)))

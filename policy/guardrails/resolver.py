@@ -1,0 +1,140 @@
+"""A tenant's effective guardrails from the policy store, cached per policy version.
+
+The effective guardrails of a tenant are every enabled ``guardrail`` policy that
+is global (``tenant_id`` None) or the tenant's own. They are compiled once per
+store ``policy_version`` and tenant; the version is read at most once per
+``poll_seconds`` (each replica polls, as authentication does), so an edit made
+over the admin API takes effect within about that interval, without a restart.
+An embedded OPA policy whose Rego and query did not change is not recompiled.
+
+A stored policy that no longer validates fails closed: its tenant's requests get
+``GuardrailMisconfigured`` (503) until it is fixed, and the log names the policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from policy.errors import ValidationFailed
+from policy.guardrails.engine import Guardrails
+from policy.guardrails.errors import GuardrailMisconfigured
+from policy.guardrails.opa import OpaError, PolicyEngine, build_engine
+from policy.guardrails.spec import KIND, GuardrailSpec, OpaSettings, parse_spec
+
+if TYPE_CHECKING:
+    from policy.store import PolicyRecord, PolicyStore
+
+log = logging.getLogger("inferflux.guardrails")
+
+PAGE = 200
+
+
+def _engine_key(name: str, settings: OpaSettings) -> str:
+    # Includes the token, hashed, so a changed token builds a new client without keeping the token in a key.
+    material = repr((name, settings.engine, settings.rego, settings.query, settings.url, settings.path))
+    material += repr((settings.timeout_ms, settings.fail_open, settings.token))
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+class GuardrailResolver:
+    """``resolve(tenant_id)`` -> the tenant's compiled ``Guardrails``, refreshed when the store's version moves."""
+
+    def __init__(
+        self, store: PolicyStore, *, poll_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._store = store
+        self._poll = poll_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._checked_at = float("-inf")
+        self._cache: dict[str | None, Guardrails] = {}
+        self._engines: dict[str, PolicyEngine] = {}
+
+    def _current_version(self) -> int:
+        now = self._clock()
+        if self._version is None or now - self._checked_at >= self._poll:
+            version = self._store.policy_version()
+            with self._lock:
+                if version != self._version:
+                    self._cache.clear()
+                    self._version = version
+                self._checked_at = now
+        return self._version if self._version is not None else -1
+
+    def cached(self, tenant_id: str | None) -> Guardrails | None:
+        """The tenant's guardrails if cached and the version need not be read yet; never touches the store."""
+        if self._version is None or self._clock() - self._checked_at >= self._poll:
+            return None
+        return self._cache.get(tenant_id)
+
+    def get(self, tenant_id: str | None) -> Guardrails:
+        """The tenant's guardrails (blocking: may read the store). None: the global policies alone."""
+        version = self._current_version()
+        hit = self._cache.get(tenant_id)
+        if hit is not None:
+            return hit
+        records = self._records(tenant_id)
+        guardrails = self._compile(records)
+        with self._lock:
+            if self._version == version:
+                self._cache[tenant_id] = guardrails
+        return guardrails
+
+    async def resolve(self, tenant_id: str | None) -> Guardrails:
+        """``get`` for the event loop: the cached answer at once, else the store on a worker thread."""
+        hit = self.cached(tenant_id)
+        return hit if hit is not None else await asyncio.to_thread(self.get, tenant_id)
+
+    def invalidate(self) -> None:
+        """Forget every compiled tenant (the next call reads the store)."""
+        with self._lock:
+            self._cache.clear()
+            self._version = None
+
+    async def aclose(self) -> None:
+        """Close every OPA client this resolver built (at shutdown; the guardrails it handed out share them)."""
+        with self._lock:
+            engines, self._engines = list(self._engines.values()), {}
+            self._cache.clear()
+            self._version = None
+        for engine in engines:
+            await engine.aclose()
+
+    def _records(self, tenant_id: str | None) -> list[PolicyRecord]:
+        out: list[PolicyRecord] = []
+        after = None
+        while True:
+            page = self._store.list_policies(tenant_id, PAGE, after, kind=KIND, include_global=True)
+            out.extend(record for record in page.items if record.enabled)
+            if page.next_cursor is None:
+                return out
+            after = page.next_cursor
+
+    def _compile(self, records: list[PolicyRecord]) -> Guardrails:
+        specs: list[GuardrailSpec] = []
+        engines: list[PolicyEngine] = []
+        live: dict[str, PolicyEngine] = {}
+        for record in records:
+            try:
+                spec = parse_spec(record.spec, record.sensitive_spec, name=record.name)
+                if spec.opa is not None:
+                    key = _engine_key(record.id, spec.opa)
+                    engine = self._engines.get(key) or build_engine(record.name, spec.opa)
+                    live[key] = engine
+                    engines.append(engine)
+            except (ValidationFailed, OpaError) as exc:
+                log.error("guardrail policy %s (%r) is invalid and fails closed: %s", record.id, record.name, exc)
+                raise GuardrailMisconfigured(
+                    f"The guardrail policy '{record.name}' is invalid; an administrator must fix it"
+                ) from None
+            specs.append(spec)
+        with self._lock:
+            self._engines.update(live)
+        return Guardrails(specs, engines)

@@ -1,0 +1,60 @@
+"""The texts a guardrail checks in an OpenAI-shaped request body, and putting redacted ones back.
+
+Chat messages' ``content`` (a string, or a list of parts whose ``text`` parts
+count) and completions' ``prompt`` (a string or a list of strings) are checked,
+in that order; nothing else in the body is. Token-id prompts are not text and
+are left alone.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# A place in the body: ("messages", i) / ("messages", i, "content", j) / ("prompt",) / ("prompt", i)
+Slot = tuple[Any, ...]
+
+
+def _slots(body: Mapping[str, Any]) -> list[tuple[Slot, str]]:
+    out: list[tuple[Slot, str]] = []
+    messages = body.get("messages")
+    if isinstance(messages, Sequence) and not isinstance(messages, str):
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, str):
+                out.append((("messages", i), content))
+            elif isinstance(content, Sequence):
+                for j, part in enumerate(content):
+                    if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                        out.append((("messages", i, "content", j), part["text"]))
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        out.append((("prompt",), prompt))
+    elif isinstance(prompt, Sequence):
+        out.extend((("prompt", i), p) for i, p in enumerate(prompt) if isinstance(p, str))
+    return out
+
+
+def request_texts(body: Mapping[str, Any]) -> list[str]:
+    """The texts of a chat or completion request body, in a stable order."""
+    return [text for _, text in _slots(body)]
+
+
+def with_texts(body: Mapping[str, Any], texts: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``body`` with its texts (as ``request_texts`` lists them) replaced by ``texts``."""
+    slots = _slots(body)
+    if len(slots) != len(texts):
+        raise ValueError(f"expected {len(slots)} texts, got {len(texts)}")
+    out = copy.deepcopy(dict(body))
+    for (slot, _), text in zip(slots, texts, strict=True):
+        if slot[0] == "prompt":
+            if len(slot) == 1:
+                out["prompt"] = text
+            else:
+                out["prompt"][slot[1]] = text
+        elif len(slot) == 2:
+            out["messages"][slot[1]]["content"] = text
+        else:
+            out["messages"][slot[1]]["content"][slot[3]]["text"] = text
+    return out

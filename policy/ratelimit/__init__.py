@@ -1,0 +1,70 @@
+"""Rate limits, concurrency limits and token quotas, per tenant and per key or user.
+
+Limits are ``rate_limit`` and ``quota`` policies in the store (``spec``);
+``PolicyResolver`` turns them into a principal's ``EffectiveLimits``;
+``RateLimiter`` admits or refuses each request against them and settles the
+real token counts afterwards, on a ``MemoryBackend`` (one replica) or a
+``RedisBackend`` (several). See ``limiter`` for the request-path contract.
+
+``RedisBackend`` is imported on first use, so a single replica never loads redis-py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from policy.ratelimit.checks import Backend, BackendUnavailable, Dimension, Level
+from policy.ratelimit.errors import QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
+from policy.ratelimit.headers import RateLimitInfo, Usage
+from policy.ratelimit.limiter import Admission, Denial, FixedLimits, Handle, LimitSource, RateLimiter
+from policy.ratelimit.memory import MemoryBackend
+from policy.ratelimit.resolver import (
+    UNLIMITED,
+    EffectiveLimits,
+    Limits,
+    PolicyResolver,
+    compile_policies,
+    effective_limits,
+)
+from policy.ratelimit.spec import KINDS, LimitPolicy, parse_spec
+
+if TYPE_CHECKING:
+    from policy.ratelimit.redis_backend import RedisBackend
+
+__all__ = [
+    "KINDS",
+    "UNLIMITED",
+    "Admission",
+    "Backend",
+    "BackendUnavailable",
+    "Denial",
+    "Dimension",
+    "EffectiveLimits",
+    "FixedLimits",
+    "Handle",
+    "Level",
+    "LimitPolicy",
+    "LimitSource",
+    "Limits",
+    "MemoryBackend",
+    "PolicyResolver",
+    "QuotaExceeded",
+    "RateLimitInfo",
+    "RateLimited",
+    "RateLimiter",
+    "RateLimiterUnavailable",
+    "RedisBackend",
+    "TokensRateLimited",
+    "Usage",
+    "compile_policies",
+    "effective_limits",
+    "parse_spec",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RedisBackend":
+        from policy.ratelimit.redis_backend import RedisBackend
+
+        return RedisBackend
+    raise AttributeError(f"module 'policy.ratelimit' has no attribute {name!r}")

@@ -1,0 +1,399 @@
+"""``RateLimiter``: admit a request against its limits before it runs, settle its real usage after.
+
+    admission = await limiter.check_and_reserve(principal, prompt_tokens=n, max_tokens=m)
+    if isinstance(admission, Denial):
+        raise admission.error()                  # 429, OpenAI-shaped, with its headers
+    try:
+        ... generate, stream ...
+    finally:
+        await limiter.settle(admission.handle, prompt_tokens, completion_tokens)
+
+A request is checked, and charged, against every limit that applies to it (its
+tenant's and its own): one request on the request counters, its *estimated*
+tokens (prompt + ``max_tokens``, or ``completion_estimate`` without one) on
+the token and quota counters, and a concurrency slot. ``settle`` replaces the
+estimate by the real count (for a stream, what was generated, also when the
+client went away) and frees the slot.
+
+**Why a sliding window and not a token bucket (or GCRA).** A bucket that
+allows a burst of the full limit and refills continuously admits up to twice
+the limit in the first minute of a flood (the burst, then the refill), and
+``L`` plus the refill in any minute after an idle one: "600 requests per
+minute" would not mean what it says. A sliding window admits at most the limit
+in any window. It is kept as ``buckets`` sub-windows (60 by default, one per
+second of a minute): memory and Redis work per check are bounded by that number
+whatever the traffic, unlike a log of every request; a settlement corrects the
+sub-window its estimate went into; and the window is counted up to one
+sub-window long rather than short, so the limit is never exceeded, only
+approached from below (see ``policy.ratelimit.checks``).
+
+**When Redis fails** the limiter does what ``fail_open`` says: admit
+without counting, or refuse with a 503 (``RateLimiterUnavailable``); never a
+500. Each failure increments ``backend_failures`` and calls ``on_failure``
+(for a metric); the log gets one line per ``LOG_EVERY`` seconds at most. After a
+failure the backend is not tried again for ``retry_backend_after`` seconds, so
+a Redis that hangs does not add its timeout to every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from policy.errors import ValidationFailed
+from policy.ratelimit.background import every, stop
+from policy.ratelimit.checks import (
+    Backend,
+    BackendUnavailable,
+    Check,
+    CheckResult,
+    Dimension,
+    Level,
+    bucket_expiry,
+    bucket_of,
+    millis,
+)
+from policy.ratelimit.errors import QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
+from policy.ratelimit.headers import RateLimitInfo, Usage, duration, retry_after_seconds, tightest
+from policy.ratelimit.resolver import EffectiveLimits, Limits
+from policy.rbac import Principal
+
+log = logging.getLogger("inferflux.policy.ratelimit")
+
+LOG_EVERY = 10.0  # seconds between two log lines about a failing backend
+
+
+class LimitSource(Protocol):
+    """Where the limiter learns a principal's limits (``PolicyResolver``, or ``FixedLimits``)."""
+
+    async def limits_for(self, principal: Principal) -> EffectiveLimits: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedLimits:
+    """The same limits for everyone (tests, benchmarks, a deployment without a store)."""
+
+    limits: EffectiveLimits
+
+    async def limits_for(self, principal: Principal) -> EffectiveLimits:
+        return self.limits
+
+
+@dataclass(eq=False, slots=True)
+class Handle:
+    """What ``settle`` needs to know about an admitted request. Settle it exactly once (more is harmless)."""
+
+    lease_id: str
+    checks: tuple[Check, ...]
+    estimated_tokens: int
+    reserved_at: float  # the limiter's clock
+    counted: bool  # False: admitted without counting (no limits, or fail-open)
+    started: float = field(default_factory=time.monotonic)
+    settled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The request may run; ``headers`` are the x-ratelimit-* values to send with its response."""
+
+    handle: Handle
+    info: RateLimitInfo
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.info.headers()
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """The request must not run: which limit, for whom, and when to try again."""
+
+    dimension: Dimension
+    level: Level
+    limit: int
+    used: int
+    requested: int
+    retry_after: float  # seconds
+    info: RateLimitInfo
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {**self.info.headers(), "retry-after": str(retry_after_seconds(self.retry_after))}
+
+    def error(self) -> RateLimited:
+        """The 429 to answer with: ``rate_limit_exceeded`` (type requests/tokens) or ``insufficient_quota``."""
+        whose = "this tenant" if self.level is Level.TENANT else "this API key or user"
+        wait = f"Please try again in {duration(self.retry_after)}."
+        if self.dimension in (Dimension.DAY, Dimension.MONTH):
+            period = "day" if self.dimension is Dimension.DAY else "month"
+            return QuotaExceeded(
+                f"You exceeded the token quota of {whose} for the {period} (UTC): limit {self.limit}, "
+                f"used {self.used}, requested {self.requested}. The quota renews in {duration(self.retry_after)}.",
+                headers=self.headers,
+            )
+        if self.dimension is Dimension.CONCURRENCY:
+            return RateLimited(
+                f"Too many concurrent requests for {whose}: limit {self.limit}. {wait}", headers=self.headers
+            )
+        unit = "requests" if self.dimension is Dimension.REQUESTS else "tokens"
+        if self.requested > self.limit:
+            message = (
+                f"Request too large for {whose}: it may use {self.requested} tokens, more than the limit of "
+                f"{self.limit} tokens per minute. Lower max_tokens or shorten the prompt."
+            )
+        else:
+            message = (
+                f"Rate limit reached for {whose} on {unit} per minute: limit {self.limit}, used {self.used}, "
+                f"requested {self.requested}. {wait}"
+            )
+        if self.dimension is Dimension.TOKENS:
+            return TokensRateLimited(message, headers=self.headers)
+        return RateLimited(message, headers=self.headers)
+
+
+def period_of(dimension: Dimension, now: float) -> tuple[str, float]:
+    """The UTC calendar day or month containing ``now``: its name and its end (epoch seconds)."""
+    at = datetime.fromtimestamp(now, UTC)
+    if dimension is Dimension.DAY:
+        start = at.replace(hour=0, minute=0, second=0, microsecond=0)
+        return start.strftime("%Y-%m-%d"), (start + timedelta(days=1)).timestamp()
+    start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start.strftime("%Y-%m"), end.timestamp()
+
+
+def _tokens(value: object, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationFailed(f"{param} must be a non-negative integer", param=param)
+    return value
+
+
+class RateLimiter:
+    """Rate limits, concurrency and quotas for each request, over a ``Backend``.
+
+    ``window_seconds`` is what "per minute" means (60; tests scale it down);
+    ``lease_seconds`` is how long a concurrency slot survives a replica that
+    died holding it (leases of running requests are renewed every third of it).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        limits: LimitSource,
+        *,
+        window_seconds: float = 60.0,
+        buckets: int = 60,
+        completion_estimate: int = 256,
+        lease_seconds: float = 30.0,
+        max_request_seconds: float = 3600.0,
+        fail_open: bool = False,
+        retry_backend_after: float = 1.0,
+        on_failure: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not window_seconds > 0 or buckets < 1 or not lease_seconds > 0:
+            raise ValueError("window_seconds and lease_seconds must be positive, buckets at least 1")
+        self.backend = backend
+        self.limits = limits
+        self.window_seconds = float(window_seconds)
+        self.buckets = buckets
+        self.completion_estimate = _tokens(completion_estimate, "completion_estimate")
+        self.lease_seconds = lease_seconds
+        self.max_request_seconds = max_request_seconds
+        self.fail_open = fail_open
+        self.retry_backend_after = retry_backend_after
+        self.on_failure = on_failure
+        self.backend_failures = 0  # every backend call that failed or was skipped as down
+        self._clock = clock
+        self._down_until = float("-inf")  # monotonic
+        self._logged_at = float("-inf")
+        self._unlogged = 0
+        self._running: dict[str, Handle] = {}  # holders of concurrency slots, for renewal
+        self._renewer: asyncio.Task[None] | None = None
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        """Start the backend's background work and the renewal of running requests' leases."""
+        await self.backend.start()
+        if self._renewer is None:
+            work = every(self.lease_seconds / 3, self.renew_leases, "renewing rate-limit leases")
+            self._renewer = asyncio.create_task(work, name="ratelimit-leases")
+
+    async def close(self) -> None:
+        """Stop renewing and close the backend (the memory backend writes its quota usage)."""
+        await stop(self._renewer)
+        self._renewer = None
+        await self.backend.close()
+
+    # -- the request path
+
+    async def check_and_reserve(
+        self, principal: Principal, *, prompt_tokens: int, max_tokens: int | None = None
+    ) -> Admission | Denial:
+        """Admit (and charge) the request, or say which limit refuses it.
+
+        Raises ``ValidationFailed`` for negative token counts, and
+        ``RateLimiterUnavailable`` (503) when the backend is down and the
+        limiter fails closed.
+        """
+        prompt_tokens = _tokens(prompt_tokens, "prompt_tokens")
+        completion = self.completion_estimate if max_tokens is None else _tokens(max_tokens, "max_tokens")
+        estimated = prompt_tokens + completion
+        limits = await self.limits.limits_for(principal)
+        now = self._clock()
+        lease_id = secrets.token_hex(12)
+        checks = tuple(self._checks(principal, limits, estimated, now))
+        if not checks:
+            return Admission(Handle(lease_id, (), estimated, now, counted=False), RateLimitInfo())
+        try:
+            self._ensure_up()
+            admitted, results = await self.backend.reserve(checks, lease_id, now + self.lease_seconds, now)
+        except BackendUnavailable as exc:
+            self._failed("check", exc)
+            if not self.fail_open:
+                raise RateLimiterUnavailable("Rate limiting is unavailable; retry shortly") from None
+            return Admission(Handle(lease_id, (), estimated, now, counted=False), RateLimitInfo())
+        info = _info(checks, results, now if admitted else None)
+        if not admitted:
+            return _denial(checks, results, info)
+        handle = Handle(lease_id, checks, estimated, now, counted=True)
+        if any(c.dimension is Dimension.CONCURRENCY for c in checks):
+            self._running[lease_id] = handle
+        return Admission(handle, info)
+
+    async def settle(self, handle: Handle, prompt_tokens: int, completion_tokens: int) -> None:
+        """Replace the estimate with the real token counts and free the concurrency slot.
+
+        Never raises for a backend failure (the slot then frees when its
+        lease expires). Bad counts raise ``ValidationFailed``, after the slot
+        is freed all the same.
+        """
+        if handle.settled:
+            return
+        handle.settled = True
+        self._running.pop(handle.lease_id, None)
+        error: ValidationFailed | None = None
+        try:
+            delta = _tokens(prompt_tokens, "prompt_tokens") + _tokens(completion_tokens, "completion_tokens")
+            delta -= handle.estimated_tokens
+        except ValidationFailed as exc:
+            error, delta = exc, 0
+        if handle.counted:
+            try:
+                self._ensure_up()
+                await self.backend.settle(handle.checks, handle.lease_id, handle.reserved_at, delta, self._clock())
+            except BackendUnavailable as exc:
+                self._failed("settle", exc)
+        if error is not None:
+            raise error
+
+    async def renew_leases(self) -> None:
+        """Extend the concurrency leases of running requests (the background task calls this)."""
+        now = self._clock()
+        oldest = time.monotonic() - self.max_request_seconds
+        for lease_id, handle in list(self._running.items()):
+            if handle.started < oldest:  # never settled: a bug upstream; let its lease lapse
+                del self._running[lease_id]
+                log.warning(
+                    "a rate-limited request ran past %.0f s without settling; its slot lapses", self.max_request_seconds
+                )
+        leases = [(h.lease_id, h.checks) for h in self._running.values()]
+        if not leases:
+            return
+        try:
+            self._ensure_up()
+            await self.backend.renew(leases, now + self.lease_seconds, now)
+        except BackendUnavailable as exc:
+            self._failed("renew", exc)
+
+    # -- internals
+
+    def _checks(self, principal: Principal, limits: EffectiveLimits, estimated: int, now: float) -> list[Check]:
+        tenant = f"{{{principal.tenant_id}}}"
+        subject = principal.key_id or principal.subject
+        own = hashlib.sha256(subject.encode()).hexdigest()[:32]  # bounded, and no odd characters in keys
+        return [
+            *self._level_checks(Level.TENANT, limits.tenant, f"{tenant}:t", estimated, now),
+            *self._level_checks(Level.KEY, limits.key, f"{tenant}:k:{own}", estimated, now),
+        ]
+
+    def _level_checks(self, level: Level, limits: Limits, base: str, estimated: int, now: float) -> list[Check]:
+        window = f"{self.window_seconds:g}x{self.buckets}"
+        out: list[Check] = []
+        for dimension, name, cost in (
+            (Dimension.REQUESTS, f"rpm:{window}", 1),
+            (Dimension.TOKENS, f"tpm:{window}", estimated),
+        ):
+            limit = getattr(limits, dimension.value)
+            if limit is not None:
+                out.append(Check(dimension, level, f"{base}:{name}", limit, cost, self.window_seconds, self.buckets))
+        if limits.concurrent_requests is not None:
+            out.append(Check(Dimension.CONCURRENCY, level, f"{base}:conc", limits.concurrent_requests, 1))
+        for dimension in (Dimension.DAY, Dimension.MONTH):
+            limit = getattr(limits, dimension.value)
+            if limit is not None:
+                period, end = period_of(dimension, now)
+                key = f"{base}:quota:{period}"
+                out.append(Check(dimension, level, key, limit, estimated, expires_at=end))
+        return out
+
+    def _ensure_up(self) -> None:
+        if time.monotonic() < self._down_until:
+            raise BackendUnavailable("marked down after a recent failure")
+
+    def _failed(self, operation: str, exc: BackendUnavailable) -> None:
+        self.backend_failures += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if now >= self._down_until:
+            self._down_until = now + self.retry_backend_after
+        if self.on_failure is not None:
+            try:
+                self.on_failure(operation)
+            except Exception:  # a metrics hook must not break the request path
+                log.exception("rate limiter on_failure hook failed")
+        if now - self._logged_at >= LOG_EVERY:
+            log.error(
+                "rate limiter backend unavailable (%d failure(s) since the last report, the last during %s): %s; "
+                "requests are %s",
+                self._unlogged,
+                operation,
+                exc,
+                "admitted without limits (fail-open)" if self.fail_open else "refused with 503 (fail-closed)",
+            )
+            self._logged_at = now
+            self._unlogged = 0
+
+
+def _usage(check: Check, result: CheckResult, charged_at: float | None) -> Usage:
+    """A window counter for the headers, including this request's charge if it was admitted."""
+    if charged_at is None or check.cost == 0:
+        return Usage(check.limit, max(0, check.limit - result.used), result.reset_ms / 1000)
+    # The charge went into the current bucket, the newest there is: it sets the reset.
+    ends = bucket_expiry(bucket_of(charged_at, check.window, check.buckets), check.window, check.buckets)
+    return Usage(check.limit, max(0, check.limit - result.used - check.cost), millis(ends - charged_at) / 1000)
+
+
+def _info(checks: tuple[Check, ...], results: list[CheckResult], charged_at: float | None) -> RateLimitInfo:
+    """The headers' values; ``charged_at`` is the time of the charge, None if the request was refused."""
+    pairs = list(zip(checks, results, strict=True))
+    requests = [_usage(c, r, charged_at) for c, r in pairs if c.dimension is Dimension.REQUESTS]
+    tokens = [_usage(c, r, charged_at) for c, r in pairs if c.dimension is Dimension.TOKENS]
+    return RateLimitInfo(tightest(requests), tightest(tokens))
+
+
+def _denial(checks: tuple[Check, ...], results: list[CheckResult], info: RateLimitInfo) -> Denial:
+    # The request can only pass once every refusing counter has eased: report the slowest.
+    check, result = max(
+        ((c, r) for c, r in zip(checks, results, strict=True) if not r.allowed), key=lambda p: p[1].retry_after_ms
+    )
+    retry_after = result.retry_after_ms / 1000
+    return Denial(check.dimension, check.level, check.limit, result.used, check.cost, retry_after, info)

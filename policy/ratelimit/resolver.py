@@ -1,0 +1,194 @@
+"""From the store's ``rate_limit`` and ``quota`` policies to one principal's effective limits.
+
+Two sets of counters apply to every request: the tenant's (shared by all its
+keys and users) and the caller's own (its API key, or its OIDC subject). Each
+limit is resolved on its own, most specific policy first:
+
+* the tenant's counters: the tenant's tenant-scoped policies, else the global ones;
+* the caller's counters: key-scoped policies naming the caller, else the
+  tenant's ``per_key`` defaults, else the global ``per_key`` defaults.
+
+A limit absent at one level is inherited from the next; null stops the search
+(unlimited). Several policies setting the same limit at the same level: the
+strictest number wins. Disabled policies count for nothing.
+
+``PolicyResolver`` caches the compiled policies per tenant and drops them
+when the store's ``policy_version`` moves, so an edit takes effect on every
+replica within about one poll interval, without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from policy.errors import ValidationFailed
+from policy.ratelimit.spec import KINDS, LIMIT_FIELDS, LimitPolicy, parse_spec
+from policy.rbac import Principal
+
+if TYPE_CHECKING:
+    from policy.store import PolicyRecord, PolicyStore
+
+log = logging.getLogger("inferflux.policy.ratelimit")
+
+PAGE = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One set of counters' limits; None means unlimited."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_requests: int | None = None
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+
+    @property
+    def unlimited(self) -> bool:
+        return all(getattr(self, f.name) is None for f in fields(self))
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveLimits:
+    """What applies to one request: the tenant's shared counters and the caller's own."""
+
+    tenant: Limits = Limits()
+    key: Limits = Limits()
+
+    @property
+    def unlimited(self) -> bool:
+        return self.tenant.unlimited and self.key.unlimited
+
+
+UNLIMITED = EffectiveLimits()
+
+
+def subject_ids(principal: Principal) -> frozenset[str]:
+    """The names a key-scoped policy may use for this caller: its key id and its subject."""
+    return frozenset(name for name in (principal.key_id, principal.subject) if name)
+
+
+def _resolve(levels: Sequence[Sequence[Mapping[str, int | None]]]) -> Limits:
+    values: dict[str, int | None] = {}
+    for name in LIMIT_FIELDS:
+        for level in levels:
+            found = [limits[name] for limits in level if name in limits]
+            if found:
+                numbers = [v for v in found if v is not None]
+                values[name] = min(numbers) if numbers else None
+                break
+    return Limits(**values)
+
+
+class TenantLimits:
+    """One tenant's policies (its own and the global ones), compiled for quick lookups."""
+
+    def __init__(self, tenant: Iterable[LimitPolicy], global_: Iterable[LimitPolicy]) -> None:
+        tenant, global_ = list(tenant), list(global_)
+        own = [p for p in tenant if p.scope == "tenant"]
+        self.tenant = _resolve([[p.limits for p in own], [p.limits for p in global_]])
+        self._defaults = [[p.per_key for p in own], [p.per_key for p in global_]]
+        self._by_principal: dict[str, list[Mapping[str, int | None]]] = {}
+        for policy in tenant:
+            if policy.scope == "key" and policy.principal is not None:
+                self._by_principal.setdefault(policy.principal, []).append(policy.limits)
+
+    def for_subject(self, ids: Iterable[str]) -> EffectiveLimits:
+        own = [limits for name in ids for limits in self._by_principal.get(name, ())]
+        return EffectiveLimits(self.tenant, _resolve([own, *self._defaults]))
+
+
+def compile_policies(records: Iterable[PolicyRecord], tenant_id: str) -> TenantLimits:
+    """Compile ``tenant_id``'s view of ``records`` (others' records are ignored).
+
+    A stored spec that does not validate (written around the admin API) is
+    skipped with an error in the log rather than failing every request.
+    """
+    tenant: list[LimitPolicy] = []
+    global_: list[LimitPolicy] = []
+    for record in records:
+        if not record.enabled or record.kind not in KINDS or record.tenant_id not in (tenant_id, None):
+            continue
+        try:
+            policy = parse_spec(record.kind, record.spec, is_global=record.tenant_id is None)
+        except ValidationFailed as exc:
+            log.error("ignoring %s policy %s (%s): %s", record.kind, record.id, record.name, exc.message)
+            continue
+        (global_ if record.tenant_id is None else tenant).append(policy)
+    return TenantLimits(tenant, global_)
+
+
+def effective_limits(records: Iterable[PolicyRecord], principal: Principal) -> EffectiveLimits:
+    """The limits ``records`` put on ``principal`` (the uncached core of ``PolicyResolver``)."""
+    return compile_policies(records, principal.tenant_id).for_subject(subject_ids(principal))
+
+
+class PolicyResolver:
+    """Effective limits from the policy store, cached per tenant until ``policy_version`` moves.
+
+    The version is polled at most every ``poll_interval`` seconds, by the
+    first request after the interval (or by ``refresh``, which the gateway may
+    call from its own poller). Store calls run on a worker thread.
+    """
+
+    def __init__(
+        self, store: PolicyStore, *, poll_interval: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.store = store
+        self.poll_interval = poll_interval
+        self._clock = clock
+        self._tenants: dict[str, TenantLimits] = {}
+        self._version: int | None = None
+        self._polled_at = float("-inf")
+        # Bumped when the cache is dropped: a load that began before is not cached.
+        self._generation = 0
+
+    async def limits_for(self, principal: Principal) -> EffectiveLimits:
+        """The limits on ``principal``; StoreUnavailable (503) only if they cannot be read at all."""
+        await self._maybe_poll()
+        compiled = self._tenants.get(principal.tenant_id)
+        if compiled is None:
+            generation = self._generation
+            compiled = await asyncio.to_thread(self._load, principal.tenant_id)
+            if generation == self._generation:
+                self._tenants[principal.tenant_id] = compiled
+        return compiled.for_subject(subject_ids(principal))
+
+    async def refresh(self, force: bool = False) -> bool:
+        """Drop the cache if the store's policy changed since the last look; True if it did."""
+        version = await asyncio.to_thread(self.store.policy_version)
+        if not force and version == self._version:
+            return False
+        self._version = version
+        self._tenants.clear()
+        self._generation += 1
+        return True
+
+    def _load(self, tenant_id: str) -> TenantLimits:
+        records: list[PolicyRecord] = []
+        for kind in KINDS:
+            after = None
+            while True:
+                page = self.store.list_policies(tenant_id, PAGE, after, kind=kind, include_global=True)
+                records.extend(page.items)
+                if page.next_cursor is None:
+                    break
+                after = page.next_cursor
+        return compile_policies(records, tenant_id)
+
+    async def _maybe_poll(self) -> None:
+        now = self._clock()
+        if now - self._polled_at < self.poll_interval:
+            return
+        self._polled_at = now  # before the await: one poll per interval, not one per waiting request
+        try:
+            await self.refresh()
+        except Exception as exc:  # keep serving cached limits; the next interval tries again
+            if not self._tenants and self._version is None:
+                raise
+            log.warning("cannot poll the policy version for rate limits (keeping cached limits): %s", exc)

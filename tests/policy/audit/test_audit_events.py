@@ -1,0 +1,111 @@
+"""The audit event: keyed hashes instead of text, redacted text only in debug, strict validation."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from datetime import datetime
+
+import pytest
+
+from policy.audit.errors import InvalidAuditEvent
+from policy.audit.events import AuditEvent, ContentDigester, Finding, admin_event, api_event
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def test_prompt_and_completion_are_keyed_hashes_not_text() -> None:
+    digester = ContentDigester(SECRET)
+    event = api_event(decision="allow", digester=digester, prompt="my card is 4111", completion="ok", tenant_id="t")
+    data = json.dumps(event.to_json())
+    assert "4111" not in data and "my card" not in data
+    assert event.prompt_hmac == hmac.new(SECRET, b"my card is 4111", hashlib.sha256).hexdigest()
+    assert event.prompt_hmac != hashlib.sha256(b"my card is 4111").hexdigest()  # keyed, not a plain hash
+    assert digester.matches("my card is 4111", event.prompt_hmac)
+    assert not digester.matches("my card is 4112", event.prompt_hmac)
+    assert event.prompt_text is None and event.completion_text is None
+
+
+def test_debug_keeps_text_only_after_redaction() -> None:
+    digester = ContentDigester(SECRET, debug=True, redact=lambda text: text.replace("4111", "[CARD]"))
+    event = api_event(decision="allow", digester=digester, prompt="my card is 4111", completion="noted 4111")
+    assert event.prompt_text == "my card is [CARD]" and event.completion_text == "noted [CARD]"
+    with pytest.raises(ValueError, match="redaction"):
+        ContentDigester(SECRET, debug=True)
+    with pytest.raises(ValueError, match="16 bytes"):
+        ContentDigester(b"short")
+    assert "0123" not in repr(digester)
+
+
+def test_raw_text_without_a_digester_is_refused() -> None:
+    with pytest.raises(InvalidAuditEvent, match="ContentDigester"):
+        api_event(decision="allow", prompt="secret text")
+
+
+def test_json_round_trip_keeps_every_field() -> None:
+    event = api_event(
+        decision="deny",
+        digester=ContentDigester(SECRET),
+        prompt="p",
+        request_id="req-1",
+        tenant_id="ten_a",
+        principal="key:k",
+        key_id="key_k",
+        route="POST /v1/completions",
+        model="m",
+        reasons=("guardrail.blocklist",),
+        findings=[Finding("blocklist", "rule-7", "output", "block")],
+        prompt_tokens=3,
+        completion_tokens=0,
+        status=400,
+        latency_ms=1.23456,
+    )
+    data = json.loads(json.dumps(event.to_json()))
+    again = AuditEvent.from_json(data)
+    assert again.to_json() == event.to_json()
+    assert data["latency_ms"] == 1.235 and data["at"].endswith("Z")
+    assert data["findings"] == [{"type": "blocklist", "rule_id": "rule-7", "stage": "output", "action": "block"}]
+
+
+def test_admin_actions_fit_the_same_event() -> None:
+    event = admin_event(principal="key:admin", action="key.revoke", target_kind="api_key", target_id="key_1",
+                        tenant_id="ten_a", detail={"name": "ci"})  # fmt: skip
+    data = event.to_json()
+    assert data["kind"] == "admin" and data["action"] == "key.revoke" and data["detail"] == {"name": "ci"}
+    assert AuditEvent.from_json(data) == event
+    long = admin_event(principal="x" * 1000, action="a", target_kind="t")
+    assert long.principal == "x" * 255  # cut short rather than lost
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"kind": "other"}, "kind"),
+        ({"decision": "maybe"}, "decision"),
+        ({"status": -1}, "status"),
+        ({"status": True}, "status"),
+        ({"prompt_tokens": "3"}, "prompt_tokens"),
+        ({"latency_ms": -0.5}, "latency_ms"),
+        ({"latency_ms": float("nan")}, "latency_ms"),
+        ({"detail": {"when": datetime(2026, 1, 1)}}, "detail"),
+        ({"tenant_id": "t" * 65}, "tenant_id"),
+        ({"route": ""}, "route"),
+        ({"reasons": ["not a tuple"]}, "reasons"),
+        ({"at": datetime(2026, 1, 1)}, "at"),
+        ({"detail": ["no"]}, "detail"),
+    ],
+)
+def test_invalid_events_are_clear_errors(fields: dict[str, object], param: str) -> None:
+    values: dict[str, object] = {"kind": "api", "decision": "allow", **fields}
+    with pytest.raises(InvalidAuditEvent) as caught:
+        AuditEvent(**values)  # type: ignore[arg-type]
+    assert caught.value.param == param and caught.value.status_code == 500
+
+
+@pytest.mark.parametrize("data", [{}, {"id": "x"}, {"id": "x", "at": "yesterday", "kind": "api", "decision": "allow"},
+                                  [1, 2], {"id": "x", "at": "2026-01-01T00:00:00Z", "kind": "api",
+                                           "decision": "allow", "findings": [{"bogus": 1}]}])  # fmt: skip
+def test_from_json_rejects_what_is_not_an_event(data: object) -> None:
+    with pytest.raises(InvalidAuditEvent):
+        AuditEvent.from_json(data)  # type: ignore[arg-type]

@@ -1,0 +1,98 @@
+"""Effective guardrails from the policy store (SQLite and PostgreSQL): merging, caching, live edits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from policy.guardrails import GuardrailMisconfigured, GuardrailResolver, Guardrails, opa_input
+from policy.rbac import Principal
+from policy.store import PolicyStore
+
+ALLOW_ALL = 'package inferflux.guardrails\nimport rego.v1\ndecision := {"allow": true}\n'
+DENY_ALL = 'package inferflux.guardrails\nimport rego.v1\ndecision := {"allow": false, "reasons": ["closed today"]}\n'
+
+
+def authorize(guardrails: Guardrails, tenant_id: str) -> tuple[bool, tuple[str, ...]]:
+    principal = Principal(tenant_id, "acme", "key:x", "api_key", frozenset({"member"}))
+    doc = opa_input(principal, model="m", route="/v1/completions", prompt_tokens=1)
+    verdict = asyncio.run(guardrails.authorize(doc))
+    return verdict.allowed, verdict.reasons
+
+
+def test_global_and_tenant_policies_merge(store: PolicyStore) -> None:
+    acme = store.create_tenant("acme")
+    other = store.create_tenant("other")
+    store.create_policy(None, "guardrail", "global", {"pii": {"email": "redact", "card": "log"}})
+    store.create_policy(acme.id, "guardrail", "acme", {"pii": {"card": "block"}, "blocklist": [{"literal": "ski"}]})
+    store.create_policy(other.id, "guardrail", "off", {"blocklist": [{"literal": "golf"}]}, enabled=False)
+    resolver = GuardrailResolver(store, poll_seconds=0)
+
+    acme_rails = resolver.get(acme.id)
+    assert acme_rails.check_input(["ski"]).blocked
+    card = acme_rails.check_input(["4111 1111 1111 1111"])
+    assert card.blocked and card.findings[0].policy == "acme"  # the strictest mode wins
+    assert acme_rails.check_input(["bob@example.com"]).texts == ("[EMAIL]",)
+
+    other_rails = resolver.get(other.id)
+    assert not other_rails.check_input(["ski golf"]).blocked  # acme's rule and a disabled policy do not apply
+    assert other_rails.check_input(["4111 1111 1111 1111"]).texts == ("4111 1111 1111 1111",)
+    assert other_rails.check_input(["bob@example.com"]).texts == ("[EMAIL]",)
+
+
+def test_edits_take_effect_without_restart(store: PolicyStore) -> None:
+    acme = store.create_tenant("acme")
+    policy = store.create_policy(acme.id, "guardrail", "acme", {"opa": {"rego": ALLOW_ALL}})
+    resolver = GuardrailResolver(store, poll_seconds=0)
+    assert authorize(resolver.get(acme.id), acme.id) == (True, ())
+    assert not resolver.get(acme.id).check_input(["ski"]).blocked
+
+    store.update_policy(acme.id, policy.id, spec={"opa": {"rego": DENY_ALL}, "blocklist": [{"literal": "ski"}]})
+    assert authorize(resolver.get(acme.id), acme.id) == (False, ("closed today",))
+    assert resolver.get(acme.id).check_input(["ski"]).blocked
+
+    store.update_policy(acme.id, policy.id, enabled=False)
+    assert authorize(resolver.get(acme.id), acme.id) == (True, ())
+
+
+def test_cached_within_the_poll_interval(store: PolicyStore) -> None:
+    acme = store.create_tenant("acme")
+    now = [0.0]
+    resolver = GuardrailResolver(store, poll_seconds=1.0, clock=lambda: now[0])
+    first = resolver.get(acme.id)
+    assert resolver.cached(acme.id) is first
+    store.create_policy(acme.id, "guardrail", "acme", {"blocklist": [{"literal": "ski"}]})
+    assert resolver.get(acme.id) is first  # the version is not read again yet
+    now[0] = 1.5
+    assert resolver.cached(acme.id) is None
+    assert resolver.get(acme.id).check_input(["ski"]).blocked
+    assert asyncio.run(resolver.resolve(acme.id)) is resolver.get(acme.id)
+
+
+def test_unchanged_opa_policy_is_not_recompiled(store: PolicyStore) -> None:
+    acme = store.create_tenant("acme")
+    store.create_policy(acme.id, "guardrail", "acme", {"opa": {"rego": ALLOW_ALL}})
+    resolver = GuardrailResolver(store, poll_seconds=0)
+    engine = resolver.get(acme.id).engines[0]
+    store.create_tenant("unrelated")  # moves the policy version
+    assert resolver.get(acme.id).engines[0] is engine
+
+
+def test_an_invalid_stored_policy_fails_closed(store: PolicyStore) -> None:
+    acme = store.create_tenant("acme")
+    store.create_policy(acme.id, "guardrail", "broken", {"blocklist": [{"regex": "("}]})
+    resolver = GuardrailResolver(store, poll_seconds=0)
+    with pytest.raises(GuardrailMisconfigured) as caught:
+        resolver.get(acme.id)
+    assert caught.value.status_code == 503 and "'broken'" in caught.value.message
+
+
+def test_resolver_closes_its_engines(store: PolicyStore) -> None:
+    acme = store.create_tenant("acme")
+    store.create_policy(acme.id, "guardrail", "acme", {"opa": {"rego": ALLOW_ALL}})
+    resolver = GuardrailResolver(store, poll_seconds=60)
+    first = resolver.get(acme.id)
+    asyncio.run(resolver.aclose())
+    assert resolver.cached(acme.id) is None
+    assert resolver.get(acme.id).engines[0] is not first.engines[0]

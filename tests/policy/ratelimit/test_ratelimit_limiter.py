@@ -1,0 +1,124 @@
+"""The limiter's own contract: input checks, settle's guarantees, lease renewal in the background,
+the failure hook, and limits read from the policy store taking effect without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from policy.errors import ValidationFailed
+from policy.ratelimit import (
+    Admission,
+    Denial,
+    EffectiveLimits,
+    FixedLimits,
+    Limits,
+    MemoryBackend,
+    PolicyResolver,
+    RateLimiter,
+)
+from policy.store import PolicyStore
+
+from ratelimit_helpers import FakeClock, LimiterFactory, PrincipalFactory
+
+ONE_AT_A_TIME = Limits(concurrent_requests=1)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens", "param"),
+    [
+        (-1, 0, "prompt_tokens"),
+        (1.5, 0, "prompt_tokens"),
+        (True, 0, "prompt_tokens"),
+        (1, -3, "max_tokens"),
+        (1, "9", "max_tokens"),
+    ],
+)
+async def test_token_counts_are_checked(
+    make_limiter: LimiterFactory, make_principal: PrincipalFactory, prompt: object, max_tokens: object, param: str
+) -> None:
+    limiter = make_limiter(tenant=ONE_AT_A_TIME)
+    with pytest.raises(ValidationFailed) as info:
+        await limiter.check_and_reserve(
+            make_principal(), prompt_tokens=prompt, max_tokens=max_tokens  # type: ignore[arg-type]
+        )
+    assert info.value.param == param
+    assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Admission)  # nothing was held
+
+
+async def test_bad_settle_counts_still_free_the_slot(
+    make_limiter: LimiterFactory, make_principal: PrincipalFactory
+) -> None:
+    limiter = make_limiter(tenant=ONE_AT_A_TIME)
+    admission = await limiter.check_and_reserve(make_principal(), prompt_tokens=1)
+    assert isinstance(admission, Admission)
+    with pytest.raises(ValidationFailed, match="completion_tokens"):
+        await limiter.settle(admission.handle, prompt_tokens=1, completion_tokens=-1)
+    assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Admission)
+
+
+async def test_running_requests_keep_their_slots(make_principal: PrincipalFactory) -> None:
+    # Real time: the background task renews every lease_seconds / 3.
+    limiter = RateLimiter(MemoryBackend(), FixedLimits(EffectiveLimits(ONE_AT_A_TIME)), lease_seconds=2.0)
+    await limiter.start()
+    try:
+        admission = await limiter.check_and_reserve(make_principal(), prompt_tokens=1)
+        assert isinstance(admission, Admission)
+        await asyncio.sleep(4.5)  # more than two leases
+        assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Denial)
+        await limiter.settle(admission.handle, prompt_tokens=1, completion_tokens=1)
+        assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Admission)
+    finally:
+        await limiter.close()
+
+
+async def test_a_never_settled_request_stops_being_renewed(
+    make_limiter: LimiterFactory, clock: FakeClock, make_principal: PrincipalFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    limiter = make_limiter(tenant=ONE_AT_A_TIME, lease_seconds=5, max_request_seconds=0)
+    assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Admission)
+    with caplog.at_level(logging.WARNING, logger="inferflux.policy.ratelimit"):
+        await limiter.renew_leases()
+    assert "without settling" in caplog.text
+    clock.advance(6)
+    assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Admission)
+
+
+class Broken:
+    """A backend that is always down (what RedisBackend raises when Redis is)."""
+
+    async def reserve(self, *args: object) -> tuple[bool, list[object]]:
+        from policy.ratelimit import BackendUnavailable
+
+        raise BackendUnavailable("down")
+
+
+async def test_a_failing_metrics_hook_does_not_break_requests(make_principal: PrincipalFactory) -> None:
+    def hook(operation: str) -> None:
+        raise RuntimeError("metrics are down too")
+
+    broken: Any = Broken()
+    limiter = RateLimiter(broken, FixedLimits(EffectiveLimits(ONE_AT_A_TIME)), fail_open=True, on_failure=hook)
+    assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Admission)
+    assert limiter.backend_failures == 1
+
+
+async def test_limits_from_the_store_apply_without_restart(
+    sqlite_store: PolicyStore, clock: FakeClock, make_principal: PrincipalFactory
+) -> None:
+    tenant = sqlite_store.create_tenant("acme")
+    policy = sqlite_store.create_policy(tenant.id, "rate_limit", "rpm", {"requests_per_minute": 1})
+    resolver = PolicyResolver(sqlite_store, poll_interval=0)
+    limiter = RateLimiter(MemoryBackend(), resolver, clock=clock)
+    me = make_principal(tenant.id, "key_1")
+    assert isinstance(await limiter.check_and_reserve(me, prompt_tokens=1), Admission)
+    denial = await limiter.check_and_reserve(me, prompt_tokens=1)
+    assert isinstance(denial, Denial) and denial.limit == 1
+    sqlite_store.update_policy(tenant.id, policy.id, spec={"requests_per_minute": 2})
+    assert isinstance(await limiter.check_and_reserve(me, prompt_tokens=1), Admission)
+    sqlite_store.update_policy(tenant.id, policy.id, enabled=False)
+    for _ in range(5):
+        assert isinstance(await limiter.check_and_reserve(me, prompt_tokens=1), Admission)
