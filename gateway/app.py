@@ -3,10 +3,11 @@
 Middleware order, outermost first::
 
     RequestContextMiddleware   request id, the context later layers fill in
+    AuditMiddleware            one audit event per /v1 call, on disk before the answer
     MetricsMiddleware          status and latency per route template
     AuthMiddleware             401 unless the credentials prove a principal
     BodyLimitMiddleware        413 before a large body is read
-    (rate limiting and guardrails slot in here, in that order)
+    (generation routes then apply guardrails, OPA and rate limits: gateway.routes.openai)
     ExceptionMiddleware        ApiError (GatewayError, PolicyError) -> OpenAI-shaped JSON
     routes                     each requires its scope (gateway.authz)
 
@@ -33,7 +34,9 @@ from gateway.authz import requires
 from gateway.context import RequestContextMiddleware, get_context
 from gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
+from gateway.audit import AuditMiddleware
 from gateway.middleware import BodyLimitMiddleware
+from gateway.traffic import TrafficPolicy
 from gateway.model_admin import ModelAdmin
 from gateway.models import _VERSION, ModelManager
 from gateway.openapi import document, openapi_route
@@ -83,6 +86,7 @@ def create_app(
     store: PolicyStore | None = None,
     owns_store: bool | None = None,
     authenticator: Authenticator | None = None,
+    traffic: TrafficPolicy | None = None,
     owns_models: bool = True,
     configured_models: set[str] | None = None,
 ) -> Starlette:
@@ -108,6 +112,8 @@ def create_app(
             flush_interval=auth.last_used_flush_seconds,
         )
     metrics = GatewayMetrics(manager)
+    if traffic is None:
+        traffic = TrafficPolicy.build(settings, store, on_limiter_failure=metrics.observe_limiter_failure)
     model_admin = ModelAdmin(
         manager, store, settings, configured_models if configured_models is not None else {m.name for m in manager}
     )
@@ -116,11 +122,13 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.draining = False
         await authenticator.start()
+        app.state.audit_trail = await traffic.start()
         try:
             yield
         finally:
             app.state.draining = True
             await model_admin.aclose()
+            await traffic.close()
             await authenticator.stop()
             if owns_models:
                 # Engine shutdown joins worker threads; keep the loop free meanwhile.
@@ -138,6 +146,7 @@ def create_app(
     ]
     middleware = [
         Middleware(RequestContextMiddleware),
+        Middleware(AuditMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),
         Middleware(AuthMiddleware, authenticator=authenticator, public_paths=PUBLIC_PATHS),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
@@ -159,5 +168,11 @@ def create_app(
     app.state.store = store
     app.state.authenticator = authenticator
     app.state.model_admin = model_admin
+    app.state.traffic = traffic
+    app.state.limiter = traffic.limiter
+    app.state.guardrails = traffic.guardrails
+    app.state.audit_store = traffic.audit_store
+    app.state.audit_trail = None  # set when the app starts (the spool locks its directory)
+    app.state.traffic_tasks = set()  # rate-limit settlements in flight
     app.state.draining = False
     return app

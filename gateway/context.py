@@ -34,10 +34,16 @@ def new_request_id() -> str:
 class RequestContext:
     request_id: str
     started: float = field(default_factory=time.perf_counter)
-    # Set by the (future) authentication layer; None means anonymous.
+    # Set by the authentication layer; None means anonymous.
     principal: Any | None = None
     # The served model's canonical name once a route has resolved it.
     model: str | None = None
+    # Filled by the traffic policy on generation routes, read by the audit event.
+    prompt_texts: list[str] | None = None
+    completion_texts: list[str] | None = None
+    findings: list[tuple[str, Any]] = field(default_factory=list)  # ("input" | "output", guardrail finding)
+    reasons: list[str] = field(default_factory=list)  # why a policy refused, if one did
+    usage: tuple[int, int] | None = None  # prompt and completion tokens
 
 
 def get_context(conn: HTTPConnection | Scope) -> RequestContext:

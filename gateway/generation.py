@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from backends.engine.errors import (
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from backends.engine import RequestOutput, SamplingParams
 
     from gateway.models import ServedModel
+    from policy.guardrails import OutputStream
 
 log = logging.getLogger("inferflux.gateway.generation")
 
@@ -106,6 +107,7 @@ class Generation:
         on_first_token: Callable[[float], None] | None = None,
         on_close: Callable[[Usage], None] | None = None,
         param_names: dict[str, str] | None = None,
+        output_check: Callable[[], OutputStream] | None = None,
     ) -> None:
         self.served = served
         self.choices = choices
@@ -121,6 +123,12 @@ class Generation:
         self._remaining = len(choices)
         self._saw_token = False
         self._closed = False
+        # Output guardrails: one incremental checker per choice. A choice they
+        # block is cancelled and ends with finish_reason "content_filter".
+        self._checks = {c.index: output_check() for c in choices} if output_check is not None else {}
+        self._cut: set[int] = set()
+        self.output_findings: list[Any] = []
+        self._text: dict[int, list[str]] = {c.index: [] for c in choices}  # what went out, for the audit digest
 
     async def __aenter__(self) -> Generation:
         self.start()
@@ -134,6 +142,7 @@ class Generation:
             return
         for choice in self.choices:
             self._tasks.append(asyncio.create_task(self._run(choice), name=f"generate-{choice.request_id}"))
+        self._task_of = {c.index: t for c, t in zip(self.choices, self._tasks)}
 
     async def _run(self, choice: ChoiceSpec) -> None:
         stream = self.served.engine.generate(
@@ -158,6 +167,8 @@ class Generation:
         self.start()
         while self._remaining > 0:
             item = await self._queue.get()
+            if item.index in self._cut:
+                continue  # a blocked choice: nothing more of it goes out
             if isinstance(item, _Finished):
                 self._remaining -= 1
                 continue
@@ -172,8 +183,33 @@ class Generation:
                     self._on_first_token(time.perf_counter() - self._started)
             if out.finished and out.finish_reason == "abort":
                 raise ServiceUnavailable("The engine aborted the generation; retry the request")
+            if self._checks:
+                item = self._checked(item)
+            self._text[item.index].append(item.output.new_text)
             return item
         raise StopAsyncIteration
+
+    def texts(self) -> list[str]:
+        """Each choice's text as sent so far, in choice order."""
+        return ["".join(self._text[c.index]) for c in self.choices]
+
+    def _checked(self, item: ChoiceEvent) -> ChoiceEvent:
+        """``item`` with its text passed through the choice's output guardrails."""
+        check, out = self._checks[item.index], item.output
+        step = check.feed(out.new_text)
+        text, blocked, findings = step.text, step.blocked, list(step.findings)
+        if out.finished and not blocked:
+            last = check.flush()
+            text, blocked = text + last.text, last.blocked
+            findings += last.findings
+        self.output_findings += findings
+        if blocked:
+            # Stop generating this choice; its stream ends here, as OpenAI ends a filtered one.
+            self._cut.add(item.index)
+            self._remaining -= 1
+            self._task_of[item.index].cancel()
+            return ChoiceEvent(item.index, replace(out, new_text=text, finished=True, finish_reason="content_filter"))
+        return ChoiceEvent(item.index, replace(out, new_text=text)) if text != out.new_text else item
 
     def _to_gateway_error(self, exc: BaseException) -> GatewayError:
         mapped = engine_error_to_gateway(exc, param_names=self.param_names)

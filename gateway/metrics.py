@@ -99,8 +99,29 @@ class GatewayMetrics:
         self.completion_tokens = Counter(
             "inferflux_completion_tokens", "Completion tokens generated", ["model"], registry=self.registry
         )
+        self.ratelimit_denied = Counter(
+            "inferflux_ratelimit_denied",
+            "Requests refused by a rate limit or quota, by limit and level",
+            ["limit", "level"],
+            registry=self.registry,
+        )
+        self.ratelimit_backend_failures = Counter(
+            "inferflux_ratelimit_backend_failures",
+            "Rate-limit backend (Redis) calls that failed, by operation",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.guardrail_findings = Counter(
+            "inferflux_guardrail_findings",
+            "Guardrail findings by direction, type and action",
+            ["direction", "type", "action"],
+            registry=self.registry,
+        )
         if manager is not None:
             self.registry.register(EngineStatsCollector(manager))
+
+    def observe_limiter_failure(self, operation: str) -> None:
+        self.ratelimit_backend_failures.labels(operation).inc()
 
     def observe_tokens(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
         if prompt_tokens:

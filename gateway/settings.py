@@ -30,6 +30,20 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       cache_ttl_seconds: 30         # longest a cached authentication decision lives
       revocation_poll_seconds: 1    # how often the store is checked for revocations and role changes
       last_used_flush_seconds: 5    # how often API keys' last-used times are written
+    ratelimit:              # the limits themselves are policies in the store (admin API)
+      backend: memory       # memory (one replica) | redis (limits shared by every replica)
+      redis_url: redis://127.0.0.1:6379/0
+      fail_open: false      # Redis unreachable: false -> 503, true -> admit and count the failure
+      completion_estimate: 256   # tokens reserved for a request that sets no max_tokens
+    audit:
+      spool_dir: <data_dir>/audit   # one per replica; events are on disk here before a response
+      retention_days: 90    # rows older than this leave the audit_events table
+      debug_content: false  # true: events carry the (redacted) prompt and completion text
+      sinks:                # each delivers the spool at least once, with its own cursor
+        - {type: file, path: /var/log/inferflux/audit.jsonl}
+        - {type: syslog, host: siem.example.com, port: 6514, transport: tls, ca_file: /etc/ssl/siem.pem}
+        - {type: http, url: https://splunk:8088/services/collector/event, format: splunk_hec,
+           token_env: SPLUNK_HEC_TOKEN}
 
 Environment variables (each sets the key beside it):
 
@@ -48,6 +62,8 @@ Environment variables (each sets the key beside it):
     INFERFLUX_STORE_URL              store.url
     INFERFLUX_STORE_KEY_FILE         store.key_file
     INFERFLUX_STORE_PASSPHRASE       store.passphrase
+    INFERFLUX_RATELIMIT_BACKEND      ratelimit.backend
+    INFERFLUX_REDIS_URL              ratelimit.redis_url
 
 The top-level ``backend`` and ``dtype`` are defaults: a model entry in the
 file that names its own keeps it, whatever the environment or flags say.
@@ -68,7 +84,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backends.base import ModelSpec
 from policy.store.config import StoreSettings
@@ -142,6 +158,67 @@ class AuthSettings(BaseModel):
     last_used_flush_seconds: float = Field(default=5.0, gt=0, le=3600)
 
 
+class RateLimitSettings(BaseModel):
+    """Where rate-limit counters live (``policy.ratelimit``); the limits are store policies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = Field(default="inferflux:rl", min_length=1, max_length=64)
+    redis_timeout_seconds: float = Field(default=0.5, gt=0, le=30)
+    fail_open: bool = False
+    completion_estimate: int = Field(default=256, ge=1)
+
+
+class AuditSinkSettings(BaseModel):
+    """One SIEM sink; which keys apply depends on ``type``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["file", "syslog", "http"]
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    # file
+    path: Path | None = None
+    max_bytes: ByteSize = 100 * 1024 * 1024
+    backups: int = Field(default=10, ge=0)
+    # syslog
+    host: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    transport: Literal["udp", "tcp", "tls"] = "tls"
+    ca_file: Path | None = None
+    server_name: str | None = None
+    # http
+    url: str | None = None
+    format: Literal["json", "splunk_hec"] = "json"
+    # The token is read from this environment variable at start-up, so that it
+    # is neither in the configuration file nor in the logs.
+    token_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    @model_validator(mode="after")
+    def _complete(self) -> AuditSinkSettings:
+        needed = {"file": ("path",), "syslog": ("host", "port"), "http": ("url",)}[self.type]
+        missing = [name for name in needed if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"a {self.type} sink needs {', '.join(missing)}")
+        return self
+
+
+class AuditSettings(BaseModel):
+    """The audit trail (``policy.audit``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spool_dir: Path | None = None  # default: <data_dir>/audit
+    chain_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    # Answer a request only once its event is fsynced (what makes a kill -9 lose
+    # no answered request's event). Off trades that guarantee for latency.
+    wait_durable: bool = True
+    debug_content: bool = False
+    retention_days: float = Field(default=90.0, gt=0)
+    sinks: list[AuditSinkSettings] = Field(default_factory=list)
+
+
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     xdg = (os.environ if env is None else env).get("XDG_DATA_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "share"
@@ -165,6 +242,8 @@ class Settings(BaseModel):
     models: list[ModelEntry] = Field(default_factory=list)
     store: StoreSettings = Field(default_factory=StoreSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
 
     @field_validator("data_dir", mode="before")
     @classmethod
@@ -226,6 +305,8 @@ ENV_KEYS: dict[str, str] = {
     "INFERFLUX_STORE_URL": "store.url",
     "INFERFLUX_STORE_KEY_FILE": "store.key_file",
     "INFERFLUX_STORE_PASSPHRASE": "store.passphrase",
+    "INFERFLUX_RATELIMIT_BACKEND": "ratelimit.backend",
+    "INFERFLUX_REDIS_URL": "ratelimit.redis_url",
 }
 
 

@@ -85,7 +85,15 @@ class SSEResponse:
     async def _pump(self, send: Send) -> None:
         async for chunk in self.body:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        # The stream is complete: close it (usage settled) before the last
+        # message, which the audit layer holds until the call is on record.
+        await self._close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _close(self) -> None:
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            await on_close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
@@ -104,5 +112,4 @@ class SSEResponse:
             aclose = getattr(self.body, "aclose", None)
             if aclose is not None:
                 await aclose()
-            if self.on_close is not None:
-                await self.on_close()
+            await self._close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,25 @@ def pg_server() -> str:
     finally:
         engine.dispose()
     return PG_URL
+
+
+# Redis: ``$INFERFLUX_TEST_REDIS_URL`` or 127.0.0.1:6379/0, skipped when down except under CI.
+REDIS_URL = os.environ.get("INFERFLUX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> str:
+    """The test Redis's URL, once it answered a PING."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as exc:
+        service_unavailable(f"Redis at {REDIS_URL} is unreachable ({exc})", "Redis")
+    finally:
+        client.close()
+    return REDIS_URL
 
 
 @pytest.fixture
@@ -125,6 +145,8 @@ def build_app(served_model: Any, store: Any, authenticator: Any = None, **settin
 
     manager = ModelManager(expected=[served_model.name])
     manager.add(served_model)
+    # Each app its own data directory (audit spool, rate-limit state), never the user's.
+    settings.setdefault("data_dir", tempfile.mkdtemp(prefix="inferflux-app-"))
     return create_app(Settings(**settings), manager, store=store, authenticator=authenticator, owns_models=False)
 
 

@@ -5,14 +5,19 @@ Scopes: ``admin:platform`` for tenants, identity providers and models;
 model allow-list, its audit log). A tenant admin naming another tenant, or an
 object of another tenant, gets 404: the answer never tells whether it exists.
 
-Every change is recorded as an admin event. Lists are paginated with
-``limit`` (1-200, default 50) and the opaque ``after`` cursor of the previous
-page's ``next_cursor``.
+Every change is recorded as an admin event on the tamper-evident audit trail
+(``policy.audit``), durable before the response is sent. Lists are paginated
+with ``limit`` (1-200, default 50) and the opaque ``after`` cursor of the
+previous page's ``next_cursor``.
+
+Traffic and guardrail policies are in ``admin_policies``, the audit log and
+its live tail in ``admin_audit``; ``routes()`` here serves them all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -25,13 +30,20 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.auth import PLATFORM_TENANT, call_store
 from gateway.authz import principal_of, requires
+from gateway.context import get_context
+from gateway.metrics import route_template
 from gateway.openapi import document
 from gateway.protocol import decode_json_body
+from policy.audit.errors import AuditUnavailable
+from policy.audit.events import admin_event
 from policy.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
+from policy.ratelimit import PolicyResolver
 from policy.rbac import ROLE_NAMES, Principal, Scope
 from policy.store import PolicyStore
 
 M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger("inferflux.gateway.admin")
 
 PREFIX = "/admin/v1"
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
@@ -214,22 +226,40 @@ async def _tenant_in_scope(request: Request) -> tuple[Principal, str]:
 async def _audit(
     request: Request, principal: Principal, action: str, tenant_id: str | None, kind: str, target: str, **detail: Any
 ) -> None:
-    """Record a change as an admin event, and make it effective on this replica now.
+    """Record a change on the audit trail, and make it effective on this replica now.
 
     Other replicas see it at their next poll of the store's policy version;
-    this one drops its cached decisions at once, so a client that revoked a
-    key here never finds it still working here.
+    this one drops its cached decisions (authentication, limits, guardrails)
+    at once, so a client that revoked a key or lowered a limit here never
+    finds the old state still in force here. The event is durable (fsynced)
+    when this returns; a trail that cannot take it answers 503, saying that
+    the change was made but is not on record (and the log says which).
     """
-    await request.app.state.authenticator.refresh(force=True)
-    await call_store(
-        _store(request).record_admin_event,
-        tenant_id=tenant_id,
+    state = request.app.state
+    await state.authenticator.refresh(force=True)
+    limits = getattr(state.limiter, "limits", None)
+    if isinstance(limits, PolicyResolver):
+        await limits.refresh(force=True)
+    state.guardrails.invalidate()
+    event = admin_event(
         principal=principal.subject,
         action=action,
         target_kind=kind,
         target_id=target,
+        tenant_id=tenant_id,
         detail=_jsonable(detail),
+        key_id=principal.key_id,
+        request_id=get_context(request).request_id,
+        route=f"{request.method} {route_template(request.scope)}",
     )
+    try:
+        await state.audit_trail.record(event)
+    except AuditUnavailable as exc:
+        log.error("admin change %s of %s %s by %s made but not audited: %s",
+                  action, kind, target, principal.subject, exc.message)  # fmt: skip
+        raise AuditUnavailable(
+            f"The change was made, but the audit trail could not record it ({exc.message}); tell an operator"
+        ) from None
 
 
 def _check_models_known(
@@ -493,21 +523,6 @@ async def delete_binding(request: Request) -> Response:
     return Response(status_code=204)
 
 
-# -- audit (admin events; the hash-chained trail comes with the audit issue) ----------
-
-
-def _event(record: Any) -> dict[str, Any]:
-    return {"object": "admin_event", **_record(record)}
-
-
-@document("A tenant's admin events", tag="audit", paginated=True)
-@requires(Scope.ADMIN_TENANT)
-async def list_audit(request: Request) -> Response:
-    _, tenant_id = await _tenant_in_scope(request)
-    limit, after = _page_args(request)
-    return _ok(_page(await call_store(_store(request).list_admin_events, tenant_id, limit=limit, after=after), _event))
-
-
 # -- OIDC providers --------------------------------------------------------------
 
 
@@ -641,7 +656,18 @@ async def set_default_model(request: Request) -> Response:
 
 
 def routes() -> list[BaseRoute]:
+    """Every admin route: these, the policies' and the audit log's."""
+    from gateway.routes import admin_audit, admin_policies  # they import this module's helpers
+
     t = PREFIX + "/tenants/{tenant_id}"
+    return [
+        *_routes(t),
+        *admin_policies.routes(t),
+        *admin_audit.routes(t),
+    ]
+
+
+def _routes(t: str) -> list[BaseRoute]:
     return [
         Route(PREFIX + "/whoami", whoami, methods=["GET"]),
         Route(PREFIX + "/tenants", list_tenants, methods=["GET"]),
@@ -660,7 +686,6 @@ def routes() -> list[BaseRoute]:
         Route(t + "/role-bindings", create_binding, methods=["POST"]),
         Route(t + "/role-bindings/{binding_id}", get_binding, methods=["GET"]),
         Route(t + "/role-bindings/{binding_id}", delete_binding, methods=["DELETE"]),
-        Route(t + "/audit", list_audit, methods=["GET"]),
         Route(PREFIX + "/oidc-providers", list_providers, methods=["GET"]),
         Route(PREFIX + "/oidc-providers", create_provider, methods=["POST"]),
         Route(PREFIX + "/oidc-providers/{provider_id}", get_provider, methods=["GET"]),

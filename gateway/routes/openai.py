@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -40,6 +41,8 @@ from gateway.protocol import (
     sampling_kwargs,
 )
 from gateway.streaming import SSE_DONE, ClientDisconnected, SSEResponse, run_until_disconnect, sse_event
+from policy.guardrails import Guardrails, opa_input, request_texts, with_texts
+from policy.ratelimit import Admission, Denial
 from policy.rbac import Scope
 
 # -- request plumbing ---------------------------------------------------------
@@ -178,22 +181,107 @@ def _admit(request: Request, plan: Plan) -> None:
         )
 
 
-def _generation(request: Request, plan: Plan, req: ChatCompletionRequest | CompletionRequest) -> Generation:
+# -- traffic policy: guardrails, OPA, rate limits ----------------------------------
+
+
+async def _guard_input(request: Request, body: dict[str, Any]) -> tuple[dict[str, Any], Guardrails]:
+    """The tenant's guardrails and the body as they let it through (redacted, perhaps); raises on a block."""
+    ctx = get_context(request)
+    guards = await request.app.state.guardrails.resolve(principal_of(request).tenant_id)
+    ctx.prompt_texts = request_texts(body)
+    if not guards.checks_input:
+        return body, guards
+    decision = guards.check_input(ctx.prompt_texts)
+    _note_findings(request, "input", decision.findings)
+    if not decision.allowed:
+        ctx.reasons += list(decision.reasons)
+    decision.raise_if_blocked("input")
+    if decision.redacted:
+        body = with_texts(body, list(decision.texts))
+        ctx.prompt_texts = list(decision.texts)
+    return body, guards
+
+
+def _note_findings(request: Request, direction: str, findings: Any) -> None:
+    ctx, metrics = get_context(request), _metrics(request)
+    for finding in findings:
+        ctx.findings.append((direction, finding))
+        metrics.guardrail_findings.labels(direction, finding.type, finding.action).inc()
+
+
+async def _authorize(request: Request, plan: Plan, guards: Guardrails) -> None:
+    """The tenant's OPA policies, given the whole request as its input document."""
+    ctx = get_context(request)
+    verdict = await guards.authorize(
+        opa_input(
+            principal_of(request),
+            model=plan.served.name,
+            route=request.url.path,
+            prompt_tokens=sum(len(p.token_ids) for p in plan.prompts),
+            max_completion_tokens=_requested_completion_tokens(plan),
+            findings=[f for stage, f in ctx.findings if stage == "input"],
+            request_id=ctx.request_id,
+        )
+    )
+    if not verdict.allowed:
+        ctx.reasons += list(verdict.reasons)
+    verdict.raise_for_deny()
+
+
+def _requested_completion_tokens(plan: Plan) -> int | None:
+    limits = [c.params.max_tokens for c in plan.choices]
+    return None if any(m is None for m in limits) else sum(m for m in limits if m is not None)
+
+
+async def _reserve(request: Request, plan: Plan) -> Admission:
+    """Rate limits and quotas for the request's estimated tokens; raises 429 (or 503) when refused."""
+    result = await request.app.state.limiter.check_and_reserve(
+        principal_of(request),
+        prompt_tokens=sum(len(c.prompt_token_ids) for c in plan.choices),
+        max_tokens=_requested_completion_tokens(plan),
+    )
+    if isinstance(result, Denial):
+        _metrics(request).ratelimit_denied.labels(result.dimension.value, result.level.value).inc()
+        get_context(request).reasons.append(f"rate limit: {result.dimension.value} ({result.level.value})")
+        raise result.error()
+    return result
+
+
+def _generation(
+    request: Request,
+    plan: Plan,
+    req: ChatCompletionRequest | CompletionRequest,
+    guards: Guardrails,
+    admission: Admission,
+) -> Generation:
     metrics = _metrics(request)
     model = plan.served.name
+    limiter = request.app.state.limiter
+    ctx = get_context(request)
+    settling: set[asyncio.Task[None]] = request.app.state.traffic_tasks
 
     def record(usage: Usage) -> None:
         metrics.observe_tokens(model, usage.prompt_tokens, usage.completion_tokens)
+        ctx.usage = (usage.prompt_tokens, usage.completion_tokens)
+        _note_findings(request, "output", gen.output_findings)
+        ctx.completion_texts = gen.texts()
+        # The real counts, also for a stream the client left: settled off the
+        # request path (the limiter never raises), and kept referenced until done.
+        task = asyncio.ensure_future(limiter.settle(admission.handle, usage.prompt_tokens, usage.completion_tokens))
+        settling.add(task)
+        task.add_done_callback(settling.discard)
 
-    return Generation(
+    gen = Generation(
         plan.served,
         plan.choices,
         priority=req.priority,
         param_names=_param_names(req),
-        started=get_context(request).started,
+        started=ctx.started,
         on_first_token=lambda seconds: metrics.ttft.labels(model).observe(seconds),
         on_close=record,
+        output_check=guards.output_stream if guards.checks_output else None,
     )
+    return gen
 
 
 async def _collect(gen: Generation) -> dict[int, list[RequestOutput]]:
@@ -216,17 +304,23 @@ class Renderer(Protocol):
 
 
 async def _stream_or_collect(
-    request: Request, plan: Plan, req: ChatCompletionRequest | CompletionRequest, render: Renderer
+    request: Request,
+    plan: Plan,
+    req: ChatCompletionRequest | CompletionRequest,
+    render: Renderer,
+    guards: Guardrails,
 ) -> Response:
+    await _authorize(request, plan, guards)
     _admit(request, plan)
-    gen = _generation(request, plan, req)
+    admission = await _reserve(request, plan)
+    gen = _generation(request, plan, req, guards, admission)
     if not req.stream:
         try:
             async with gen:
                 outputs = await run_until_disconnect(request.receive, _collect(gen))
         except ClientDisconnected:
             return _client_closed()
-        return JSONResponse(render.full(outputs, gen.usage))
+        return JSONResponse(render.full(outputs, gen.usage), headers=admission.headers)
 
     gen.start()
     try:
@@ -239,7 +333,7 @@ async def _stream_or_collect(
     except BaseException:
         await gen.close()
         raise
-    return SSEResponse(_sse_body(gen, first, render, req.include_usage), on_close=gen.close)
+    return SSEResponse(_sse_body(gen, first, render, req.include_usage), on_close=gen.close, headers=admission.headers)
 
 
 async def _first_event(gen: Generation) -> ChoiceEvent | None:
@@ -460,11 +554,12 @@ class _CompletionRenderer:
 @document("Chat completion (OpenAI-compatible; SSE when stream is true)", tag="openai", body=ChatCompletionRequest, streams=True)
 @requires(Scope.GENERATE)
 async def chat_completions(request: Request) -> Response:
-    req = parse_request(ChatCompletionRequest, await read_json(request))
+    body, guards = await _guard_input(request, await read_json(request))
+    req = parse_request(ChatCompletionRequest, body)
     served = _resolve(request, req.model)
     token_ids = await run_in_threadpool(_encode_chat, served, req)
     plan = _plan(served, req, [PreparedPrompt(token_ids)], prefix="chatcmpl", prompt_param="messages")
-    return await _stream_or_collect(request, plan, req, _ChatRenderer(plan, req.logprobs))
+    return await _stream_or_collect(request, plan, req, _ChatRenderer(plan, req.logprobs), guards)
 
 
 def _encode_chat(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
@@ -480,11 +575,12 @@ def _encode_chat(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
 @document("Text completion (OpenAI-compatible; SSE when stream is true)", tag="openai", body=CompletionRequest, streams=True)
 @requires(Scope.GENERATE)
 async def completions(request: Request) -> Response:
-    req = parse_request(CompletionRequest, await read_json(request))
+    body, guards = await _guard_input(request, await read_json(request))
+    req = parse_request(CompletionRequest, body)
     served = _resolve(request, req.model)
     prompts = await run_in_threadpool(_encode_prompts, served, req)
     plan = _plan(served, req, prompts, prefix="cmpl", prompt_param="prompt")
-    return await _stream_or_collect(request, plan, req, _CompletionRenderer(plan, req.logprobs, req.echo))
+    return await _stream_or_collect(request, plan, req, _CompletionRenderer(plan, req.logprobs, req.echo), guards)
 
 
 def _encode_prompts(served: ServedModel, req: CompletionRequest) -> list[PreparedPrompt]:

@@ -18,6 +18,8 @@ was used and appending an admin event change no policy and do not bump it.
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -177,6 +179,19 @@ class PolicyStore:
         """A write transaction that touches no policy and no secret, so takes no lock."""
         with _unavailable_as_503(), self._sessions.begin() as session:
             yield session
+
+    @property
+    def engine(self) -> Engine:
+        """The store's connection pool, for modules that keep their own tables in the same database."""
+        return self._engine
+
+    def derive_secret(self, purpose: str) -> bytes:
+        """A 32-byte server secret for ``purpose``, the same on every replica of this store.
+
+        Derived from the store's (encrypted, never changing) API key pepper with
+        the purpose as domain separation, so no second secret has to be kept.
+        """
+        return hmac.new(self._pepper, b"inferflux/" + purpose.encode(), hashlib.sha256).digest()
 
     def policy_version(self) -> int:
         """Bumped by every change of policy; replicas compare it to know when to drop caches."""

@@ -1,5 +1,6 @@
-"""Two `inferctl serve` processes on one PostgreSQL store: a change made through one
-replica stops a credential on the other within the bound the docs promise (2 s).
+"""Two `inferctl serve` processes on one PostgreSQL store and one Redis: a change made
+through one replica stops a credential on the other within the bound the docs promise
+(2 s), and a rate limit holds across both.
 
 This is also the end-to-end test of `inferctl serve` as a real process: start-up
 with a bootstrap key from the environment, readiness, and a clean shutdown.
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pytest
 from servers import free_loopback_socket
 
 from policy.authn.apikeys import generate_key
+from policy.store import PolicyStore, StoreSettings
 
 BOUND_SECONDS = 2.0
 START_TIMEOUT = 180.0
@@ -74,14 +77,20 @@ class Replica:
         return self.proc.returncode
 
 
+PASSPHRASE = "correct horse battery staple"
+
+
 @pytest.fixture
-def replicas(pg_url: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica, str]]:
+def replicas(pg_url: str, redis_server: str, tmp_path: Path) -> Iterator[tuple[Replica, Replica, str]]:
     admin_key = generate_key().token
     env = {
         **os.environ,
         "INFERFLUX_STORE_URL": pg_url,
-        "INFERFLUX_STORE_PASSPHRASE": "correct horse battery staple",
+        "INFERFLUX_STORE_PASSPHRASE": PASSPHRASE,
         "INFERFLUX_BOOTSTRAP_ADMIN_KEY": admin_key,
+        # Rate limits shared through Redis; keys are per tenant id, new in every test's store.
+        "INFERFLUX_RATELIMIT_BACKEND": "redis",
+        "INFERFLUX_REDIS_URL": redis_server,
     }  # and the default auth settings: the bound checked is the one they promise
     # Both start at once: bootstrap and the store's first-start work must cope with a twin.
     a = Replica("replica A", tmp_path / "a", env, tmp_path / "a.log")
@@ -157,3 +166,38 @@ def test_revocation_and_role_changes_reach_every_replica(replicas: tuple[Replica
     while status(b, other["key"], "/v1/models/smollm2-135m-instruct") != 404:
         assert time.monotonic() - start <= BOUND_SECONDS, "the allow-list change did not reach replica B"
         time.sleep(0.05)
+
+
+def test_two_replicas_sharing_redis_enforce_one_limit(
+    replicas: tuple[Replica, Replica, str], pg_url: str, tmp_path: Path
+) -> None:
+    """Twice the allowed load for a minute, spread over both replicas: accepted within 5% of the limit."""
+    a, b, admin_key = replicas
+    limit = 30
+    tenant = admin_call(a, admin_key, "POST", "/tenants", {"name": "limited"})
+    key = admin_call(a, admin_key, "POST", f"/tenants/{tenant['id']}/keys", {"name": "app", "role": "member"})["key"]
+    store = PolicyStore.open(StoreSettings(url=pg_url, passphrase=PASSPHRASE), tmp_path / "writer")
+    try:
+        store.create_policy(tenant["id"], "rate_limit", "rpm", {"scope": "tenant", "requests_per_minute": limit})
+    finally:
+        store.close()
+    time.sleep(BOUND_SECONDS)  # both replicas have read the new policy
+
+    sent = 2 * limit
+    body = {"model": "smollm2-135m-instruct", "prompt": "hi", "max_tokens": 1}
+    start = time.monotonic()
+
+    def send(i: int) -> int:
+        time.sleep(max(0.0, start + i * 60.0 / sent - time.monotonic()))  # evenly over the minute
+        replica = (a, b)[i % 2]
+        return httpx.post(
+            replica.url + "/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}, timeout=60
+        ).status_code
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        codes = list(pool.map(send, range(sent)))
+    accepted = codes.count(200)
+    assert set(codes) <= {200, 429}, codes
+    assert abs(accepted - limit) <= 0.05 * limit, f"{accepted} accepted of {sent} with a limit of {limit}"
+    # Both replicas answered some of each: the limit was shared, not enforced by one alone.
+    assert 200 in codes[0::2] and 200 in codes[1::2] and 429 in codes[0::2] and 429 in codes[1::2]

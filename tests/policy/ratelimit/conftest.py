@@ -1,14 +1,11 @@
 """Rate-limit fixtures: a fake clock, principals, and each backend (memory; Redis on loopback).
 
-Redis is ``$INFERFLUX_TEST_REDIS_URL`` or redis://127.0.0.1:6379/0. If it is
-down the Redis tests are skipped, except under CI (``$CI`` set), where that is
-a failure. Every test gets a key prefix of its own and its keys are deleted
+Redis comes from the ``redis_server`` fixture (tests/conftest.py). Every test gets a key prefix of its own and its keys are deleted
 afterwards.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,10 +19,6 @@ from policy.ratelimit.redis_backend import RedisBackend
 from policy.rbac import Principal
 
 from ratelimit_helpers import FakeClock, LimiterFactory
-from services import service_unavailable
-
-REDIS_URL = os.environ.get("INFERFLUX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
 
 @pytest.fixture
 def clock() -> FakeClock:
@@ -47,21 +40,6 @@ def _principal(tenant: str = "ten_a", key: str | None = "key_1", subject: str | 
 def make_principal() -> Callable[..., Principal]:
     """``make_principal(tenant="ten_a", key="key_1", subject=None)``; ``key=None`` for an OIDC user."""
     return _principal
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> str:
-    """The test Redis's URL, once it answered a PING."""
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
-    try:
-        client.ping()
-    except (redis.RedisError, OSError) as exc:
-        service_unavailable(f"Redis at {REDIS_URL} is unreachable ({exc})", "Redis")
-    finally:
-        client.close()
-    return REDIS_URL
 
 
 @pytest.fixture

@@ -1,0 +1,119 @@
+"""Traffic policy for the gateway: rate limits, guardrails and the audit trail, built from settings.
+
+``TrafficPolicy.build`` makes the three parts from ``Settings`` and the policy
+store; the app starts them in its lifespan and closes them at shutdown. The
+request path uses them through ``gateway.routes.openai`` (limits, guardrails)
+and ``AuditMiddleware`` (one event per tenant API call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from policy.audit import (
+    AuditStore,
+    AuditTrail,
+    ContentDigester,
+    FileSink,
+    HttpSink,
+    IndexerSink,
+    Retention,
+    Spool,
+    SpoolSettings,
+    SyslogSink,
+)
+from policy.guardrails import GuardrailResolver
+from policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter, RedisBackend
+
+if TYPE_CHECKING:
+    from policy.audit.delivery import Sink
+    from policy.store import PolicyStore
+
+    from gateway.settings import AuditSinkSettings, Settings
+
+log = logging.getLogger(__name__)
+
+# The HMAC key of prompt and completion digests in audit events.
+AUDIT_CONTENT_PURPOSE = "audit-content"
+
+
+@dataclass
+class TrafficPolicy:
+    limiter: RateLimiter
+    guardrails: GuardrailResolver
+    audit_store: AuditStore
+    digester: ContentDigester
+    retention: Retention
+    spool_settings: SpoolSettings
+    sinks: list[Sink]
+    wait_durable: bool
+    # Opened by start(): the spool takes a lock on its directory, so an app
+    # that is built but never started holds none.
+    audit_trail: AuditTrail | None = None
+
+    @classmethod
+    def build(cls, settings: Settings, store: PolicyStore, *, on_limiter_failure: Any = None) -> TrafficPolicy:
+        poll = settings.auth.revocation_poll_seconds
+        rl = settings.ratelimit
+        backend: Any
+        if rl.backend == "redis":
+            backend = RedisBackend.from_url(rl.redis_url, prefix=rl.redis_prefix, timeout=rl.redis_timeout_seconds)
+        else:
+            backend = MemoryBackend(settings.data_dir / "ratelimit")
+        limiter = RateLimiter(
+            backend,
+            PolicyResolver(store, poll_interval=poll),
+            completion_estimate=rl.completion_estimate,
+            fail_open=rl.fail_open,
+            on_failure=on_limiter_failure,
+        )
+        audit = settings.audit
+        audit_store = AuditStore(store.engine)  # the policy store's database, and its pool
+        sinks: list[Sink] = [IndexerSink(audit_store), *(_sink(s) for s in audit.sinks)]
+        digester = ContentDigester(store.derive_secret(AUDIT_CONTENT_PURPOSE), debug=audit.debug_content)
+        return cls(
+            limiter=limiter,
+            guardrails=GuardrailResolver(store, poll_seconds=poll),
+            audit_store=audit_store,
+            digester=digester,
+            retention=Retention(audit_store, audit.retention_days),
+            spool_settings=SpoolSettings(audit.spool_dir or settings.data_dir / "audit", chain_id=audit.chain_id),
+            sinks=sinks,
+            wait_durable=audit.wait_durable,
+        )
+
+    async def start(self) -> AuditTrail:
+        spool = await asyncio.to_thread(Spool.open, self.spool_settings)
+        self.audit_trail = AuditTrail(spool, self.sinks, wait_durable=self.wait_durable).start()
+        self.retention.start()
+        await self.limiter.start()
+        return self.audit_trail
+
+    async def close(self) -> None:
+        await self.limiter.close()
+        await self.guardrails.aclose()
+        self.retention.stop()
+        if self.audit_trail is not None:
+            # The trail flushes the spool and stops its sinks' threads: keep the loop free.
+            await asyncio.to_thread(self.audit_trail.close)
+
+
+def _sink(cfg: AuditSinkSettings) -> Sink:
+    # AuditSinkSettings has checked that each type's required keys are set.
+    if cfg.type == "file":
+        return FileSink(str(cfg.path), max_bytes=int(cfg.max_bytes), backups=cfg.backups, name=cfg.name or "file")
+    if cfg.type == "syslog":
+        return SyslogSink(
+            str(cfg.host), int(cfg.port or 0), transport=cfg.transport, ca_file=cfg.ca_file,
+            server_name=cfg.server_name, name=cfg.name,
+        )
+    token = None
+    if cfg.token_env:
+        token = os.environ.get(cfg.token_env)
+        if not token:
+            raise ValueError(f"audit sink {cfg.name or cfg.url}: ${cfg.token_env} is not set")
+    return HttpSink(str(cfg.url), format=cfg.format, token=token, ca_file=cfg.ca_file, name=cfg.name)

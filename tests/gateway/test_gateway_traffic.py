@@ -1,0 +1,242 @@
+"""The traffic policy on the request path: rate limits and quotas with real token counts,
+guardrails on input and output (streams included), OPA, and one audit event per call.
+
+Policies are written to the store directly (the admin API has its own tests) and
+take effect without a restart; every app here runs on the real session model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from gateway.settings import DEFAULT_MODEL_NAME
+from http_helpers import bearer, error_of
+from policy.audit import verify_spool
+from policy.store import PolicyStore, StoreSettings
+
+MODEL = DEFAULT_MODEL_NAME
+POLL = 0.05  # the apps here re-read policies this often
+
+
+def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+class World:
+    def __init__(self, store: PolicyStore, app: Any, client: TestClient, data_dir: Path) -> None:
+        self.store, self.app, self.client, self.data_dir = store, app, client, data_dir
+        self.n = 0
+
+    def tenant_key(self) -> tuple[Any, str]:
+        """A fresh tenant with a member key: policies of one test never touch another's."""
+        self.n += 1
+        tenant = self.store.create_tenant(f"t{self.n}")
+        return tenant, self.store.create_api_key(tenant.id, "k", "member")[1]
+
+    def settled(self) -> None:
+        """Rate-limit settlements run after the response; wait for them."""
+        wait_until(lambda: not self.app.state.traffic_tasks)
+
+    def policies_seen(self) -> None:
+        time.sleep(3 * POLL)  # longer than the resolvers' poll interval
+
+
+@pytest.fixture(scope="module")
+def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    data_dir = tmp_path_factory.mktemp("traffic")
+    store = PolicyStore.open(StoreSettings(), data_dir)
+    app = make_app(store, data_dir=str(data_dir), auth={"revocation_poll_seconds": POLL})
+    with TestClient(app) as client:
+        yield World(store, app, client, data_dir)
+    store.close()
+
+
+def chat(world: World, key: str, content: str, **extra: Any) -> Any:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, "temperature": 0,
+            **extra}
+    return world.client.post("/v1/chat/completions", json=body, headers=bearer(key))
+
+
+def stream_chat(world: World, key: str, content: str, **extra: Any) -> tuple[str, str | None, dict[str, Any]]:
+    """(text, finish_reason, usage) of a streamed chat completion."""
+    body = {
+        "model": MODEL, "messages": [{"role": "user", "content": content}], "stream": True,
+        "stream_options": {"include_usage": True}, "temperature": 0, **extra,
+    }
+    text, finish, usage = "", None, {}
+    with world.client.stream("POST", "/v1/chat/completions", json=body, headers=bearer(key)) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices", []):
+                text += choice["delta"].get("content") or ""
+                finish = choice.get("finish_reason") or finish
+            usage = chunk.get("usage") or usage
+    return text, finish, usage
+
+
+# -- rate limits and quotas ---------------------------------------------------------------
+
+
+def test_requests_per_minute_gives_429_with_headers(world: World) -> None:
+    tenant, key = world.tenant_key()
+    world.store.create_policy(tenant.id, "rate_limit", "rpm", {"scope": "tenant", "requests_per_minute": 2})
+    world.policies_seen()
+    for _ in range(2):
+        ok = chat(world, key, "hi")
+        assert ok.status_code == 200, ok.text
+        assert ok.headers["x-ratelimit-limit-requests"] == "2"
+    world.settled()
+    refused = chat(world, key, "hi")
+    assert refused.status_code == 429
+    assert error_of(refused)["code"] == "rate_limit_exceeded"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    # Another tenant is not affected.
+    _, other = world.tenant_key()
+    assert chat(world, other, "hi").status_code == 200
+
+
+def test_tokens_are_settled_with_the_real_count_of_a_stream(world: World) -> None:
+    tenant, key = world.tenant_key()
+    # Learn how long the prompt is and what the model says, with no limits yet.
+    text, _, usage = stream_chat(world, key, "Name a colour.", max_tokens=16)
+    words = text.split()
+    assert words, text
+    prompt = usage["prompt_tokens"]
+    # Stopping at the first word ends the stream after a few tokens, far fewer than max_tokens.
+    _, finish, short = stream_chat(world, key, "Name a colour.", max_tokens=40, stop=[words[0]])
+    real = short["prompt_tokens"] + short["completion_tokens"]
+    assert finish == "stop" and short["completion_tokens"] < 40
+    world.settled()
+    # Room for one such request settled at its real count plus one reserved at its
+    # estimate (prompt + max_tokens), but not for two estimates.
+    limit = real + prompt + 40
+    world.store.create_policy(tenant.id, "rate_limit", "tpm", {"scope": "tenant", "tokens_per_minute": limit})
+    world.policies_seen()
+    stream_chat(world, key, "Name a colour.", max_tokens=40, stop=[words[0]])
+    world.settled()
+    second = chat(world, key, "Name a colour.", max_tokens=40, stop=[words[0]])
+    assert second.status_code == 200, second.text  # fits only because the first was settled at its real count
+    world.settled()
+    third = chat(world, key, "Name a colour.", max_tokens=40)
+    assert third.status_code == 429 and error_of(third)["type"] == "tokens"
+
+
+def test_a_token_quota_refuses_once_spent(world: World) -> None:
+    tenant, key = world.tenant_key()
+    first = chat(world, key, "hello", max_tokens=8)
+    spent = first.json()["usage"]["total_tokens"]
+    world.settled()
+    world.store.create_policy(tenant.id, "quota", "daily", {"scope": "tenant", "period": "day", "tokens": spent + 20})
+    world.policies_seen()
+    assert chat(world, key, "hello", max_tokens=8).status_code == 200
+    world.settled()
+    refused = chat(world, key, "hello", max_tokens=8)
+    assert refused.status_code == 429 and error_of(refused)["code"] == "insufficient_quota"
+
+
+# -- guardrails and OPA -------------------------------------------------------------------
+
+
+def test_a_blocklisted_word_is_refused_even_obfuscated(world: World) -> None:
+    tenant, key = world.tenant_key()
+    world.store.create_policy(tenant.id, "guardrail", "words", {"blocklist": [{"id": "no-ski", "literal": "ski"}]})
+    world.policies_seen()
+    for content in ("Let's go ski", "Let's go ＳＫＩ", "Let's go s\u200bki"):
+        refused = chat(world, key, content)
+        assert refused.status_code == 400, content
+        error = error_of(refused)
+        assert error["code"] == "content_filter" and "ski" not in error["message"].lower().replace("no-ski", "")
+    assert chat(world, key, "Let's go skiing").status_code == 200  # a word of its own
+
+
+def test_output_guardrails_end_a_stream_with_content_filter(world: World) -> None:
+    tenant, key = world.tenant_key()
+    text, finish, _ = stream_chat(world, key, "Write one sentence about the sea.", max_tokens=24)
+    assert finish == "length"
+    word = next(w.strip(".,!?") for w in text.split()[2:] if len(w.strip(".,!?")) > 3)
+    world.store.create_policy(
+        tenant.id, "guardrail", "out", {"blocklist": [{"id": "w", "literal": word, "direction": "output"}]}
+    )
+    world.policies_seen()
+    filtered, finish, usage = stream_chat(world, key, "Write one sentence about the sea.", max_tokens=24)
+    assert finish == "content_filter"
+    assert word.lower() not in filtered.lower()
+    assert filtered == text[: len(filtered)]  # what was let out is the unfiltered text's beginning
+    # Not streamed: the same cut, in one answer.
+    whole = chat(world, key, "Write one sentence about the sea.", max_tokens=24).json()
+    assert whole["choices"][0]["finish_reason"] == "content_filter"
+
+
+def test_opa_denies_with_reasons_and_an_edit_takes_effect(world: World) -> None:
+    tenant, key = world.tenant_key()
+    rego = (
+        "package inferflux.guardrails\n"
+        "default decision := {\"allow\": true}\n"
+        "decision := {\"allow\": false, \"reasons\": [\"prompt too long for this tenant\"]} "
+        "if { input.tokens.prompt > LIMIT }\n"
+    )
+    policy = world.store.create_policy(
+        tenant.id, "guardrail", "opa", {"opa": {"engine": "embedded", "rego": rego.replace("LIMIT", "5")}}
+    )
+    world.policies_seen()
+    denied = chat(world, key, "a question that is longer than five tokens, surely")
+    assert denied.status_code == 403
+    assert "prompt too long for this tenant" in error_of(denied)["message"]
+    world.store.update_policy(tenant.id, policy.id, spec={"opa": {"engine": "embedded", "rego": rego.replace("LIMIT", "5000")}})
+    world.policies_seen()
+    assert chat(world, key, "a question that is longer than five tokens, surely").status_code == 200
+
+
+# -- audit ----------------------------------------------------------------------------------
+
+
+def test_every_call_is_audited_on_a_verified_chain(world: World) -> None:
+    tenant, key = world.tenant_key()
+    world.store.create_policy(tenant.id, "rate_limit", "rpm", {"scope": "tenant", "requests_per_minute": 1})
+    world.policies_seen()
+    ok = chat(world, key, "my e-mail is someone@example.com")
+    world.settled()
+    limited = chat(world, key, "again")
+    unauthenticated = world.client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert (ok.status_code, limited.status_code, unauthenticated.status_code) == (200, 429, 401)
+
+    spool = world.data_dir / "audit"
+    lines = [json.loads(line) for segment in sorted((spool / "segments").glob("*.jsonl")) for line in segment.read_text().splitlines()]
+    events = {e["event"]["request_id"]: e["event"] for e in lines}
+    allowed = events[ok.headers["x-request-id"]]
+    assert allowed["decision"] == "allow" and allowed["status"] == 200 and allowed["tenant_id"] == tenant.id
+    assert allowed["prompt_tokens"] > 0 and allowed["completion_tokens"] > 0 and allowed["prompt_hmac"]
+    assert "someone@example.com" not in json.dumps(lines)  # content only as keyed hashes
+    assert events[limited.headers["x-request-id"]]["decision"] == "deny"
+    assert events[unauthenticated.headers["x-request-id"]]["status"] == 401
+    assert verify_spool(spool).ok
+
+
+def test_a_call_the_audit_trail_cannot_record_is_answered_503(make_app: Any, tmp_path: Path) -> None:
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    tenant = store.create_tenant("acme")
+    key = store.create_api_key(tenant.id, "k", "member")[1]
+    try:
+        with TestClient(make_app(store, data_dir=str(tmp_path))) as client:
+            models = client.get("/v1/models", headers=bearer(key))
+            assert models.status_code == 200
+            client.app.state.audit_trail.close()  # the spool refuses from now on
+            refused = client.get("/v1/models", headers=bearer(key))
+            assert refused.status_code == 503 and error_of(refused)["code"]
+            assert refused.headers["retry-after"] == "1"
+    finally:
+        store.close()
