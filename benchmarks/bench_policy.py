@@ -15,14 +15,24 @@ sockets, whose noise would swamp the difference):
   ``guardrail`` policy with 20 blocklist words, every PII detector (e-mail in
   redact mode, the rest in log mode) on input and output, an embedded Rego
   policy, and the audit trail waiting for each event's fsync before answering
-  (the default), with its store indexer running.
+  (the default), with its store indexer running;
+* ``on-nowait``: the same with ``audit.wait_durable: false``, which answers
+  without waiting for the fsync (a ``kill -9`` can then lose the last
+  milliseconds of events): what that guarantee costs.
 
 The request is ``POST /v1/completions`` with a 12-token prompt that holds an
-e-mail address and ``max_tokens: 1``, so generation (one prefill step) stays
+e-mail address (``off`` sends it already redacted, so the engine's work is the
+same) and ``max_tokens: 1``, so generation (one prefill step) stays
 small next to the gateway's own work but real. Latency: the two apps alternate
-in rounds of sequential requests; *added* is ``on``'s percentile minus
-``off``'s. Throughput: requests/s with ``--concurrency`` clients in flight,
-alternating too. Medians over rounds are reported.
+in rounds of sequential requests. Generation (~50 ms on 2 cores) varies by
+more than the chain costs, so besides end-to-end latency each request's
+*gateway time* is reported: its end-to-end latency minus the time it spent
+inside the engine (from ``engine.generate`` being called to its last output,
+timed by a wrapper around the shared engine). *added* is ``on``'s percentile
+minus ``off``'s. Throughput: requests/s with ``--concurrency`` clients in
+flight, alternating too. Medians over rounds are reported. Last, each stage of
+the chain is timed alone (its own objects in the ``on`` app, the engine idle),
+to tell its intrinsic cost from what contention on a busy machine adds.
 
 Usage:
     .venv/bin/python benchmarks/bench_policy.py [--requests 300] [--rounds 3] [--concurrency 16] [--json out.json]
@@ -32,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import platform
 import statistics
@@ -39,6 +50,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -51,14 +63,18 @@ from backends.engine import EngineConfig  # noqa: E402
 from backends.models import default_model_path  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.models import ModelManager, load_served_model  # noqa: E402
-from gateway.settings import DEFAULT_MODEL_NAME, Settings  # noqa: E402
-from policy.guardrails import EMPTY  # noqa: E402
+from gateway.settings import DEFAULT_MODEL_NAME, AuditSettings, Settings  # noqa: E402
+from policy.audit.events import api_event  # noqa: E402
+from policy.guardrails import EMPTY, opa_input  # noqa: E402
 from policy.rbac import Principal  # noqa: E402
 from policy.store import PolicyStore  # noqa: E402
 
 from bench_auth import FixedPrincipal, pct  # noqa: E402  (this folder is on sys.path)
 
 PROMPT = "Please write back to jane.doe@example.com about the"
+# What the model sees once ``on`` has redacted PROMPT: ``off`` sends it as is, so
+# that both variants give the engine the same tokens.
+REDACTED_PROMPT = "Please write back to [EMAIL] about the"
 REGO = """package inferflux.guardrails
 default decision := {"allow": true}
 decision := {"allow": false, "reasons": ["model not allowed"]} if { input.model == "forbidden" }
@@ -103,20 +119,51 @@ class NoTraffic:
     async def close(self) -> None: ...
 
 
-async def sequential(client: httpx.AsyncClient, headers: dict[str, str], n: int) -> list[float]:
-    out = []
-    body = {"model": DEFAULT_MODEL_NAME, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+class EngineClock:
+    """Wraps ``engine.generate`` to time each call from start to its last output."""
+
+    def __init__(self, engine: Any) -> None:
+        self.seconds: list[float] = []
+        inner = engine.generate
+
+        async def generate(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            start = time.perf_counter()
+            try:
+                async for output in inner(*args, **kwargs):
+                    yield output
+            finally:
+                self.seconds.append(time.perf_counter() - start)
+
+        engine.generate = generate
+
+
+def body_for(headers: dict[str, str]) -> dict[str, Any]:
+    prompt = PROMPT if headers else REDACTED_PROMPT  # only ``off`` sends no credentials
+    return {"model": DEFAULT_MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+
+
+async def sequential(
+    client: httpx.AsyncClient, headers: dict[str, str], n: int, clock: EngineClock
+) -> tuple[list[float], list[float]]:
+    """End-to-end latencies and gateway times (end-to-end minus in-engine) of ``n`` requests in a row."""
+    total, gateway = [], []
+    body = body_for(headers)
     for _ in range(n):
+        clock.seconds.clear()
         start = time.perf_counter()
         response = await client.post("/v1/completions", json=body, headers=headers)
-        out.append(time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
         if response.status_code != 200:
             raise SystemExit(f"unexpected {response.status_code}: {response.text}")
-    return out
+        if len(clock.seconds) != 1:
+            raise SystemExit(f"expected one engine call per request, saw {len(clock.seconds)}")
+        total.append(elapsed)
+        gateway.append(elapsed - clock.seconds[0])
+    return total, gateway
 
 
 async def throughput(client: httpx.AsyncClient, headers: dict[str, str], n: int, concurrency: int) -> float:
-    body = {"model": DEFAULT_MODEL_NAME, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
+    body = body_for(headers)
     gate = asyncio.Semaphore(concurrency)
 
     async def one() -> None:
@@ -128,6 +175,49 @@ async def throughput(client: httpx.AsyncClient, headers: dict[str, str], n: int,
     start = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(n)))
     return n / (time.perf_counter() - start)
+
+
+async def components(app: Any, principal: Principal, n: int = 500) -> dict[str, dict[str, float]]:
+    """Each stage of the chain alone, on the ``on`` app's own objects, with the engine idle: p50/p99 in ms."""
+    state = app.state
+    guards = await state.guardrails.resolve(principal.tenant_id)
+    opa_doc = opa_input(principal, model=DEFAULT_MODEL_NAME, route="/v1/completions", prompt_tokens=12,
+                        max_completion_tokens=1)
+
+    def output_stream() -> None:
+        stream = guards.output_stream()
+        stream.feed(" the weather today")
+        stream.flush()
+
+    async def limiter() -> None:
+        admission = await state.limiter.check_and_reserve(principal, prompt_tokens=12, max_tokens=1)
+        await state.limiter.settle(admission.handle, 12, 1)
+
+    async def audit() -> None:
+        await state.audit_trail.record(api_event(
+            decision="allow", digester=state.traffic.digester, prompt=PROMPT, completion=" the",
+            request_id="bench", tenant_id=principal.tenant_id, principal=principal.subject, route="/v1/completions",
+            model=DEFAULT_MODEL_NAME, prompt_tokens=12, completion_tokens=1, status=200, latency_ms=50.0,
+        ))
+
+    stages: dict[str, Any] = {
+        "input guardrails": lambda: guards.check_input([PROMPT]),
+        "output guardrails (stream)": output_stream,
+        "OPA (embedded, via its thread pool)": lambda: guards.authorize(opa_doc),
+        "rate limit + quota (reserve, settle)": limiter,
+        "audit event, fsynced": audit,
+    }
+    out = {}
+    for name, stage in stages.items():
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            result = stage()
+            if asyncio.iscoroutine(result):
+                await result
+            times.append(time.perf_counter() - start)
+        out[name] = {"p50_ms": pct(times, 50) * 1000, "p99_ms": pct(times, 99) * 1000}
+    return out
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -151,6 +241,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     served = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=64 * 1024 * 1024))
     manager = ModelManager(expected=[served.name])
     manager.add(served)
+    clock = EngineClock(served.engine)
     principal = Principal(tenant_id=tenant.id, tenant_name="bench", subject="key:bench", kind="api_key",
                           roles=frozenset({"member"}))
     apps = {
@@ -158,45 +249,65 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                           authenticator=FixedPrincipal(store, principal), traffic=NoTraffic(),  # type: ignore[arg-type]
                           owns_models=False),
         "on": create_app(Settings(data_dir=data_dir / "on"), manager, store=store, owns_models=False),
+        "on-nowait": create_app(
+            Settings(data_dir=data_dir / "on-nowait", audit=AuditSettings(wait_durable=False)), manager, store=store,
+            owns_models=False,
+        ),
     }
-    headers = {"off": {}, "on": {"authorization": f"Bearer {key}"}}
+    bearer = {"authorization": f"Bearer {key}"}
+    headers = {"off": {}, "on": bearer, "on-nowait": bearer}
     latency: dict[str, list[list[float]]] = {name: [] for name in apps}
+    gateway: dict[str, list[list[float]]] = {name: [] for name in apps}
     rps: dict[str, list[float]] = {name: [] for name in apps}
-    async with apps["off"].router.lifespan_context(apps["off"]), apps["on"].router.lifespan_context(apps["on"]):
+    async with contextlib.AsyncExitStack() as stack:
+        for app in apps.values():
+            await stack.enter_async_context(app.router.lifespan_context(app))
         clients = {
             name: httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench", timeout=60)
             for name, app in apps.items()
         }
         for name in apps:  # warm-up: caches, compiled Rego, the first fsyncs
-            await sequential(clients[name], headers[name], 20)
+            await sequential(clients[name], headers[name], 20, clock)
         for r in range(args.rounds):
-            order = list(apps) if r % 2 == 0 else list(reversed(apps))
+            order = list(apps)[r % len(apps):] + list(apps)[: r % len(apps)]  # rotate who goes first
             for name in order:
-                latency[name].append(await sequential(clients[name], headers[name], args.requests))
+                total, own = await sequential(clients[name], headers[name], args.requests, clock)
+                latency[name].append(total)
+                gateway[name].append(own)
             for name in order:
                 rps[name].append(await throughput(clients[name], headers[name], args.requests, args.concurrency))
         for client in clients.values():
             await client.aclose()
+        stages = await components(apps["on"], principal)
     served.shutdown()
     store.close()
 
     def summary(name: str) -> dict[str, float]:
-        rounds = latency[name]
+        def ms(rounds: list[list[float]], q: float) -> float:
+            return statistics.median(pct(r, q) for r in rounds) * 1000
+
         return {
-            "p50_ms": statistics.median(pct(r, 50) for r in rounds) * 1000,
-            "p99_ms": statistics.median(pct(r, 99) for r in rounds) * 1000,
+            "p50_ms": ms(latency[name], 50),
+            "p99_ms": ms(latency[name], 99),
+            "gateway_p50_ms": ms(gateway[name], 50),
+            "gateway_p99_ms": ms(gateway[name], 99),
             "rps": statistics.median(rps[name]),
         }
 
-    off, on = summary("off"), summary("on")
+    off, on, nowait = summary("off"), summary("on"), summary("on-nowait")
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
         "requests": args.requests, "rounds": args.rounds, "concurrency": args.concurrency, "dtype": args.dtype,
-        "off": off, "on": on,
+        "off": off, "on": on, "on-nowait": nowait,
         "added_p50_ms": on["p50_ms"] - off["p50_ms"],
         "added_p99_ms": on["p99_ms"] - off["p99_ms"],
+        "added_gateway_p50_ms": on["gateway_p50_ms"] - off["gateway_p50_ms"],
+        "added_gateway_p99_ms": on["gateway_p99_ms"] - off["gateway_p99_ms"],
         "rps_ratio": on["rps"] / off["rps"],
+        "nowait_added_gateway_p50_ms": nowait["gateway_p50_ms"] - off["gateway_p50_ms"],
+        "nowait_rps_ratio": nowait["rps"] / off["rps"],
+        "components": stages,
     }
 
 
@@ -212,13 +323,24 @@ def main() -> None:
     print(__doc__.split("Usage:")[0].strip())
     print()
     print(f"{args.rounds} rounds x {args.requests} requests per variant; throughput at concurrency {args.concurrency}")
-    print("| variant | p50 ms | p99 ms | requests/s |")
-    print("|---|---|---|---|")
-    for name in ("off", "on"):
+    print("| variant | end-to-end p50 ms | p99 ms | gateway time p50 ms | p99 ms | requests/s |")
+    print("|---|---|---|---|---|---|")
+    for name in ("off", "on", "on-nowait"):
         row = report[name]
-        print(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['rps']:.1f} |")
-    print(f"\nadded by the policy chain: p50 {report['added_p50_ms']:+.2f} ms, p99 {report['added_p99_ms']:+.2f} ms; "
-          f"requests/s on/off = {report['rps_ratio']:.2f}")
+        print(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['gateway_p50_ms']:.2f} "
+              f"| {row['gateway_p99_ms']:.2f} | {row['rps']:.1f} |")
+    print(f"\nadded by the policy chain, gateway time: p50 {report['added_gateway_p50_ms']:+.2f} ms, "
+          f"p99 {report['added_gateway_p99_ms']:+.2f} ms; end to end: p50 {report['added_p50_ms']:+.2f} ms, "
+          f"p99 {report['added_p99_ms']:+.2f} ms; requests/s on/off = {report['rps_ratio']:.2f}")
+    print(f"with audit.wait_durable off: gateway time p50 {report['nowait_added_gateway_p50_ms']:+.2f} ms, "
+          f"requests/s on-nowait/off = {report['nowait_rps_ratio']:.2f}")
+    print("\neach stage alone, engine idle (500 calls):")
+    print("| stage | p50 ms | p99 ms |")
+    print("|---|---|---|")
+    for name, row in report["components"].items():
+        print(f"| {name} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} |")
+    total = sum(row["p50_ms"] for row in report["components"].values())
+    print(f"| sum of p50s | {total:.3f} | |")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

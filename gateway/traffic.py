@@ -51,6 +51,7 @@ class TrafficPolicy:
     spool_settings: SpoolSettings
     sinks: list[Sink]
     wait_durable: bool
+    sink_linger_seconds: float = 0.0
     # Opened by start(): the spool takes a lock on its directory, so an app
     # that is built but never started holds none.
     audit_trail: AuditTrail | None = None
@@ -84,11 +85,14 @@ class TrafficPolicy:
             spool_settings=SpoolSettings(audit.spool_dir or settings.data_dir / "audit", chain_id=audit.chain_id),
             sinks=sinks,
             wait_durable=audit.wait_durable,
+            sink_linger_seconds=audit.sink_linger_seconds,
         )
 
     async def start(self) -> AuditTrail:
         spool = await asyncio.to_thread(Spool.open, self.spool_settings)
-        self.audit_trail = AuditTrail(spool, self.sinks, wait_durable=self.wait_durable).start()
+        self.audit_trail = AuditTrail(
+            spool, self.sinks, wait_durable=self.wait_durable, linger_seconds=self.sink_linger_seconds
+        ).start()
         self.retention.start()
         await self.limiter.start()
         return self.audit_trail

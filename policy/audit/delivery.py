@@ -91,9 +91,14 @@ class Delivery(Worker):
         batch_size: int = 500,
         backoff: Backoff = Backoff(),
         poll_seconds: float = 0.5,
+        linger_seconds: float = 0.0,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError("batch_size must be a positive integer")
+        if isinstance(linger_seconds, bool) or not isinstance(linger_seconds, int | float) or not (
+            0 <= linger_seconds <= 60
+        ):
+            raise ValueError("linger_seconds must be a number from 0 to 60")
         super().__init__(f"audit-sink-{sink.name}")
         self.spool = spool
         self.sink = sink
@@ -101,6 +106,7 @@ class Delivery(Worker):
         self._batch_size = batch_size
         self._backoff = backoff
         self._poll = poll_seconds
+        self._linger = float(linger_seconds)
         self._lock = threading.Lock()
         self._cursor = spool.register_sink(self.name)
         self._delivered = self._batches = self._failures = 0
@@ -144,6 +150,10 @@ class Delivery(Worker):
                 failures += 1
 
     def _step(self, cursor: Cursor) -> Cursor:
+        if self._linger and self.spool.wait_beyond(cursor, self._poll):
+            # Let a batch gather: one send, one store commit and one cursor write for
+            # many events, instead of a burst of work beside every request.
+            self._stop.wait(self._linger)
         records, after = self.spool.read(cursor, self._batch_size, wait=self._poll)
         if records and not self._send(records):
             raise _Stopped
@@ -161,8 +171,10 @@ class Delivery(Worker):
         return after
 
     def _send(self, records: list[SpooledRecord]) -> bool:
+        """Send with retries until it succeeds; once stopping, one attempt (a batch gathered
+        during the linger still goes out at shutdown if the sink takes it)."""
         attempt = 0
-        while not self._stop.is_set():
+        while True:
             try:
                 self.sink.send(records)
                 return True
@@ -172,7 +184,10 @@ class Delivery(Worker):
                 with self._lock:
                     self._failures += 1
                     self._last_error = message
+                if self._stop.is_set():
+                    log.warning("audit sink %s: delivery failed (%s); stopping, the rest goes after a restart",
+                                self.name, message)
+                    return False
                 log.warning("audit sink %s: delivery failed (%s); retry in %.2fs", self.name, message, delay)
                 attempt += 1
                 self._stop.wait(delay)
-        return False

@@ -17,18 +17,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from policy.audit.errors import InvalidAuditEvent
+from policy.ids import random_id
 
 KINDS: Final = ("api", "admin")
 DECISIONS: Final = ("allow", "deny", "error")
 STAGES: Final = ("input", "output")
-_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 _MAX_TEXT = 255
 _MAX_REASONS = 32
 _MAX_FINDINGS = 64
@@ -36,7 +35,7 @@ _MAX_FINDINGS = 64
 
 def new_event_id() -> str:
     """``aev_`` and 20 random base32 characters (100 bits): unique across replicas, for de-duplication."""
-    return "aev_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(20))
+    return random_id("aev", 20)
 
 
 @dataclass(frozen=True, slots=True)

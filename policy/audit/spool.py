@@ -411,15 +411,22 @@ class Spool:
         with self._state:
             return self._durable
 
-    def read(self, cursor: Cursor, max_records: int = 500, wait: float = 0.0) -> tuple[list[SpooledRecord], Cursor]:
-        """Durable records after ``cursor`` (waiting up to ``wait`` seconds for some) and the cursor after them."""
-        deadline = time.monotonic() + wait
+    def wait_beyond(self, cursor: Cursor, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for durable records after ``cursor``; whether there are some."""
+        deadline = time.monotonic() + timeout
         with self._state:
             while self._durable <= cursor and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._state.wait(left)
+            return self._durable > cursor
+
+    def read(self, cursor: Cursor, max_records: int = 500, wait: float = 0.0) -> tuple[list[SpooledRecord], Cursor]:
+        """Durable records after ``cursor`` (waiting up to ``wait`` seconds for some) and the cursor after them."""
+        if wait > 0:
+            self.wait_beyond(cursor, wait)
+        with self._state:
             durable, segments = self._durable, list(self._segments)
         while cursor < durable:
             if cursor.segment not in segments:

@@ -34,6 +34,7 @@ class AuditTrail:
         tail: LiveTail | None = None,
         backoff: Backoff = Backoff(),
         batch_size: int = 500,
+        linger_seconds: float = 0.0,
     ) -> None:
         names = [sink.name for sink in sinks]
         if len(set(names)) != len(names):
@@ -42,7 +43,10 @@ class AuditTrail:
         self.wait_durable = wait_durable
         self.tail = tail or LiveTail()
         spool.add_listener(self.tail.publish)
-        self.deliveries = [Delivery(spool, sink, backoff=backoff, batch_size=batch_size) for sink in sinks]
+        self.deliveries = [
+            Delivery(spool, sink, backoff=backoff, batch_size=batch_size, linger_seconds=linger_seconds)
+            for sink in sinks
+        ]
 
     def start(self) -> AuditTrail:
         for delivery in self.deliveries:
@@ -79,7 +83,8 @@ class AuditTrail:
         }  # fmt: skip
 
     def close(self, timeout: float = 10.0) -> None:
-        """End live subscriptions, write what is queued, stop the sinks (they send the rest after a restart)."""
+        """End live subscriptions, write what is queued, stop the sinks (each tries what it has once more; what a
+        sink does not take then goes after a restart)."""
         self.tail.close()
         self.spool.close(timeout)
         for delivery in self.deliveries:

@@ -7,9 +7,10 @@ findings. Its answer is either a boolean (allow) or an object
 reasons too). Anything else, an undefined result included, is a deny: the
 default is to refuse.
 
-Embedded policies are compiled once, when the policy (version) is loaded, and
-evaluated on a small thread pool of their own so a slow policy never blocks the
-event loop, with the policy's timeout. A remote policy is a POST to the OPA
+Embedded policies are compiled when the policy (version) is loaded (and once
+more by each evaluating thread), and evaluated on a small thread pool of their
+own so a slow policy never blocks the event loop, with the policy's timeout
+counted from when a thread takes the evaluation up. A remote policy is a POST to the OPA
 Data API (``/v1/data/<path>`` with ``{"input": ...}``) with the same timeout
 and no retries. On an error or a timeout the policy's ``on_error`` decides:
 ``allow`` fails open (the decision records the error), ``deny`` fails closed
@@ -19,8 +20,10 @@ and no retries. On an error or a timeout the policy's ``on_error`` decides:
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +44,7 @@ MAX_REASONS = 10
 MAX_REASON_LENGTH = 300
 # Embedded evaluations run here, never on the event loop nor on the default pool that serves the store.
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="opa-eval")
+QUEUE_SECONDS = 1.0  # longest an embedded evaluation may wait for a thread of _POOL
 
 
 class OpaError(Exception):
@@ -141,11 +145,16 @@ class _Engine:
     async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
         raise NotImplementedError
 
+    # How long a decision may take beyond the policy's timeout: the wait for a
+    # free evaluator (embedded) when the gateway is busy, which is not the
+    # policy's doing. Remote policies have none: their timeout covers the call.
+    queue_allowance: float = 0.0
+
     async def decide(self, document: Mapping[str, Any]) -> OpaDecision:
         try:
-            allowed, reasons = await asyncio.wait_for(self._evaluate(document), self.timeout)
+            allowed, reasons = await asyncio.wait_for(self._evaluate(document), self.timeout + self.queue_allowance)
         except (TimeoutError, asyncio.TimeoutError):
-            return self._failed(f"timed out after {self.timeout * 1000:.0f} ms")
+            return self._failed(f"timed out after {(self.timeout + self.queue_allowance) * 1000:.0f} ms")
         except OpaError as exc:
             return self._failed(str(exc))
         return OpaDecision(allowed, reasons, self.name)
@@ -163,9 +172,28 @@ def _entrypoint(query: str) -> str:
     return query.removeprefix("data.").replace(".", "/")
 
 
-def _compile(rego: str, query: str) -> tuple[Any, Any]:
+def load_regopy() -> Any:
+    """The ``regopy`` module, loaded after the native libraries it must follow.
+
+    With regopy's ``librego_shared.so`` loaded first, loading ``re2``'s or
+    torch's native library afterwards corrupts the heap and aborts the process
+    (seen as "munmap_chunk(): invalid pointer" or "double free" in their static
+    initialisers); loaded after them, all three work together. ``re2`` is
+    imported by this package already; torch, when installed, is imported here.
+    Every use of regopy in the project goes through this function.
+    """
+    if "regopy" not in sys.modules:
+        import re2  # noqa: F401
+
+        if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+            import torch  # noqa: F401
     import regopy
 
+    return regopy
+
+
+def _compile(rego: str, query: str) -> tuple[Any, Any]:
+    regopy = load_regopy()
     interpreter = regopy.Interpreter()
     try:
         interpreter.add_module("policy.rego", rego)
@@ -195,43 +223,78 @@ def check_rego(rego: str, query: str) -> None:
 
 
 class EmbeddedRego(_Engine):
-    """A Rego policy evaluated in-process by rego-cpp (``regopy``), compiled once."""
+    """A Rego policy evaluated in-process by rego-cpp (``regopy``), compiled once per evaluating thread.
+
+    An interpreter holds its input between ``set_input`` and the query, so each
+    thread of the pool gets an interpreter of its own and evaluations run side
+    by side (regopy's calls release the GIL) rather than queueing on one.
+    """
 
     def __init__(self, name: str, settings: OpaSettings) -> None:
         super().__init__(name, settings)
         if settings.rego is None:
             raise ValueError("an embedded OPA policy needs its Rego source")
+        self._rego, self._query = settings.rego, settings.query
         self._entrypoint = _entrypoint(settings.query)
-        self._interpreter, self._bundle = _compile(settings.rego, settings.query)
-        # One interpreter holds the input between set_input and the query: one evaluation at a time.
-        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._local.compiled = _compile(self._rego, self._query)  # a bad policy fails here, not on a request
+
+    def _compiled(self) -> tuple[Any, Any]:
+        compiled = getattr(self._local, "compiled", None)
+        if compiled is None:
+            compiled = self._local.compiled = _compile(self._rego, self._query)
+        return compiled
 
     def evaluate(self, document: Mapping[str, Any], deadline: float | None = None) -> tuple[bool, tuple[str, ...]]:
-        """Evaluate synchronously (on the calling thread); OpaError on failure."""
-        import regopy
+        """Evaluate synchronously (on the calling thread); OpaError on failure.
 
-        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
-        if not self._lock.acquire(timeout=wait):
-            raise OpaError("the policy is busy with an earlier evaluation")
+        ``deadline`` (``time.monotonic()``): past it, do not start.
+        """
+        regopy = load_regopy()
+        if deadline is not None and time.monotonic() > deadline:
+            raise OpaError("no time left to evaluate (the gateway is overloaded)")
+        interpreter, bundle = self._compiled()
         try:
-            if deadline is not None and time.monotonic() > deadline:
-                raise OpaError("no time left to evaluate")
-            try:
-                self._interpreter.set_input_term(json.dumps(document, allow_nan=False))
-                output = self._interpreter.query_bundle_entrypoint(self._bundle, self._entrypoint)
-            except (regopy.RegoError, TypeError, ValueError) as exc:
-                raise OpaError(f"evaluation failed: {exc}") from None
-            if not output.ok():
-                raise OpaError(f"evaluation failed: {str(output)[:300]}")
-            expressions = output.results[0].expressions if output.results else []
-            return interpret(expressions[0] if expressions else None, defined=bool(expressions))
-        finally:
-            self._lock.release()
+            interpreter.set_input_term(json.dumps(document, allow_nan=False))
+            output = interpreter.query_bundle_entrypoint(bundle, self._entrypoint)
+        except (regopy.RegoError, TypeError, ValueError) as exc:
+            raise OpaError(f"evaluation failed: {exc}") from None
+        if not output.ok():
+            raise OpaError(f"evaluation failed: {str(output)[:300]}")
+        expressions = output.results[0].expressions if output.results else []
+        return interpret(expressions[0] if expressions else None, defined=bool(expressions))
+
+    queue_allowance = QUEUE_SECONDS
 
     async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+        # The policy's timeout bounds its evaluation, from when a thread takes it
+        # up; the wait for a thread (a busy gateway, not a slow policy) is bounded
+        # by QUEUE_SECONDS, and an evaluation that waited longer is not started.
+        # The thread notes its start in `started` rather than waking the loop for
+        # it: the usual evaluation ends long before the first check.
         loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + self.timeout
-        return await loop.run_in_executor(_POOL, self.evaluate, document, deadline)
+        queued = time.monotonic()
+        started: list[float] = []
+
+        def run() -> tuple[bool, tuple[str, ...]]:
+            started.append(time.monotonic())
+            return self.evaluate(document, queued + QUEUE_SECONDS)
+
+        result = loop.run_in_executor(_POOL, run)
+        wait = self.timeout
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(result), wait)
+            except (TimeoutError, asyncio.TimeoutError):
+                now = time.monotonic()
+                if started and now - started[0] >= self.timeout:
+                    raise OpaError(f"timed out after {self.timeout * 1000:.0f} ms") from None
+                if not started and now - queued >= QUEUE_SECONDS:
+                    result.cancel()  # still queued: it will not start
+                    raise OpaError(
+                        f"no evaluator free within {QUEUE_SECONDS:.0f} s (the gateway is overloaded)"
+                    ) from None
+                wait = started[0] + self.timeout - now if started else min(self.timeout, queued + QUEUE_SECONDS - now)
 
 
 class RemoteOpa(_Engine):

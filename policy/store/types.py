@@ -37,7 +37,6 @@ Timestamps use ``UTCDateTime``: aware UTC datetimes in and out on both SQLite
 
 from __future__ import annotations
 
-import secrets
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,9 +45,9 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from policy.ids import random_id
 from policy.store.crypto import Sealed
 
-_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz234567"
 ID_RANDOM_CHARS = 16  # 80 bits
 AAD_PREFIX = "inferflux:v1"
 
@@ -59,7 +58,7 @@ def new_id(kind: str) -> str:
     Made by the application rather than the database so that a row's id, and
     with it the associated data of its secrets, is known before the insert.
     """
-    return f"{kind}_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(ID_RANDOM_CHARS))
+    return random_id(kind, ID_RANDOM_CHARS)
 
 
 class EncryptedText(TypeDecorator[Sealed]):

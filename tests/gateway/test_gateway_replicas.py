@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,61 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
-from servers import free_loopback_socket
+from replica import START_TIMEOUT, Replica
 
 from policy.authn.apikeys import generate_key
 from policy.store import PolicyStore, StoreSettings
 
 BOUND_SECONDS = 2.0
-START_TIMEOUT = 180.0
-
-
-class Replica:
-    def __init__(self, name: str, data_dir: Path, env: dict[str, str], log: Path) -> None:
-        sock = free_loopback_socket()
-        self.port = sock.getsockname()[1]
-        sock.close()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.name = name
-        self.log = log
-        argv = [
-            sys.executable, "-m", "gateway.cli", "serve",
-            "--port", str(self.port), "--data-dir", str(data_dir),
-            "--dtype", "float32", "--kv-cache-bytes", "32MiB", "--log-level", "warning",
-        ]  # fmt: skip
-        self._log_file = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            argv, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
-
-    def wait_ready(self, deadline: float) -> None:
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.name} not ready in {START_TIMEOUT} s:\n{self.output()}")
-            time.sleep(0.2)
-
-    def output(self) -> str:
-        if not self._log_file.closed:
-            self._log_file.flush()
-        return self.log.read_text(errors="replace")[-5000:]
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log_file.close()
-        return self.proc.returncode
 
 
 PASSPHRASE = "correct horse battery staple"

@@ -109,26 +109,30 @@ def test_requests_per_minute_gives_429_with_headers(world: World) -> None:
     assert chat(world, other, "hi").status_code == 200
 
 
-def test_tokens_are_settled_with_the_real_count_of_a_stream(world: World) -> None:
-    tenant, key = world.tenant_key()
+def short_stream(world: World, key: str) -> tuple[str, int, int]:
+    """A stream that stops after a few of its 40 allowed tokens: (its stop word, prompt tokens, real total)."""
     # Learn how long the prompt is and what the model says, with no limits yet.
     text, _, usage = stream_chat(world, key, "Name a colour.", max_tokens=16)
     words = text.split()
     assert words, text
-    prompt = usage["prompt_tokens"]
     # Stopping at the first word ends the stream after a few tokens, far fewer than max_tokens.
     _, finish, short = stream_chat(world, key, "Name a colour.", max_tokens=40, stop=[words[0]])
-    real = short["prompt_tokens"] + short["completion_tokens"]
     assert finish == "stop" and short["completion_tokens"] < 40
     world.settled()
+    return words[0], usage["prompt_tokens"], short["prompt_tokens"] + short["completion_tokens"]
+
+
+def test_tokens_are_settled_with_the_real_count_of_a_stream(world: World) -> None:
+    tenant, key = world.tenant_key()
+    word, prompt, real = short_stream(world, key)
     # Room for one such request settled at its real count plus one reserved at its
     # estimate (prompt + max_tokens), but not for two estimates.
     limit = real + prompt + 40
     world.store.create_policy(tenant.id, "rate_limit", "tpm", {"scope": "tenant", "tokens_per_minute": limit})
     world.policies_seen()
-    stream_chat(world, key, "Name a colour.", max_tokens=40, stop=[words[0]])
+    stream_chat(world, key, "Name a colour.", max_tokens=40, stop=[word])
     world.settled()
-    second = chat(world, key, "Name a colour.", max_tokens=40, stop=[words[0]])
+    second = chat(world, key, "Name a colour.", max_tokens=40, stop=[word])
     assert second.status_code == 200, second.text  # fits only because the first was settled at its real count
     world.settled()
     third = chat(world, key, "Name a colour.", max_tokens=40)
@@ -147,6 +151,23 @@ def test_a_token_quota_refuses_once_spent(world: World) -> None:
     refused = chat(world, key, "hello", max_tokens=8)
     assert refused.status_code == 429 and error_of(refused)["code"] == "insufficient_quota"
 
+
+
+def test_a_quota_is_charged_the_real_count_of_a_stream(world: World) -> None:
+    tenant, key = world.tenant_key()
+    word, prompt, real = short_stream(world, key)
+    # The quota is counted from when it is created: room for the stream at its real
+    # count and one more request at its estimate, not for two estimates.
+    world.store.create_policy(tenant.id, "quota", "daily", {"scope": "tenant", "period": "day",
+                                                             "tokens": real + prompt + 40})
+    world.policies_seen()
+    stream_chat(world, key, "Name a colour.", max_tokens=40, stop=[word])
+    world.settled()
+    second = chat(world, key, "Name a colour.", max_tokens=40, stop=[word])
+    assert second.status_code == 200, second.text  # fits only because the stream was charged its real count
+    world.settled()
+    third = chat(world, key, "Name a colour.", max_tokens=40)
+    assert third.status_code == 429 and error_of(third)["code"] == "insufficient_quota"
 
 # -- guardrails and OPA -------------------------------------------------------------------
 

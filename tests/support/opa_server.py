@@ -66,9 +66,9 @@ class LoopbackOpa:
 
     @staticmethod
     def _interpreter(modules: dict[str, str]) -> Any:
-        import regopy
+        from policy.guardrails.opa import load_regopy
 
-        interpreter = regopy.Interpreter()
+        interpreter = load_regopy().Interpreter()
         for name, source in modules.items():
             interpreter.add_module(f"{name}.rego", source)
         return interpreter

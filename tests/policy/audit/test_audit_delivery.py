@@ -148,3 +148,37 @@ def test_bad_delivery_settings(spool: Spool, tmp_path: Path) -> None:
         Delivery(spool, FlakySink(), batch_size=0)
     with pytest.raises(ValueError):
         FileSink(tmp_path / "x", max_bytes=0)
+
+
+def test_linger_gathers_a_trickle_into_few_batches(spool: Spool) -> None:
+    # 20 events, one every 10 ms: without a linger each is its own batch (a send,
+    # a commit, a cursor write); with 0.5 s they go in one or two.
+    sinks = {linger: FlakySink(f"linger-{linger}") for linger in (0.0, 0.5)}
+    deliveries = [Delivery(spool, sink, backoff=FAST, linger_seconds=linger).start() for linger, sink in sinks.items()]
+    ids = []
+    for _ in range(20):
+        ids += append_events(spool, 1)
+        time.sleep(0.01)
+    for delivery in deliveries:
+        assert delivery.wait_caught_up(10)
+        delivery.stop()
+    for sink in sinks.values():
+        assert [r.event["id"] for r in sink.received] == ids
+    assert sinks[0.5].attempts <= 2 < 10 <= sinks[0.0].attempts
+
+
+def test_a_stop_during_the_linger_still_delivers(spool: Spool) -> None:
+    sink = FlakySink()
+    delivery = Delivery(spool, sink, backoff=FAST, linger_seconds=30).start()
+    ids = append_events(spool, 3)
+    time.sleep(0.2)  # the delivery is lingering now
+    start = time.monotonic()
+    delivery.stop()
+    assert time.monotonic() - start < 5
+    assert [r.event["id"] for r in sink.received] == ids
+
+
+@pytest.mark.parametrize("linger", [-1, 61, True, "0.2"])
+def test_linger_must_be_a_sensible_number(spool: Spool, linger: object) -> None:
+    with pytest.raises(ValueError, match="linger_seconds"):
+        Delivery(spool, FlakySink(), linger_seconds=linger)  # type: ignore[arg-type]

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -195,3 +199,81 @@ def test_remote_bearer_token_from_sensitive_spec(opa: LoopbackOpa, make_guardrai
     assert decide(with_token, document()).allowed
     without = decide(make_guardrails(remote(opa.url)), document())
     assert not without.allowed and without.error == "the OPA server answered 401"
+
+
+def slow_rego(n: int) -> str:
+    """A policy whose evaluation takes time that grows with ``n`` (~8 ms at 2,000 on the CI machine)."""
+    return f"""
+package inferflux.guardrails
+import rego.v1
+default decision := {{"allow": false}}
+decision := {{"allow": true}} if {{ count([x | some x in numbers.range(1, {n}); x % 7 == 0]) > 0 }}
+"""
+
+
+@pytest.mark.parametrize(("on_error", "allowed"), [("deny", False), ("allow", True)])
+def test_embedded_slow_policy_times_out(
+    make_guardrails: Callable[..., Guardrails], on_error: str, allowed: bool
+) -> None:
+    spec = {"opa": {"engine": "embedded", "rego": slow_rego(200_000), "timeout_ms": 20, "on_error": on_error}}
+    start = time.monotonic()
+    decision = decide(make_guardrails(spec), document())
+    assert time.monotonic() - start < 0.5  # the answer does not wait for the evaluation
+    assert decision.allowed is allowed
+    assert decision.error is not None and "timed out after 20 ms" in decision.error
+
+
+def test_embedded_decisions_queue_without_counting_against_the_timeout(
+    make_guardrails: Callable[..., Guardrails],
+) -> None:
+    # 48 decisions at once of a policy that takes a few ms: more work than the
+    # timeout in total, but each evaluation is well inside it. None may fail.
+    spec = {"opa": {"engine": "embedded", "rego": slow_rego(2_000), "timeout_ms": 100, "on_error": "deny"}}
+    guardrails = make_guardrails(spec)
+
+    async def run() -> list[OpaDecision]:
+        try:
+            return await asyncio.gather(*(guardrails.authorize(document()) for _ in range(48)))
+        finally:
+            await guardrails.aclose()
+
+    decisions = asyncio.run(run())
+    assert [d.error for d in decisions if d.error] == []
+    assert all(d.allowed for d in decisions)
+
+
+def test_regopy_loads_after_the_native_libraries_it_must_follow() -> None:
+    # regopy's library loaded before re2's or torch's corrupts the heap (an abort
+    # at their load); load_regopy orders them. A fresh interpreter under glibc's
+    # strict heap checks, interleaving all three.
+    script = (
+        "import json\n"
+        "from policy.guardrails.opa import load_regopy\n"
+        "regopy = load_regopy()\n"
+        "import re2, torch\n"
+        "for i in range(50):\n"
+        "    it = regopy.Interpreter()\n"
+        "    it.add_module('p.rego', f'package x\\ndefault allow := false\\nallow if {{ input.n > {i} }}')\n"
+        "    it.set_input_term(json.dumps({'n': i + 1}))\n"
+        "    out = it.query_bundle_entrypoint(it.build(None, ['x/allow']), 'x/allow')\n"
+        "    options = re2.Options()\n"
+        "    options.log_errors = False\n"
+        "    re2.compile(f'[a-z]{{2,{i + 3}}}@example', options)\n"
+        "print(out.ok(), torch.ones(2).sum().item())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[3], env={**os.environ, "MALLOC_CHECK_": "3"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "2.0"]
+
+
+def test_nothing_imports_regopy_but_load_regopy() -> None:
+    root = Path(__file__).resolve().parents[3]
+    offenders = [
+        str(path.relative_to(root))
+        for top in ("policy", "gateway", "backends", "tests")
+        for path in (root / top).rglob("*.py")
+        if path.name != "opa.py" and "import regopy" in path.read_text()
+        and path != Path(__file__).resolve()
+    ]
+    assert offenders == []
