@@ -108,8 +108,10 @@ class Generation:
         on_close: Callable[[Usage], None] | None = None,
         param_names: dict[str, str] | None = None,
         output_check: Callable[[], OutputStream] | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.served = served
+        self.cache_salt = cache_salt
         self.choices = choices
         self._by_index = {c.index: c for c in choices}
         self.priority = priority
@@ -146,7 +148,8 @@ class Generation:
 
     async def _run(self, choice: ChoiceSpec) -> None:
         stream = self.served.engine.generate(
-            choice.request_id, choice.prompt_token_ids, choice.params, priority=self.priority
+            choice.request_id, choice.prompt_token_ids, choice.params, priority=self.priority,
+            cache_salt=self.cache_salt,
         )
         try:
             # aclosing: the generator is closed in the task that iterated it,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,8 +39,8 @@ class EngineStatsCollector(Collector):
     def __init__(self, manager: ModelManager) -> None:
         self._manager = manager
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        families = {
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "running": GaugeMetricFamily(
                 "inferflux_engine_running_sequences", "Sequences being generated", labels=["model"]
             ),
@@ -49,6 +49,18 @@ class EngineStatsCollector(Collector):
             ),
             "used": GaugeMetricFamily("inferflux_kv_blocks_used", "KV cache blocks in use", labels=["model"]),
             "free": GaugeMetricFamily("inferflux_kv_blocks_free", "KV cache blocks free", labels=["model"]),
+            "cached": GaugeMetricFamily(
+                "inferflux_prefix_cache_blocks", "Full KV blocks the prefix cache holds (in use or evictable)",
+                labels=["model"],
+            ),
+            "queried": CounterMetricFamily(
+                "inferflux_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+                labels=["model"],
+            ),
+            "hit": CounterMetricFamily(
+                "inferflux_prefix_cache_hit_tokens", "Prompt tokens whose KV the prefix cache supplied",
+                labels=["model"],
+            ),
         }
         for model in self._manager:
             try:
@@ -67,6 +79,9 @@ def engine_gauges(stats: EngineStats) -> dict[str, float]:
         "waiting": float(stats.num_waiting),
         "used": float(stats.num_blocks_used),
         "free": float(stats.num_blocks_free),
+        "cached": float(stats.num_cached_blocks),
+        "queried": float(stats.prefix_cache_queried_tokens),
+        "hit": float(stats.prefix_cache_hit_tokens),
     }
 
 

@@ -149,7 +149,8 @@ def engine_config_from(engine: EngineSettings) -> EngineConfig:
     """The engine's configuration from the ``engine`` settings; unset keys keep the engine's defaults."""
     from backends.engine import EngineConfig
 
-    kwargs = {k: v for k, v in engine.model_dump().items() if v is not None}
+    gateway_only = {"prefix_cache_per_tenant"}  # applied per request by the routes, not by the engine
+    kwargs = {k: v for k, v in engine.model_dump().items() if v is not None and k not in gateway_only}
     return EngineConfig(**kwargs)
 
 

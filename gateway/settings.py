@@ -142,6 +142,10 @@ class EngineSettings(BaseModel):
     max_num_seqs: int | None = Field(default=None, gt=0)
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     max_model_len: int | None = Field(default=None, gt=0)
+    enable_prefix_caching: bool | None = None  # engine default: on
+    # Each tenant's prompts reuse only that tenant's cached KV, so one tenant's
+    # prompts can neither speed up nor be probed through another's timings.
+    prefix_cache_per_tenant: bool = True
 
 
 class AuthSettings(BaseModel):

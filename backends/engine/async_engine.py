@@ -47,6 +47,7 @@ class _Add:
     prompt: list[int]
     params: SamplingParams
     priority: int
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -128,8 +129,11 @@ class AsyncEngine:
         prompt_token_ids: Iterable[int],
         params: SamplingParams | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (deltas); the last one has ``finished=True``.
+
+        ``cache_salt``: the request's prefix-cache namespace (``LLMEngine.add_request``).
 
         Raises ``InvalidRequestError`` subclasses for a bad request,
         ``EngineStepError`` if a step failed while it ran, ``EngineDeadError``
@@ -145,7 +149,7 @@ class AsyncEngine:
         done = False
         try:
             self.start()
-            self._submit(_Add(stream, prompt, params, priority))
+            self._submit(_Add(stream, prompt, params, priority, cache_salt))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -212,7 +216,9 @@ class AsyncEngine:
         for cmd in commands:
             if isinstance(cmd, _Add):
                 try:
-                    self.engine.add_request(cmd.stream.request_id, cmd.prompt, cmd.params, cmd.priority)
+                    self.engine.add_request(
+                        cmd.stream.request_id, cmd.prompt, cmd.params, cmd.priority, cache_salt=cmd.cache_salt
+                    )
                 except Exception as exc:
                     outbox.put(cmd.stream, exc)
                 else:

@@ -1,13 +1,26 @@
-"""Paged KV-cache bookkeeping: which physical blocks each sequence owns.
+"""Paged KV-cache bookkeeping: which physical blocks each sequence owns, and which it shares.
 
 Pure Python; the backend holds the tensors, this only hands out integers.
-Blocks carry reference counts so that prefix sharing (several block tables
-pointing at one block) can be added without changing the free path.
+
+Prefix caching: a *full* block whose KV has been computed is identified by a
+hash of its tokens chained with the hash of the block before it (and, for the
+first block, a salt: a tenant's own cache namespace), so equal hashes mean an
+equal whole prefix. A new sequence reuses every cached block of its longest
+cached prefix and skips that part of prefill. Blocks are reference counted;
+when the last sequence lets go of a cached block it stays in the cache as
+*evictable*, and is evicted (least recently released first) only when no
+uncached free block is left. Only full blocks are shared, and no sequence
+writes below its computed tokens, so a shared block is never written, with one
+exception: a prompt that is cached to its very end still needs the logits of
+its last token, so that token is run again, into a copy of its block
+(copy-on-write; the copy is made by the backend before the step).
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from collections import OrderedDict, deque
+from collections.abc import Sequence as Tokens
 
 from .errors import BlockManagerError
 from .sequence import Sequence
@@ -20,23 +33,53 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def chain_hash(previous: bytes, tokens: Tokens[int]) -> bytes:
+    """The hash of a full block: its tokens chained with the hash of the prefix before it."""
+    digest = hashlib.blake2b(previous, digest_size=16)
+    digest.update(b"".join(t.to_bytes(4, "little") for t in tokens))
+    return digest.digest()
+
+
+def salt_hash(salt: str | None) -> bytes:
+    """Where a sequence's chain starts: one namespace per salt (None: the shared one)."""
+    return b"" if salt is None else hashlib.blake2b(salt.encode("utf-8"), digest_size=16, person=b"kv-salt").digest()
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, *, enable_prefix_caching: bool = False
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise BlockManagerError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        # FIFO reuse spreads writes over the cache instead of hammering block 0.
+        # Free blocks that hold nothing reusable; taken first. FIFO reuse spreads
+        # writes over the cache instead of hammering block 0.
         self.free_block_ids: deque[int] = deque(range(num_blocks))
+        # Free blocks whose KV is cached, least recently released first: evicted in that order.
+        self.evictable: OrderedDict[int, None] = OrderedDict()
+        self.block_hashes: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # chain hash -> the block holding that KV
+        # Copies owed before the next forward (copy-on-write): (source, destination).
+        # Each source keeps a reference until ``copies_done``.
+        self.pending_copies: list[tuple[int, int]] = []
+        # Counters for metrics: prompt tokens looked up at admission, and found cached.
+        self.num_prefix_queries = 0
+        self.num_prefix_hits = 0
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
+        return len(self.free_block_ids) + len(self.evictable)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_block_ids)
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cached)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)
@@ -44,18 +87,74 @@ class BlockManager:
     # -- admission: a sequence with no blocks gets room for all its known tokens
 
     def can_allocate(self, seq: Sequence) -> bool:
-        return self.blocks_needed(seq.num_tokens) <= len(self.free_block_ids)
+        hits = self._cached_prefix(seq)
+        fresh = self.blocks_needed(seq.num_tokens) - len(hits) + self._copy_needed(seq, hits)
+        # A hit on an evictable block takes it off the free lists too.
+        reclaimed = sum(1 for b in hits if self.ref_counts[b] == 0)
+        return fresh + reclaimed <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
-        """Give ``seq`` blocks for every token it has (prompt + output so far)."""
+        """Give ``seq`` blocks for every token it has (prompt + output so far), reusing its cached prefix.
+
+        Sets ``seq.num_computed_tokens`` to the tokens whose KV it found cached.
+        """
         if seq.block_table:
             raise BlockManagerError(f"allocate: {seq!r} already holds blocks")
-        needed = self.blocks_needed(seq.num_tokens)
-        if needed > len(self.free_block_ids):
+        if not self.can_allocate(seq):
             raise BlockManagerError(
-                f"allocate: {seq!r} needs {needed} blocks, only {len(self.free_block_ids)} free"
+                f"allocate: {seq!r} needs {self.blocks_needed(seq.num_tokens)} blocks, "
+                f"only {self.num_free_blocks} free"
             )
-        seq.block_table = [self._take_block() for _ in range(needed)]
+        hits = self._cached_prefix(seq)
+        for block_id in hits:
+            self._reuse_block(block_id)
+        table = hits + [self._take_block() for _ in range(self.blocks_needed(seq.num_tokens) - len(hits))]
+        computed = len(hits) * self.block_size
+        if self._copy_needed(seq, hits):
+            # Cached to the end: run the last token again, into a copy of its block.
+            computed = seq.num_tokens - 1
+            last = len(hits) - 1
+            copy = self._take_block()
+            self.pending_copies.append((table[last], copy))  # the source keeps its reference until copied
+            table[last] = copy
+        seq.block_table = table
+        seq.num_computed_tokens = computed
+        seq.num_committed_blocks = len(hits)
+        if self.enable_prefix_caching:
+            self.num_prefix_queries += seq.num_tokens
+            self.num_prefix_hits += computed
+
+    def copies_done(self) -> list[tuple[int, int]]:
+        """The backend has made the pending copies: release their sources; returns the pairs."""
+        pairs, self.pending_copies = self.pending_copies, []
+        for src, _ in pairs:
+            self._release_block(src)
+        return pairs
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The blocks holding ``seq``'s longest cached prefix of full blocks."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for h in self._hashes(seq, seq.num_tokens // self.block_size):
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def _copy_needed(self, seq: Sequence, hits: list[int]) -> int:
+        return 1 if hits and len(hits) * self.block_size >= seq.num_tokens else 0
+
+    def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """The chain hashes of ``seq``'s first ``num_blocks`` full blocks (kept on the sequence)."""
+        hashes = seq.block_hashes
+        bs = self.block_size
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            previous = hashes[-1] if hashes else salt_hash(seq.cache_salt)
+            hashes.append(chain_hash(previous, seq.token_ids[i * bs : (i + 1) * bs]))
+        return hashes[:num_blocks]
 
     # -- growth: room for the next n tokens to be computed
 
@@ -65,41 +164,77 @@ class BlockManager:
 
     def can_append(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
         """Whether ``seq`` can compute ``num_new_tokens`` more tokens without eviction."""
-        return self._growth(seq, num_new_tokens) <= len(self.free_block_ids)
+        return self._growth(seq, num_new_tokens) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence, num_new_tokens: int = 1) -> None:
         """Extend ``seq.block_table`` to cover positions up to
         ``num_computed_tokens + num_new_tokens - 1``."""
         growth = self._growth(seq, num_new_tokens)
-        if growth > len(self.free_block_ids):
+        if growth > self.num_free_blocks:
             raise BlockManagerError(
-                f"append_slots: {seq!r} needs {growth} more blocks, only {len(self.free_block_ids)} free"
+                f"append_slots: {seq!r} needs {growth} more blocks, only {self.num_free_blocks} free"
             )
         seq.block_table.extend(self._take_block() for _ in range(growth))
+
+    # -- after a step: full blocks whose KV is now computed join the cache
+
+    def commit(self, seq: Sequence) -> None:
+        """Cache every full block of ``seq`` whose KV is computed and not cached yet."""
+        if not self.enable_prefix_caching:
+            return
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        hashes = self._hashes(seq, full)
+        for i in range(seq.num_committed_blocks, full):
+            block_id, h = seq.block_table[i], hashes[i]
+            # An equal block computed twice (two sequences admitted in one step) is
+            # cached once; the other copy stays private and is freed as usual.
+            if self.block_hashes[block_id] is None and h not in self.cached:
+                self.block_hashes[block_id] = h
+                self.cached[h] = block_id
+        seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
     # -- release
 
     def free(self, seq: Sequence) -> None:
-        """Drop ``seq``'s references; blocks nobody references go back to the free list."""
+        """Drop ``seq``'s references; blocks nobody references go back to the free lists."""
         # Release in reverse so the tail blocks (least likely to be shared as a
-        # prefix later) are reused first.
+        # prefix later) are the first to be evicted.
         for block_id in reversed(seq.block_table):
             self._release_block(block_id)
         seq.block_table = []
+        seq.num_committed_blocks = 0
 
     def incref(self, block_id: int) -> None:
-        """Another table now points at ``block_id`` (prefix sharing)."""
+        """Another table now points at ``block_id``."""
         self._check_id(block_id)
         if self.ref_counts[block_id] == 0:
             raise BlockManagerError(f"incref of free block {block_id}")
         self.ref_counts[block_id] += 1
 
     def _take_block(self) -> int:
-        block_id = self.free_block_ids.popleft()
+        if self.free_block_ids:
+            block_id = self.free_block_ids.popleft()
+        elif self.evictable:
+            block_id, _ = self.evictable.popitem(last=False)
+            self._uncache(block_id)
+        else:
+            raise BlockManagerError("no free KV block")
         if self.ref_counts[block_id] != 0:
             raise BlockManagerError(f"block {block_id} is on the free list with ref count {self.ref_counts[block_id]}")
         self.ref_counts[block_id] = 1
         return block_id
+
+    def _reuse_block(self, block_id: int) -> None:
+        if self.ref_counts[block_id] == 0:
+            del self.evictable[block_id]
+        self.ref_counts[block_id] += 1
+
+    def _uncache(self, block_id: int) -> None:
+        h = self.block_hashes[block_id]
+        if h is not None:
+            self.block_hashes[block_id] = None
+            if self.cached.get(h) == block_id:
+                del self.cached[h]
 
     def _release_block(self, block_id: int) -> None:
         self._check_id(block_id)
@@ -107,7 +242,10 @@ class BlockManager:
             raise BlockManagerError(f"double free of KV block {block_id}")
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 0:
-            self.free_block_ids.append(block_id)
+            if self.block_hashes[block_id] is not None:
+                self.evictable[block_id] = None
+            else:
+                self.free_block_ids.append(block_id)
 
     def _check_id(self, block_id: int) -> None:
         if not 0 <= block_id < self.num_blocks:

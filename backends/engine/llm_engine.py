@@ -49,6 +49,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None
+    # Reuse the KV of full blocks of earlier prompts (and outputs) with the same
+    # prefix; requests only share within the same ``cache_salt``.
+    enable_prefix_caching: bool = True
 
     def check(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -79,7 +82,9 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len(model_info, config)
 
         backend.allocate_kv(self.num_blocks, self.block_size)
-        self.block_manager = BlockManager(self.num_blocks, self.block_size)
+        self.block_manager = BlockManager(
+            self.num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(tokenizer)
         self.sampler = Sampler(self.eos_token_ids)
@@ -145,8 +150,12 @@ class LLMEngine:
         prompt_token_ids: Iterable[int],
         params: SamplingParams | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue a request; it joins the running batch at the next step.
+
+        ``cache_salt``: the prefix-cache namespace of the request (a tenant id,
+        say): it reuses cached KV only of requests with the same salt.
 
         Raises ``InvalidRequestError`` subclasses (``DuplicateRequestError``,
         ``EmptyPromptError``, ``PromptTooLongError``, ``CacheCapacityError``,
@@ -157,7 +166,12 @@ class LLMEngine:
         prompt, params, max_tokens = self.validate_request(prompt_token_ids, params, priority)
         seq_id = self._next_seq_id
         self._next_seq_id += 1
-        seq = Sequence(seq_id, request_id, prompt, params, max_tokens=max_tokens, priority=priority, arrival=seq_id)
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
+        seq = Sequence(
+            seq_id, request_id, prompt, params, max_tokens=max_tokens, priority=priority, arrival=seq_id,
+            cache_salt=cache_salt,
+        )
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt, params, self.eos_token_ids)
         self._requests[request_id] = seq
         self.scheduler.add(seq)
@@ -200,6 +214,9 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
+        if sched.copies:
+            self.backend.copy_blocks(sched.copies)
+            self.block_manager.copies_done()
         logits = self.backend.forward(sched.batch())
         seqs = sched.sampled_seqs  # logits row i belongs to seqs[i]
         samples = self.sampler.sample(logits, seqs)
@@ -226,6 +243,9 @@ class LLMEngine:
             num_steps=self.num_steps,
             max_num_seqs=self.config.max_num_seqs,
             max_model_len=self.max_model_len,
+            num_cached_blocks=bm.num_cached_blocks,
+            prefix_cache_queried_tokens=bm.num_prefix_queries,
+            prefix_cache_hit_tokens=bm.num_prefix_hits,
         )
 
     # -- internals

@@ -54,6 +54,14 @@ class EngineStats:
     num_steps: int
     max_num_seqs: int
     max_model_len: int
+    num_cached_blocks: int = 0  # full blocks whose KV the prefix cache holds (in use or evictable)
+    prefix_cache_queried_tokens: int = 0  # tokens of admitted sequences looked up in the prefix cache, total
+    prefix_cache_hit_tokens: int = 0  # of those, tokens whose KV was reused, total
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        q = self.prefix_cache_queried_tokens
+        return self.prefix_cache_hit_tokens / q if q else 0.0
 
     @property
     def kv_cache_usage(self) -> float:

@@ -16,7 +16,9 @@ Order within a step:
 
 Preemption frees the sequence's blocks and puts it back in the waiting queue
 (ahead of later arrivals of its priority); on readmission its prompt and its
-output so far are prefilled again. Imports no tensor library.
+output so far are prefilled again, except for what the prefix cache still
+holds (``BlockManager``): admission starts a sequence after its cached prefix.
+Imports no tensor library.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     block_size: int = 16
+    # KV blocks to copy before the forward (copy-on-write of a cached block): (source, destination).
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -151,6 +155,7 @@ class Scheduler:
             budget -= n
 
         out.scheduled = list(scheduled.values())
+        out.copies = list(self.block_manager.pending_copies)
         return out
 
     def postprocess(self, out: SchedulerOutput) -> list[Sequence]:
@@ -162,6 +167,7 @@ class Scheduler:
             if seq.status is SequenceStatus.WAITING:
                 continue  # preempted (and reset) after scheduling: nothing to record
             seq.num_computed_tokens = entry.start_pos + entry.num_tokens
+            self.block_manager.commit(seq)
             if seq.is_finished and seq.status is not SequenceStatus.FINISHED_ABORTED:
                 self.running.remove(seq)
                 self.block_manager.free(seq)

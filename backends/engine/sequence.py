@@ -56,6 +56,7 @@ class Sequence:
         max_tokens: int,
         priority: int = 0,
         arrival: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -71,6 +72,13 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.num_preemptions = 0
+        # Prefix caching: the namespace of this sequence's cached blocks (a tenant's,
+        # say; None shares the default one), the chain hashes of its full blocks
+        # (valid for as long as its tokens, so kept across preemption), and how
+        # many leading blocks of its table are in the cache already.
+        self.cache_salt = cache_salt
+        self.block_hashes: list[bytes] = []
+        self.num_committed_blocks = 0
 
         # Set by the engine: per-request state that outlives preemption, so a
         # recomputed sequence continues its text and its random stream exactly.

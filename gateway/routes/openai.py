@@ -280,8 +280,16 @@ def _generation(
         on_first_token=lambda seconds: metrics.ttft.labels(model).observe(seconds),
         on_close=record,
         output_check=guards.output_stream if guards.checks_output else None,
+        cache_salt=_cache_salt(request),
     )
     return gen
+
+
+def _cache_salt(request: Request) -> str | None:
+    """The prefix-cache namespace of the caller: its tenant's own, unless the operator shares one."""
+    if not request.app.state.settings.engine.prefix_cache_per_tenant:
+        return None
+    return f"tenant:{principal_of(request).tenant_id}"
 
 
 async def _collect(gen: Generation) -> dict[int, list[RequestOutput]]:

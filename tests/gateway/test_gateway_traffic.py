@@ -169,6 +169,22 @@ def test_a_quota_is_charged_the_real_count_of_a_stream(world: World) -> None:
     third = chat(world, key, "Name a colour.", max_tokens=40)
     assert third.status_code == 429 and error_of(third)["code"] == "insufficient_quota"
 
+
+def test_tenants_do_not_share_the_prefix_cache(world: World) -> None:
+    (_, key_a), (_, key_b) = world.tenant_key(), world.tenant_key()
+    engine = world.app.state.manager.get(MODEL).engine
+    content = "Summarise the rules of chess for a beginner, covering how each piece moves, in detail. " * 3
+
+    def hits_after(key: str) -> int:
+        before = engine.stats().prefix_cache_hit_tokens
+        assert chat(world, key, content, max_tokens=1).status_code == 200
+        wait_until(lambda: engine.stats().num_running == 0)
+        return engine.stats().prefix_cache_hit_tokens - before
+
+    assert hits_after(key_a) == 0
+    assert hits_after(key_b) == 0  # the same prompt, another tenant: nothing reused
+    assert hits_after(key_a) >= 48  # the same tenant again: its full blocks are reused
+
 # -- guardrails and OPA -------------------------------------------------------------------
 
 

@@ -184,3 +184,34 @@ def test_compiled_attention_is_in_use_and_agrees_with_the_reference(backend, pro
         for a, b in zip(compiled[seq], plain[seq], strict=True):
             assert int(a.argmax()) == int(b.argmax())
             np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
+SYSTEM_TEXT = (
+    "You are the support assistant of a small bakery. Opening hours are seven to three on weekdays and eight "
+    "to one on Saturdays; the shop is closed on Sundays and public holidays. Bread is baked twice a day. "
+) * 12
+
+
+def test_a_shared_system_prompt_is_prefilled_once_with_the_same_output(backend, info, tokenizer):
+    system = tokenizer.encode(SYSTEM_TEXT)[:512]
+    assert len(system) == 512
+    questions = [" Question: when do you open on Saturday? Answer:", " Question: is there bread on Sunday? Answer:"]
+    requests = [system + tokenizer.encode(q, add_special_tokens=False) for q in questions]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs, processed = {}, {}
+    for enabled in (True, False):
+        engine = LLMEngine(backend, tokenizer, info, EngineConfig(block_size=BLOCK, enable_prefix_caching=enabled))
+        for i, ids in enumerate(requests):  # one after the other: the second finds the first's blocks
+            before = engine.stats().num_tokens_processed
+            engine.add_request(f"q{i}", ids, params)
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    outputs.setdefault((enabled, i), []).extend(out.new_token_ids)
+            processed[(enabled, i)] = engine.stats().num_tokens_processed - before
+        if enabled:
+            assert engine.stats().prefix_cache_hit_tokens == 512
+    for i, ids in enumerate(requests):
+        assert outputs[(True, i)] == outputs[(False, i)]
+        assert processed[(False, i)] == len(ids) + 11  # the whole prompt, then 11 decode steps
+    assert processed[(True, 0)] == len(requests[0]) + 11
+    assert processed[(True, 1)] == len(requests[1]) - 512 + 11  # the system prompt was not run again

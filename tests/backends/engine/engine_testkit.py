@@ -152,7 +152,7 @@ def model_info(vocab: int = VOCAB, context_length: int = 4096) -> ModelInfo:
 
 def make_engine(
     *, num_blocks: int = 256, block_size: int = 4, max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
-    context_length: int = 4096, delay: float = 0.0, tokenizer: Any = None,
+    context_length: int = 4096, delay: float = 0.0, tokenizer: Any = None, enable_prefix_caching: bool = True,
 ) -> tuple[LLMEngine, PagedEchoBackend]:
     backend = PagedEchoBackend(delay=delay)
     engine = LLMEngine(
@@ -164,6 +164,7 @@ def make_engine(
             num_blocks=num_blocks,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
         ),
     )
     return engine, backend
@@ -208,20 +209,36 @@ def solo_run(prompt: list[int], params: SamplingParams, **engine_kwargs) -> dict
 
 
 def check_block_invariants(bm: BlockManager, seqs) -> None:
-    """No leak, no double ownership, consistent ref counts."""
+    """No leak, no double ownership, consistent ref counts, and a consistent prefix cache."""
     refs = Counter(b for s in seqs for b in s.block_table)
-    free = list(bm.free_block_ids)
-    if len(set(free)) != len(free):
-        raise AssertionError("a block is on the free list twice")
+    refs.update(src for src, _ in bm.pending_copies)  # a copy's source is held until it is made
+    uncached, evictable = list(bm.free_block_ids), list(bm.evictable)
+    free = set(uncached) | set(evictable)
+    if len(free) != len(uncached) + len(evictable):
+        raise AssertionError("a block is on a free list twice, or on both")
     for b in range(bm.num_blocks):
         if bm.ref_counts[b] != refs.get(b, 0):
             raise AssertionError(f"block {b}: ref count {bm.ref_counts[b]} but {refs.get(b, 0)} tables use it")
-        if (bm.ref_counts[b] == 0) != (b in set(free)):
+        if (bm.ref_counts[b] == 0) != (b in free):
             raise AssertionError(f"block {b}: ref count {bm.ref_counts[b]} vs free-list membership")
+        if b in evictable and bm.block_hashes[b] is None:
+            raise AssertionError(f"block {b} is evictable but holds nothing cached")
+        if b in uncached and bm.block_hashes[b] is not None:
+            raise AssertionError(f"block {b} is cached but on the uncached free list")
+    for h, b in bm.cached.items():
+        if bm.block_hashes[b] != h:
+            raise AssertionError(f"cache entry for block {b} disagrees with the block's hash")
+    if sum(h is not None for h in bm.block_hashes) != len(bm.cached):
+        raise AssertionError("a block carries a hash the cache does not map to it")
     if bm.num_free_blocks + bm.num_used_blocks != bm.num_blocks:
         raise AssertionError("free + used != total")
     if bm.num_used_blocks != len(refs):
         raise AssertionError("used blocks differ from blocks referenced by live tables")
+    # A shared block is never written: every sequence's computed tokens cover its shared blocks.
+    for s in seqs:
+        for i, b in enumerate(s.block_table):
+            if bm.ref_counts[b] > 1 and (i + 1) * bm.block_size > s.num_computed_tokens:
+                raise AssertionError(f"{s!r} will write into block {b}, which is shared")
 
 
 def check_scheduler_invariants(sched: Scheduler, seqs) -> None:
