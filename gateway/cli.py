@@ -96,7 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
     manager = ModelManager(expected=[spec.name for spec, _ in specs])
     for spec, backend in specs:
         try:
-            manager.add(load_served_model(spec, backend, engine_config_from(settings.engine)))
+            config = engine_config_from(settings.engine, settings.model_speculative(spec.name))
+            manager.add(load_served_model(spec, backend, config))
         except (BackendError, OSError, ValueError) as exc:
             _error(f"cannot load model {spec.name!r} ({spec.path}) on backend {backend!r}: {exc}")
             manager.shutdown()

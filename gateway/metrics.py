@@ -61,6 +61,15 @@ class EngineStatsCollector(Collector):
                 "inferflux_prefix_cache_hit_tokens", "Prompt tokens whose KV the prefix cache supplied",
                 labels=["model"],
             ),
+            "proposed": CounterMetricFamily(
+                "inferflux_spec_proposed_tokens", "Draft tokens verified by speculative decoding", labels=["model"]
+            ),
+            "accepted": CounterMetricFamily(
+                "inferflux_spec_accepted_tokens", "Draft tokens accepted by speculative decoding", labels=["model"]
+            ),
+            "acceptance": GaugeMetricFamily(
+                "inferflux_spec_acceptance_rate", "Accepted / proposed draft tokens since start", labels=["model"]
+            ),
         }
         for model in self._manager:
             try:
@@ -82,6 +91,9 @@ def engine_gauges(stats: EngineStats) -> dict[str, float]:
         "cached": float(stats.num_cached_blocks),
         "queried": float(stats.prefix_cache_queried_tokens),
         "hit": float(stats.prefix_cache_hit_tokens),
+        "proposed": float(stats.spec_proposed_tokens),
+        "accepted": float(stats.spec_accepted_tokens),
+        "acceptance": stats.spec_accepted_tokens / stats.spec_proposed_tokens if stats.spec_proposed_tokens else 0.0,
     }
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the engine is only needed at load time
     from backends.engine import AsyncEngine, EngineConfig
     from backends.models import Tokenizer
 
-    from gateway.settings import EngineSettings
+    from gateway.settings import EngineSettings, SpeculativeSettings
 
 log = logging.getLogger("inferflux.gateway.models")
 
@@ -47,6 +47,11 @@ class ServedModel:
     def max_model_len(self) -> int:
         """The usable context: the engine may be configured below the model's own."""
         return self.engine.stats().max_model_len
+
+    @property
+    def speculative(self) -> Any:
+        """The model's speculative-decoding configuration, None when it has none."""
+        return self.engine.engine.config.speculative
 
     @property
     def system_fingerprint(self) -> str:
@@ -145,12 +150,17 @@ class ModelManager:
                 log.exception("shutting down model %s failed", model.name)
 
 
-def engine_config_from(engine: EngineSettings) -> EngineConfig:
-    """The engine's configuration from the ``engine`` settings; unset keys keep the engine's defaults."""
+def engine_config_from(engine: EngineSettings, speculative: SpeculativeSettings | None = None) -> EngineConfig:
+    """The engine's configuration from the ``engine`` settings (and a model's own ``speculative``
+    section, which wins over the engine's); unset keys keep the engine's defaults."""
     from backends.engine import EngineConfig
+    from backends.engine.speculative import SpeculativeConfig
 
-    gateway_only = {"prefix_cache_per_tenant"}  # applied per request by the routes, not by the engine
+    gateway_only = {"prefix_cache_per_tenant", "speculative"}  # applied per request by the routes / below
     kwargs = {k: v for k, v in engine.model_dump().items() if v is not None and k not in gateway_only}
+    chosen = speculative or engine.speculative
+    if chosen is not None:
+        kwargs["speculative"] = SpeculativeConfig(**chosen.model_dump())
     return EngineConfig(**kwargs)
 
 

@@ -40,6 +40,15 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class SpeculativeRequest(BaseModel):
+    """The ``speculative`` extension: this request's share of the model's speculative decoding."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    method: Literal["ngram"] | None = None
+    k: int | None = Field(default=None, ge=0, le=16)  # 0: off for this request; n: drafts of at most n tokens
+
+
 class _SamplingRequest(BaseModel):
     """Fields shared by chat and text completions."""
 
@@ -65,6 +74,7 @@ class _SamplingRequest(BaseModel):
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool = False
     priority: int = 0
+    speculative: SpeculativeRequest | None = None
 
     @field_validator("stop")
     @classmethod
@@ -339,6 +349,7 @@ def sampling_kwargs(
         "repetition_penalty": req.repetition_penalty,
         "min_tokens": req.min_tokens,
         "seed": None if req.seed is None else req.seed + seed_offset,
+        "speculative_k": None if req.speculative is None else req.speculative.k,
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     return kwargs

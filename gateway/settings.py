@@ -122,6 +122,25 @@ Dtype = Literal["auto", "float32", "bfloat16"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 
+class SpeculativeSettings(BaseModel):
+    """Speculative decoding for a model (``backends.engine.speculative.SpeculativeConfig``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["ngram"] = "ngram"
+    k: int = Field(default=4, ge=1, le=16)
+    min_ngram: int = Field(default=1, ge=1, le=16)
+    max_ngram: int = Field(default=4, ge=1, le=16)
+    max_batch: int = Field(default=8, ge=1)
+    cooldown_steps: int = Field(default=16, ge=0)
+
+    @model_validator(mode="after")
+    def _ngrams(self) -> SpeculativeSettings:
+        if self.min_ngram > self.max_ngram:
+            raise ValueError("min_ngram must not exceed max_ngram")
+        return self
+
+
 class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -130,6 +149,8 @@ class ModelEntry(BaseModel):
     backend: str | None = None
     dtype: Dtype | None = None
     aliases: list[str] = Field(default_factory=list)
+    # This model's speculative decoding; unset: the engine section's (off by default).
+    speculative: SpeculativeSettings | None = None
 
 
 class EngineSettings(BaseModel):
@@ -143,6 +164,7 @@ class EngineSettings(BaseModel):
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     max_model_len: int | None = Field(default=None, gt=0)
     enable_prefix_caching: bool | None = None  # engine default: on
+    speculative: SpeculativeSettings | None = None  # every model's, unless its entry sets its own; unset: off
     # Each tenant's prompts reuse only that tenant's cached KV, so one tenant's
     # prompts can neither speed up nor be probed through another's timings.
     prefix_cache_per_tenant: bool = True
@@ -289,6 +311,11 @@ class Settings(BaseModel):
             )
             for e in entries
         ]
+
+
+    def model_speculative(self, name: str) -> SpeculativeSettings | None:
+        """The ``speculative`` section of the configured model ``name`` (None: it sets none)."""
+        return next((e.speculative for e in self.models if e.name == name), None)
 
 
 def _default_model_path() -> str:

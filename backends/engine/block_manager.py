@@ -176,6 +176,12 @@ class BlockManager:
             )
         seq.block_table.extend(self._take_block() for _ in range(growth))
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back blocks past those ``seq``'s tokens need (a rejected draft's)."""
+        keep = self.blocks_needed(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            self._release_block(seq.block_table.pop())
+
     # -- after a step: full blocks whose KV is now computed join the cache
 
     def commit(self, seq: Sequence) -> None:

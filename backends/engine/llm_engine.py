@@ -11,6 +11,8 @@ import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from backends.base import Backend, ModelInfo
 
 from .block_manager import DEFAULT_BLOCK_SIZE, BlockManager, blocks_for
@@ -27,8 +29,9 @@ from .errors import (
 from .outputs import EngineStats, RequestOutput, TokenLogprob
 from .sampler import SampleResult, Sampler
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
+from .speculative import SpeculativeConfig, Speculator
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # used when neither num_blocks nor kv_cache_bytes is set
 
@@ -52,6 +55,8 @@ class EngineConfig:
     # Reuse the KV of full blocks of earlier prompts (and outputs) with the same
     # prefix; requests only share within the same ``cache_salt``.
     enable_prefix_caching: bool = True
+    # Speculative decoding (``speculative.SpeculativeConfig``); None: off.
+    speculative: SpeculativeConfig | None = None
 
     def check(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -61,6 +66,10 @@ class EngineConfig:
                 _positive(name, getattr(self, name))
         if self.num_blocks is not None and self.kv_cache_bytes is not None:
             raise EngineConfigError("set num_blocks or kv_cache_bytes, not both")
+        if self.speculative is not None:
+            if not isinstance(self.speculative, SpeculativeConfig):
+                raise EngineConfigError("speculative must be a SpeculativeConfig or None")
+            self.speculative.check()
 
 
 class LLMEngine:
@@ -85,7 +94,10 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.speculator = Speculator(config.speculative) if config.speculative is not None else None
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.speculator
+        )
         self.eos_token_ids = _eos_ids(tokenizer)
         self.sampler = Sampler(self.eos_token_ids)
 
@@ -218,14 +230,12 @@ class LLMEngine:
             self.backend.copy_blocks(sched.copies)
             self.block_manager.copies_done()
         logits = self.backend.forward(sched.batch())
-        seqs = sched.sampled_seqs  # logits row i belongs to seqs[i]
-        samples = self.sampler.sample(logits, seqs)
-        outputs = [self._append(seq, sample) for seq, sample in zip(seqs, samples)]
+        outputs = self._sample(sched, logits)
         for seq in self.scheduler.postprocess(sched):
             self._requests.pop(seq.request_id, None)
         self.num_steps += 1
         self.num_tokens_processed += sched.num_tokens
-        self.num_tokens_generated += len(seqs)
+        self.num_tokens_generated += sum(len(out.new_token_ids) for out in outputs)
         return outputs
 
     def stats(self) -> EngineStats:
@@ -246,27 +256,74 @@ class LLMEngine:
             num_cached_blocks=bm.num_cached_blocks,
             prefix_cache_queried_tokens=bm.num_prefix_queries,
             prefix_cache_hit_tokens=bm.num_prefix_hits,
+            spec_proposed_tokens=self.speculator.num_proposed if self.speculator else 0,
+            spec_accepted_tokens=self.speculator.num_accepted if self.speculator else 0,
         )
 
     # -- internals
 
-    def _append(self, seq: Sequence, sample: SampleResult) -> RequestOutput:
-        seq.append_token(sample.token_id)
+    def _sample(self, sched: SchedulerOutput, logits: object) -> list[RequestOutput]:
+        """Tokens from the step's logits: plain rows sampled together, each draft verified row by row."""
+        if not any(entry.draft for entry in sched.scheduled):
+            seqs = sched.sampled_seqs  # logits row i belongs to seqs[i]
+            return [self._append(seq, [s]) for seq, s in zip(seqs, self.sampler.sample(logits, seqs))]
+        logits = np.asarray(logits, dtype=np.float32)
+        plain: list[tuple[Sequence, int]] = []
+        drafted: list[tuple[ScheduledSeq, int]] = []
+        row = 0
+        for entry in sched.scheduled:
+            if entry.draft:
+                drafted.append((entry, row))
+            elif entry.num_logits:
+                plain.append((entry.seq, row))
+            row += entry.num_logits
+        samples = self.sampler.sample(logits[[r for _, r in plain]], [seq for seq, _ in plain])
+        outputs = [self._append(seq, [sample]) for (seq, _), sample in zip(plain, samples)]
+        outputs += [self._verify(entry, logits[r : r + entry.num_logits]) for entry, r in drafted]
+        return outputs
+
+    def _verify(self, entry: ScheduledSeq, rows: np.ndarray) -> RequestOutput:
+        """Keep the draft's tokens while the target agrees, then the target's own token."""
+        seq, draft = entry.seq, entry.draft
+        kept: list[SampleResult] = []
+        accepted = 0
+        for i, row in enumerate(rows):
+            sample, took = self.sampler.verify_row(row, seq, draft[i] if i < len(draft) else None)
+            kept.append(sample)
+            accepted += took
+            if self._push(seq, sample.token_id) is not None or not took:
+                break
+        if self.speculator is not None:
+            self.speculator.observe(seq, len(draft), accepted)
+        return self._output(seq, kept)
+
+    def _append(self, seq: Sequence, samples: list[SampleResult]) -> RequestOutput:
+        for sample in samples:
+            self._push(seq, sample.token_id)
+        return self._output(seq, samples)
+
+    def _push(self, seq: Sequence, token_id: int) -> str | None:
+        """Append one token; its finish reason if it ends the sequence."""
+        seq.append_token(token_id)
         detok = seq.detokenizer
-        reason = detok.append(sample.token_id)
+        reason = detok.append(token_id)
         if reason is None and seq.num_output_tokens >= seq.max_tokens:
             reason = detok.finish("length")
         if reason is not None:
             seq.status = SequenceStatus.FINISHED_STOPPED if reason == "stop" else SequenceStatus.FINISHED_LENGTH
+        return reason
+
+    def _output(self, seq: Sequence, samples: list[SampleResult]) -> RequestOutput:
+        reason = seq.status.finish_reason if seq.is_finished else None
         return RequestOutput(
             request_id=seq.request_id,
-            new_token_ids=[sample.token_id],
-            new_text=detok.take_delta(),
+            new_token_ids=[s.token_id for s in samples],
+            new_text=seq.detokenizer.take_delta(),
             finished=reason is not None,
             finish_reason=reason,
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
-            logprobs=[self._logprob(sample)] if seq.params.logprobs else None,
+            logprobs=[self._logprob(s) for s in samples] if seq.params.logprobs else None,
         )
 
     def _logprob(self, sample: SampleResult) -> TokenLogprob:

@@ -57,6 +57,8 @@ class EngineStats:
     num_cached_blocks: int = 0  # full blocks whose KV the prefix cache holds (in use or evictable)
     prefix_cache_queried_tokens: int = 0  # tokens of admitted sequences looked up in the prefix cache, total
     prefix_cache_hit_tokens: int = 0  # of those, tokens whose KV was reused, total
+    spec_proposed_tokens: int = 0  # draft tokens verified by speculative decoding, total
+    spec_accepted_tokens: int = 0  # of those, tokens accepted, total
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -90,6 +90,31 @@ class Sampler:
                 results.append(SampleResult(token))
         return results
 
+    def verify_row(self, logits_row: object, seq: Sequence, proposal: int | None) -> tuple[SampleResult, bool]:
+        """One row of a speculative step: the token ``seq`` gets, and whether it is ``proposal``.
+
+        The row is processed as ``sample`` would (min_tokens, penalties against
+        ``seq``'s output so far, temperature, top-k/p, min-p). Greedy rows take
+        the argmax, so a draft is kept exactly while it matches plain greedy
+        decoding; sampled rows use the rejection rule of speculative sampling, so
+        the tokens are distributed exactly as plain sampling's. ``proposal`` None:
+        the bonus row after a fully accepted draft, sampled as usual.
+        """
+        row = np.array(logits_row, dtype=np.float32)  # a copy: edited below
+        self._apply_min_tokens(row, seq, row.size)
+        if seq.params.has_penalties:
+            _apply_penalties(row, seq)
+        params = seq.params
+        if params.greedy:
+            token = int(row.argmax())
+            took = token == proposal
+        elif proposal is None:
+            token, took = _sample_row(row / np.float32(params.temperature), params, _generator(seq)), False
+        else:
+            token, took = _verify_sampled(row / np.float32(params.temperature), params, _generator(seq), proposal)
+        result = _with_logprobs(row, token, params.top_logprobs) if params.logprobs else SampleResult(token)
+        return result, took
+
     def _masks_stops(self, seq: Sequence) -> bool:
         return seq.num_output_tokens < seq.params.min_tokens
 
@@ -129,10 +154,18 @@ def _apply_penalties(row: np.ndarray, seq: Sequence) -> None:
 
 
 def _sample_row(x: np.ndarray, params, rng: np.random.Generator) -> int:
+    if not math.isfinite(float(x.max())):
+        return int(np.argmax(x))  # everything masked (or NaN): nothing sensible to draw from
+    ids, weights = _distribution(x, params)
+    return _draw_full(weights, rng) if ids is None else int(ids[_draw(weights, rng)])
+
+
+def _distribution(x: np.ndarray, params) -> tuple[np.ndarray | None, np.ndarray]:
+    """What a draw is made from: (candidate ids, their unnormalised weights) after top-k,
+    top-p and min-p; ids None means the whole vocabulary, weights indexed by token id.
+    ``x`` is a finite-maximum row already divided by the temperature."""
     vocab = x.size
     best = float(x.max())
-    if not math.isfinite(best):
-        return int(np.argmax(x))  # everything masked (or NaN): nothing sensible to draw from
     top_k = params.top_k if 0 < params.top_k < vocab else 0
     top_p = params.top_p
     floor = best + math.log(params.min_p) if params.min_p > 0 else -math.inf
@@ -140,8 +173,8 @@ def _sample_row(x: np.ndarray, params, rng: np.random.Generator) -> int:
     if not top_k and top_p >= 1.0:
         if params.min_p > 0:
             cand = np.flatnonzero(x >= floor)
-            return int(cand[_draw(np.exp(x[cand] - best), rng)])
-        return _draw_full(np.exp(x - best), rng)
+            return cand, np.exp(x[cand] - best)
+        return None, np.exp(x - best)
 
     cand, total = _candidates(x, best, top_k, top_p)  # sorted best first
     weights = np.exp(x[cand] - best)
@@ -153,7 +186,34 @@ def _sample_row(x: np.ndarray, params, rng: np.random.Generator) -> int:
         keep = min(keep, int(np.searchsorted(cdf, top_p, side="left")) + 1)
     if floor > -math.inf:
         keep = min(keep, max(1, int(np.count_nonzero(x[cand[:keep]] >= floor))))
-    return int(cand[_draw(weights[:keep], rng)])
+    return cand[:keep], weights[:keep]
+
+
+def _verify_sampled(x: np.ndarray, params, rng: np.random.Generator, proposal: int) -> tuple[int, bool]:
+    """Speculative sampling against a draft that proposed ``proposal`` with certainty.
+
+    Accept it with probability p(proposal); otherwise draw from p with the
+    proposal removed (the residual max(0, p - q), renormalised). The result is
+    distributed exactly as a plain draw from p.
+    """
+    if not math.isfinite(float(x.max())):
+        token = int(np.argmax(x))
+        return token, token == proposal
+    ids, weights = _distribution(x, params)
+    total = float(weights.sum(dtype=np.float64))
+    if ids is None:
+        mass = float(weights[proposal]) if 0 <= proposal < weights.size else 0.0
+    else:
+        mass = float(weights[ids == proposal].sum())
+    if rng.random() * total < mass:
+        return proposal, True
+    residual = weights.copy()
+    if ids is None:
+        if 0 <= proposal < residual.size:
+            residual[proposal] = 0.0
+        return _draw_full(residual, rng), False
+    residual[ids == proposal] = 0.0
+    return int(ids[_draw(residual, rng)]), False
 
 
 def _candidates(x: np.ndarray, best: float, top_k: int, top_p: float) -> tuple[np.ndarray, float]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .errors import SamplingParamsError
 
+MAX_SPECULATIVE_K = 16
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is argmax (as vLLM)
@@ -39,6 +40,9 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     skip_special_tokens: bool = True
+    # Speculative decoding, where the model has it on: None follows the model's
+    # setting, 0 turns it off for this request, n caps the draft at n tokens.
+    speculative_k: int | None = None
 
     def __post_init__(self) -> None:
         # OpenAI accepts a bare string for "stop"; normalise so the rest of the
@@ -100,6 +104,8 @@ class SamplingParams:
         if self.top_logprobs and not self.logprobs:
             raise SamplingParamsError("top_logprobs", "top_logprobs requires logprobs to be true")
         _boolean("skip_special_tokens", self.skip_special_tokens)
+        if self.speculative_k is not None:
+            _integer("speculative_k", self.speculative_k, 0, MAX_SPECULATIVE_K)
 
 
 def _number(name: str, value: object, low: float, high: float | None, *, low_open: bool = False) -> None:

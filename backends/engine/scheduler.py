@@ -31,16 +31,27 @@ from backends.base import Batch, SequenceSlice
 from .block_manager import BlockManager
 from .errors import BlockManagerError
 from .sequence import Sequence, SequenceStatus
+from .speculative import Speculator
 
 
 @dataclass(frozen=True)
 class ScheduledSeq:
-    """``num_tokens`` tokens of ``seq`` starting at ``start_pos`` run this step."""
+    """``num_tokens`` tokens of ``seq`` starting at ``start_pos`` run this step.
+
+    A speculative decode runs the sequence's last token and then ``draft``
+    (tokens proposed, not yet the sequence's), with a logits row for each.
+    """
 
     seq: Sequence
     start_pos: int
     num_tokens: int
-    num_logits: int  # 1 when the chunk reaches the end of the known tokens, else 0
+    num_logits: int  # 1 when the chunk reaches the end of the known tokens, else 0; 1 + len(draft) with a draft
+    draft: tuple[int, ...] = ()
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        known = self.seq.token_ids[self.start_pos : self.start_pos + self.num_tokens - len(self.draft)]
+        return (*known, *self.draft)
 
 
 @dataclass
@@ -68,7 +79,7 @@ class SchedulerOutput:
         slices = [
             SequenceSlice(
                 seq_id=s.seq.seq_id,
-                token_ids=tuple(s.seq.token_ids[s.start_pos : s.start_pos + s.num_tokens]),
+                token_ids=s.token_ids,
                 start_pos=s.start_pos,
                 block_table=tuple(s.seq.block_table),
                 num_logits=s.num_logits,
@@ -79,10 +90,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        speculator: Speculator | None = None,
+    ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.speculator = speculator
         # Both lists stay sorted by Sequence.sort_key (most important first).
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -111,11 +129,15 @@ class Scheduler:
         scheduled: dict[int, ScheduledSeq] = {}  # seq_id -> entry, insertion ordered
         budget = self.max_num_batched_tokens
 
-        # 1. decodes, with preemption when blocks run out
-        for seq in list(self.running):
+        # 1. decodes, with preemption when blocks run out; a draft only where it fits as is
+        decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        speculator = self.speculator
+        if speculator is not None and len(decoding) > speculator.config.max_batch:
+            speculator = None
+        for seq in decoding:
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens != 1:
+            if seq.status is not SequenceStatus.RUNNING:
                 continue
             while not self.block_manager.can_append(seq, 1):
                 victim = self._pick_victim(scheduled)
@@ -123,9 +145,14 @@ class Scheduler:
                 if victim is seq:
                     break
             if seq.status is SequenceStatus.RUNNING:
-                self.block_manager.append_slots(seq, 1)
-                scheduled[seq.seq_id] = _entry(seq, 1)
-                budget -= 1
+                draft: list[int] = []
+                if speculator is not None:
+                    draft = speculator.draft(seq, budget - 1)
+                    if draft and not self.block_manager.can_append(seq, 1 + len(draft)):
+                        draft = []  # no preemption for a guess
+                self.block_manager.append_slots(seq, 1 + len(draft))
+                scheduled[seq.seq_id] = _entry(seq, 1, draft)
+                budget -= 1 + len(draft)
 
         # 2. next chunks of prefills already under way
         for seq in self.running:
@@ -167,6 +194,11 @@ class Scheduler:
             if seq.status is SequenceStatus.WAITING:
                 continue  # preempted (and reset) after scheduling: nothing to record
             seq.num_computed_tokens = entry.start_pos + entry.num_tokens
+            if entry.draft:
+                # Only the accepted part of the draft is the sequence's; the KV written
+                # for the rest is stale and its blocks go back (the rollback).
+                seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
+                self.block_manager.trim(seq)
             self.block_manager.commit(seq)
             if seq.is_finished and seq.status is not SequenceStatus.FINISHED_ABORTED:
                 self.running.remove(seq)
@@ -223,7 +255,9 @@ def _key(seq: Sequence) -> tuple[int, int]:
     return seq.sort_key
 
 
-def _entry(seq: Sequence, num_tokens: int) -> ScheduledSeq:
+def _entry(seq: Sequence, num_tokens: int, draft: list[int] | None = None) -> ScheduledSeq:
     start = seq.num_computed_tokens
+    if draft:
+        return ScheduledSeq(seq, start, num_tokens + len(draft), 1 + len(draft), tuple(draft))
     reaches_end = start + num_tokens == seq.num_tokens
     return ScheduledSeq(seq=seq, start_pos=start, num_tokens=num_tokens, num_logits=1 if reaches_end else 0)

@@ -79,6 +79,7 @@ class Sequence:
         self.cache_salt = cache_salt
         self.block_hashes: list[bytes] = []
         self.num_committed_blocks = 0
+        self.spec_state: Any = None  # speculative decoding's per-sequence state (speculative.SpecState)
 
         # Set by the engine: per-request state that outlives preemption, so a
         # recomputed sequence continues its text and its random stream exactly.

@@ -74,6 +74,23 @@ def test_config_file_from_env_and_models(tmp_path: Path) -> None:
     assert named.model_specs()[0][0].name == "mine"
 
 
+def test_speculative_decoding_per_model_or_engine_wide(tmp_path: Path) -> None:
+    from gateway.models import engine_config_from
+
+    config = write(
+        tmp_path,
+        "engine:\n  speculative: {k: 3}\nmodels:\n"
+        "  - {name: a, path: /models/a.gguf, speculative: {k: 6, max_batch: 2}}\n"
+        "  - {name: b, path: /models/b.gguf}\n",
+    )
+    settings = load_settings(config, env={})
+    a = engine_config_from(settings.engine, settings.model_speculative("a")).speculative
+    b = engine_config_from(settings.engine, settings.model_speculative("b")).speculative
+    assert (a.method, a.k, a.max_batch) == ("ngram", 6, 2)  # the model's own section wins
+    assert (b.k, b.max_batch) == (3, 8)  # the engine-wide one, with its defaults
+    assert engine_config_from(load_settings(env={}).engine).speculative is None  # off unless configured
+
+
 @pytest.mark.parametrize(
     ("text", "env", "expected"),
     [
@@ -86,8 +103,12 @@ def test_config_file_from_env_and_models(tmp_path: Path) -> None:
         ("- just\n- a list\n", {}, "mapping"),
         ("port: [\n", {}, "not valid YAML"),
         ("", {"INFERFLUX_PORT": "eighty"}, "(from INFERFLUX_PORT)"),
+        ("engine:\n  speculative: {k: 0}\n", {}, "'engine.speculative.k'"),
+        ("models:\n  - {name: a, path: x, speculative: {method: medusa}}\n", {}, "'models[0].speculative.method'"),
+        ("engine:\n  speculative: {min_ngram: 3, max_ngram: 2}\n", {}, "min_ngram must not exceed max_ngram"),
     ],
-    ids=["port-range", "unknown-key", "model-path", "duplicate", "size", "dtype", "list", "yaml", "env"],
+    ids=["port-range", "unknown-key", "model-path", "duplicate", "size", "dtype", "list", "yaml", "env", "spec-k",
+         "spec-method", "spec-ngrams"],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str], expected: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -215,3 +215,28 @@ def test_a_shared_system_prompt_is_prefilled_once_with_the_same_output(backend, 
         assert processed[(False, i)] == len(ids) + 11  # the whole prompt, then 11 decode steps
     assert processed[(True, 0)] == len(requests[0]) + 11
     assert processed[(True, 1)] == len(requests[1]) - 512 + 11  # the system prompt was not run again
+
+
+def test_speculative_greedy_equals_plain_greedy(backend, info, tokenizer, prompts):
+    from backends.engine.speculative import SpeculativeConfig
+
+    copying = [
+        tokenizer.encode("Copy the list exactly.\nList: red, green, blue, yellow, purple, orange.\nCopy: red, green,"),
+        tokenizer.encode("def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return"),
+    ]
+    requests = {f"p{i}": ids for i, ids in enumerate(prompts + copying)}
+    plain = _run_engine(backend, info, tokenizer, requests, 24)
+    spec = {}
+    for k in (2, 5):
+        engine = LLMEngine(backend, tokenizer, info, EngineConfig(speculative=SpeculativeConfig(k=k)))
+        params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        for rid, ids in requests.items():
+            engine.add_request(rid, ids, params)
+        got: dict[str, list[int]] = {rid: [] for rid in requests}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                got[out.request_id].extend(out.new_token_ids)
+        assert engine.stats().spec_accepted_tokens > 0
+        spec[k] = got
+    assert spec[2] == plain
+    assert spec[5] == plain

@@ -53,9 +53,10 @@ class PagedEchoBackend:
 
     name: ClassVar[str] = "paged-echo"
 
-    def __init__(self, vocab: int = VOCAB, delay: float = 0.0) -> None:
+    def __init__(self, vocab: int = VOCAB, delay: float = 0.0, logits_fn: Any = None) -> None:
         self.vocab = vocab
         self.delay = delay
+        self.logits_fn = logits_fn or echo_logits
         self.cache: np.ndarray | None = None
         self.block_size = 0
         self.batches: list[Batch] = []
@@ -107,7 +108,7 @@ class PagedEchoBackend:
                 ctx = self.cache[table[ctx_pos // bs], ctx_pos % bs]
                 if (ctx < 0).any():
                     raise AssertionError(f"seq {sl.seq_id} reads a never-written slot")
-                rows.append(echo_logits(ctx, self.vocab))
+                rows.append(self.logits_fn(ctx, self.vocab))
         if not rows:
             return np.zeros((0, self.vocab), dtype=np.float32)
         return np.stack(rows)
@@ -153,8 +154,9 @@ def model_info(vocab: int = VOCAB, context_length: int = 4096) -> ModelInfo:
 def make_engine(
     *, num_blocks: int = 256, block_size: int = 4, max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
     context_length: int = 4096, delay: float = 0.0, tokenizer: Any = None, enable_prefix_caching: bool = True,
+    speculative: Any = None, logits_fn: Any = None,
 ) -> tuple[LLMEngine, PagedEchoBackend]:
-    backend = PagedEchoBackend(delay=delay)
+    backend = PagedEchoBackend(delay=delay, logits_fn=logits_fn)
     engine = LLMEngine(
         backend,
         tokenizer or CharTokenizer(),
@@ -165,17 +167,32 @@ def make_engine(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching,
+            speculative=speculative,
         ),
     )
     return engine, backend
 
 
-def reference_greedy(prompt: list[int], max_tokens: int, eos: int | None = EOS) -> list[int]:
+def induction_logits(ctx: np.ndarray, vocab: int = VOCAB, peak: float = 6.0) -> np.ndarray:
+    """A model that copies, like an induction head: the peak goes to the token that
+    followed the last token's most recent earlier occurrence (echo_logits' peak
+    where there is none). Still a function of the whole context, read back
+    through the block tables."""
+    row = echo_logits(ctx, vocab)
+    last = ctx[-1]
+    earlier = np.flatnonzero(ctx[:-1] == last)
+    if earlier.size:
+        row[int(ctx[earlier[-1] + 1])] += peak
+    return row
+
+
+def reference_greedy(prompt: list[int], max_tokens: int, eos: int | None = EOS, logits_fn: Any = None) -> list[int]:
     """What greedy decoding must produce, computed from the true token list."""
+    fn = logits_fn or echo_logits
     tokens = list(prompt)
     out = []
     for _ in range(max_tokens):
-        t = int(np.argmax(echo_logits(np.asarray(tokens))))
+        t = int(np.argmax(fn(np.asarray(tokens))))
         out.append(t)
         tokens.append(t)
         if t == eos:
