@@ -223,7 +223,7 @@ class CPUBackend:
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Flatten the batch: token ids, cache slots, rope tables and attention groups."""
-        from backends.cpu.model import AttentionMetadata, PrefillGroup
+        from backends.cpu.model import CONTINUATION_KERNEL_WORK, AttentionMetadata, PrefillGroup
         from kernels.reference import attention_mask, rope_cos_sin
 
         torch, bs = self._torch, batch.block_size
@@ -258,6 +258,7 @@ class CPUBackend:
                     torch.from_numpy(used_blocks)[None],
                     torch.tensor([s.start_pos + n]),
                     torch.tensor([s.start_pos]),
+                    short=n * (s.start_pos + n) <= CONTINUATION_KERNEL_WORK,
                 ))
         pos = torch.from_numpy(np.concatenate(positions))
         cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)

@@ -72,6 +72,7 @@ SHAPES = [
     (3, 4, 8, 2, 32, 4),  # several new tokens per sequence (speculative verification)
     (4, 1, 4, 4, 48, 8),  # no GQA, a head_dim that is no multiple of 16
     (2, 3, 12, 1, 16, 16),  # multi-query attention
+    (1, 17, 9, 3, 64, 16),  # a k = 16 draft being verified
 ]
 
 
