@@ -87,7 +87,9 @@ class BlockManager:
     # -- admission: a sequence with no blocks gets room for all its known tokens
 
     def can_allocate(self, seq: Sequence) -> bool:
-        hits = self._cached_prefix(seq)
+        return self._fits(seq, self._cached_prefix(seq))
+
+    def _fits(self, seq: Sequence, hits: list[int]) -> bool:
         fresh = self.blocks_needed(seq.num_tokens) - len(hits) + self._copy_needed(seq, hits)
         # A hit on an evictable block takes it off the free lists too.
         reclaimed = sum(1 for b in hits if self.ref_counts[b] == 0)
@@ -100,12 +102,12 @@ class BlockManager:
         """
         if seq.block_table:
             raise BlockManagerError(f"allocate: {seq!r} already holds blocks")
-        if not self.can_allocate(seq):
+        hits = self._cached_prefix(seq)
+        if not self._fits(seq, hits):
             raise BlockManagerError(
                 f"allocate: {seq!r} needs {self.blocks_needed(seq.num_tokens)} blocks, "
                 f"only {self.num_free_blocks} free"
             )
-        hits = self._cached_prefix(seq)
         for block_id in hits:
             self._reuse_block(block_id)
         table = hits + [self._take_block() for _ in range(self.blocks_needed(seq.num_tokens) - len(hits))]
@@ -124,19 +126,19 @@ class BlockManager:
             self.num_prefix_queries += seq.num_tokens
             self.num_prefix_hits += computed
 
-    def copies_done(self) -> list[tuple[int, int]]:
-        """The backend has made the pending copies: release their sources; returns the pairs."""
+    def copies_done(self) -> None:
+        """The backend has made the pending copies: release their sources."""
         pairs, self.pending_copies = self.pending_copies, []
         for src, _ in pairs:
             self._release_block(src)
-        return pairs
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """The blocks holding ``seq``'s longest cached prefix of full blocks."""
         if not self.enable_prefix_caching:
             return []
         hits = []
-        for h in self._hashes(seq, seq.num_tokens // self.block_size):
+        full = seq.num_tokens // self.block_size
+        for h in self._hashes(seq, full)[:full]:
             block_id = self.cached.get(h)
             if block_id is None:
                 break
@@ -147,14 +149,14 @@ class BlockManager:
         return 1 if hits and len(hits) * self.block_size >= seq.num_tokens else 0
 
     def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
-        """The chain hashes of ``seq``'s first ``num_blocks`` full blocks (kept on the sequence)."""
+        """``seq.block_hashes``, extended to hold at least its first ``num_blocks`` full blocks' chain hashes."""
         hashes = seq.block_hashes
         bs = self.block_size
         while len(hashes) < num_blocks:
             i = len(hashes)
             previous = hashes[-1] if hashes else salt_hash(seq.cache_salt)
             hashes.append(chain_hash(previous, seq.token_ids[i * bs : (i + 1) * bs]))
-        return hashes[:num_blocks]
+        return hashes
 
     # -- growth: room for the next n tokens to be computed
 

@@ -105,15 +105,14 @@ def _param_names(req: ChatCompletionRequest | CompletionRequest) -> dict[str, st
 def _sampling_params(
     req: ChatCompletionRequest | CompletionRequest, served: ServedModel, kwargs: dict[str, Any]
 ) -> SamplingParams:
-    wanted = req.speculative
+    wanted, configured = req.speculative, served.speculative
     if wanted is not None and wanted.k != 0:
-        method = served.speculative.method if served.speculative is not None else None
-        if method is None or (wanted.method is not None and wanted.method != method):
-            raise InvalidRequest(
-                f"speculative decoding{f' by {wanted.method}' if wanted.method else ''} is not enabled for the model "
-                f"{served.name!r}" + (f" (it uses {method})" if method else ""),
-                param="speculative",
-            )
+        if configured is None:
+            raise InvalidRequest(f"speculative decoding is not enabled for the model {served.name!r}",
+                                 param="speculative")
+        if wanted.method is not None and wanted.method != configured.method:
+            raise InvalidRequest(f"speculative decoding by {wanted.method} is not enabled for the model "
+                                 f"{served.name!r} (it uses {configured.method})", param="speculative")
     try:
         params = SamplingParams(**kwargs)
         params.validate(served.info.vocab_size)

@@ -145,16 +145,15 @@ class _Engine:
     async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
         raise NotImplementedError
 
-    # How long a decision may take beyond the policy's timeout: the wait for a
-    # free evaluator (embedded) when the gateway is busy, which is not the
-    # policy's doing. Remote policies have none: their timeout covers the call.
-    queue_allowance: float = 0.0
+    async def _evaluate_in_time(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+        """``_evaluate`` within the policy's timeout; TimeoutError past it."""
+        return await asyncio.wait_for(self._evaluate(document), self.timeout)
 
     async def decide(self, document: Mapping[str, Any]) -> OpaDecision:
         try:
-            allowed, reasons = await asyncio.wait_for(self._evaluate(document), self.timeout + self.queue_allowance)
+            allowed, reasons = await self._evaluate_in_time(document)
         except (TimeoutError, asyncio.TimeoutError):
-            return self._failed(f"timed out after {(self.timeout + self.queue_allowance) * 1000:.0f} ms")
+            return self._failed(f"timed out after {self.timeout * 1000:.0f} ms")
         except OpaError as exc:
             return self._failed(str(exc))
         return OpaDecision(allowed, reasons, self.name)
@@ -264,9 +263,7 @@ class EmbeddedRego(_Engine):
         expressions = output.results[0].expressions if output.results else []
         return interpret(expressions[0] if expressions else None, defined=bool(expressions))
 
-    queue_allowance = QUEUE_SECONDS
-
-    async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    async def _evaluate_in_time(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
         # The policy's timeout bounds its evaluation, from when a thread takes it
         # up; the wait for a thread (a busy gateway, not a slow policy) is bounded
         # by QUEUE_SECONDS, and an evaluation that waited longer is not started.
@@ -281,20 +278,21 @@ class EmbeddedRego(_Engine):
             return self.evaluate(document, queued + QUEUE_SECONDS)
 
         result = loop.run_in_executor(_POOL, run)
-        wait = self.timeout
         while True:
-            try:
-                return await asyncio.wait_for(asyncio.shield(result), wait)
-            except (TimeoutError, asyncio.TimeoutError):
-                now = time.monotonic()
-                if started and now - started[0] >= self.timeout:
-                    raise OpaError(f"timed out after {self.timeout * 1000:.0f} ms") from None
-                if not started and now - queued >= QUEUE_SECONDS:
+            now = time.monotonic()
+            if started:
+                left = started[0] + self.timeout - now
+                if left <= 0:
+                    raise TimeoutError
+            else:  # look again within one timeout: it may start meanwhile
+                left = min(self.timeout, queued + QUEUE_SECONDS - now)
+                if left <= 0:
                     result.cancel()  # still queued: it will not start
-                    raise OpaError(
-                        f"no evaluator free within {QUEUE_SECONDS:.0f} s (the gateway is overloaded)"
-                    ) from None
-                wait = started[0] + self.timeout - now if started else min(self.timeout, queued + QUEUE_SECONDS - now)
+                    raise OpaError(f"no evaluator free within {QUEUE_SECONDS:.0f} s (the gateway is overloaded)")
+            try:
+                return await asyncio.wait_for(asyncio.shield(result), left)
+            except (TimeoutError, asyncio.TimeoutError):
+                continue
 
 
 class RemoteOpa(_Engine):
