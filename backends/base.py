@@ -97,6 +97,20 @@ class Backend(Protocol):
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy KV block ``src`` to ``dst`` for each pair (copy-on-write)."""
 
+    # Optional, for preemption by swapping (EngineConfig.preemption_mode "swap"); an
+    # engine configured to swap refuses to start on a backend without them:
+    #
+    # ``allocate_swap(self, num_slots: int, block_size: int, directory: str | None) -> None``
+    #     Reserve ``num_slots`` swap slots of one KV block each: in host memory when
+    #     ``directory`` is None, else in a file under ``directory`` (the disk tier).
+    # ``swap_out(self, pairs: Sequence[tuple[int, int]]) -> None``
+    #     Copy KV block ``block`` into swap slot ``slot`` for each ``(block, slot)``.
+    #     When it returns the blocks may be overwritten; writing the slots to their
+    #     final tier may finish later, off the step loop.
+    # ``swap_in(self, pairs: Sequence[tuple[int, int]]) -> None``
+    #     Copy swap slot ``slot`` back into KV block ``block`` for each ``(slot, block)``,
+    #     after any write of that slot still under way.
+    #
     # Optional: ``release_thread_pool(self) -> None``. The engine calls it on
     # the thread that loaded the model, just before its own thread takes over
     # every later call, so a backend can free worker threads that the loading

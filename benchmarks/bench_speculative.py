@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Single-stream decode speed with n-gram speculative decoding, on input-grounded prompts.
+"""Single-stream decode speed with speculative decoding, on input-grounded prompts.
 
 Method
 ------
@@ -7,15 +7,18 @@ The bundled SmolLM2 on the CPU backend, driven in-process through ``LLMEngine``
 (no HTTP), one request at a time. The prompts ask the model to reproduce or
 lightly edit a text it is given (a code edit, a copied list, a quoted passage):
 the workloads prompt-lookup speculation is for. Each prompt is decoded greedily
-(up to ``--max-tokens``) by two engines over the same weights: ``plain`` and
-``ngram`` (speculation with ``k = --k``). They alternate prompt by prompt over
-``--rounds`` rounds. Decode speed is generated tokens after the first divided
-by the time from the first token to the last (prefill excluded); the report
-gives the median over all prompt x round runs of each engine, their ratio,
-the acceptance rate, and whether both produced the same tokens.
+(up to ``--max-tokens``) by engines over the same weights: ``plain``, ``ngram``
+(speculation with ``k = --k``) and, with ``--draft-layers N``, ``self-draft``
+(draft method with the model's first N layers as the draft). They alternate
+prompt by prompt over ``--rounds`` rounds (the order reversed every other run).
+Decode speed is generated tokens after the first divided by the time from the
+first token to the last (prefill excluded); the report gives the median over
+all prompt x round runs of each engine, its ratio to plain, its acceptance
+rate, and whether it produced the same tokens as plain.
 
 Usage:
-    .venv/bin/python benchmarks/bench_speculative.py [--k 4] [--max-tokens 128] [--rounds 3] [--dtype auto] [--json out.json]
+    .venv/bin/python benchmarks/bench_speculative.py [--k 4] [--max-tokens 128] [--rounds 3] [--dtype auto]
+        [--draft-layers N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -91,9 +94,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for m in PROMPTS
     ]
     configs = {"plain": None, "ngram": SpeculativeConfig(k=args.k)}
+    if args.draft_layers:
+        configs["self-draft"] = SpeculativeConfig(method="draft", draft_layers=args.draft_layers, k=args.k)
     speeds: dict[str, list[float]] = {name: [] for name in configs}
     outputs: dict[tuple[str, int], list[int]] = {}
-    proposed = accepted = 0
+    proposed = dict.fromkeys(configs, 0)
+    accepted = dict.fromkeys(configs, 0)
     for r in range(args.rounds):
         for i, prompt in enumerate(prompts):
             order = list(configs) if (r + i) % 2 == 0 else list(reversed(configs))
@@ -104,20 +110,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 tokens, speed = decode(engine, f"{name}-{r}-{i}", prompt, args.max_tokens)
                 speeds[name].append(speed)
                 outputs[(name, i)] = tokens
-                if name == "ngram":
-                    stats = engine.stats()
-                    proposed += stats.spec_proposed_tokens
-                    accepted += stats.spec_accepted_tokens
-    same = all(outputs[("plain", i)] == outputs[("ngram", i)] for i in range(len(prompts)))
-    plain, ngram = statistics.median(speeds["plain"]), statistics.median(speeds["ngram"])
+                stats = engine.stats()
+                proposed[name] += stats.spec_proposed_tokens
+                accepted[name] += stats.spec_accepted_tokens
+    plain = statistics.median(speeds["plain"])
+    engines = {
+        name: {
+            "tokens_per_s": statistics.median(speeds[name]),
+            "speedup": statistics.median(speeds[name]) / plain,
+            "acceptance_rate": accepted[name] / proposed[name] if proposed[name] else 0.0,
+            "same_tokens": all(outputs[("plain", i)] == outputs[(name, i)] for i in range(len(prompts))),
+        }
+        for name in configs
+    }
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
         "dtype": info.dtype, "k": args.k, "max_tokens": args.max_tokens, "rounds": args.rounds,
-        "prompts": len(prompts),
-        "plain_tokens_per_s": plain, "ngram_tokens_per_s": ngram, "speedup": ngram / plain,
-        "acceptance_rate": accepted / proposed if proposed else 0.0,
-        "same_tokens": same,
+        "prompts": len(prompts), "draft_layers": args.draft_layers,
+        "engines": engines,
         "per_run": speeds,
     }
 
@@ -128,6 +139,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--draft-layers", type=int, default=0, help="also run a self-draft of this many layers")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
     report = run(args)
@@ -135,12 +147,11 @@ def main() -> None:
     print()
     print(f"{report['prompts']} prompts x {report['rounds']} rounds, greedy, up to {report['max_tokens']} tokens, "
           f"{report['dtype']}, k = {report['k']}")
-    print("| engine | decode tokens/s (median) |")
-    print("|---|---|")
-    print(f"| plain | {report['plain_tokens_per_s']:.1f} |")
-    print(f"| ngram | {report['ngram_tokens_per_s']:.1f} |")
-    print(f"\nspeed-up {report['speedup']:.2f}x; acceptance rate {report['acceptance_rate']:.2f}; "
-          f"same tokens: {report['same_tokens']}")
+    print("| engine | decode tokens/s (median) | speed-up | acceptance | same tokens as plain |")
+    print("|---|---|---|---|---|")
+    for name, e in report["engines"].items():
+        print(f"| {name} | {e['tokens_per_s']:.1f} | {e['speedup']:.2f}x | {e['acceptance_rate']:.2f} | "
+              f"{e['same_tokens']} |")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

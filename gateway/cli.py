@@ -97,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
     for spec, backend in specs:
         try:
             config = engine_config_from(settings.engine, settings.model_speculative(spec.name))
-            manager.add(load_served_model(spec, backend, config))
+            manager.add(load_served_model(spec, backend, config, priority=settings.runtime.backend_priority))
         except (BackendError, OSError, ValueError) as exc:
             _error(f"cannot load model {spec.name!r} ({spec.path}) on backend {backend!r}: {exc}")
             manager.shutdown()
@@ -118,6 +118,38 @@ def _serve(args: argparse.Namespace) -> int:
         # Let running streams finish briefly, but never hang a shutdown on one.
         timeout_graceful_shutdown=10,
     )
+    return EXIT_OK
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from backends import registry
+    from backends.base import BackendError
+
+    priority = load_settings(args.config).runtime.backend_priority
+    try:
+        chain = registry.configured_priority(priority)
+        statuses = registry.statuses(priority=chain)
+    except BackendError as exc:  # a malformed INFERFLUX_BACKEND_PRIORITY
+        raise ConfigError(str(exc)) from None
+    # The chain's first available backend: the one 'serve' takes for "auto".
+    chosen = next((s.name for s in statuses if s.name in chain and s.available), None)
+    if args.json:
+        print(json.dumps({
+            "backends": [{**vars(s), "priority": chain.index(s.name) + 1 if s.name in chain else None}
+                         for s in statuses],
+            "priority": list(chain),
+            "auto": chosen,
+        }, indent=2))
+        return EXIT_OK
+    rows = [("BACKEND", "PRIORITY", "AVAILABLE", "PROVIDED BY", "REASON")]
+    for s in statuses:
+        available = "yes" if s.available else ("blocked" if not s.allowed else "no")
+        rank = str(chain.index(s.name) + 1) if s.name in chain else "-"
+        rows.append((s.name, rank, available, s.provider or "-", s.reason or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4])
+    print(f"\nauto: {chosen or 'nothing in the priority chain can run here'} (priority: {', '.join(chain)})")
     return EXIT_OK
 
 
@@ -528,8 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--backend",
         metavar="NAME",
-        help="backend for models that do not name one: cpu, cuda, metal, mlx "
-        "(default: cpu; env: INFERFLUX_BACKEND)",
+        help="backend for models that do not name one: auto, or a name 'inferctl backends' lists "
+        "(default: auto, the first available of runtime.backend_priority / INFERFLUX_BACKEND_PRIORITY, "
+        "by default cuda, metal, cpu, mlx; env: INFERFLUX_BACKEND)",
     )
     serve.add_argument(
         "--dtype",
@@ -560,6 +593,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="log verbosity (default: info; env: INFERFLUX_LOG_LEVEL)",
     )
     serve.set_defaults(handler=_serve)
+
+    backends = sub.add_parser(
+        "backends",
+        help="list the installed backends, whether each can run here and why not",
+        description=(
+            "List every backend registered under the 'inferflux.backends' entry point group (and every "
+            "name in the priority chain), whether it is allowed (INFERFLUX_BACKENDS_ALLOWED) and available "
+            "here, and the reason when it is not; then which backend 'auto' picks. Needs no server."
+        ),
+    )
+    backends.add_argument("--config", metavar="FILE", help="YAML settings file, for runtime.backend_priority "
+                          "(env: INFERFLUX_CONFIG)")
+    backends.add_argument("--json", action="store_true", help="print the statuses as JSON")
+    backends.set_defaults(handler=_backends)
 
     models = sub.add_parser("models", help="list the models a running server serves")
     _add_client_options(models)

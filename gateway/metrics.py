@@ -70,6 +70,20 @@ class EngineStatsCollector(Collector):
             "acceptance": GaugeMetricFamily(
                 "inferflux_spec_acceptance_rate", "Accepted / proposed draft tokens since start", labels=["model"]
             ),
+            "preemptions": CounterMetricFamily(
+                "inferflux_engine_preemptions", "Sequences preempted for KV memory (recomputed or swapped)",
+                labels=["model"],
+            ),
+            "swapped": GaugeMetricFamily(
+                "inferflux_engine_swapped_sequences", "Preempted sequences whose KV is parked in swap space",
+                labels=["model"],
+            ),
+            "swap_out": CounterMetricFamily(
+                "inferflux_kv_swap_out_blocks", "KV blocks written to swap space", labels=["model"]
+            ),
+            "swap_in": CounterMetricFamily(
+                "inferflux_kv_swap_in_blocks", "KV blocks read back from swap space", labels=["model"]
+            ),
         }
         for model in self._manager:
             try:
@@ -94,6 +108,10 @@ def engine_gauges(stats: EngineStats) -> dict[str, float]:
         "proposed": float(stats.spec_proposed_tokens),
         "accepted": float(stats.spec_accepted_tokens),
         "acceptance": stats.spec_accepted_tokens / stats.spec_proposed_tokens if stats.spec_proposed_tokens else 0.0,
+        "preemptions": float(stats.num_preemptions),
+        "swapped": float(stats.num_swapped),
+        "swap_out": float(stats.num_swapped_out_blocks),
+        "swap_in": float(stats.num_swapped_in_blocks),
     }
 
 

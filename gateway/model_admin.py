@@ -122,11 +122,10 @@ class ModelAdmin:
             f"'{path}' is neither a .gguf file nor a directory with config.json on this server", param="path"
         )
 
-    @staticmethod
-    def _check_backend(name: str) -> None:
+    def _check_backend(self, name: str) -> None:
         from backends.registry import probe
 
-        status = probe(name)
+        status = probe(name, priority=self.settings.runtime.backend_priority)
         if not status.available:
             raise ValidationFailed(f"backend '{name}' cannot be used: {status.reason}", param="backend")
 
@@ -161,7 +160,8 @@ class ModelAdmin:
 
         try:
             served = await asyncio.to_thread(
-                load_served_model, spec, load.backend, engine_config_from(self.settings.engine), on_stage
+                load_served_model, spec, load.backend, engine_config_from(self.settings.engine), on_stage,
+                self.settings.runtime.backend_priority,
             )
         except Exception as exc:  # a failed load is reported on the model, not raised anywhere
             log.error("loading model %s from %s failed: %s", load.name, load.path, exc)
@@ -245,7 +245,8 @@ class ModelAdmin:
                 continue
             spec = ModelSpec(name=record.name, path=record.path, dtype=record.dtype, aliases=tuple(record.aliases))
             try:
-                served = load_served_model(spec, record.backend, engine_config_from(self.settings.engine))
+                served = load_served_model(spec, record.backend, engine_config_from(self.settings.engine),
+                                           priority=self.settings.runtime.backend_priority)
                 self.manager.add(served, default=record.is_default)
             except Exception as exc:
                 log.error("cannot load registered model %s (%s): %s", record.name, record.path, exc)

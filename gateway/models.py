@@ -6,7 +6,7 @@ import hashlib
 import importlib.metadata
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -164,14 +164,35 @@ def engine_config_from(engine: EngineSettings, speculative: SpeculativeSettings 
     return EngineConfig(**kwargs)
 
 
+def load_draft_model(backend_cls: Any, spec: ModelSpec, path: str, target: ModelInfo) -> Any:
+    """The draft model for ``spec``'s speculative decoding, on the target's backend kind.
+
+    Its tokens are the target's token ids, so it must share the vocabulary.
+    """
+    from backends.base import BackendError
+
+    draft = backend_cls()
+    info = draft.load(ModelSpec(name=f"{spec.name}-draft", path=path, dtype=spec.dtype))
+    if info.vocab_size != target.vocab_size:
+        raise BackendError(
+            f"draft model {path} has a vocabulary of {info.vocab_size} tokens, the model {target.vocab_size}: "
+            "a draft model must share the model's vocabulary"
+        )
+    return draft
+
+
 def load_served_model(
     spec: ModelSpec,
     backend: str,
     engine_config: EngineConfig | None = None,
     on_stage: Callable[[str], None] | None = None,
+    priority: Sequence[str] | None = None,
 ) -> ServedModel:
     """Load ``spec`` on the named backend and start its engine.
 
+    ``backend`` "auto" takes the first available backend of ``priority``
+    (``runtime.backend_priority``; None: the registry's chain); the served
+    model records the backend actually chosen.
     ``on_stage`` is told each stage as it starts (for load progress).
     Raises ``BackendError`` (from the registry or the backend) when the backend
     is unavailable or the model cannot be loaded.
@@ -179,17 +200,22 @@ def load_served_model(
     stage = on_stage or (lambda _: None)
     from backends.engine import AsyncEngine, EngineConfig, LLMEngine
     from backends.models import open_model
-    from backends.registry import get_backend
+    from backends.registry import resolve
 
-    backend_cls: Any = get_backend(backend)
+    backend, backend_cls = resolve(backend, priority=priority)
     instance = backend_cls()
     started = time.perf_counter()
     stage("loading weights")
     info = instance.load(spec)
+    config = engine_config if engine_config is not None else EngineConfig()
+    draft = None
+    if config.speculative is not None and config.speculative.draft_model is not None:
+        stage("loading draft model")
+        draft = load_draft_model(backend_cls, spec, config.speculative.draft_model, info)
     stage("loading tokenizer")
     tokenizer = open_model(spec.path).tokenizer()
     stage("starting engine")
-    engine = LLMEngine(instance, tokenizer, info, engine_config if engine_config is not None else EngineConfig())
+    engine = LLMEngine(instance, tokenizer, info, config, draft_backend=draft)
     aengine = AsyncEngine(engine)
     aengine.start()
     log.info(

@@ -45,7 +45,7 @@ class SpeculativeRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    method: Literal["ngram"] | None = None
+    method: Literal["ngram", "draft"] | None = None
     k: int | None = Field(default=None, ge=0, le=16)  # 0: off for this request; n: drafts of at most n tokens
 
 

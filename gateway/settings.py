@@ -6,7 +6,9 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
     port: 8080
     data_dir: ~/.local/share/inferflux
     log_level: info
-    backend: cpu            # default for models that name none
+    backend: auto           # default for models that name none: auto (the priority chain) or a backend name
+    runtime:
+      backend_priority: [cuda, metal, cpu, mlx]   # the chain 'auto' walks (default: backends.registry.default_priority)
     dtype: auto             # default for models that name none: auto | float32 | bfloat16
     max_body_bytes: 4MiB
     max_queued_sequences: 256   # per model; beyond it requests get 503 + Retry-After
@@ -16,6 +18,9 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       max_num_seqs: 64
       max_num_batched_tokens: 512
       max_model_len: 8192   # may only lower the model's context length
+      preemption_mode: swap # recompute (default) | swap: park preempted KV instead of dropping it
+      swap_space_bytes: 4GiB  # default: the KV cache's size
+      swap_dir: /var/lib/inferflux/swap   # unset: swap to host memory
     models:
       - name: smollm2-135m-instruct
         path: /path/to/model.gguf
@@ -53,6 +58,7 @@ Environment variables (each sets the key beside it):
     INFERFLUX_DATA_DIR               data_dir
     INFERFLUX_LOG_LEVEL              log_level
     INFERFLUX_BACKEND                backend
+    INFERFLUX_BACKEND_PRIORITY       runtime.backend_priority (comma separated)
     INFERFLUX_DTYPE                  dtype
     INFERFLUX_MODEL                  serve this one model (a path) instead of ``models``
     INFERFLUX_MODEL_NAME             the id clients use for INFERFLUX_MODEL
@@ -127,17 +133,28 @@ class SpeculativeSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: Literal["ngram"] = "ngram"
+    method: Literal["ngram", "draft"] = "ngram"
     k: int = Field(default=4, ge=1, le=16)
     min_ngram: int = Field(default=1, ge=1, le=16)
     max_ngram: int = Field(default=4, ge=1, le=16)
     max_batch: int = Field(default=8, ge=1)
     cooldown_steps: int = Field(default=16, ge=0)
+    # method "draft": the model's own first N layers (a self-draft), or another
+    # model with the same vocabulary (a path), loaded on the same backend.
+    draft_layers: int | None = Field(default=None, ge=1)
+    draft_model: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
-    def _ngrams(self) -> SpeculativeSettings:
+    def _consistent(self) -> SpeculativeSettings:
         if self.min_ngram > self.max_ngram:
             raise ValueError("min_ngram must not exceed max_ngram")
+        drafts = (self.draft_layers is not None) + (self.draft_model is not None)
+        if self.method == "draft" and drafts != 1:
+            raise ValueError("method 'draft' needs draft_layers or draft_model (one of them)")
+        if self.method == "ngram" and drafts:
+            raise ValueError("draft_layers and draft_model apply to method 'draft' only")
+        if self.draft_model is not None:
+            self.draft_model = os.path.expanduser(self.draft_model)
         return self
 
 
@@ -168,6 +185,18 @@ class EngineSettings(BaseModel):
     # Each tenant's prompts reuse only that tenant's cached KV, so one tenant's
     # prompts can neither speed up nor be probed through another's timings.
     prefix_cache_per_tenant: bool = True
+    # When KV memory runs out: drop a preempted sequence's KV and prefill it again
+    # later (recompute), or park it in swap space and copy it back (swap). Swap
+    # space lives in host memory, or in a file under swap_dir (the useful tier for
+    # the cpu backend); its size defaults to the KV cache's.
+    preemption_mode: Literal["recompute", "swap"] | None = None  # engine default: recompute
+    swap_space_bytes: ByteSize | None = None
+    swap_dir: str | None = Field(default=None, min_length=1)
+
+    @field_validator("swap_dir")
+    @classmethod
+    def _expand_swap_dir(cls, value: str | None) -> str | None:
+        return None if value is None else os.path.expanduser(value)
 
 
 class AuthSettings(BaseModel):
@@ -249,6 +278,34 @@ class AuditSettings(BaseModel):
     sinks: list[AuditSinkSettings] = Field(default_factory=list)
 
 
+def _split_names(value: Any) -> Any:
+    """``"cuda, cpu"`` (an environment variable) -> ``["cuda", "cpu"]``; lists pass through."""
+    return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
+
+
+class RuntimeSettings(BaseModel):
+    """Which backend ``backend: auto`` picks (``backends.registry``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Tried in order; the first allowed backend whose probe passes serves. Unset:
+    # the registry's default chain (cuda, metal, then cpu before mlx-on-Linux).
+    backend_priority: Annotated[list[str] | None, BeforeValidator(_split_names)] = None
+
+    @field_validator("backend_priority")
+    @classmethod
+    def _names(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        from backends.base import BackendError
+        from backends.registry import parse_names
+
+        try:
+            return list(parse_names(names, "backend_priority"))
+        except BackendError as exc:
+            raise ValueError(str(exc)) from None
+
+
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     xdg = (os.environ if env is None else env).get("XDG_DATA_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "share"
@@ -262,7 +319,8 @@ class Settings(BaseModel):
     port: int = Field(default=8080, ge=1, le=65535)
     data_dir: Path = Field(default_factory=default_data_dir)
     log_level: LogLevel = "info"
-    backend: str = Field(default="cpu", min_length=1)
+    # "auto": the first available backend of runtime.backend_priority (see backends.registry).
+    backend: str = Field(default="auto", min_length=1)
     dtype: Dtype = "auto"
     max_body_bytes: ByteSize = DEFAULT_MAX_BODY_BYTES
     # Per model: a request that would make more sequences wait than this gets
@@ -274,6 +332,7 @@ class Settings(BaseModel):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     audit: AuditSettings = Field(default_factory=AuditSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
 
     @field_validator("data_dir", mode="before")
     @classmethod
@@ -331,6 +390,7 @@ ENV_KEYS: dict[str, str] = {
     "INFERFLUX_DATA_DIR": "data_dir",
     "INFERFLUX_LOG_LEVEL": "log_level",
     "INFERFLUX_BACKEND": "backend",
+    "INFERFLUX_BACKEND_PRIORITY": "runtime.backend_priority",
     "INFERFLUX_DTYPE": "dtype",
     "INFERFLUX_MODEL": "model",
     "INFERFLUX_MODEL_NAME": "model_name",

@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels (kernels.triton, the CUDA runner) run under
+# Triton's interpreter. It must be chosen before any @triton.jit kernel is
+# defined, so here, before any test module is collected.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 # Test helpers shared across test packages (the loopback identity provider, ...).
 sys.path.insert(0, str(Path(__file__).parent / "support"))

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from backends.cpu.model import AttentionMetadata, Transformer
+    from backends.cpu.swap import DiskSwap, HostSwap
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,10 @@ def resolve_dtype(name: str) -> str:
 
 class CPUBackend:
     name: ClassVar[str] = "cpu"
+    # Where weights and the KV cache live; the accelerator runners (backends.cuda)
+    # subclass this backend with their own device, dtype choice and kernels.
+    device: str | torch.device = "cpu"
+    _resolve_dtype = staticmethod(resolve_dtype)
 
     @classmethod
     def probe(cls) -> str | None:
@@ -125,6 +130,7 @@ class CPUBackend:
         self.kernel_error: str | None = None  # why the compiled kernels are not in use, if they are not
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
+        self.swap: HostSwap | DiskSwap | None = None
 
     def release_thread_pool(self) -> None:
         """Called on the loading thread before the engine thread takes over (see Backend)."""
@@ -137,7 +143,7 @@ class CPUBackend:
         from backends.models import open_model
 
         torch = self._torch
-        dtype_name = resolve_dtype(spec.dtype)
+        dtype_name = self._resolve_dtype(spec.dtype)
         dtype = getattr(torch, dtype_name)
         source = open_model(spec.path)
         cfg = source.config
@@ -145,7 +151,7 @@ class CPUBackend:
         # weights that are overwritten straight away.
         with torch.device("meta"):
             model = Transformer(cfg, dtype)
-        model = model.to_empty(device="cpu")
+        model = model.to_empty(device=self.device)
         try:
             model.load_weights(source.tensors())
         except ValueError as exc:
@@ -155,8 +161,8 @@ class CPUBackend:
         self.model = model
         self.dtype = dtype
         self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
-        log.info("cpu backend: loaded %s (%s, %s, %d threads, %s attention)", spec.name, cfg.architecture,
-                 dtype_name, torch.get_num_threads(), "reference" if self.kernel_error else "C++ paged")
+        log.info("%s backend: loaded %s (%s, %s, %d threads, %s attention)", self.name, spec.name, cfg.architecture,
+                 dtype_name, torch.get_num_threads(), self._attention_name())
         return ModelInfo(
             name=spec.name,
             architecture=cfg.architecture,
@@ -167,6 +173,9 @@ class CPUBackend:
             head_dim=cfg.head_dim,
             dtype=dtype_name,
         )
+
+    def _attention_name(self) -> str:
+        return "reference" if self.kernel_error else "C++ paged"
 
     @staticmethod
     def _use_kernels(model: Transformer) -> str | None:
@@ -189,7 +198,8 @@ class CPUBackend:
         torch, cfg = self._torch, self._cfg
         shape = (cfg.num_kv_heads, num_blocks, block_size, cfg.head_dim)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(cfg.num_layers)
         ]
         self.block_size = block_size
@@ -197,11 +207,65 @@ class CPUBackend:
     def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
         if not pairs:
             return
-        src = self._torch.tensor([p[0] for p in pairs])
-        dst = self._torch.tensor([p[1] for p in pairs])
+        src = self._torch.tensor([p[0] for p in pairs], device=self.device)
+        dst = self._torch.tensor([p[1] for p in pairs], device=self.device)
         for k_cache, v_cache in self.kv_caches:
             k_cache.index_copy_(1, dst, k_cache.index_select(1, src))
             v_cache.index_copy_(1, dst, v_cache.index_select(1, src))
+
+    # -- self-draft (speculative decoding, method "draft" with draft_layers) ------
+
+    def truncated(self, num_layers: int) -> CPUBackend:
+        """A backend running this model's first ``num_layers`` layers, then its final
+        norm and head: a self-draft. It shares the weights and gets a KV cache of
+        its own from ``allocate_kv``."""
+        import copy
+        import dataclasses
+
+        model = self.model
+        if model is None:
+            raise BackendError("no model loaded")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < model.cfg.num_layers:
+            raise BackendError(f"a self-draft takes 1 to {model.cfg.num_layers - 1} of the model's layers, "
+                               f"not {num_layers!r}")
+        with self._torch.device("meta"):
+            head = type(model)(dataclasses.replace(model.cfg, num_layers=num_layers), model.dtype, model.kernels)
+        # assign=True: the draft's parameters are the target's tensors, not copies.
+        head.load_state_dict(model.state_dict(), strict=False, assign=True)
+        head.use_paged_attention(model.layers[0].attn.paged_attention)
+        head.eval()
+        draft = copy.copy(self)  # the same device, dtype and kernels
+        draft.model, draft.kv_caches, draft.block_size, draft.swap = head, [], 0, None
+        return draft
+
+    # -- swap (backends.base: preemption by swapping) -----------------------------
+
+    def allocate_swap(self, num_slots: int, block_size: int, directory: str | None) -> None:
+        from backends.cpu.swap import DiskSwap, HostSwap
+
+        if not self.kv_caches or block_size != self.block_size:
+            raise BackendError("allocate_swap needs allocate_kv first, with the same block size")
+        if self.swap is not None:
+            self.swap.close()
+        slot_bytes = self.kv_block_bytes(block_size)
+        self.swap = HostSwap(num_slots, slot_bytes) if directory is None else DiskSwap(num_slots, slot_bytes, directory)
+
+    def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
+        from backends.cpu.swap import gather_blocks
+
+        swap = self._swap_space()
+        swap.write([slot for _, slot in pairs], gather_blocks(self.kv_caches, [block for block, _ in pairs]))
+
+    def swap_in(self, pairs: Sequence[tuple[int, int]]) -> None:
+        from backends.cpu.swap import scatter_blocks
+
+        swap = self._swap_space()
+        scatter_blocks(self.kv_caches, [block for _, block in pairs], swap.read([slot for slot, _ in pairs]))
+
+    def _swap_space(self) -> HostSwap | DiskSwap:
+        if self.swap is None:
+            raise BackendError("swap_out/swap_in called before allocate_swap()")
+        return self.swap
 
     # -- the step ----------------------------------------------------------------
 

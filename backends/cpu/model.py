@@ -8,19 +8,23 @@ multi-token verification all take the same path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 import torch
 from torch import nn
 
-from kernels import reference as K
+from kernels import reference
 
 if TYPE_CHECKING:
     from backends.models import ModelConfig
 
 # kernels.reference.paged_attention's signature, which every implementation shares.
 PagedAttention = Callable[..., torch.Tensor]
+# A *kernel set* is a module with kernels.reference's functions (names, signatures,
+# semantics): kernels.reference itself, kernels.triton, kernels.metal.
+KernelSet = ModuleType
 
 
 # A run of new tokens after cached context (a speculative draft being verified, a
@@ -63,8 +67,9 @@ class AttentionMetadata:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, kernels: KernelSet = reference) -> None:
         super().__init__()
+        self.kernels = kernels
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -77,11 +82,12 @@ class Attention(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
         self.k_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
         # Decode steps' attention; Transformer.use_paged_attention may swap in a compiled kernel.
-        self.paged_attention: PagedAttention = K.paged_attention
+        self.paged_attention: PagedAttention = kernels.paged_attention
 
     def forward(
         self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
+        K = self.kernels
         T = x.shape[0]
         qkv = self.qkv(x)
         v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
@@ -117,23 +123,25 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, kernels: KernelSet = reference) -> None:
         super().__init__()
+        self.kernels = kernels
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, dtype=dtype)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(K.silu_and_mul(self.gate_up(x)))
+        return self.down(self.kernels.silu_and_mul(self.gate_up(x)))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, kernels: KernelSet = reference) -> None:
         super().__init__()
+        self.kernels = kernels
         self.eps = cfg.rms_norm_eps
         self.input_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         self.post_attention_norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
-        self.attn = Attention(cfg, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.attn = Attention(cfg, dtype, kernels)
+        self.mlp = MLP(cfg, dtype, kernels)
 
     def forward(
         self,
@@ -143,6 +151,7 @@ class Block(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        K = self.kernels
         if residual is None:
             residual = x
             h = K.rms_norm(x, self.input_norm, self.eps)
@@ -154,12 +163,13 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, kernels: KernelSet = reference) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
+        self.kernels = kernels
         self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Block(cfg, dtype, kernels) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype
@@ -180,7 +190,7 @@ class Transformer(nn.Module):
         # the (large) output projection.
         x = x.index_select(0, logits_index)
         residual = residual.index_select(0, logits_index)
-        h, _ = K.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
+        h, _ = self.kernels.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(h, head).float()
 
@@ -188,6 +198,13 @@ class Transformer(nn.Module):
         """Run decode steps' attention with ``fn`` (same contract as the reference)."""
         for layer in self.layers:
             layer.attn.paged_attention = fn
+
+    def use_kernels(self, kernels: KernelSet) -> None:
+        """Run every op with the kernel set ``kernels``, its paged attention included."""
+        self.kernels = kernels
+        for layer in self.layers:
+            layer.kernels = layer.attn.kernels = layer.mlp.kernels = kernels
+        self.use_paged_attention(kernels.paged_attention)
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> None:

@@ -14,18 +14,30 @@ writes below its computed tokens, so a shared block is never written, with one
 exception: a prompt that is cached to its very end still needs the logits of
 its last token, so that token is run again, into a copy of its block
 (copy-on-write; the copy is made by the backend before the step).
+
+Swap: a preempted sequence may park the blocks holding its computed KV in swap
+slots (host memory or disk, owned by the backend) instead of dropping them, and
+get fresh blocks with that KV copied back when room returns. Copies and swaps
+are logged in the order they are decided and the backend runs them in that
+order before the next forward, so a block or slot given back by one operation
+can be taken by a later one in the same step without a read-after-write race.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from collections.abc import Sequence as Tokens
+from typing import Literal
 
 from .errors import BlockManagerError
 from .sequence import Sequence
 
 DEFAULT_BLOCK_SIZE = 16
+
+# One KV operation for the backend: copy_blocks (src, dst), swap_out (block, slot), swap_in (slot, block).
+KVOpKind = Literal["copy", "swap_out", "swap_in"]
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -47,10 +59,18 @@ def salt_hash(salt: str | None) -> bytes:
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, *, enable_prefix_caching: bool = False
+        self,
+        num_blocks: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        *,
+        enable_prefix_caching: bool = False,
+        num_swap_slots: int = 0,
     ) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise BlockManagerError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if num_blocks < 1 or block_size < 1 or num_swap_slots < 0:
+            raise BlockManagerError(
+                f"need num_blocks >= 1, block_size >= 1 and num_swap_slots >= 0, "
+                f"got {num_blocks}, {block_size}, {num_swap_slots}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -65,9 +85,15 @@ class BlockManager:
         # Copies owed before the next forward (copy-on-write): (source, destination).
         # Each source keeps a reference until ``copies_done``.
         self.pending_copies: list[tuple[int, int]] = []
+        # Every copy and swap owed before the next forward, in the order decided.
+        self.pending_ops: list[tuple[KVOpKind, tuple[int, int]]] = []
+        self.num_swap_slots = num_swap_slots
+        self.free_swap_slots: deque[int] = deque(range(num_swap_slots))
         # Counters for metrics: prompt tokens looked up at admission, and found cached.
         self.num_prefix_queries = 0
         self.num_prefix_hits = 0
+        self.num_swapped_out_blocks = 0
+        self.num_swapped_in_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -118,6 +144,7 @@ class BlockManager:
             last = len(hits) - 1
             copy = self._take_block()
             self.pending_copies.append((table[last], copy))  # the source keeps its reference until copied
+            self.pending_ops.append(("copy", (table[last], copy)))
             table[last] = copy
         seq.block_table = table
         seq.num_computed_tokens = computed
@@ -126,9 +153,20 @@ class BlockManager:
             self.num_prefix_queries += seq.num_tokens
             self.num_prefix_hits += computed
 
+    def take_ops(self) -> list[tuple[KVOpKind, list[tuple[int, int]]]]:
+        """The pending operations, consecutive ones of a kind merged into one call."""
+        runs: list[tuple[KVOpKind, list[tuple[int, int]]]] = []
+        for kind, pair in self.pending_ops:
+            if runs and runs[-1][0] == kind:
+                runs[-1][1].append(pair)
+            else:
+                runs.append((kind, [pair]))
+        return runs
+
     def copies_done(self) -> None:
-        """The backend has made the pending copies: release their sources."""
+        """The backend has run the pending operations: release the copies' sources."""
         pairs, self.pending_copies = self.pending_copies, []
+        self.pending_ops = []
         for src, _ in pairs:
             self._release_block(src)
 
@@ -200,6 +238,64 @@ class BlockManager:
                 self.block_hashes[block_id] = h
                 self.cached[h] = block_id
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
+
+    # -- swap
+
+    @property
+    def num_free_swap_slots(self) -> int:
+        return len(self.free_swap_slots)
+
+    def can_swap_out(self, seq: Sequence) -> bool:
+        """Whether ``seq`` has computed KV and the free slots to park all of it."""
+        return 0 < self.blocks_needed(seq.num_computed_tokens) <= len(self.free_swap_slots)
+
+    def swap_out(self, seq: Sequence) -> None:
+        """Park the blocks holding ``seq``'s computed KV in swap slots and free its table.
+
+        Blocks past its computed tokens (room taken for a token or draft not run
+        yet) are dropped, not parked.
+        """
+        if not self.can_swap_out(seq):
+            raise BlockManagerError(
+                f"swap_out: {seq!r} needs {self.blocks_needed(seq.num_computed_tokens)} swap slots, "
+                f"{len(self.free_swap_slots)} free"
+            )
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        slots = [self.free_swap_slots.popleft() for _ in range(keep)]
+        self._log("swap_out", zip(seq.block_table[:keep], slots))
+        self.free(seq)
+        seq.swap_slots = slots
+        self.num_swapped_out_blocks += keep
+
+    def can_swap_in(self, seq: Sequence, num_new_tokens: int = 1) -> bool:
+        """Whether ``seq`` can come back and compute ``num_new_tokens`` more tokens."""
+        return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) <= self.num_free_blocks
+
+    def swap_in(self, seq: Sequence) -> None:
+        """Give ``seq`` fresh blocks and bring its parked KV back into them."""
+        if seq.block_table or not seq.swap_slots:
+            raise BlockManagerError(f"swap_in: {seq!r} is not swapped out")
+        if len(seq.swap_slots) > self.num_free_blocks:
+            raise BlockManagerError(
+                f"swap_in: {seq!r} needs {len(seq.swap_slots)} blocks, only {self.num_free_blocks} free"
+            )
+        table = [self._take_block() for _ in seq.swap_slots]
+        self._log("swap_in", zip(seq.swap_slots, table))
+        # A slot given back here may be reused by a later swap_out of this step:
+        # the ordered log runs this read first.
+        self.free_swap(seq)
+        seq.block_table = table
+        # Fresh blocks are outside the prefix cache; commit() registers them again.
+        seq.num_committed_blocks = 0
+        self.num_swapped_in_blocks += len(table)
+
+    def free_swap(self, seq: Sequence) -> None:
+        """Give back ``seq``'s swap slots (it came back in, or was aborted while out)."""
+        self.free_swap_slots.extend(seq.swap_slots)
+        seq.swap_slots = []
+
+    def _log(self, kind: KVOpKind, pairs: Iterable[tuple[int, int]]) -> None:
+        self.pending_ops.extend((kind, pair) for pair in pairs)
 
     # -- release
 

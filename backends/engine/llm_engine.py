@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import Backend, ModelInfo
+from backends.base import Backend, BackendError, ModelInfo
 
 from .block_manager import DEFAULT_BLOCK_SIZE, BlockManager, blocks_for
 from .detokenizer import DecodingTokenizer, IncrementalDetokenizer
@@ -29,9 +29,9 @@ from .errors import (
 from .outputs import EngineStats, RequestOutput, TokenLogprob
 from .sampler import SampleResult, Sampler
 from .sampling_params import SamplingParams
-from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from .scheduler import PREEMPTION_MODES, ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
-from .speculative import SpeculativeConfig, Speculator
+from .speculative import DraftModelProposer, SpeculativeConfig, Speculator
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # used when neither num_blocks nor kv_cache_bytes is set
 
@@ -57,15 +57,32 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # Speculative decoding (``speculative.SpeculativeConfig``); None: off.
     speculative: SpeculativeConfig | None = None
+    # What preemption does with a sequence's KV: "recompute" drops it (prefilled
+    # again on readmission), "swap" parks it in swap space (needs a backend with
+    # ``allocate_swap``). Swap space holds ``num_swap_blocks`` or
+    # ``swap_space_bytes`` worth of blocks (default: as many as the KV cache), in
+    # host memory, or in a file under ``swap_dir`` when it is set (the disk tier).
+    preemption_mode: str = "recompute"
+    num_swap_blocks: int | None = None
+    swap_space_bytes: int | None = None
+    swap_dir: str | None = None
 
     def check(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             _positive(name, getattr(self, name))
-        for name in ("num_blocks", "kv_cache_bytes", "max_model_len"):
+        for name in ("num_blocks", "kv_cache_bytes", "max_model_len", "num_swap_blocks", "swap_space_bytes"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.num_blocks is not None and self.kv_cache_bytes is not None:
             raise EngineConfigError("set num_blocks or kv_cache_bytes, not both")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise EngineConfigError(
+                f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}"
+            )
+        if self.num_swap_blocks is not None and self.swap_space_bytes is not None:
+            raise EngineConfigError("set num_swap_blocks or swap_space_bytes, not both")
+        if self.swap_dir is not None and (not isinstance(self.swap_dir, str) or not self.swap_dir):
+            raise EngineConfigError(f"swap_dir must be a directory path, got {self.swap_dir!r}")
         if self.speculative is not None:
             if not isinstance(self.speculative, SpeculativeConfig):
                 raise EngineConfigError("speculative must be a SpeculativeConfig or None")
@@ -79,7 +96,10 @@ class LLMEngine:
         tokenizer: DecodingTokenizer,
         model_info: ModelInfo,
         config: EngineConfig | None = None,
+        draft_backend: Backend | None = None,
     ) -> None:
+        """``draft_backend``: the loaded draft model for speculative method "draft" with a
+        ``draft_model`` (a self-draft, ``draft_layers``, is made here from ``backend``)."""
         self.config = config = config or EngineConfig()
         config.check()
         self.backend = backend
@@ -91,12 +111,20 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len(model_info, config)
 
         backend.allocate_kv(self.num_blocks, self.block_size)
+        self.num_swap_blocks = self._allocate_swap(backend, config)
         self.block_manager = BlockManager(
-            self.num_blocks, self.block_size, enable_prefix_caching=config.enable_prefix_caching
+            self.num_blocks,
+            self.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            num_swap_slots=self.num_swap_blocks,
         )
-        self.speculator = Speculator(config.speculative) if config.speculative is not None else None
+        self.speculator = self._make_speculator(config, backend, draft_backend)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.speculator
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.speculator,
+            preemption_mode=config.preemption_mode,
         )
         self.eos_token_ids = _eos_ids(tokenizer)
         self.sampler = Sampler(self.eos_token_ids)
@@ -224,11 +252,9 @@ class LLMEngine:
         same step can be retried, or the requests aborted.
         """
         sched = self.scheduler.schedule()
+        self._run_kv_ops(sched)
         if sched.is_empty:
             return []
-        if sched.copies:
-            self.backend.copy_blocks(sched.copies)
-            self.block_manager.copies_done()
         logits = self.backend.forward(sched.batch())
         outputs = self._sample(sched, logits)
         for seq in self.scheduler.postprocess(sched):
@@ -248,6 +274,10 @@ class LLMEngine:
             num_blocks_total=bm.num_blocks,
             block_size=bm.block_size,
             num_preemptions=self.scheduler.num_preemptions,
+            num_swapped=len(self.scheduler.swapped),
+            num_swap_outs=self.scheduler.num_swap_outs,
+            num_swapped_out_blocks=bm.num_swapped_out_blocks,
+            num_swapped_in_blocks=bm.num_swapped_in_blocks,
             num_tokens_processed=self.num_tokens_processed,
             num_tokens_generated=self.num_tokens_generated,
             num_steps=self.num_steps,
@@ -261,6 +291,60 @@ class LLMEngine:
         )
 
     # -- internals
+
+    def _run_kv_ops(self, sched: SchedulerOutput) -> None:
+        """Copies and swaps, in the order the scheduler decided them, before the forward."""
+        if not sched.kv_ops:
+            return
+        methods = {"copy": self.backend.copy_blocks, "swap_out": getattr(self.backend, "swap_out", None),
+                   "swap_in": getattr(self.backend, "swap_in", None)}
+        for kind, pairs in sched.kv_ops:
+            methods[kind](pairs)  # type: ignore[misc]  # swaps only exist with swap space, checked at start
+        self.block_manager.copies_done()
+
+    def _make_speculator(
+        self, config: EngineConfig, backend: Backend, draft_backend: Backend | None
+    ) -> Speculator | None:
+        spec = config.speculative
+        if spec is None:
+            return None
+        if spec.method != "draft":
+            return Speculator(spec)
+        if draft_backend is None:
+            if spec.draft_layers is None:
+                raise EngineConfigError(
+                    f"speculative draft_model {spec.draft_model!r} was not loaded: pass the loaded draft backend"
+                )
+            truncated = getattr(backend, "truncated", None)
+            if truncated is None:
+                raise EngineConfigError(f"{type(backend).__name__} cannot run a self-draft (draft_layers)")
+            try:
+                draft_backend = truncated(spec.draft_layers)
+            except BackendError as exc:
+                raise EngineConfigError(f"speculative draft_layers: {exc}") from exc
+        # The draft keeps KV for as many tokens as the target can.
+        return Speculator(spec, DraftModelProposer(spec, draft_backend, self.num_blocks, self.block_size))
+
+    def _allocate_swap(self, backend: Backend, config: EngineConfig) -> int:
+        """Reserve the swap space "swap" preemption needs; the number of slots (0 without)."""
+        if config.preemption_mode != "swap":
+            return 0
+        allocate = getattr(backend, "allocate_swap", None)
+        if allocate is None:
+            raise EngineConfigError(
+                f"preemption_mode 'swap' needs a backend that can swap; {type(backend).__name__} cannot "
+                "(use preemption_mode 'recompute')"
+            )
+        if config.num_swap_blocks is not None:
+            slots = config.num_swap_blocks
+        elif config.swap_space_bytes is not None:
+            slots = config.swap_space_bytes // backend.kv_block_bytes(self.block_size)
+            if slots < 1:
+                raise EngineConfigError(f"swap_space_bytes={config.swap_space_bytes} is smaller than one KV block")
+        else:
+            slots = self.num_blocks
+        allocate(slots, self.block_size, config.swap_dir)
+        return slots
 
     def _sample(self, sched: SchedulerOutput, logits: object) -> list[RequestOutput]:
         """Tokens from the step's logits: plain rows sampled together, each draft verified row by row."""

@@ -59,6 +59,10 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0  # of those, tokens whose KV was reused, total
     spec_proposed_tokens: int = 0  # draft tokens verified by speculative decoding, total
     spec_accepted_tokens: int = 0  # of those, tokens accepted, total
+    num_swapped: int = 0  # sequences whose KV is parked in swap space now
+    num_swap_outs: int = 0  # preemptions that parked KV instead of dropping it, total
+    num_swapped_out_blocks: int = 0  # KV blocks written to swap space, total
+    num_swapped_in_blocks: int = 0  # KV blocks read back from swap space, total
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -1,4 +1,4 @@
-"""Continuous batching with chunked prefill and preemption by recompute.
+"""Continuous batching with chunked prefill and preemption by recompute or swap.
 
 Every step mixes decodes of running sequences with prefill chunks, under a
 token budget (``max_num_batched_tokens``) and a sequence cap (``max_num_seqs``).
@@ -8,17 +8,21 @@ Order within a step:
    block and none is free, the least important running sequence not yet
    scheduled in this step is preempted (possibly the one asking);
 2. next prefill chunks of running sequences whose prompt is not fully computed;
-3. admission of waiting sequences in (priority, arrival) order. A waiting
-   sequence gets blocks for all its known tokens at admission (so a chunked
-   prefill never stalls half-way), and may preempt running sequences that are
-   strictly less important than itself. Admission stops at the first waiting
-   sequence that does not fit, so a large request is not starved by small ones.
+3. resumption of swapped-out sequences and admission of waiting ones, together
+   in (priority, arrival) order. A waiting sequence gets blocks for all its known
+   tokens at admission (so a chunked prefill never stalls half-way), and may
+   preempt running sequences that are strictly less important than itself. This
+   stops at the first sequence that does not fit, so a large request is not
+   starved by small ones.
 
-Preemption frees the sequence's blocks and puts it back in the waiting queue
-(ahead of later arrivals of its priority); on readmission its prompt and its
-output so far are prefilled again, except for what the prefix cache still
-holds (``BlockManager``): admission starts a sequence after its cached prefix.
-Imports no tensor library.
+Preemption frees the sequence's blocks. By recompute (the default) it goes back
+to the waiting queue (ahead of later arrivals of its priority), and on
+readmission its prompt and its output so far are prefilled again, except for
+what the prefix cache still holds (``BlockManager``): admission starts a
+sequence after its cached prefix. By swap (``preemption_mode="swap"``) its
+computed KV is first parked in swap slots, and it resumes where it stopped once
+blocks are free again; a sequence with nothing computed, or more than the free
+slots hold, is recomputed instead. Imports no tensor library.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 
 from backends.base import Batch, SequenceSlice
 
-from .block_manager import BlockManager
+from .block_manager import BlockManager, KVOpKind
 from .errors import BlockManagerError
 from .sequence import Sequence, SequenceStatus
 from .speculative import Speculator
@@ -58,9 +62,11 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    swapped_out: list[Sequence] = field(default_factory=list)  # the preempted ones whose KV was parked
     block_size: int = 16
-    # KV blocks to copy before the forward (copy-on-write of a cached block): (source, destination).
-    copies: list[tuple[int, int]] = field(default_factory=list)
+    # Copies (copy-on-write of a cached block) and swaps for the backend to run, in
+    # this order, before the forward: BlockManager.take_ops().
+    kv_ops: list[tuple[KVOpKind, list[tuple[int, int]]]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -96,18 +102,24 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         speculator: Speculator | None = None,
+        preemption_mode: str = "recompute",
     ) -> None:
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, got {preemption_mode!r}")
         self.block_manager = block_manager
+        self.preemption_mode = preemption_mode
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.speculator = speculator
         # Both lists stay sorted by Sequence.sort_key (most important first).
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_swap_outs = 0
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -120,6 +132,11 @@ class Scheduler:
             self.block_manager.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.SWAPPED:
+            self.swapped.remove(seq)
+            self.block_manager.free_swap(seq)
+        if self.speculator is not None:
+            self.speculator.release(seq)
         seq.status = SequenceStatus.FINISHED_ABORTED
 
     # -- one step
@@ -129,11 +146,9 @@ class Scheduler:
         scheduled: dict[int, ScheduledSeq] = {}  # seq_id -> entry, insertion ordered
         budget = self.max_num_batched_tokens
 
-        # 1. decodes, with preemption when blocks run out; a draft only where it fits as is
+        # 1. decodes, with preemption when blocks run out; then drafts where they fit as is
         decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
-        speculator = self.speculator
-        if speculator is not None and len(decoding) > speculator.config.max_batch:
-            speculator = None
+        decoded: list[Sequence] = []
         for seq in decoding:
             if budget == 0:
                 break
@@ -145,14 +160,12 @@ class Scheduler:
                 if victim is seq:
                     break
             if seq.status is SequenceStatus.RUNNING:
-                draft: list[int] = []
-                if speculator is not None:
-                    draft = speculator.draft(seq, budget - 1)
-                    if draft and not self.block_manager.can_append(seq, 1 + len(draft)):
-                        draft = []  # no preemption for a guess
-                self.block_manager.append_slots(seq, 1 + len(draft))
-                scheduled[seq.seq_id] = _entry(seq, 1, draft)
-                budget -= 1 + len(draft)
+                self.block_manager.append_slots(seq, 1)
+                scheduled[seq.seq_id] = _entry(seq, 1)
+                budget -= 1
+                decoded.append(seq)
+        if self.speculator is not None and len(decoding) <= self.speculator.config.max_batch and budget > 0:
+            budget = self._add_drafts(self.speculator, decoded, scheduled, budget)
 
         # 2. next chunks of prefills already under way
         for seq in self.running:
@@ -164,17 +177,26 @@ class Scheduler:
             scheduled[seq.seq_id] = _entry(seq, n)
             budget -= n
 
-        # 3. admissions
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
-            if not self._make_room_for(seq, scheduled, out):
-                break
-            for entry in [e for e in scheduled.values() if e.seq.status is not SequenceStatus.RUNNING]:
-                # a sequence scheduled above was preempted to make room: give back its budget
-                del scheduled[entry.seq.seq_id]
-                budget += entry.num_tokens
-            self.waiting.pop(0)
-            self.block_manager.allocate(seq)
+        # 3. resumptions and admissions, most important first
+        while (self.waiting or self.swapped) and budget > 0:
+            if self.swapped and (not self.waiting or _key(self.swapped[0]) < _key(self.waiting[0])):
+                seq = self.swapped[0]
+                n = min(seq.num_uncomputed_tokens, budget)
+                if len(self.running) >= self.max_num_seqs or not self.block_manager.can_swap_in(seq, n):
+                    break
+                self.swapped.pop(0)
+                self.block_manager.swap_in(seq)
+                self.block_manager.append_slots(seq, n)
+            else:
+                seq = self.waiting[0]
+                if not self._make_room_for(seq, scheduled, out):
+                    break
+                for entry in [e for e in scheduled.values() if e.seq.status is not SequenceStatus.RUNNING]:
+                    # a sequence scheduled above was preempted to make room: give back its budget
+                    del scheduled[entry.seq.seq_id]
+                    budget += entry.num_tokens
+                self.waiting.pop(0)
+                self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=_key)
             n = min(seq.num_uncomputed_tokens, budget)
@@ -182,7 +204,7 @@ class Scheduler:
             budget -= n
 
         out.scheduled = list(scheduled.values())
-        out.copies = list(self.block_manager.pending_copies)
+        out.kv_ops = self.block_manager.take_ops()
         return out
 
     def postprocess(self, out: SchedulerOutput) -> list[Sequence]:
@@ -191,8 +213,8 @@ class Scheduler:
         finished = []
         for entry in out.scheduled:
             seq = entry.seq
-            if seq.status is SequenceStatus.WAITING:
-                continue  # preempted (and reset) after scheduling: nothing to record
+            if seq.status is SequenceStatus.WAITING or seq.status is SequenceStatus.SWAPPED:
+                continue  # preempted after scheduling: nothing to record
             seq.num_computed_tokens = entry.start_pos + entry.num_tokens
             if entry.draft:
                 # Only the accepted part of the draft is the sequence's; the KV written
@@ -203,8 +225,25 @@ class Scheduler:
             if seq.is_finished and seq.status is not SequenceStatus.FINISHED_ABORTED:
                 self.running.remove(seq)
                 self.block_manager.free(seq)
+                if self.speculator is not None:
+                    self.speculator.release(seq)
                 finished.append(seq)
         return finished
+
+    # -- speculation
+
+    def _add_drafts(
+        self, speculator: Speculator, seqs: list[Sequence], scheduled: dict[int, ScheduledSeq], budget: int
+    ) -> int:
+        """Give decoding ``seqs`` draft tokens to verify where blocks allow; returns the budget left."""
+        for seq, draft in zip(seqs, speculator.draft(seqs, budget)):
+            draft = draft[:budget]
+            if not draft or not self.block_manager.can_append(seq, 1 + len(draft)):
+                continue  # no preemption for a guess
+            self.block_manager.append_slots(seq, 1 + len(draft))
+            scheduled[seq.seq_id] = _entry(seq, 1, draft)
+            budget -= len(draft)
+        return budget
 
     # -- preemption
 
@@ -218,12 +257,19 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq)
-        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.add(seq)
         out.preempted.append(seq)
+        if self.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
+            self.block_manager.swap_out(seq)
+            seq.status = SequenceStatus.SWAPPED
+            bisect.insort(self.swapped, seq, key=_key)
+            self.num_swap_outs += 1
+            out.swapped_out.append(seq)
+            return
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        self.add(seq)
 
     def _fits(self, seq: Sequence) -> bool:
         return len(self.running) < self.max_num_seqs and self.block_manager.can_allocate(seq)
@@ -249,6 +295,9 @@ class Scheduler:
         # Only reachable once blocks are shared between tables (the count above
         # then overestimates what eviction frees); waiting a step is safe.
         return False
+
+
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 def _key(seq: Sequence) -> tuple[int, int]:

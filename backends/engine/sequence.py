@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted with its KV kept in swap slots, waiting for room to resume
     FINISHED_STOPPED = "finished_stopped"  # eos, stop token or stop string
     FINISHED_LENGTH = "finished_length"  # max_tokens or context full
     FINISHED_ABORTED = "finished_aborted"
@@ -71,6 +72,7 @@ class Sequence:
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self.swap_slots: list[int] = []  # while SWAPPED: the slots holding its blocks, in table order
         self.num_preemptions = 0
         # Prefix caching: the namespace of this sequence's cached blocks (a tenant's,
         # say; None shares the default one), the chain hashes of its full blocks

@@ -1,24 +1,5 @@
-"""Metal backend: PyTorch on the mps device with Metal shaders (runner not built yet)."""
+"""Metal backend: PyTorch on the mps device with our own Metal shaders for paged attention."""
 
-from __future__ import annotations
+from backends.metal.backend import MetalBackend
 
-import importlib.util
-import platform
-
-from backends._unbuilt import UnbuiltBackend
-
-
-class MetalBackend(UnbuiltBackend):
-    name = "metal"
-
-    @classmethod
-    def machine_reason(cls) -> str | None:
-        if platform.system() != "Darwin":
-            return f"Metal needs macOS (this is {platform.system()})"
-        if importlib.util.find_spec("torch") is None:
-            return "PyTorch is not installed"
-        import torch
-
-        if not torch.backends.mps.is_available():
-            return "torch reports no usable mps device"
-        return None
+__all__ = ["MetalBackend"]

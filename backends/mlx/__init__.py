@@ -1,17 +1,6 @@
-"""MLX backend: the model in MLX arrays (runner not built yet)."""
+"""The MLX backend: the model in MLX arrays, paged KV in MLX arrays (Apple silicon's
+GPU through Metal, or mlx's CPU build on Linux). mlx itself is imported lazily."""
 
-from __future__ import annotations
+from backends.mlx.backend import MLXBackend
 
-import importlib.util
-
-from backends._unbuilt import UnbuiltBackend
-
-
-class MLXBackend(UnbuiltBackend):
-    name = "mlx"
-
-    @classmethod
-    def machine_reason(cls) -> str | None:
-        if importlib.util.find_spec("mlx") is None:
-            return "MLX is not installed (pip install 'inferflux[mlx]')"
-        return None
+__all__ = ["MLXBackend"]

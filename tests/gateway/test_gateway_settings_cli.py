@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import stat
 import subprocess
 import sys
@@ -23,10 +25,10 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults(tmp_path: Path) -> None:
     settings = load_settings(env={"XDG_DATA_HOME": str(tmp_path)})
-    assert (settings.host, settings.port, settings.backend) == ("127.0.0.1", 8080, "cpu")
+    assert (settings.host, settings.port, settings.backend) == ("127.0.0.1", 8080, "auto")
     assert settings.max_body_bytes == 4 * 1024 * 1024
     [(spec, backend)] = settings.model_specs()
-    assert spec.name == DEFAULT_MODEL_NAME and backend == "cpu"
+    assert spec.name == DEFAULT_MODEL_NAME and backend == "auto"  # the registry's chain: cpu on this machine
     assert Path(spec.path).is_file()
 
 
@@ -64,7 +66,7 @@ def test_config_file_from_env_and_models(tmp_path: Path) -> None:
     )
     settings = load_settings(env={"INFERFLUX_CONFIG": str(config), "INFERFLUX_DTYPE": "float32"})
     (a, a_backend), (b, b_backend) = settings.model_specs()
-    assert (a.name, a.aliases, a.dtype, a_backend) == ("a", ("alpha",), "float32", "cpu")
+    assert (a.name, a.aliases, a.dtype, a_backend) == ("a", ("alpha",), "float32", "auto")
     assert (b.name, b.dtype, b_backend) == ("b", "float32", "mlx")
 
     single = load_settings(config, env={"INFERFLUX_MODEL": "/models/Other-Model.gguf"})
@@ -91,6 +93,33 @@ def test_speculative_decoding_per_model_or_engine_wide(tmp_path: Path) -> None:
     assert engine_config_from(load_settings(env={}).engine).speculative is None  # off unless configured
 
 
+def test_a_draft_model_is_speculative_configuration(tmp_path: Path) -> None:
+    from gateway.models import engine_config_from
+
+    config = write(
+        tmp_path,
+        "models:\n"
+        "  - {name: a, path: /m/a.gguf, speculative: {method: draft, draft_layers: 8, k: 3}}\n"
+        "  - {name: b, path: /m/b.gguf, speculative: {method: draft, draft_model: ~/small.gguf}}\n",
+    )
+    settings = load_settings(config, env={})
+    a = engine_config_from(settings.engine, settings.model_speculative("a")).speculative
+    b = engine_config_from(settings.engine, settings.model_speculative("b")).speculative
+    assert (a.method, a.draft_layers, a.draft_model, a.k) == ("draft", 8, None, 3)
+    assert (b.draft_layers, b.draft_model) == (None, os.path.expanduser("~/small.gguf"))
+
+
+def test_preemption_by_swap_is_engine_configuration(tmp_path: Path) -> None:
+    from gateway.models import engine_config_from
+
+    config = write(tmp_path, "engine:\n  preemption_mode: swap\n  swap_space_bytes: 64MiB\n  swap_dir: ~/kv-swap\n")
+    engine = engine_config_from(load_settings(config, env={}).engine)
+    assert (engine.preemption_mode, engine.swap_space_bytes) == ("swap", 64 << 20)
+    assert engine.swap_dir == os.path.expanduser("~/kv-swap") != "~/kv-swap"
+    default = engine_config_from(load_settings(env={}).engine)
+    assert (default.preemption_mode, default.swap_dir) == ("recompute", None)
+
+
 @pytest.mark.parametrize(
     ("text", "env", "expected"),
     [
@@ -106,9 +135,12 @@ def test_speculative_decoding_per_model_or_engine_wide(tmp_path: Path) -> None:
         ("engine:\n  speculative: {k: 0}\n", {}, "'engine.speculative.k'"),
         ("models:\n  - {name: a, path: x, speculative: {method: medusa}}\n", {}, "'models[0].speculative.method'"),
         ("engine:\n  speculative: {min_ngram: 3, max_ngram: 2}\n", {}, "min_ngram must not exceed max_ngram"),
+        ("engine:\n  preemption_mode: drop\n", {}, "'engine.preemption_mode'"),
+        ("engine:\n  speculative: {method: draft}\n", {}, "needs draft_layers or draft_model"),
+        ("engine:\n  speculative: {draft_layers: 4}\n", {}, "apply to method 'draft' only"),
     ],
     ids=["port-range", "unknown-key", "model-path", "duplicate", "size", "dtype", "list", "yaml", "env", "spec-k",
-         "spec-method", "spec-ngrams"],
+         "spec-method", "spec-ngrams", "preemption-mode", "draft-missing", "draft-on-ngram"],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str], expected: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -33,16 +33,34 @@ def speculative_model() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def client(served_model: Any, speculative_model: Any, gateway_store: Any) -> Iterator[TestClient]:
+def draft_model() -> Iterator[Any]:
+    """The default model with a draft model: itself again, loaded as the draft through the gateway's loader."""
+    from backends.base import ModelSpec
+    from backends.engine import EngineConfig
+    from backends.engine.speculative import SpeculativeConfig
+    from backends.models import default_model_path
+
+    from gateway.models import load_served_model
+
+    spec = ModelSpec(name="smollm2-draft", path=default_model_path(), dtype="float32")
+    draft = SpeculativeConfig(method="draft", draft_model=default_model_path(), k=3)
+    model = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=32 << 20, speculative=draft))
+    yield model
+    model.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(served_model: Any, speculative_model: Any, draft_model: Any, gateway_store: Any) -> Iterator[TestClient]:
     import tempfile
 
     from gateway.app import create_app
     from gateway.models import ModelManager
     from gateway.settings import Settings
 
-    manager = ModelManager(expected=[served_model.name, speculative_model.name])
+    manager = ModelManager(expected=[served_model.name, speculative_model.name, draft_model.name])
     manager.add(served_model)
     manager.add(speculative_model)
+    manager.add(draft_model)
     app = create_app(Settings(data_dir=tempfile.mkdtemp(prefix="inferflux-app-")), manager, store=gateway_store,
                      owns_models=False)  # fmt: skip
     with TestClient(app) as test_client:
@@ -64,6 +82,21 @@ def test_speculation_changes_nothing_a_client_sees(client: TestClient, auth_head
     assert texts[1:] == [texts[0]] * 3  # greedy: token for token the plain model's text
     usage = [r.json()["usage"]["completion_tokens"] for r in (plain, speculative)]
     assert usage[0] == usage[1] == 24
+
+
+def test_a_draft_model_changes_nothing_a_client_sees(client: TestClient, auth_headers: dict[str, str]) -> None:
+    plain = complete(client, auth_headers, DEFAULT_MODEL_NAME)
+    drafted = complete(client, auth_headers, "smollm2-draft", speculative={"method": "draft"})
+    assert plain.status_code == drafted.status_code == 200, drafted.text
+    assert drafted.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+    text = client.get("/metrics", headers=auth_headers).text
+    proposed = re.search(r'^inferflux_spec_proposed_tokens_total{model="smollm2-draft"} (\S+)$', text, re.M)
+    accepted = re.search(r'^inferflux_spec_accepted_tokens_total{model="smollm2-draft"} (\S+)$', text, re.M)
+    assert proposed and accepted and float(proposed.group(1)) > 0
+    # The draft is the model itself: it proposes what the model would say.
+    assert float(accepted.group(1)) >= 0.9 * float(proposed.group(1))
+    wrong = complete(client, auth_headers, "smollm2-draft", speculative={"method": "ngram"})
+    assert wrong.status_code == 400 and "it uses draft" in error_of(wrong)["message"]
 
 
 def test_drafts_are_counted_in_the_metrics(client: TestClient, auth_headers: dict[str, str]) -> None:

@@ -15,18 +15,9 @@ from backends.cpu import CPUBackend
 from backends.engine import EngineConfig, LLMEngine, SamplingParams
 from backends.models import default_model_path, open_model
 
+from greedy_runs import reference_prompts, run_greedy
+
 BLOCK = 16
-CHAT_PROMPTS = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [
-        {"role": "system", "content": "You are a terse assistant."},
-        {"role": "user", "content": "Write a haiku about paged memory."},
-    ],
-]
-RAW_PROMPTS = [
-    "def fibonacci(n):\n    ",
-    "Once upon a time, in a land far away,",
-]
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +45,7 @@ def info(loaded):
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer) -> list[list[int]]:
-    chat = [
-        tokenizer.encode(tokenizer.apply_chat_template(m, add_generation_prompt=True), add_special_tokens=False)
-        for m in CHAT_PROMPTS
-    ]
-    return chat + [tokenizer.encode(p) for p in RAW_PROMPTS]
+    return reference_prompts(tokenizer)
 
 
 def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
@@ -75,25 +62,14 @@ def _hf_greedy(model, ids: list[int], n: int) -> list[int]:
 
 
 def _run_engine(backend, info, tokenizer, requests: dict[str, list[int]], n: int, *, stagger: int = 0,
-                **config) -> dict[str, list[int]]:
+                stats_out: list | None = None, **config) -> dict[str, list[int]]:
     """Greedy ``n`` tokens per request through the real engine; with ``stagger``,
-    each request is added ``stagger`` steps after the previous one."""
+    each request is added ``stagger`` steps after the previous one. The engine's
+    final stats go to ``stats_out`` when given."""
     engine = LLMEngine(backend, tokenizer, info, EngineConfig(**config))
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    tokens: dict[str, list[int]] = {rid: [] for rid in requests}
-    pending = list(requests.items())
-    steps = 0
-    while pending or engine.has_unfinished_requests():
-        if pending and (stagger == 0 or steps % stagger == 0):
-            rid, ids = pending.pop(0)
-            engine.add_request(rid, ids, params)
-            if stagger == 0:
-                continue
-        for out in engine.step():
-            tokens[out.request_id].extend(out.new_token_ids)
-        steps += 1
-    stats = engine.stats()
-    assert stats.num_blocks_used == 0, "finished requests must free every block"
+    tokens = {rid: r["tokens"] for rid, r in run_greedy(engine, requests, n, stagger=stagger).items()}
+    if stats_out is not None:
+        stats_out.append(engine.stats())
     return tokens
 
 
@@ -226,9 +202,16 @@ def test_speculative_greedy_equals_plain_greedy(backend, info, tokenizer, prompt
     ]
     requests = {f"p{i}": ids for i, ids in enumerate(prompts + copying)}
     plain = _run_engine(backend, info, tokenizer, requests, 24)
-    spec = {}
-    for k in (2, 5):
-        engine = LLMEngine(backend, tokenizer, info, EngineConfig(speculative=SpeculativeConfig(k=k)))
+    # A draft model of its own: the same weights loaded again, so nearly every draft is kept.
+    draft_backend = CPUBackend()
+    draft_backend.load(ModelSpec(name="draft", path=default_model_path(), dtype="float32"))
+    same_model = SpeculativeConfig(method="draft", draft_model="smollm2", k=3)
+    # A self-draft, the first 20 of 30 layers: far less often right, but never wrong in effect.
+    self_draft = SpeculativeConfig(method="draft", draft_layers=20, k=2)
+    configs = {"ngram-2": (SpeculativeConfig(k=2), None), "ngram-5": (SpeculativeConfig(k=5), None),
+               "draft-model": (same_model, draft_backend), "self-draft": (self_draft, None)}  # fmt: skip
+    for name, (config, draft) in configs.items():
+        engine = LLMEngine(backend, tokenizer, info, EngineConfig(speculative=config), draft_backend=draft)
         params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
         for rid, ids in requests.items():
             engine.add_request(rid, ids, params)
@@ -236,7 +219,27 @@ def test_speculative_greedy_equals_plain_greedy(backend, info, tokenizer, prompt
         while engine.has_unfinished_requests():
             for out in engine.step():
                 got[out.request_id].extend(out.new_token_ids)
-        assert engine.stats().spec_accepted_tokens > 0
-        spec[k] = got
-    assert spec[2] == plain
-    assert spec[5] == plain
+        stats = engine.stats()
+        assert stats.spec_proposed_tokens > 0, name
+        if name != "self-draft":
+            assert stats.spec_accepted_tokens > 0, name
+        if name == "draft-model":
+            assert stats.spec_accepted_tokens >= 0.9 * stats.spec_proposed_tokens
+        assert got == plain, name
+
+
+def test_a_run_that_exhausts_kv_memory_gives_the_same_outputs_with_swap_and_recompute(
+    backend, info, tokenizer, prompts, tmp_path
+):
+    requests = {f"p{i}": ids for i, ids in enumerate(prompts)}
+    ample = _run_engine(backend, info, tokenizer, requests, 24, block_size=BLOCK)
+    tight = dict(block_size=BLOCK, num_blocks=8, max_num_batched_tokens=64)
+    assert _run_engine(backend, info, tokenizer, requests, 24, **tight) == ample  # recompute
+    for swap_dir in (None, str(tmp_path)):  # host memory, then the disk tier
+        stats: list = []
+        swapped = _run_engine(backend, info, tokenizer, requests, 24, stats_out=stats, preemption_mode="swap",
+                              swap_dir=swap_dir, **tight)  # fmt: skip
+        assert swapped == ample, swap_dir
+        assert stats[0].num_swap_outs > 0
+        assert stats[0].num_swapped_in_blocks == stats[0].num_swapped_out_blocks
+    assert list(tmp_path.iterdir()) == []  # the swap file was unlinked from the start

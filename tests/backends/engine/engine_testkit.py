@@ -58,7 +58,9 @@ class PagedEchoBackend:
         self.delay = delay
         self.logits_fn = logits_fn or echo_logits
         self.cache: np.ndarray | None = None
+        self.swap: np.ndarray | None = None
         self.block_size = 0
+        self.kv_ops: list[tuple[str, list[tuple[int, int]]]] = []  # copies and swaps, in call order
         self.batches: list[Batch] = []
         self.fail_next = 0  # forward raises this many more times
         self.lock = threading.Lock()
@@ -78,8 +80,26 @@ class PagedEchoBackend:
         self.block_size = block_size
 
     def copy_blocks(self, pairs) -> None:
+        self.kv_ops.append(("copy", list(pairs)))
         for src, dst in pairs:
             self.cache[dst] = self.cache[src]
+
+    # Swap, with poison: a swapped-in slot is overwritten with -2, so a slot read
+    # twice shows up as a read of an unwritten position. (A swapped-out block is
+    # left alone: it may stay cached or shared with another sequence.)
+    def allocate_swap(self, num_slots: int, block_size: int, directory: str | None) -> None:
+        self.swap = np.full((num_slots, block_size), -1, dtype=np.int64)
+
+    def swap_out(self, pairs) -> None:
+        self.kv_ops.append(("swap_out", list(pairs)))
+        for block, slot in pairs:
+            self.swap[slot] = self.cache[block]
+
+    def swap_in(self, pairs) -> None:
+        self.kv_ops.append(("swap_in", list(pairs)))
+        for slot, block in pairs:
+            self.cache[block] = self.swap[slot]
+            self.swap[slot] = -2
 
     def forward(self, batch: Batch) -> np.ndarray:
         if self.delay:
@@ -154,7 +174,8 @@ def model_info(vocab: int = VOCAB, context_length: int = 4096) -> ModelInfo:
 def make_engine(
     *, num_blocks: int = 256, block_size: int = 4, max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
     context_length: int = 4096, delay: float = 0.0, tokenizer: Any = None, enable_prefix_caching: bool = True,
-    speculative: Any = None, logits_fn: Any = None,
+    speculative: Any = None, logits_fn: Any = None, preemption_mode: str = "recompute",
+    num_swap_blocks: int | None = None, draft_backend: Any = None,
 ) -> tuple[LLMEngine, PagedEchoBackend]:
     backend = PagedEchoBackend(delay=delay, logits_fn=logits_fn)
     engine = LLMEngine(
@@ -168,7 +189,10 @@ def make_engine(
             max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=enable_prefix_caching,
             speculative=speculative,
+            preemption_mode=preemption_mode,
+            num_swap_blocks=num_swap_blocks,
         ),
+        draft_backend=draft_backend,
     )
     return engine, backend
 
@@ -251,6 +275,11 @@ def check_block_invariants(bm: BlockManager, seqs) -> None:
         raise AssertionError("free + used != total")
     if bm.num_used_blocks != len(refs):
         raise AssertionError("used blocks differ from blocks referenced by live tables")
+    slots = [slot for s in seqs for slot in s.swap_slots]
+    if len(slots) != len(set(slots)) or set(slots) & set(bm.free_swap_slots):
+        raise AssertionError("a swap slot is held twice, or held and free")
+    if len(slots) + bm.num_free_swap_slots != bm.num_swap_slots:
+        raise AssertionError("swap slots leaked")
     # A shared block is never written: every sequence's computed tokens cover its shared blocks.
     for s in seqs:
         for i, b in enumerate(s.block_table):
@@ -261,12 +290,13 @@ def check_block_invariants(bm: BlockManager, seqs) -> None:
 def check_scheduler_invariants(sched: Scheduler, seqs) -> None:
     bm = sched.block_manager
     check_block_invariants(bm, [s for s in seqs if not s.is_finished])
-    running, waiting = sched.running, sched.waiting
-    if {id(s) for s in running} & {id(s) for s in waiting}:
-        raise AssertionError("a sequence is both running and waiting")
+    running, waiting, swapped = sched.running, sched.waiting, sched.swapped
+    ids = [id(s) for s in (*running, *waiting, *swapped)]
+    if len(ids) != len(set(ids)):
+        raise AssertionError("a sequence is in two of running, waiting and swapped")
     if len(running) > sched.max_num_seqs:
         raise AssertionError("more running sequences than max_num_seqs")
-    for lst in (running, waiting):
+    for lst in (running, waiting, swapped):
         keys = [s.sort_key for s in lst]
         if keys != sorted(keys):
             raise AssertionError("queue out of priority order")
@@ -278,11 +308,19 @@ def check_scheduler_invariants(sched: Scheduler, seqs) -> None:
         if len(s.block_table) != len(set(s.block_table)):
             raise AssertionError(f"{s}: a block appears twice in one table")
     for s in waiting:
-        if s.status is not SequenceStatus.WAITING or s.block_table or s.num_computed_tokens:
+        if s.status is not SequenceStatus.WAITING or s.block_table or s.num_computed_tokens or s.swap_slots:
             raise AssertionError(f"{s}: waiting but holds KV state")
+    for s in swapped:
+        if s.status is not SequenceStatus.SWAPPED or s.block_table:
+            raise AssertionError(f"{s}: swapped but holds blocks")
+        if len(s.swap_slots) != bm.blocks_needed(s.num_computed_tokens) or not s.swap_slots:
+            raise AssertionError(f"{s}: its swap slots do not hold exactly its computed KV")
+    for s in running:
+        if s.swap_slots:
+            raise AssertionError(f"{s}: running but still holds swap slots")
     for s in seqs:
-        if s.is_finished and s.block_table:
-            raise AssertionError(f"{s}: finished but still holds blocks")
+        if s.is_finished and (s.block_table or s.swap_slots):
+            raise AssertionError(f"{s}: finished but still holds blocks or swap slots")
 
 
 def _gguf_path() -> str:

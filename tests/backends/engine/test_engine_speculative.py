@@ -21,6 +21,7 @@ from backends.engine.speculative import NgramProposer, SpeculativeConfig
 
 from engine_testkit import (
     VOCAB,
+    PagedEchoBackend,
     check_scheduler_invariants,
     induction_logits,
     make_engine,
@@ -110,14 +111,14 @@ def test_ngram_proposer_proposes_what_followed_the_tail_before() -> None:
     from backends.engine import Sequence
 
     seq = Sequence(0, "r", [1, 2, 3, 4, 9, 1, 2, 3], SamplingParams(), max_tokens=10)
-    assert proposer.propose(seq, 3) == [4, 9, 1]  # "1 2 3" occurred before, followed by 4 9 1
+    assert proposer.lookup(seq, 3) == [4, 9, 1]  # "1 2 3" occurred before, followed by 4 9 1
     seq.append_token(7)
-    assert proposer.propose(seq, 3) == []  # "7" never occurred before
+    assert proposer.lookup(seq, 3) == []  # "7" never occurred before
     seq.append_token(2)
-    assert proposer.propose(seq, 2) == [3, 7]  # only "2" matches: its most recent earlier occurrence (6)
+    assert proposer.lookup(seq, 2) == [3, 7]  # only "2" matches: its most recent earlier occurrence (6)
     # The index is incremental: a longer match appearing later wins.
     seq = Sequence(1, "s", [8, 8, 5, 8, 8, 6, 8, 8], SamplingParams(), max_tokens=10)
-    assert proposer.propose(seq, 1) == [6]
+    assert proposer.lookup(seq, 1) == [6]
 
 
 @pytest.mark.parametrize(
@@ -178,9 +179,12 @@ def test_sampled_tokens_follow_the_target_distribution() -> None:
     n, temperature = 3000, 1.0
     first, second = exact_distributions(prompt, temperature)
     arms = {}
-    for name, spec in (("plain", None), ("speculative", SpeculativeConfig(k=2, max_batch=64))):
+    draft_model = SpeculativeConfig(method="draft", draft_model="soft-greedy", k=2, max_batch=64)
+    arms_config = (("plain", None, None), ("ngram", SpeculativeConfig(k=2, max_batch=64), None),
+                   ("draft-model", draft_model, PagedEchoBackend(logits_fn=SOFT)))  # fmt: skip
+    for name, spec, draft_backend in arms_config:
         engine, _ = make_engine(num_blocks=8192, max_num_seqs=64, max_num_batched_tokens=4096,
-                                speculative=spec, logits_fn=SOFT)  # fmt: skip
+                                speculative=spec, logits_fn=SOFT, draft_backend=draft_backend)  # fmt: skip
         requests = {f"s{i}": (prompt, SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True, seed=i))
                     for i in range(n)}  # fmt: skip
         arms[name] = run(engine, requests, check=False)

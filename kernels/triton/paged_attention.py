@@ -1,0 +1,211 @@
+"""Causal attention over the paged KV cache (decode, prefill chunks, draft verification).
+
+One program owns one (sequence, KV head, tile of query rows). GQA folds the KV
+head's query group into the row axis, as the reference does: row ``r`` is query
+``r // group`` of head ``kv_head * group + r % group``, so K/V are read once for
+the whole group. The program walks the sequence's context ``BLOCK_N`` positions
+at a time, looking each position's physical block up in the block table (so any
+block size works), and keeps an online softmax in float32: a running max ``m``,
+a running sum ``l`` and the unnormalised output ``acc``, rescaled as the max grows.
+Only the context a tile can see is read: up to the last query's position, capped
+by the context length.
+
+TODO(perf): one long sequence uses only ``kv_heads`` programs; a split-context
+("flash decoding") pass with a reduction would fill a GPU at batch 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from backends.base import BackendError
+
+from ._common import block, check_device, check_float, interpreting, unit_last_stride
+
+LOG2E = math.log2(math.e)
+MAX_BLOCK_M = 64
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        # Triton's interpreter multiplies bfloat16 operands as their uint16 bit
+        # patterns (triton-lang/triton#11584). Products of bf16 values are exact in
+        # float32, so a float32 product with float32 accumulation is what the GPU's
+        # bf16 tensor-core dot computes.
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:  # float32 inputs: no TF32 rounding
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, starts_ptr, out_ptr,
+    scale_log2,
+    q_len, group, D, block_size,
+    stride_qs, stride_qt, stride_qh,
+    stride_os, stride_ot, stride_oh,
+    stride_ch, stride_cb, stride_cs,
+    stride_bt,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    tile = tl.program_id(2)
+
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_valid = rows < q_len * group
+    j = rows // group  # query index within the sequence
+    head = kvh * group + rows % group
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+
+    q_mask = row_valid[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + seq * stride_qs + j[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=q_mask, other=0.0)
+
+    context_len = tl.load(lens_ptr + seq)
+    query_start = tl.load(starts_ptr + seq)
+    q_pos = query_start + j
+    last_j = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, q_len - 1)
+    hi = tl.minimum(context_len, query_start + last_j + 1)
+
+    # A finite starting max: a row that sees nothing in a step keeps exp2(-inf - m) = 0
+    # instead of the NaN of (-inf) - (-inf).
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    cache_head = k_cache_ptr + kvh.to(tl.int64) * stride_ch
+    v_head = v_cache_ptr + kvh.to(tl.int64) * stride_ch
+    table = tables_ptr + seq * stride_bt
+
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < hi
+        # Positions past the context are never loaded: a cache slot there may hold
+        # anything (stale or uninitialised memory, NaN included).
+        phys = tl.load(table + offs_n // block_size, mask=n_valid, other=0).to(tl.int64)
+        kv_off = phys * stride_cb + (offs_n % block_size) * stride_cs
+        k = tl.load(cache_head + kv_off[None, :] + offs_d[:, None], mask=n_valid[None, :] & d_mask[:, None], other=0.0)
+        qk = _dot(q, k, IEEE, UPCAST)
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+        qk = tl.where(visible, qk * scale_log2, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_head + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None] & d_mask[None, :], other=0.0)
+        # Probabilities are rounded to the cache dtype for the product with V, as in
+        # the reference (and every flash-attention kernel): a bf16 tensor-core dot.
+        pv = _dot(p.to(v.dtype), v, IEEE, UPCAST)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # A row with no visible position (an empty context) returns zeros, not NaN.
+    l_i = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + seq * stride_os + j[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def tile_sizes(q_rows: int, head_dim: int, elem_bytes: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D) for ``q_rows`` folded query rows per sequence and KV
+    head of ``head_dim`` elements of ``elem_bytes`` each."""
+    block_m = min(block(q_rows, 16), MAX_BLOCK_M)  # tl.dot wants 16 rows at least
+    block_d = block(head_dim, 16)
+    # Halve the context step for wide rows: float32 at head_dim 128 with 64 positions
+    # needs ~70 KB of shared memory, more than an MI300's 64 KB (compile_check.py).
+    block_n = 64 if block_d * elem_bytes <= 256 else 32
+    return block_m, block_n, block_d
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``kernels.reference.paged_attention``'s contract; ``mask`` is accepted and ignored
+    (the kernel derives causality from ``context_lens`` and ``query_start``)."""
+    return _paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start, scale)
+
+
+def _paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start: torch.Tensor,
+    scale: float,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """The launcher; ``block_n`` (context positions per step) is for tests and benchmarks."""
+    name = "paged_attention"
+    check_device(name, q, k_cache, v_cache, block_tables, context_lens, query_start)
+    check_float(name, q, k_cache, v_cache)
+    if q.dim() != 4:
+        raise BackendError(f"{name}: q must be [num_seqs, q_len, heads, head_dim], got {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
+        raise BackendError(
+            f"{name}: caches must be two alike [kv_heads, num_blocks, block_size, head_dim] tensors, "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.stride(-1) != 1:
+        raise BackendError(f"{name}: the caches' head_dim axis must be contiguous")
+    num_seqs, q_len, heads, head_dim = q.shape
+    kv_heads, _, block_size, cache_dim = k_cache.shape
+    if cache_dim != head_dim:
+        raise BackendError(f"{name}: q head_dim {head_dim} but cache head_dim {cache_dim}")
+    if heads % kv_heads:
+        raise BackendError(f"{name}: {heads} query heads is not a multiple of KV heads ({kv_heads})")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise BackendError(f"{name}: block_tables {tuple(block_tables.shape)} for {num_seqs} sequences")
+    if context_lens.shape != (num_seqs,) or query_start.shape != (num_seqs,):
+        raise BackendError(
+            f"{name}: context_lens {tuple(context_lens.shape)} and query_start {tuple(query_start.shape)} "
+            f"must both be [{num_seqs}]"
+        )
+    for t, what in ((block_tables, "block_tables"), (context_lens, "context_lens"), (query_start, "query_start")):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise BackendError(f"{name}: {what} must be int32 or int64, got {t.dtype}")
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if q.numel() == 0:
+        return out
+    q = unit_last_stride(q)
+    block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+    context_lens, query_start = context_lens.contiguous(), query_start.contiguous()
+    group = heads // kv_heads
+    block_m, default_n, block_d = tile_sizes(q_len * group, head_dim, q.element_size())
+    block_n = block_n or default_n
+    grid = (num_seqs, kv_heads, triton.cdiv(q_len * group, block_m))
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, block_tables, context_lens, query_start, out,
+        scale * LOG2E,
+        q_len, group, head_dim, block_size,
+        q.stride(0), q.stride(1), q.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
+        num_warps=4, num_stages=2,
+    )
+    return out
