@@ -306,7 +306,8 @@ class MLXBackend:
                 row[: len(t)] = t
             visible = np.arange(max_blocks * bs)[None, :] < np.asarray(decode_lens)[:, None]
             rows = None if len(decode_rows) == len(ids) else mx.array(decode_rows)
-            decode = DecodeGroup(rows, mx.array(padded), mx.array(visible[:, None, None]))
+            decode = DecodeGroup(rows, mx.array(padded), mx.array(visible[:, None, None]),
+                                 mx.array(np.asarray(decode_lens, dtype=np.int32)))
         order = np.asarray(decode_rows + prefill_rows)
         row_order = None
         if (order != np.arange(len(ids))).any():

@@ -7,11 +7,13 @@ share one path. MLX arrays are immutable values: writing the cache is an indexed
 assignment that MLX turns into a scatter, done in place when nothing else holds the
 old buffer (the backend keeps exactly one reference to each cache array).
 
-Apple silicon: custom kernels through ``mx.fast.metal_kernel`` (a paged decode
-attention reading blocks in place, as kernels/cpu does on the host) would come here
-where they beat the built-ins; mlx's Linux CPU build has no Metal, so for now the
-built-ins (``mx.fast.rms_norm``, ``mx.fast.rope``,
-``mx.fast.scaled_dot_product_attention``) serve every platform.
+Apple silicon: custom kernels through ``mx.fast.metal_kernel`` come in where they
+beat the built-ins. ``metal_kernels.py`` has a paged decode attention that reads
+blocks in place, as kernels/cpu does on the host; it is off by default (switch:
+``INFERFLUX_MLX_METAL_KERNELS=1``, Metal only) until measured against the built-in
+path on a Mac. mlx's Linux CPU build has no Metal, so there the built-ins
+(``mx.fast.rms_norm``, ``mx.fast.rope``, ``mx.fast.scaled_dot_product_attention``)
+serve every step.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Iterable
 import mlx.core as mx
 import numpy as np
 
+from backends.mlx.metal_kernels import PagedDecodeAttention, metal_kernels_enabled
 from backends.models.layout import expected_tensors
 
 if TYPE_CHECKING:
@@ -37,6 +40,7 @@ class DecodeGroup:
     rows: mx.array | None  # batch rows of these tokens; None when they are the whole batch
     tables: mx.array  # [D, max_blocks]; padding names block 0 and is masked out
     mask: mx.array  # [D, 1, 1, max_blocks * block_size], True where a position may be seen
+    lengths: mx.array | None = None  # [D] int32 context lengths: the Metal kernel's mask
 
 
 @dataclass
@@ -86,6 +90,10 @@ class Transformer:
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
+        # The custom Metal decode kernel (metal_kernels.py) is off unless Metal is
+        # there and INFERFLUX_MLX_METAL_KERNELS=1: custom kernels replace built-ins
+        # only where they beat them, which is still to be measured on a Mac.
+        self.paged_decode = PagedDecodeAttention() if metal_kernels_enabled() else None
         # mx.fast.rope takes periods (1 / inverse frequency) through ``freqs``; using
         # ModelConfig's inverse frequencies covers every rope scaling kind at once.
         self.rope_periods = mx.array((1.0 / cfg.rope_inv_freq()).astype(np.float32))
@@ -135,9 +143,12 @@ class Transformer:
         if meta.decode is not None:
             d = meta.decode
             qd = q if d.rows is None else q[d.rows]
-            kd, vd = _gather(k_cache, d.tables), _gather(v_cache, d.tables)
-            od = mx.fast.scaled_dot_product_attention(qd[:, :, None], kd, vd, scale=self.scale, mask=d.mask)
-            outs.append(od[:, :, 0])
+            if self.paged_decode is not None and d.lengths is not None:  # reads the blocks in place
+                outs.append(self.paged_decode(qd, k_cache, v_cache, d.tables, d.lengths, self.scale))
+            else:
+                kd, vd = _gather(k_cache, d.tables), _gather(v_cache, d.tables)
+                od = mx.fast.scaled_dot_product_attention(qd[:, :, None], kd, vd, scale=self.scale, mask=d.mask)
+                outs.append(od[:, :, 0])
         for p in meta.prefills:
             qp = q[p.start : p.end].transpose(1, 0, 2)[None]
             if p.table is None:  # from position 0: the new tokens are the whole context
