@@ -10,7 +10,7 @@ This module imports no tensor library, so the gateway and the engine can use it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,13 @@ class Backend(Protocol):
     # the thread that loaded the model, just before its own thread takes over
     # every later call, so a backend can free worker threads that the loading
     # thread still holds (see CPUBackend.release_thread_pool).
+
+
+def choose_dtype(name: str, backend: str, supported: Sequence[str], auto: Callable[[], str]) -> str:
+    """``name`` if ``backend`` supports it, ``auto()`` for "auto" (which must be in ``supported``)."""
+    if name not in supported:
+        raise BackendError(f"unsupported dtype {name!r} for the {backend} backend (choose from {', '.join(supported)})")
+    return auto() if name == "auto" else name
 
 
 @dataclass

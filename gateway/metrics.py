@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -33,6 +33,41 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CLIENT_CLOSED_STATUS = 499
 
 
+def _acceptance(stats: EngineStats) -> float:
+    return stats.spec_accepted_tokens / stats.spec_proposed_tokens if stats.spec_proposed_tokens else 0.0
+
+
+# Each engine metric: family type, name, help, and how to read it from EngineStats.
+_EngineMetric = tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, Callable[["EngineStats"], float]]
+_ENGINE_METRICS: tuple[_EngineMetric, ...] = (
+    (GaugeMetricFamily, "inferflux_engine_running_sequences", "Sequences being generated",
+     lambda s: s.num_running),
+    (GaugeMetricFamily, "inferflux_engine_waiting_sequences", "Sequences queued for admission",
+     lambda s: s.num_waiting),
+    (GaugeMetricFamily, "inferflux_kv_blocks_used", "KV cache blocks in use", lambda s: s.num_blocks_used),
+    (GaugeMetricFamily, "inferflux_kv_blocks_free", "KV cache blocks free", lambda s: s.num_blocks_free),
+    (GaugeMetricFamily, "inferflux_prefix_cache_blocks", "Full KV blocks the prefix cache holds (in use or evictable)",
+     lambda s: s.num_cached_blocks),
+    (CounterMetricFamily, "inferflux_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+     lambda s: s.prefix_cache_queried_tokens),
+    (CounterMetricFamily, "inferflux_prefix_cache_hit_tokens", "Prompt tokens whose KV the prefix cache supplied",
+     lambda s: s.prefix_cache_hit_tokens),
+    (CounterMetricFamily, "inferflux_spec_proposed_tokens", "Draft tokens verified by speculative decoding",
+     lambda s: s.spec_proposed_tokens),
+    (CounterMetricFamily, "inferflux_spec_accepted_tokens", "Draft tokens accepted by speculative decoding",
+     lambda s: s.spec_accepted_tokens),
+    (GaugeMetricFamily, "inferflux_spec_acceptance_rate", "Accepted / proposed draft tokens since start", _acceptance),
+    (CounterMetricFamily, "inferflux_engine_preemptions", "Sequences preempted for KV memory (recomputed or swapped)",
+     lambda s: s.num_preemptions),
+    (GaugeMetricFamily, "inferflux_engine_swapped_sequences", "Preempted sequences whose KV is parked in swap space",
+     lambda s: s.num_swapped),
+    (CounterMetricFamily, "inferflux_kv_swap_out_blocks", "KV blocks written to swap space",
+     lambda s: s.num_swapped_out_blocks),
+    (CounterMetricFamily, "inferflux_kv_swap_in_blocks", "KV blocks read back from swap space",
+     lambda s: s.num_swapped_in_blocks),
+)
+
+
 class EngineStatsCollector(Collector):
     """Reads every engine's stats at scrape time, so gauges are never stale."""
 
@@ -40,79 +75,16 @@ class EngineStatsCollector(Collector):
         self._manager = manager
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            "running": GaugeMetricFamily(
-                "inferflux_engine_running_sequences", "Sequences being generated", labels=["model"]
-            ),
-            "waiting": GaugeMetricFamily(
-                "inferflux_engine_waiting_sequences", "Sequences queued for admission", labels=["model"]
-            ),
-            "used": GaugeMetricFamily("inferflux_kv_blocks_used", "KV cache blocks in use", labels=["model"]),
-            "free": GaugeMetricFamily("inferflux_kv_blocks_free", "KV cache blocks free", labels=["model"]),
-            "cached": GaugeMetricFamily(
-                "inferflux_prefix_cache_blocks", "Full KV blocks the prefix cache holds (in use or evictable)",
-                labels=["model"],
-            ),
-            "queried": CounterMetricFamily(
-                "inferflux_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
-                labels=["model"],
-            ),
-            "hit": CounterMetricFamily(
-                "inferflux_prefix_cache_hit_tokens", "Prompt tokens whose KV the prefix cache supplied",
-                labels=["model"],
-            ),
-            "proposed": CounterMetricFamily(
-                "inferflux_spec_proposed_tokens", "Draft tokens verified by speculative decoding", labels=["model"]
-            ),
-            "accepted": CounterMetricFamily(
-                "inferflux_spec_accepted_tokens", "Draft tokens accepted by speculative decoding", labels=["model"]
-            ),
-            "acceptance": GaugeMetricFamily(
-                "inferflux_spec_acceptance_rate", "Accepted / proposed draft tokens since start", labels=["model"]
-            ),
-            "preemptions": CounterMetricFamily(
-                "inferflux_engine_preemptions", "Sequences preempted for KV memory (recomputed or swapped)",
-                labels=["model"],
-            ),
-            "swapped": GaugeMetricFamily(
-                "inferflux_engine_swapped_sequences", "Preempted sequences whose KV is parked in swap space",
-                labels=["model"],
-            ),
-            "swap_out": CounterMetricFamily(
-                "inferflux_kv_swap_out_blocks", "KV blocks written to swap space", labels=["model"]
-            ),
-            "swap_in": CounterMetricFamily(
-                "inferflux_kv_swap_in_blocks", "KV blocks read back from swap space", labels=["model"]
-            ),
-        }
+        families = [(family(name, text, labels=["model"]), read) for family, name, text, read in _ENGINE_METRICS]
         for model in self._manager:
             try:
                 stats = model.engine.stats()
             except Exception:  # a broken engine must not break the whole scrape
                 log.exception("reading stats of %s failed", model.name)
                 continue
-            for key, value in engine_gauges(stats).items():
-                families[key].add_metric([model.name], value)
-        yield from families.values()
-
-
-def engine_gauges(stats: EngineStats) -> dict[str, float]:
-    return {
-        "running": float(stats.num_running),
-        "waiting": float(stats.num_waiting),
-        "used": float(stats.num_blocks_used),
-        "free": float(stats.num_blocks_free),
-        "cached": float(stats.num_cached_blocks),
-        "queried": float(stats.prefix_cache_queried_tokens),
-        "hit": float(stats.prefix_cache_hit_tokens),
-        "proposed": float(stats.spec_proposed_tokens),
-        "accepted": float(stats.spec_accepted_tokens),
-        "acceptance": stats.spec_accepted_tokens / stats.spec_proposed_tokens if stats.spec_proposed_tokens else 0.0,
-        "preemptions": float(stats.num_preemptions),
-        "swapped": float(stats.num_swapped),
-        "swap_out": float(stats.num_swapped_out_blocks),
-        "swap_in": float(stats.num_swapped_in_blocks),
-    }
+            for metric, read in families:
+                metric.add_metric([model.name], float(read(stats)))
+        yield from (metric for metric, _ in families)
 
 
 class GatewayMetrics:

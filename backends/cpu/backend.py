@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
-from backends.base import Batch, BackendError, ModelInfo, ModelSpec
+from backends.base import Batch, BackendError, ModelInfo, ModelSpec, choose_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -99,11 +99,7 @@ def release_openmp_pool() -> bool:
 
 
 def resolve_dtype(name: str) -> str:
-    if name not in DTYPES:
-        raise BackendError(f"unsupported dtype {name!r} for the cpu backend (choose from {', '.join(DTYPES)})")
-    if name == "auto":
-        return "bfloat16" if cpu_has_native_bf16() else "float32"
-    return name
+    return choose_dtype(name, "cpu", DTYPES, lambda: "bfloat16" if cpu_has_native_bf16() else "float32")
 
 
 class CPUBackend:
@@ -163,16 +159,7 @@ class CPUBackend:
         self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
         log.info("%s backend: loaded %s (%s, %s, %d threads, %s attention)", self.name, spec.name, cfg.architecture,
                  dtype_name, torch.get_num_threads(), self._attention_name())
-        return ModelInfo(
-            name=spec.name,
-            architecture=cfg.architecture,
-            vocab_size=cfg.vocab_size,
-            context_length=cfg.context_length,
-            num_layers=cfg.num_layers,
-            num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            dtype=dtype_name,
-        )
+        return cfg.model_info(spec.name, dtype_name)
 
     def _attention_name(self) -> str:
         return "reference" if self.kernel_error else "C++ paged"

@@ -22,7 +22,7 @@ import os
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence, TypeVar
 
-from backends.base import Batch, BackendError
+from backends.base import Batch, BackendError, choose_dtype
 from backends.cpu.backend import CPUBackend, resolve_dtype
 
 if TYPE_CHECKING:
@@ -89,11 +89,7 @@ class DeviceRunner(CPUBackend):
     # -- hooks into CPUBackend.load -------------------------------------------------
 
     def _resolve_dtype(self, name: str) -> str:  # type: ignore[override]
-        if name not in DTYPES:
-            raise BackendError(
-                f"unsupported dtype {name!r} for the {self.name} backend (choose from {', '.join(DTYPES)})"
-            )
-        return self._auto_dtype() if name == "auto" else name
+        return choose_dtype(name, self.name, DTYPES, self._auto_dtype)
 
     def _auto_dtype(self) -> str:
         return resolve_dtype("auto")  # on the cpu device: bf16 where the CPU multiplies it natively

@@ -82,10 +82,9 @@ class BlockManager:
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.block_hashes: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}  # chain hash -> the block holding that KV
-        # Copies owed before the next forward (copy-on-write): (source, destination).
-        # Each source keeps a reference until ``copies_done``.
-        self.pending_copies: list[tuple[int, int]] = []
-        # Every copy and swap owed before the next forward, in the order decided.
+        # Every copy (copy-on-write: source, destination) and swap owed before the
+        # next forward, in the order decided. A copy's source keeps a reference
+        # until ``copies_done``.
         self.pending_ops: list[tuple[KVOpKind, tuple[int, int]]] = []
         self.num_swap_slots = num_swap_slots
         self.free_swap_slots: deque[int] = deque(range(num_swap_slots))
@@ -143,8 +142,7 @@ class BlockManager:
             computed = seq.num_tokens - 1
             last = len(hits) - 1
             copy = self._take_block()
-            self.pending_copies.append((table[last], copy))  # the source keeps its reference until copied
-            self.pending_ops.append(("copy", (table[last], copy)))
+            self.pending_ops.append(("copy", (table[last], copy)))  # the source keeps its reference until copied
             table[last] = copy
         seq.block_table = table
         seq.num_computed_tokens = computed
@@ -163,11 +161,14 @@ class BlockManager:
                 runs.append((kind, [pair]))
         return runs
 
+    @property
+    def pending_copies(self) -> list[tuple[int, int]]:
+        return [pair for kind, pair in self.pending_ops if kind == "copy"]
+
     def copies_done(self) -> None:
         """The backend has run the pending operations: release the copies' sources."""
-        pairs, self.pending_copies = self.pending_copies, []
-        self.pending_ops = []
-        for src, _ in pairs:
+        copies, self.pending_ops = self.pending_copies, []
+        for src, _ in copies:
             self._release_block(src)
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:

@@ -34,6 +34,7 @@ from .sequence import Sequence, SequenceStatus
 from .speculative import DraftModelProposer, SpeculativeConfig, Speculator
 
 DEFAULT_KV_CACHE_BYTES = 1 << 30  # used when neither num_blocks nor kv_cache_bytes is set
+_KV_OP_METHODS = {"copy": "copy_blocks", "swap_out": "swap_out", "swap_in": "swap_in"}  # BlockManager op -> Backend
 
 
 @dataclass
@@ -296,10 +297,9 @@ class LLMEngine:
         """Copies and swaps, in the order the scheduler decided them, before the forward."""
         if not sched.kv_ops:
             return
-        methods = {"copy": self.backend.copy_blocks, "swap_out": getattr(self.backend, "swap_out", None),
-                   "swap_in": getattr(self.backend, "swap_in", None)}
         for kind, pairs in sched.kv_ops:
-            methods[kind](pairs)  # type: ignore[misc]  # swaps only exist with swap space, checked at start
+            # Swaps only happen with swap space, whose backend methods were checked at start.
+            getattr(self.backend, _KV_OP_METHODS[kind])(pairs)
         self.block_manager.copies_done()
 
     def _make_speculator(

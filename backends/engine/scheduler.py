@@ -62,7 +62,6 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    swapped_out: list[Sequence] = field(default_factory=list)  # the preempted ones whose KV was parked
     block_size: int = 16
     # Copies (copy-on-write of a cached block) and swaps for the backend to run, in
     # this order, before the forward: BlockManager.take_ops().
@@ -265,7 +264,6 @@ class Scheduler:
             seq.status = SequenceStatus.SWAPPED
             bisect.insort(self.swapped, seq, key=_key)
             self.num_swap_outs += 1
-            out.swapped_out.append(seq)
             return
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0

@@ -37,7 +37,7 @@ import numpy as np
 from backends.base import Backend, Batch, SequenceSlice
 
 from .block_manager import BlockManager
-from .errors import BlockManagerError, EngineConfigError
+from .errors import EngineConfigError
 from .sequence import Sequence
 
 METHODS = ("ngram", "draft")
@@ -155,7 +155,6 @@ class DraftModelProposer:
         backend.allocate_kv(num_blocks, block_size)
         self.block_manager = BlockManager(num_blocks, block_size)
         self.shadows: dict[int, Sequence] = {}  # target seq_id -> shadow
-        self.num_forwards = 0
 
     def release(self, seq: Sequence) -> None:
         shadow = self.shadows.pop(seq.seq_id, None)
@@ -165,7 +164,7 @@ class DraftModelProposer:
     def propose(self, wants: list[tuple[Sequence, int]]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in wants]
         wanted = {seq.seq_id for seq, _ in wants}
-        active = [i for i, (seq, k) in enumerate(wants) if k > 0 and self._sync(seq, wanted)]
+        active = [i for i, (seq, _) in enumerate(wants) if self._sync(seq, wanted)]
         while active:
             shadows = [self.shadows[wants[i][0].seq_id] for i in active]
             tokens = self._forward(shadows)
@@ -190,7 +189,8 @@ class DraftModelProposer:
             self.shadows[seq.seq_id] = shadow
         # The last token always runs again: its logits give the first guess.
         valid = _common_prefix(shadow.token_ids, seq.token_ids, min(shadow.num_computed_tokens, seq.num_tokens - 1))
-        shadow.token_ids = list(seq.token_ids)
+        del shadow.token_ids[valid:]
+        shadow.token_ids.extend(seq.token_ids[valid:])
         shadow.num_computed_tokens = valid
         self.block_manager.trim(shadow)
         new = shadow.num_tokens - valid
@@ -214,7 +214,6 @@ class DraftModelProposer:
             for s in shadows
         ]
         logits = np.asarray(self.backend.forward(Batch(slices, self.block_manager.block_size)))
-        self.num_forwards += 1
         return [int(t) for t in logits.argmax(axis=-1)]
 
 

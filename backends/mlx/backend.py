@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
-from backends.base import Batch, BackendError, ModelInfo, ModelSpec
+from backends.base import Batch, BackendError, ModelInfo, ModelSpec, choose_dtype
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -35,14 +35,10 @@ def on_apple_silicon() -> bool:
 
 
 def resolve_dtype(name: str) -> str:
-    if name not in DTYPES:
-        raise BackendError(f"unsupported dtype {name!r} for the mlx backend (choose from {', '.join(DTYPES)})")
-    if name == "auto":
-        # On Apple silicon bf16 halves the weight and KV traffic that bounds decode
-        # (M2 and later also compute in it natively). mlx's CPU build gains nothing
-        # from it: a bf16 gemm ran no faster than float32 here.
-        return "bfloat16" if on_apple_silicon() else "float32"
-    return name
+    # On Apple silicon bf16 halves the weight and KV traffic that bounds decode
+    # (M2 and later also compute in it natively). mlx's CPU build gains nothing
+    # from it: a bf16 gemm ran no faster than float32 here.
+    return choose_dtype(name, "mlx", DTYPES, lambda: "bfloat16" if on_apple_silicon() else "float32")
 
 
 class MLXBackend:
@@ -113,16 +109,7 @@ class MLXBackend:
         self.dtype_name = dtype_name
         log.info("mlx backend: loaded %s (%s, %s, on %s)", spec.name, cfg.architecture, dtype_name,
                  mx.default_device())
-        return ModelInfo(
-            name=spec.name,
-            architecture=cfg.architecture,
-            vocab_size=cfg.vocab_size,
-            context_length=cfg.context_length,
-            num_layers=cfg.num_layers,
-            num_kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            dtype=dtype_name,
-        )
+        return cfg.model_info(spec.name, dtype_name)
 
     @property
     def _cfg(self):

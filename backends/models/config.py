@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from backends.base import ModelInfo
 from backends.models.errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
@@ -89,6 +90,19 @@ class ModelConfig:
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    def model_info(self, name: str, dtype: str) -> ModelInfo:
+        """What the engine needs to know about this model, served as ``name`` in ``dtype``."""
+        return ModelInfo(
+            name=name,
+            architecture=self.architecture,
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+            num_layers=self.num_layers,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            dtype=dtype,
+        )
 
     def rope_inv_freq(self) -> np.ndarray:
         """The ``head_dim // 2`` inverse frequencies of the rotary embedding, scaling applied.
