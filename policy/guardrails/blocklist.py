@@ -1,10 +1,17 @@
-"""Blocklist rules: literal words and phrases, and tenant regexes, run on RE2 only.
+"""Blocklist rules: literal words and phrases (plain string search), and tenant regexes (RE2 only).
 
 Both kinds match the normalised text (``normalize``), so a literal is
 normalised the same way when the rule is compiled: ``"SKI"``, ``"ｓｋｉ"`` and
 ``"s\u200bki"`` all become ``ski``. A literal matches as a whole word by default
 (``match: "word"``: not glued to a letter, digit or underscore on either side,
 so ``ski`` does not fire inside ``skip``); ``match: "substring"`` drops that.
+
+A normalised literal is found with ``str.find``: both it and the text are
+already case-folded, and no two distinct characters that RE2's case-insensitive
+matching would equate (``k`` and the Kelvin sign, ``s`` and long ``ſ``, ``σ``
+and ``ς``...) survive normalisation, so an exact search finds what a
+case-insensitive RE2 search would. A literal that is not normalised (not
+produced by ``normalize_literal``) keeps the case-insensitive RE2 search.
 
 Regexes are tenants' input, so they are compiled by RE2 (``google-re2``), whose
 matching time is linear in the text whatever the pattern: ``(a+)+$`` cannot
@@ -128,6 +135,47 @@ def regex_finder(regex: re2._Regexp, *, word: bool) -> Finder:
     return find
 
 
+def _word_at(text: str, i: int) -> bool:
+    """Whether ``text[i]`` exists and is a word character."""
+    if 0 <= i < len(text):
+        ch = text[i]
+        return ch.isalnum() or ch == "_"
+    return False
+
+
+def _is_normalized(literal: str) -> bool:
+    if normalize(literal).text != literal:
+        return False
+    try:
+        literal.encode("utf-8")  # a lone surrogate: RE2 refuses it, as it always has
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def string_finder(literal: str, *, word: bool) -> Finder:
+    """Find ``literal`` exactly (``str.find``) in a normalised text; ``word`` as for ``regex_finder``."""
+    size = len(literal)
+
+    def hits(text: str, start: int) -> Iterator[Hit]:
+        while start >= 0:
+            end = start + size
+            if word and (_word_at(text, start - 1) or _word_at(text, end)):
+                start = text.find(literal, start + 1)  # "skip ski": look again just after this false start
+                continue
+            yield Hit(start, end, end)
+            start = text.find(literal, end)
+
+    def find(text: str) -> Iterator[Hit]:
+        # Most texts hold no blocklisted word: answer those without starting a generator.
+        start = text.find(literal) if size else -1
+        return iter(()) if start < 0 else hits(text, start)
+
+    return find
+
+
 def literal_finder(literal: str, *, word: bool) -> Finder:
-    """``literal`` must already be normalised (``normalize_literal``)."""
+    """``literal`` should already be normalised (``normalize_literal``): then a plain string search finds it."""
+    if _is_normalized(literal):
+        return string_finder(literal, word=word)
     return regex_finder(re2.compile(literal, _options(literal=True)), word=word)

@@ -23,6 +23,10 @@ def scan(text: str, matchers: Sequence[Matcher], start: int = 0) -> list[tuple[M
     """
     kept: list[tuple[Matcher, Hit]] = []
     taken: list[Hit] = []
+    if matchers and not text.isascii():
+        # Fail as the RE2 searches always have on a lone surrogate (not UTF-8), even when every
+        # search is skipped: such a text is refused, never let through unchecked.
+        text.encode("utf-8")
     for matcher in matchers:
         for hit in matcher.find(text):
             if hit.start < start:

@@ -16,7 +16,7 @@ from policy.guardrails.findings import Action, Direction, Matcher
 from policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all
 from policy.guardrails.pii import DETECTORS, PLACEHOLDERS
 from policy.guardrails.spec import GuardrailSpec
-from policy.guardrails.stream import OutputStream
+from policy.guardrails.stream import OutputStream, holdback
 
 BLOCKLIST_PLACEHOLDER = "[REDACTED]"
 
@@ -51,12 +51,17 @@ def _pii_matchers(specs: Sequence[GuardrailSpec], direction: Direction) -> list[
                 if held is None or rule.action.rank > held[0].rank:
                     strictest[rule.type] = (rule.action, spec.name)
     out = []
-    for pii_type, find, max_length, spaces in DETECTORS:  # most specific first: the order overlaps resolve in
-        if pii_type in strictest:
-            action, policy = strictest[pii_type]
-            placeholder = PLACEHOLDERS[pii_type]
-            rule = f"pii.{pii_type}"
-            out.append(Matcher(rule, "pii", pii_type, action, placeholder, find, max_length, spaces, policy))
+    for detector in DETECTORS:  # most specific first: the order overlaps resolve in
+        if detector.type in strictest:
+            action, policy = strictest[detector.type]
+            placeholder = PLACEHOLDERS[detector.type]
+            rule = f"pii.{detector.type}"
+            out.append(
+                Matcher(
+                    rule, "pii", detector.type, action, placeholder, detector.search, detector.max_length,
+                    detector.spaces, policy,
+                )
+            )
     return out
 
 
@@ -72,6 +77,7 @@ class Guardrails:
         self.output_matchers = tuple(_pii_matchers(specs, Direction.OUTPUT)) + tuple(
             m for spec in specs for m in _blocklist_matchers(spec, Direction.OUTPUT)
         )
+        self._output_holdback = holdback(self.output_matchers)  # the same for every stream
         if engines is None:
             engines = [build_engine(spec.name, spec.opa) for spec in specs if spec.opa is not None]
         self.engines = tuple(engines)
@@ -94,7 +100,7 @@ class Guardrails:
 
     def output_stream(self) -> OutputStream:
         """An incremental checker for one streamed response (one per choice)."""
-        return OutputStream(self.output_matchers)
+        return OutputStream(self.output_matchers, self._output_holdback)
 
     async def authorize(self, document: Mapping[str, Any]) -> OpaDecision:
         """Ask every OPA policy about ``document`` (``opa_input``); call ``raise_for_deny`` on the answer."""

@@ -23,6 +23,12 @@ normalised character remembers the original span it came from
 character and the combining marks that follow it are normalised together, so
 a segment is never split. (Hangul conjoining jamo, which compose across
 starters, are left as they are; precomposed syllables are unaffected.)
+
+ASCII, the common case, takes a quicker road to the same result: regex
+substitutions instead of ``unicodedata``, and a map built only when a span is
+asked for (the identity, as ``range`` objects, when nothing was dropped or
+collapsed). Long ASCII runs inside other text are handled that way too; only
+the rest goes segment by segment.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from __future__ import annotations
 import re
 import unicodedata
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 # Default-ignorable code points outside category Cf (which is removed wholesale).
 _IGNORABLE = frozenset(
@@ -43,6 +51,12 @@ _IGNORABLE = frozenset(
 # The ASCII fast path: the same result as the general path for ASCII text.
 _ASCII_SPACE_RUN = re.compile(r"[\t\n\x0b\x0c\r\x1c-\x1f ]+")
 _ASCII_DROPPED = re.compile(r"[\x00-\x08\x0e-\x1b\x7f]")
+# What the ASCII map skips: a run of dropped characters, or a whitespace run (dropped characters
+# inside it, as they vanish before runs are collapsed) that becomes one space.
+_ASCII_GAP = re.compile(
+    r"(?P<dropped>[\x00-\x08\x0e-\x1b\x7f]+)"
+    r"|[\t\n\x0b\x0c\r\x1c-\x1f ](?:[\x00-\x1f\x7f ]*[\t\n\x0b\x0c\r\x1c-\x1f ])?"
+)
 
 
 def _dropped(ch: str) -> bool:
@@ -56,22 +70,34 @@ def _fold(segment: str) -> str:
     return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", segment).casefold())
 
 
+# The same few non-ASCII characters (quotes, dashes, accents) come back all the time; single
+# characters only, so the cache stays small whatever the text.
+_fold_char = lru_cache(maxsize=4096)(_fold)
+
+
+def _fold_segment(segment: str) -> str:
+    if segment.isascii():
+        return segment.lower()
+    return _fold_char(segment) if len(segment) == 1 else _fold(segment)
+
+
 @dataclass
 class Normalized:
     """``text`` normalised for matching; ``original`` is what it came from."""
 
     original: str
     text: str
-    # starts[i], ends[i]: the original span that normalised character i came from.
-    _starts: list[int] | None = field(default=None, repr=False)
-    _ends: list[int] | None = field(default=None, repr=False)
+    # starts[i], ends[i]: the original span that normalised character i came from (lists, or ranges
+    # for the identity map).
+    _starts: Sequence[int] | None = field(default=None, repr=False)
+    _ends: Sequence[int] | None = field(default=None, repr=False)
 
-    def _map(self) -> tuple[list[int], list[int]]:
+    def _map(self) -> tuple[Sequence[int], Sequence[int]]:
         if self._starts is not None and self._ends is not None:
             return self._starts, self._ends
-        # The ASCII fast path builds no map; build it now, the general way.
-        starts, ends, text = _mapped(self.original)
-        if text != self.text:  # the two paths must agree: a bug, not bad input
+        # The ASCII fast path builds no map until a span is asked for.
+        starts, ends = _ascii_map(self.original, len(self.text))
+        if len(starts) != len(self.text):  # the two ASCII paths must agree: a bug, not bad input
             raise RuntimeError("normalisation paths disagree")
         self._starts, self._ends = starts, ends
         return starts, ends
@@ -99,34 +125,98 @@ class Normalized:
 def normalize(text: str) -> Normalized:
     """Normalise ``text`` for matching (see the module's docstring)."""
     if text.isascii():
-        folded = _ASCII_SPACE_RUN.sub(" ", _ASCII_DROPPED.sub("", text)).lower()
-        return Normalized(text, folded)
+        if text.isprintable() and "  " not in text:  # no control character, no run of spaces: only case changes
+            return Normalized(text, text.lower(), range(len(text)), range(1, len(text) + 1))
+        return Normalized(text, _fold_ascii(text))
     starts, ends, folded = _mapped(text)
     return Normalized(text, folded, starts, ends)
 
 
-def _mapped(text: str) -> tuple[list[int], list[int], str]:
-    out: list[str] = []
+def _fold_ascii(text: str) -> str:
+    return _ASCII_SPACE_RUN.sub(" ", _ASCII_DROPPED.sub("", text)).lower()
+
+
+def _ascii_map(text: str, size: int, start: int = 0, stop: int | None = None) -> tuple[Sequence[int], Sequence[int]]:
+    """The map of ASCII ``text[start:stop]``, whose normalised form has ``size`` characters; offsets in ``text``."""
+    stop = len(text) if stop is None else stop
+    if size == stop - start:  # nothing dropped or collapsed: each character is its own source
+        return range(start, stop), range(start + 1, stop + 1)
     starts: list[int] = []
     ends: list[int] = []
-    n = len(text)
-    i = 0
-    while i < n:
-        j = i + 1
-        while j < n and unicodedata.combining(text[j]):
-            j += 1
-        segment = text[i:j]
-        folded = segment.lower() if segment.isascii() else _fold(segment)
-        for ch in folded:
-            if ch.isspace():
-                if out and out[-1] == " ":
-                    ends[-1] = j  # the collapsed space stands for the whole run
+    kept = start  # where the characters kept one for one begin
+    for gap in _ASCII_GAP.finditer(text, start, stop):
+        begin, end = gap.span()
+        starts.extend(range(kept, begin))
+        ends.extend(range(kept + 1, begin + 1))
+        if gap.lastgroup != "dropped":  # a whitespace run: one space standing for all of it
+            starts.append(begin)
+            ends.append(end)
+        kept = end
+    starts.extend(range(kept, stop))
+    ends.extend(range(kept + 1, stop + 1))
+    return starts, ends
+
+
+# A run this long is mapped in one piece (regexes) rather than character by character (unicodedata);
+# either way gives the same result, the piecewise one is just slower to start.
+_ASCII_RUN = re.compile(r"[\x00-\x7f]{8,}")
+
+
+class _Mapping:
+    """A normalised text under construction, with the original span of each character."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []  # never empty strings
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def ends_in_space(self) -> bool:
+        return bool(self.parts) and self.parts[-1][-1] == " "
+
+    def add_segments(self, text: str, i: int, stop: int) -> None:
+        """``text[i:stop]``, one segment (a starter and its combining marks) at a time."""
+        while i < stop:
+            j = i + 1
+            while j < stop and unicodedata.combining(text[j]):
+                j += 1
+            for ch in _fold_segment(text[i:j]):
+                if ch.isspace():
+                    if self.ends_in_space():
+                        self.ends[-1] = j  # the collapsed space stands for the whole run
+                        continue
+                    ch = " "
+                elif _dropped(ch):
                     continue
-                ch = " "
-            elif _dropped(ch):
-                continue
-            out.append(ch)
-            starts.append(i)
-            ends.append(j)
-        i = j
-    return starts, ends, "".join(out)
+                self.parts.append(ch)
+                self.starts.append(i)
+                self.ends.append(j)
+            i = j
+
+    def add_ascii(self, text: str, i: int, stop: int) -> None:
+        """ASCII ``text[i:stop]`` in one piece, where no combining mark follows it."""
+        folded = _fold_ascii(text[i:stop])
+        if not folded:
+            return
+        starts, ends = _ascii_map(text, len(folded), i, stop)
+        if folded[0] == " " and self.ends_in_space():  # a whitespace run that began before ``i``
+            self.ends[-1] = ends[0]
+            folded, starts, ends = folded[1:], starts[1:], ends[1:]
+            if not folded:
+                return
+        self.parts.append(folded)
+        self.starts.extend(starts)
+        self.ends.extend(ends)
+
+
+def _mapped(text: str) -> tuple[list[int], list[int], str]:
+    """Normalise any text, with its map: long ASCII runs in one piece, the rest segment by segment."""
+    mapping = _Mapping()
+    i = 0
+    for run in _ASCII_RUN.finditer(text):
+        begin, end = run.span()
+        mapping.add_segments(text, i, begin)
+        # A combining mark after the run joins its last character's segment: leave that one to add_segments.
+        i = end if end == len(text) else end - 1
+        mapping.add_ascii(text, begin, i)
+    mapping.add_segments(text, i, len(text))
+    return mapping.starts, mapping.ends, "".join(mapping.parts)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import logging
 import sys
 import threading
@@ -35,6 +34,7 @@ from urllib.parse import urlsplit
 from policy.errors import ValidationFailed
 from policy.guardrails.errors import PolicyDenied, PolicyEngineUnavailable
 from policy.guardrails.findings import Finding
+from policy.guardrails.rego_input import rego_input
 from policy.guardrails.spec import OpaSettings
 from policy.rbac import Principal
 
@@ -226,7 +226,10 @@ class EmbeddedRego(_Engine):
 
     An interpreter holds its input between ``set_input`` and the query, so each
     thread of the pool gets an interpreter of its own and evaluations run side
-    by side (regopy's calls release the GIL) rather than queueing on one.
+    by side (regopy's calls release the GIL) rather than queueing on one. The
+    input term is built before the hand-off (``rego_input``: quick Python work,
+    where parsing JSON text on the thread cost most of a decision), so the
+    thread only sets it and runs the query.
     """
 
     def __init__(self, name: str, settings: OpaSettings) -> None:
@@ -249,12 +252,17 @@ class EmbeddedRego(_Engine):
 
         ``deadline`` (``time.monotonic()``): past it, do not start.
         """
+        return self._evaluate_prepared(prepare_input(document), deadline)
+
+    def _evaluate_prepared(self, prepared: Any, deadline: float | None) -> tuple[bool, tuple[str, ...]]:
+        """The decision for an input made by ``prepare_input``, on the calling thread."""
         regopy = load_regopy()
         if deadline is not None and time.monotonic() > deadline:
             raise OpaError("no time left to evaluate (the gateway is overloaded)")
         interpreter, bundle = self._compiled()
         try:
-            interpreter.set_input_term(json.dumps(document, allow_nan=False))
+            interpreter.set_input(prepared)
+            self._local.input = prepared  # the interpreter points into it until it gets the next one
             output = interpreter.query_bundle_entrypoint(bundle, self._entrypoint)
         except (regopy.RegoError, TypeError, ValueError) as exc:
             raise OpaError(f"evaluation failed: {exc}") from None
@@ -267,32 +275,68 @@ class EmbeddedRego(_Engine):
         # The policy's timeout bounds its evaluation, from when a thread takes it
         # up; the wait for a thread (a busy gateway, not a slow policy) is bounded
         # by QUEUE_SECONDS, and an evaluation that waited longer is not started.
-        # The thread notes its start in `started` rather than waking the loop for
-        # it: the usual evaluation ends long before the first check.
+        # One future, one timer and one wake-up of the loop per decision: this
+        # runs on every request, so no executor wrappers, shields or wait_for.
+        prepared = prepare_input(document)  # plain Python work, done here rather than on the evaluating thread
         loop = asyncio.get_running_loop()
+        answer: asyncio.Future[tuple[bool, tuple[str, ...]]] = loop.create_future()
         queued = time.monotonic()
         started: list[float] = []
 
-        def run() -> tuple[bool, tuple[str, ...]]:
+        def run() -> None:
             started.append(time.monotonic())
-            return self.evaluate(document, queued + QUEUE_SECONDS)
+            try:
+                result: Any = self._evaluate_prepared(prepared, queued + QUEUE_SECONDS)
+            except Exception as exc:  # handed to the awaiting task, which decides what it means
+                result = exc
+            try:
+                loop.call_soon_threadsafe(_settle, answer, result)
+            except RuntimeError:  # the loop is closed: nobody waits for this answer any more
+                pass
 
-        result = loop.run_in_executor(_POOL, run)
-        while True:
+        job = _POOL.submit(run)
+
+        def watch() -> None:
+            if answer.done():
+                return
             now = time.monotonic()
             if started:
                 left = started[0] + self.timeout - now
                 if left <= 0:
-                    raise TimeoutError
+                    answer.set_exception(TimeoutError())
+                    return
             else:  # look again within one timeout: it may start meanwhile
                 left = min(self.timeout, queued + QUEUE_SECONDS - now)
                 if left <= 0:
-                    result.cancel()  # still queued: it will not start
-                    raise OpaError(f"no evaluator free within {QUEUE_SECONDS:.0f} s (the gateway is overloaded)")
-            try:
-                return await asyncio.wait_for(asyncio.shield(result), left)
-            except (TimeoutError, asyncio.TimeoutError):
-                continue
+                    job.cancel()  # still queued: it will not start
+                    answer.set_exception(
+                        OpaError(f"no evaluator free within {QUEUE_SECONDS:.0f} s (the gateway is overloaded)")
+                    )
+                    return
+            timer[0] = loop.call_later(left, watch)
+
+        timer = [loop.call_later(self.timeout, watch)]
+        try:
+            return await answer
+        finally:
+            timer[0].cancel()
+
+
+def _settle(answer: asyncio.Future[Any], result: Any) -> None:
+    if answer.done():  # timed out, or the request went away
+        return
+    if isinstance(result, BaseException):
+        answer.set_exception(result)
+    else:
+        answer.set_result(result)
+
+
+def prepare_input(document: Any) -> Any:
+    """``document`` as rego-cpp's input term (``rego_input``); OpaError if JSON cannot carry it."""
+    try:
+        return rego_input(load_regopy(), document)
+    except ValueError as exc:
+        raise OpaError(f"evaluation failed: {exc}") from None
 
 
 class RemoteOpa(_Engine):
@@ -354,4 +398,6 @@ async def decide_all(engines: Sequence[PolicyEngine], document: Mapping[str, Any
     """Ask every engine (concurrently); allowed only if all allow."""
     if not engines:
         return OpaDecision(True)
+    if len(engines) == 1:  # the usual case: no task per engine
+        return combine([await engines[0].decide(document)])
     return combine(await asyncio.gather(*(engine.decide(document) for engine in engines)))

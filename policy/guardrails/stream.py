@@ -69,10 +69,11 @@ def holdback(matchers: Sequence[Matcher]) -> tuple[int, int]:
 class OutputStream:
     """The incremental output checker of one streamed response."""
 
-    def __init__(self, matchers: Sequence[Matcher]) -> None:
+    def __init__(self, matchers: Sequence[Matcher], hold: tuple[int, int] | None = None) -> None:
+        """``hold``: ``holdback(matchers)``, when the caller has it already (it is the same for every stream)."""
         self._matchers = tuple(matchers)
-        self._hold_spaced, self._hold_word = holdback(self._matchers)
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._hold_spaced, self._hold_word = holdback(self._matchers) if hold is None else hold
+        self._decoder: codecs.IncrementalDecoder | None = None  # made for the first bytes chunk
         self._buffer = ""  # released context + text not yet released
         self._released = 0  # offset in _buffer where the unreleased text begins
         self._base = 0  # offset of _buffer[0] in the whole generated text
@@ -84,9 +85,11 @@ class OutputStream:
         if self.blocked:
             return StreamStep("", blocked=True)
         if isinstance(chunk, bytes):
+            if self._decoder is None:
+                self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
             chunk = self._decoder.decode(chunk)
         else:
-            chunk = self._decoder.decode(b"", final=True) + chunk  # bytes left incomplete before a str
+            chunk = self._pending() + chunk  # bytes left incomplete before a str
         if not self._matchers:
             return StreamStep(chunk)
         self._buffer += chunk
@@ -96,11 +99,15 @@ class OutputStream:
         """The end of the response: release (or block) everything held back."""
         if self.blocked:
             return StreamStep("", blocked=True)
-        self._buffer += self._decoder.decode(b"", final=True)
+        self._buffer += self._pending()
         if not self._matchers:
             text, self._buffer = self._buffer, ""
             return StreamStep(text)
         return self._step(final=True)
+
+    def _pending(self) -> str:
+        """What is left of an incomplete UTF-8 character (as U+FFFD), ending it."""
+        return "" if self._decoder is None else self._decoder.decode(b"", final=True)
 
     def _step(self, *, final: bool) -> StreamStep:
         norm = normalize(self._buffer)

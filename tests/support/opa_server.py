@@ -10,12 +10,13 @@ data answer down, and ``token`` makes it require ``Authorization: Bearer``.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from servers import start_uvicorn, stop_uvicorn
+
+from policy.guardrails.opa import load_regopy, prepare_input
 
 
 class LoopbackOpa:
@@ -50,7 +51,8 @@ class LoopbackOpa:
                 await asyncio.sleep(self.delay)
             query = "data." + request.path_params["path"].strip("/").replace("/", ".")
             interpreter = self._interpreter(self.modules)
-            interpreter.set_input_term(json.dumps(body.get("input")))
+            prepared = prepare_input(body.get("input"))  # held until the query is done
+            interpreter.set_input(prepared)
             output = interpreter.query(query)
             if not output.ok():
                 return JSONResponse({"code": "internal_error", "message": str(output)[:500]}, status_code=500)
@@ -66,8 +68,6 @@ class LoopbackOpa:
 
     @staticmethod
     def _interpreter(modules: dict[str, str]) -> Any:
-        from policy.guardrails.opa import load_regopy
-
         interpreter = load_regopy().Interpreter()
         for name, source in modules.items():
             interpreter.add_module(f"{name}.rego", source)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
+import unicodedata
+from bisect import bisect_left
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy.guardrails import normalize
-from policy.guardrails.normalize import _mapped
+from policy.guardrails.normalize import _dropped, _fold, _mapped
+
+# The module, not the function the package exports under the same name.
+normalize_module = importlib.import_module("policy.guardrails.normalize")
 
 
 @pytest.mark.parametrize(
@@ -81,3 +88,100 @@ def test_a_span_maps_to_original_text_that_normalises_to_it(before: str, middle:
     for i, ch in enumerate(norm.text):
         s, e = norm.original_span(i, i + 1)
         assert ch in normalize(norm.original[s:e]).text or ch == " "
+
+
+# -- the fast paths: the same text and map as the character-by-character reference
+
+
+def _reference_mapped(text: str) -> tuple[list[int], list[int], str]:
+    """Normalisation one segment at a time with ``unicodedata``: how every text was mapped before."""
+    out: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    n = len(text)
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and unicodedata.combining(text[j]):
+            j += 1
+        segment = text[i:j]
+        folded = segment.lower() if segment.isascii() else _fold(segment)
+        for ch in folded:
+            if ch.isspace():
+                if out and out[-1] == " ":
+                    ends[-1] = j
+                    continue
+                ch = " "
+            elif _dropped(ch):
+                continue
+            out.append(ch)
+            starts.append(i)
+            ends.append(j)
+        i = j
+    return starts, ends, "".join(out)
+
+
+def _assert_same_as_reference(text: str) -> None:
+    starts, ends, folded = _reference_mapped(text)
+    norm = normalize(text)
+    assert norm.text == folded
+    assert [norm.original_span(i, i + 1) for i in range(len(folded))] == list(zip(starts, ends, strict=True))
+    assert [norm.original_offset(i) for i in range(len(folded) + 1)] == [*starts, len(text)]
+    assert [norm.position_of(i) for i in range(len(text) + 2)] == [
+        0 if i <= 0 else bisect_left(starts, i) for i in range(len(text) + 2)
+    ]
+
+
+_ASCII = st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=60) | st.lists(
+    st.sampled_from(["Hello", " ", "  ", "\t", "\n\n", "\r\n", "\x00", "\x07", "\x1c", "\x7f", "World!", "x"]),
+    max_size=20,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_ASCII)
+def test_ascii_text_maps_as_the_reference_does(text: str) -> None:
+    _assert_same_as_reference(text)
+
+
+# Long ASCII runs (mapped in one piece) next to combining marks, non-ASCII spaces and dropped characters.
+_MIXED = st.lists(
+    st.sampled_from(
+        ["hello world ", "ABCDEFGHIJKLMNOP", "  ", " \x00 ", "\t\n", "\x07", "x", " ", "e", "\u0301", "\u0308\u0301",
+         "\u3000", "\u00a0", "\u2028", "\u200b", "\u00ad", "\ufe0f", "ß", "ﬁ", "Ａ", "é", "İ", "Σ", "\u0345", "日本"]
+    ),  # fmt: skip
+    max_size=25,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_MIXED)
+def test_mixed_text_maps_as_the_reference_does(text: str) -> None:
+    assert _mapped(text) == _reference_mapped(text)
+    _assert_same_as_reference(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "long ascii run e\u0301 then more",  # a combining mark right after a long ASCII run
+        "twelve chars\u3000   next",  # a space run that crosses from non-ASCII into ASCII
+        "abcdefghijkl   \u00a0\u3000 mnopqrstuvwx",  # ...and from ASCII into non-ASCII
+        "abcdefghijkl \x00\u200b\x07  z",  # dropped characters inside a space run
+    ],
+)
+def test_run_boundaries(text: str) -> None:
+    assert _mapped(text) == _reference_mapped(text)
+
+
+def test_ascii_is_mapped_without_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(text: str) -> None:
+        raise AssertionError("the general path ran on ASCII text")
+
+    monkeypatch.setattr(normalize_module, "_mapped", refuse)
+    plain = normalize("Hello, World!")
+    assert isinstance(plain._map()[0], range)  # the identity: nothing dropped or collapsed
+    assert plain.original_span(7, 12) == (7, 12)
+    spaced = normalize("Hello,\r\n\r\n  World!\x00")
+    assert spaced.text == "hello, world!"
+    assert spaced.original_span(6, 8) == (6, 13)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ from opa_server import LoopbackOpa
 from servers import free_loopback_socket
 
 from policy.guardrails import Guardrails, OpaDecision, PolicyDenied, PolicyEngineUnavailable, opa_input
+from policy.guardrails.opa import OpaError, load_regopy, prepare_input
 from policy.rbac import Principal
 
 REGO = """
@@ -94,6 +98,64 @@ def test_guardrail_findings_reach_the_policy(make_guardrails: Callable[..., Guar
     assert decision.allowed
     verdict = decide(guardrails, document(findings=decision.findings))
     assert verdict.reasons == ("email found in the prompt",)
+
+
+@pytest.mark.parametrize("name", ["Zürich AG", 'say "hi"', "back\\slash", "tab\there", "東京", "emoji 🙂"])
+def test_embedded_strings_equal_the_policy_literals(make_guardrails: Callable[..., Guardrails], name: str) -> None:
+    # rego-cpp compares strings in their escaped form: a tenant name with a
+    # quote, a backslash or non-ASCII letters must still equal the same name
+    # written in the policy (JSON input text would carry "\u00fc" for "ü").
+    literal = json.dumps(name, ensure_ascii=False)
+    rego = f"package inferflux.guardrails\nimport rego.v1\ndefault decision := false\ndecision if input.tenant.name == {literal}\n"
+    principal = Principal("ten_1", name, "key:abcdefghijkl", "api_key", frozenset({"member"}), key_id="key_1")
+    doc = opa_input(principal, model="m", route="/v1/completions", prompt_tokens=1)
+    assert decide(make_guardrails({"opa": {"rego": rego}}), doc).allowed
+    other = opa_input(replace(principal, tenant_name=name + "x"), model="m", route="/v1/completions", prompt_tokens=1)
+    assert not decide(make_guardrails({"opa": {"rego": rego}}), other).allowed
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        document(findings=[]),
+        {"s": 'quote " backslash \\ newline \n tab \t nul \x00 del \x7f', "ü": "Zürich 東京 🙂"},
+        {"ints": [0, -1, 2**63 - 1, -(2**63)], "floats": [0.5, -1e300], "flags": [True, False, None]},
+        {"empty": {}, "none": [], "nested": {"a": [{"b": [[], {}]}]}},
+        "a bare string",
+        [1, "two", {"three": 3}],
+    ],
+)
+def test_input_built_by_the_c_api_reads_back_as_the_document(doc: Any) -> None:
+    interpreter = load_regopy().Interpreter()
+    prepared = prepare_input(doc)  # held while the interpreter points into it
+    interpreter.set_input(prepared)
+    output = interpreter.query("x := input")
+    assert output.ok(), str(output)
+    assert output.results[0].bindings["x"] == doc
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"n": float("nan")},
+        {"n": float("inf")},
+        {"n": 2**64},
+        {1: "a key that is not a string"},
+        {"s": "lone surrogate \ud800"},
+        {"deep": functools.reduce(lambda inner, _: [inner], range(40), [])},
+        {"set": {1, 2}},
+    ],
+)
+def test_input_json_cannot_carry_is_an_opa_error(doc: Any) -> None:
+    with pytest.raises(OpaError, match="evaluation failed"):
+        prepare_input(doc)
+
+
+def test_embedded_input_rejects_what_json_cannot_carry(make_guardrails: Callable[..., Guardrails]) -> None:
+    guardrails = make_guardrails({"opa": {"rego": REGO, "on_error": "deny"}})
+    doc = {**document(), "tokens": {"prompt": float("nan"), "max_completion": 1}}
+    verdict = decide(guardrails, doc)
+    assert not verdict.allowed and verdict.error is not None and "evaluation failed" in verdict.error
 
 
 @pytest.mark.parametrize(

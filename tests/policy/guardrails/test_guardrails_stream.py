@@ -135,3 +135,26 @@ def test_findings_carry_offsets_in_the_whole_output(guardrails: Guardrails) -> N
     assert ("card", "4111 1111 1111 1111") in spans
     assert len(spans) == 9
     assert all(f.index == 0 for f in stream.findings)
+
+
+def test_a_stream_given_its_holdback_decides_as_one_that_computes_it(guardrails: Guardrails) -> None:
+    matchers = guardrails.output_matchers
+    chunks = _split(TEXT, list(range(3, len(TEXT), 7)))
+    given = _run(OutputStream(matchers, holdback(matchers)), chunks)
+    assert given == _run(OutputStream(matchers), chunks) == _run(guardrails.output_stream(), chunks)
+    # A wrong hold-back changes what is released when: the parameter is really used.
+    steps = [OutputStream(matchers, hold).feed(TEXT[:120]).text for hold in [holdback(matchers), (0, 0)]]
+    assert steps[0] != steps[1]
+
+
+@pytest.mark.parametrize("with_rules", [True, False])
+def test_incomplete_utf8_before_a_str_chunk_or_the_end(
+    make_guardrails: Callable[..., Guardrails], with_rules: bool
+) -> None:
+    spec = {"blocklist": [{"id": "w", "literal": "ski"}]} if with_rules else {}
+    stream = make_guardrails(spec).output_stream()
+    # "é" is b"\xc3\xa9": its first byte alone, then a str, becomes U+FFFD, as a decoder ending there gives.
+    sent = stream.feed("caf").text + stream.feed(b"\xc3").text + stream.feed(" ok ").text
+    sent += stream.feed(b"\xe2\x82").text + stream.flush().text
+    assert sent == "caf\ufffd ok \ufffd"
+    assert b"\xc3".decode("utf-8", "replace") == b"\xe2\x82".decode("utf-8", "replace") == "\ufffd"

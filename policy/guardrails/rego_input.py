@@ -1,0 +1,140 @@
+"""A policy's input document, built value by value through rego-cpp's C API instead of parsed from JSON.
+
+rego-cpp turns JSON input text into its term representation with its whole
+parsing pipeline, about 10 µs per value: most of an embedded decision's cost
+(a request's document has 30-40 values), and CPU-cache hungry, so it costs
+two to three times as much again when it runs between other work. The C API
+can also build the same term directly (``regoNewInput``, ``regoInputString``,
+...); a request's document then takes well under 0.1 ms, and what is left for
+the evaluating thread is the query itself.
+
+The builder calls go through ``ctypes.PyDLL``, which keeps the GIL: each call
+is a small allocation, and releasing the GIL around it (as ``ctypes.CDLL`` and
+``regopy.Input`` do) would cost more than the call and, on a busy gateway,
+queue every one of the dozens of calls behind whichever thread holds the GIL.
+So a document is built on the event loop as plain Python work, and handed to
+an evaluating thread ready to use.
+
+rego-cpp keeps a string in its escaped source form and compares those forms,
+so strings go in JSON-escaped with non-ASCII characters kept as they are,
+exactly as the same string written in a policy is stored (``"Zürich"`` then
+equals ``input.tenant.name``; ``\\u00fc`` would not).
+
+An interpreter keeps pointing into the input it was given: the returned
+``regopy.Input`` frees the term when it is dropped, so whoever sets it must
+hold it until the interpreter has a new one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_INT64 = (-(2**63), 2**63 - 1)
+# What json.dumps(ensure_ascii=False) escapes: the quote, the backslash and control characters.
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
+MAX_DEPTH = 32
+
+
+class _Api:
+    """The C API's input builder, bound through ``ctypes.PyDLL`` (no GIL release)."""
+
+    def __init__(self, library: str) -> None:
+        lib = ctypes.PyDLL(library)
+        u32, ptr = ctypes.c_uint32, ctypes.c_void_p
+        signatures: dict[str, list[Any]] = {
+            "regoInputInt": [ptr, ctypes.c_int64],
+            "regoInputFloat": [ptr, ctypes.c_double],
+            "regoInputString": [ptr, ctypes.c_char_p],
+            "regoInputBoolean": [ptr, ctypes.c_bool],
+            "regoInputNull": [ptr],
+            "regoInputObjectItem": [ptr],
+            "regoInputObject": [ptr, u32],
+            "regoInputArray": [ptr, u32],
+        }
+        for name, argtypes in signatures.items():
+            function = getattr(lib, name)
+            function.argtypes, function.restype = argtypes, u32
+        lib.regoNewInput.argtypes, lib.regoNewInput.restype = [], ptr
+        lib.regoFreeInput.argtypes, lib.regoFreeInput.restype = [ptr], None
+        self.new, self.free = lib.regoNewInput, lib.regoFreeInput
+        self.int, self.float, self.string = lib.regoInputInt, lib.regoInputFloat, lib.regoInputString
+        self.boolean, self.null = lib.regoInputBoolean, lib.regoInputNull
+        self.item, self.object, self.array = lib.regoInputObjectItem, lib.regoInputObject, lib.regoInputArray
+
+
+_api: _Api | None = None
+
+
+def _bound(regopy: Any) -> _Api:
+    global _api
+    if _api is None:
+        _api = _Api(regopy.rego_shared.rego._name)  # the library regopy itself loaded
+    return _api
+
+
+def rego_input(regopy: Any, document: Any) -> Any:
+    """``document`` (a JSON value) as a ``regopy.Input``; ValueError if JSON cannot carry it.
+
+    ``regopy`` is the module as ``opa.load_regopy`` returns it (it must be
+    loaded after other native libraries, so it is passed in, not imported).
+    """
+    api = _bound(regopy)
+    handle = api.new()
+    try:
+        _add(api, handle, document, 0)
+    except BaseException:
+        api.free(handle)
+        raise
+    value = regopy.Input.__new__(regopy.Input)  # filled here, freed by its own __del__
+    value._impl = handle
+    return value
+
+
+def _add(api: _Api, handle: int, value: Any, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"the input document nests deeper than {MAX_DEPTH} levels")
+    if value is None:
+        code = api.null(handle)
+    elif value is True or value is False:
+        code = api.boolean(handle, value)
+    elif isinstance(value, str):
+        code = api.string(handle, _escaped(value))
+    elif isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise ValueError("the input document holds an integer outside 64 bits")
+        code = api.int(handle, value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("the input document holds a NaN or an infinity, which JSON cannot carry")
+        code = api.float(handle, value)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError("the input document has a key that is not a string")
+            _check(api.string(handle, _escaped(key)))
+            _add(api, handle, item, depth + 1)
+            _check(api.item(handle))
+        code = api.object(handle, len(value))
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _add(api, handle, item, depth + 1)
+        code = api.array(handle, len(value))
+    else:
+        raise ValueError(f"the input document holds a {type(value).__name__}, which JSON cannot carry")
+    _check(code)
+
+
+def _escaped(text: str) -> bytes:
+    if _NEEDS_ESCAPE.search(text):
+        text = json.dumps(text, ensure_ascii=False)[1:-1]
+    return text.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError, a ValueError
+
+
+def _check(code: int) -> None:
+    if code != 0:
+        raise ValueError(f"rego-cpp refused a value of the input document (code {code})")
