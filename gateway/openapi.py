@@ -30,16 +30,22 @@ def document(
     status: int = 200,
     paginated: bool = False,
     streams: bool = False,
+    query: Iterable[dict[str, Any]] = (),
 ) -> Callable[[F], F]:
+    """Mark an endpoint with its documentation; ``query``: its query parameters (``query_param``)."""
+
     def mark(endpoint: F) -> F:
-        setattr(
-            endpoint,
-            DOC_ATTR,
-            {"summary": summary, "tag": tag, "body": body, "status": status, "paginated": paginated, "streams": streams},
-        )
+        doc = {"summary": summary, "tag": tag, "body": body, "status": status, "paginated": paginated,
+               "streams": streams, "query": tuple(query)}  # fmt: skip
+        setattr(endpoint, DOC_ATTR, doc)
         return endpoint
 
     return mark
+
+
+def query_param(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    """One optional query parameter, as an OpenAPI parameter object."""
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
 
 
 _ERROR_SCHEMA = {
@@ -90,6 +96,7 @@ def _operation(route: Route, method: str, schemas: dict[str, Any]) -> dict[str, 
             {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50}},
             {"name": "after", "in": "query", "schema": {"type": "string"}, "description": "next_cursor of the previous page"},
         ]
+    params += doc.get("query", ())
     if params:
         op["parameters"] = params
     body = doc.get("body")

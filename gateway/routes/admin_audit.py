@@ -34,9 +34,10 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.auth import call_store
 from gateway.authz import principal_of, requires
-from gateway.openapi import document
+from gateway.openapi import document, query_param
 from gateway.routes.admin import PREFIX, _ok, _page, _page_args, _tenant_in_scope
 from gateway.streaming import SSEResponse
+from policy.audit.events import DECISIONS, KINDS
 from policy.audit.store import AuditRecord
 from policy.audit.tail import Subscription, sse_message
 from policy.errors import ValidationFailed
@@ -50,6 +51,22 @@ _PAGE_PARAMS = frozenset({"limit", "after"})
 _FILTERS = frozenset({"since", "until", "principal", "decision", "kind"})
 _SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})?")
 _MAX_STREAM_SECONDS = 86400
+
+_DATE_TIME = {"type": "string", "format": "date-time"}
+_FILTER_DOCS = (
+    query_param("since", _DATE_TIME, "Events at or after this time (RFC 3339, with a time zone)"),
+    query_param("until", _DATE_TIME, "Events before this time (RFC 3339, with a time zone)"),
+    query_param("principal", {"type": "string", "maxLength": _MAX_TEXT}, "Who made the call: key:<prefix>, oidc:..."),
+    query_param("decision", {"type": "string", "enum": list(DECISIONS)}, "The call's outcome"),
+    query_param("kind", {"type": "string", "enum": list(KINDS)}, "Tenant API calls or admin actions"),
+)
+_TENANT_DOC = query_param(
+    "tenant_id", {"type": "string"}, "Platform admins: this tenant's events only; others may name only their own"
+)
+_MAX_SECONDS_DOC = query_param(
+    "max_seconds", {"type": "number", "exclusiveMinimum": 0, "maximum": _MAX_STREAM_SECONDS},
+    "End the stream after this many seconds",
+)
 
 
 def _only(request: Request, allowed: frozenset[str]) -> None:
@@ -120,7 +137,8 @@ async def _query(request: Request, tenant_id: str | None) -> Response:
     return _ok(_page(page, _item))
 
 
-@document("A tenant's audit events (filters: since, until, principal, decision, kind)", tag="audit", paginated=True)
+@document("A tenant's audit events (filters: since, until, principal, decision, kind)", tag="audit", paginated=True,
+          query=_FILTER_DOCS)  # fmt: skip
 @requires(Scope.ADMIN_TENANT)
 async def list_tenant_audit(request: Request) -> Response:
     _only(request, _PAGE_PARAMS | _FILTERS)
@@ -129,7 +147,7 @@ async def list_tenant_audit(request: Request) -> Response:
 
 
 @document("Audit events: the caller's tenant's, or for platform admins every tenant's (or tenant_id's)",
-          tag="audit", paginated=True)  # fmt: skip
+          tag="audit", paginated=True, query=(*_FILTER_DOCS, _TENANT_DOC))  # fmt: skip
 @requires(Scope.ADMIN_TENANT)
 async def list_audit(request: Request) -> Response:
     _only(request, _PAGE_PARAMS | _FILTERS | {"tenant_id"})
@@ -137,7 +155,7 @@ async def list_audit(request: Request) -> Response:
 
 
 @document("Live tail of the audit trail as Server-Sent Events, scoped like GET /admin/v1/audit",
-          tag="audit", streams=True)  # fmt: skip
+          tag="audit", streams=True, query=(_TENANT_DOC, _MAX_SECONDS_DOC))  # fmt: skip
 @requires(Scope.ADMIN_TENANT)
 async def stream_audit(request: Request) -> Response:
     _only(request, frozenset({"tenant_id", "max_seconds"}))

@@ -29,7 +29,13 @@ if TYPE_CHECKING:
     from policy.audit.chain import Problem, VerifyReport, verify_lines
     from policy.audit.cli import add_audit_parser, verify_files, verify_spool
     from policy.audit.delivery import Backoff, Delivery, Sink
-    from policy.audit.errors import AuditUnavailable, InvalidAuditEvent, SinkError, SpoolConfigError
+    from policy.audit.errors import (
+        AuditUnavailable,
+        InvalidAuditEvent,
+        SinkError,
+        SpoolConfigError,
+        TooManySubscriptions,
+    )
     from policy.audit.events import AuditEvent, ContentDigester, Finding, admin_event, api_event
     from policy.audit.sinks.file import FileSink
     from policy.audit.sinks.http import HttpSink
@@ -44,7 +50,10 @@ _EXPORTS = {
     **dict.fromkeys(("Problem", "VerifyReport", "verify_lines"), "policy.audit.chain"),
     **dict.fromkeys(("add_audit_parser", "verify_files", "verify_spool"), "policy.audit.cli"),
     **dict.fromkeys(("Backoff", "Delivery", "Sink"), "policy.audit.delivery"),
-    **dict.fromkeys(("AuditUnavailable", "InvalidAuditEvent", "SinkError", "SpoolConfigError"), "policy.audit.errors"),
+    **dict.fromkeys(
+        ("AuditUnavailable", "InvalidAuditEvent", "SinkError", "SpoolConfigError", "TooManySubscriptions"),
+        "policy.audit.errors",
+    ),
     **dict.fromkeys(("AuditEvent", "ContentDigester", "Finding", "admin_event", "api_event"), "policy.audit.events"),
     "FileSink": "policy.audit.sinks.file",
     "HttpSink": "policy.audit.sinks.http",

@@ -18,6 +18,14 @@ class AuditUnavailable(PolicyError):
     default_code = "audit_unavailable"
 
 
+class TooManySubscriptions(PolicyError):
+    """429: the caller's tenant holds its share of live audit subscriptions already; retry when one ends."""
+
+    status_code = 429
+    error_type = "requests"
+    default_code = "too_many_subscriptions"
+
+
 class InvalidAuditEvent(PolicyError):
     """500: the gateway built an event the audit model refuses (a bug, never the client's input)."""
 

@@ -10,6 +10,8 @@ the store).
 Scope is the caller's business to decide and this module's to enforce: a
 subscription with a tenant sees only that tenant's events; ``tenant=None``
 (platform admins only) sees every event, platform-level admin actions included.
+Subscriptions are bounded per replica and per tenant, so no tenant can take
+every slot and lock the others out of their own live tail.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from policy.audit.chain import canonical_json
-from policy.audit.errors import AuditUnavailable
+from policy.audit.errors import AuditUnavailable, TooManySubscriptions
 from policy.audit.spool import SpooledRecord
+
+
+RETRY_AFTER_SECONDS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +112,28 @@ class Subscription:
 class LiveTail:
     """Fan-out of durable records. ``spool.add_listener(tail.publish)``, then ``tail.subscribe(tenant)``."""
 
-    def __init__(self, max_buffer: int = 1000, max_subscribers: int = 100) -> None:
+    def __init__(self, max_buffer: int = 1000, max_subscribers: int = 100, max_per_tenant: int = 10) -> None:
         self._max_buffer = max_buffer
         self._max_subscribers = max_subscribers
+        self._max_per_tenant = max_per_tenant
         self._lock = threading.Lock()
         self._subscribers: list[Subscription] = []
 
     def subscribe(self, tenant: str | None) -> Subscription:
         """A subscription to ``tenant``'s events (None: all). Call from the event loop that will iterate it.
 
-        Raises AuditUnavailable (503) when ``max_subscribers`` are already listening.
+        Raises TooManySubscriptions (429) when ``tenant`` holds ``max_per_tenant``
+        already, and AuditUnavailable (503) when ``max_subscribers`` are listening
+        in all. Platform-wide subscriptions (None) count only towards the latter.
         """
         subscription = Subscription(self, tenant, self._max_buffer)
         with self._lock:
+            if tenant is not None and sum(s.tenant == tenant for s in self._subscribers) >= self._max_per_tenant:
+                raise TooManySubscriptions(
+                    f"This tenant has {self._max_per_tenant} live audit subscriptions open already; "
+                    "close one or retry later",
+                    headers={"retry-after": str(RETRY_AFTER_SECONDS)},
+                )
             if len(self._subscribers) >= self._max_subscribers:
                 raise AuditUnavailable("Too many live audit subscribers; retry later")
             self._subscribers.append(subscription)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from audit_support import make_event
 
-from policy.audit.errors import AuditUnavailable
+from policy.audit.errors import AuditUnavailable, TooManySubscriptions
 from policy.audit.spool import Spool
 from policy.audit.tail import Dropped, LiveTail, Subscription
 
@@ -55,6 +55,21 @@ async def test_a_slow_subscriber_is_dropped_with_a_marker(spool: Spool) -> None:
     assert items[-1].to_json()["dropped"] is True
     assert tail.subscribers == 0  # the dropped one and the finished reader are both gone
     assert spool.stats.events == 30  # the writer was never held up
+
+
+async def test_one_tenant_cannot_take_every_subscription() -> None:
+    tail = LiveTail(max_subscribers=5, max_per_tenant=2)
+    greedy = [tail.subscribe("greedy"), tail.subscribe("greedy")]
+    with pytest.raises(TooManySubscriptions) as caught:
+        tail.subscribe("greedy")
+    assert caught.value.status_code == 429 and caught.value.headers["retry-after"] == "5"
+    other = [tail.subscribe("other"), tail.subscribe("other")]  # its own share is untouched
+    tail.subscribe(None)  # platform-wide: only the replica's bound applies
+    with pytest.raises(AuditUnavailable):
+        tail.subscribe("third")  # 5 in all now
+    greedy[0].close()
+    tail.subscribe("greedy")  # a freed slot of its own can be taken again
+    assert tail.subscribers == 5 and len(other) == 2
 
 
 async def test_closing_ends_subscriptions_and_bounds_their_number() -> None:
