@@ -34,6 +34,11 @@ flight, alternating too. Medians over rounds are reported. Last, each stage of
 the chain is timed alone (its own objects in the ``on`` app, the engine idle),
 to tell its intrinsic cost from what contention on a busy machine adds.
 
+``--stand-in-engine`` replaces generation with a stand-in that answers one
+token at once (the model is still loaded, for its tokenizer): the variants then
+differ only in the gateway's own work, without the engine's threads competing
+for the two cores. A diagnostic, not the acceptance figure.
+
 Usage:
     .venv/bin/python benchmarks/bench_policy.py [--requests 300] [--rounds 3] [--concurrency 16] [--json out.json]
 """
@@ -59,7 +64,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import httpx  # noqa: E402
 
 from backends.base import ModelSpec  # noqa: E402
-from backends.engine import EngineConfig  # noqa: E402
+from backends.engine import EngineConfig, RequestOutput  # noqa: E402
 from backends.models import default_model_path  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.models import ModelManager, load_served_model  # noqa: E402
@@ -135,6 +140,11 @@ class EngineClock:
                 self.seconds.append(time.perf_counter() - start)
 
         engine.generate = generate
+
+
+async def stand_in_generate(request_id: str, prompt_token_ids: Any, *_: Any, **__: Any) -> AsyncIterator[Any]:
+    """One finished output at once: the engine's answer without the engine."""
+    yield RequestOutput(request_id, [42], " the", True, "length", len(list(prompt_token_ids)), 1)
 
 
 def body_for(headers: dict[str, str]) -> dict[str, Any]:
@@ -239,6 +249,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     })
     spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype=args.dtype)
     served = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=64 * 1024 * 1024))
+    if args.stand_in_engine:
+        served.engine.generate = stand_in_generate  # type: ignore[method-assign]
     manager = ModelManager(expected=[served.name])
     manager.add(served)
     clock = EngineClock(served.engine)
@@ -299,6 +311,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
         "requests": args.requests, "rounds": args.rounds, "concurrency": args.concurrency, "dtype": args.dtype,
+        "engine": "stand-in" if args.stand_in_engine else "SmolLM2 on cpu",
         "off": off, "on": on, "on-nowait": nowait,
         "added_p50_ms": on["p50_ms"] - off["p50_ms"],
         "added_p99_ms": on["p99_ms"] - off["p99_ms"],
@@ -317,6 +330,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16, help="clients in flight for requests/s")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--stand-in-engine", action="store_true",
+                        help="answer at once instead of generating: the gateway's own cost alone (a diagnostic)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
     report = asyncio.run(run(args))

@@ -220,7 +220,8 @@ class Generation:
             log.error("engine failed on %s", self.served.name, exc_info=exc)
         return mapped
 
-    async def close(self) -> None:
+    async def close(self, *, report: bool = True) -> None:
+        """Stop every sequence (the engine aborts those still running) and, with ``report``, call ``on_close``."""
         if self._closed:
             return
         self._closed = True
@@ -231,7 +232,7 @@ class Generation:
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("generation task failed", exc_info=result)
-        if self._on_close is not None:
+        if report and self._on_close is not None:
             self._on_close(self.usage)
 
 

@@ -41,7 +41,8 @@ from gateway.protocol import (
     sampling_kwargs,
 )
 from gateway.streaming import SSE_DONE, ClientDisconnected, SSEResponse, run_until_disconnect, sse_event
-from policy.guardrails import Guardrails, opa_input, request_texts, with_texts
+from policy.errors import ApiError
+from policy.guardrails import Guardrails, OpaDecision, opa_input, request_texts, with_texts
 from policy.ratelimit import Admission, Denial
 from policy.rbac import Scope
 
@@ -217,23 +218,39 @@ def _note_findings(request: Request, direction: str, findings: Any) -> None:
         metrics.guardrail_findings.labels(direction, finding.type, finding.action).inc()
 
 
-async def _authorize(request: Request, plan: Plan, guards: Guardrails) -> None:
-    """The tenant's OPA policies, given the whole request as its input document."""
+def _authorize(request: Request, plan: Plan, guards: Guardrails) -> asyncio.Future[OpaDecision] | None:
+    """Start asking the tenant's OPA policies about the whole request (None: it has none).
+
+    The decision runs beside the rate limiter and the engine's first step and
+    is awaited (``_authorized``) before any output leaves, so a policy costs
+    the request no time unless it takes longer than that step.
+    """
+    if not guards.engines:
+        return None
     ctx = get_context(request)
-    verdict = await guards.authorize(
-        opa_input(
-            principal_of(request),
-            model=plan.served.name,
-            route=request.url.path,
-            prompt_tokens=sum(len(p.token_ids) for p in plan.prompts),
-            max_completion_tokens=_requested_completion_tokens(plan),
-            findings=[f for stage, f in ctx.findings if stage == "input"],
-            request_id=ctx.request_id,
+    return asyncio.ensure_future(
+        guards.authorize(
+            opa_input(
+                principal_of(request),
+                model=plan.served.name,
+                route=request.url.path,
+                prompt_tokens=sum(len(p.token_ids) for p in plan.prompts),
+                max_completion_tokens=_requested_completion_tokens(plan),
+                findings=[f for stage, f in ctx.findings if stage == "input"],
+                request_id=ctx.request_id,
+            )
         )
     )
-    if not verdict.allowed:
-        ctx.reasons += list(verdict.reasons)
-    verdict.raise_for_deny()
+
+
+async def _authorized(request: Request, verdict: asyncio.Future[OpaDecision] | None) -> None:
+    """Wait for the OPA decision; PolicyDenied (403), or 503 when a policy failed closed, unless it allows."""
+    if verdict is None:
+        return
+    decision = await verdict
+    if not decision.allowed:
+        get_context(request).reasons += list(decision.reasons)
+    decision.raise_for_deny()
 
 
 def _requested_completion_tokens(plan: Plan) -> int | None:
@@ -326,10 +343,27 @@ async def _stream_or_collect(
     render: Renderer,
     guards: Guardrails,
 ) -> Response:
-    await _authorize(request, plan, guards)
-    _admit(request, plan)
-    admission = await _reserve(request, plan)
+    verdict = _authorize(request, plan, guards)
+    try:
+        _admit(request, plan)
+        admission = await _reserve(request, plan)
+    except ApiError:
+        await _authorized(request, verdict)  # a policy's refusal answers before a full queue or a limit
+        raise
+    except BaseException:
+        if verdict is not None:
+            verdict.cancel()
+        raise
     gen = _generation(request, plan, req, guards, admission)
+    gen.start()  # the engine starts while the policies decide; none of its output goes out before they allow
+    try:
+        await _authorized(request, verdict)
+    except BaseException:
+        # Refused after all: abort the sequences, and give back the tokens reserved
+        # for them (the request itself was counted when it was admitted).
+        await gen.close(report=False)
+        await request.app.state.limiter.settle(admission.handle, 0, 0)
+        raise
     if not req.stream:
         try:
             async with gen:
@@ -338,7 +372,6 @@ async def _stream_or_collect(
             return _client_closed()
         return JSONResponse(render.full(outputs, gen.usage), headers=admission.headers)
 
-    gen.start()
     try:
         # Wait for the first output before sending headers, so that admission
         # errors (prompt too long, overload) still get their real status.

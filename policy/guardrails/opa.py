@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from policy.errors import ValidationFailed
 from policy.guardrails.errors import PolicyDenied, PolicyEngineUnavailable
 from policy.guardrails.findings import Finding
-from policy.guardrails.rego_input import rego_input
+from policy.guardrails.rego_input import expressions, query, rego_input
 from policy.guardrails.spec import OpaSettings
 from policy.rbac import Principal
 
@@ -226,10 +226,10 @@ class EmbeddedRego(_Engine):
 
     An interpreter holds its input between ``set_input`` and the query, so each
     thread of the pool gets an interpreter of its own and evaluations run side
-    by side (regopy's calls release the GIL) rather than queueing on one. The
-    input term is built before the hand-off (``rego_input``: quick Python work,
-    where parsing JSON text on the thread cost most of a decision), so the
-    thread only sets it and runs the query.
+    by side rather than queueing on one; only the evaluation itself releases
+    the GIL (``rego_input.query``). The input term is built before the hand-off
+    (``rego_input``: quick Python work, where parsing JSON text on the thread
+    cost most of a decision), so the thread only sets it and runs the query.
     """
 
     def __init__(self, name: str, settings: OpaSettings) -> None:
@@ -237,7 +237,7 @@ class EmbeddedRego(_Engine):
         if settings.rego is None:
             raise ValueError("an embedded OPA policy needs its Rego source")
         self._rego, self._query = settings.rego, settings.query
-        self._entrypoint = _entrypoint(settings.query)
+        self._entrypoint_bytes = _entrypoint(settings.query).encode()
         self._local = threading.local()
         self._local.compiled = _compile(self._rego, self._query)  # a bad policy fails here, not on a request
 
@@ -261,15 +261,14 @@ class EmbeddedRego(_Engine):
             raise OpaError("no time left to evaluate (the gateway is overloaded)")
         interpreter, bundle = self._compiled()
         try:
-            interpreter.set_input(prepared)
             self._local.input = prepared  # the interpreter points into it until it gets the next one
-            output = interpreter.query_bundle_entrypoint(bundle, self._entrypoint)
+            ok, text = query(regopy, interpreter, bundle, self._entrypoint_bytes, prepared)
+            if not ok:
+                raise OpaError(f"evaluation failed: {text[:300]}")
+            found = expressions(text)
         except (regopy.RegoError, TypeError, ValueError) as exc:
             raise OpaError(f"evaluation failed: {exc}") from None
-        if not output.ok():
-            raise OpaError(f"evaluation failed: {str(output)[:300]}")
-        expressions = output.results[0].expressions if output.results else []
-        return interpret(expressions[0] if expressions else None, defined=bool(expressions))
+        return interpret(found[0] if found else None, defined=bool(found))
 
     async def _evaluate_in_time(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
         # The policy's timeout bounds its evaluation, from when a thread takes it

@@ -23,6 +23,15 @@ equals ``input.tenant.name``; ``\\u00fc`` would not).
 An interpreter keeps pointing into the input it was given: the returned
 ``regopy.Input`` frees the term when it is dropped, so whoever sets it must
 hold it until the interpreter has a new one.
+
+The query (``query``) is bound the same way, except for the evaluation
+itself. Through ``regopy`` a decision is some twenty ``ctypes.CDLL`` calls
+(set the input, query, then walk the output node by node), each releasing
+the GIL and taking it back; on a busy two-core gateway each take-back waits
+behind the event loop and the engine thread, and the queueing added up past
+a policy's 100 ms timeout (the "convoy effect"). Here only the evaluation
+releases the GIL (``CDLL``): the evaluating thread takes it back once, reads
+the output as one JSON text and parses it in Python.
 """
 
 from __future__ import annotations
@@ -65,6 +74,19 @@ class _Api:
         self.int, self.float, self.string = lib.regoInputInt, lib.regoInputFloat, lib.regoInputString
         self.boolean, self.null = lib.regoInputBoolean, lib.regoInputNull
         self.item, self.object, self.array = lib.regoInputObjectItem, lib.regoInputObject, lib.regoInputArray
+        # The query: only the evaluation releases the GIL (CDLL); the rest are quick calls.
+        lib.regoSetInput.argtypes, lib.regoSetInput.restype = [ptr, ptr], u32
+        lib.regoOutputOk.argtypes, lib.regoOutputOk.restype = [ptr], ctypes.c_bool
+        lib.regoOutputJSONSize.argtypes, lib.regoOutputJSONSize.restype = [ptr], u32
+        lib.regoOutputJSON.argtypes, lib.regoOutputJSON.restype = [ptr, ctypes.c_char_p, u32], u32
+        lib.regoFreeOutput.argtypes, lib.regoFreeOutput.restype = [ptr], None
+        self.set_input, self.output_ok = lib.regoSetInput, lib.regoOutputOk
+        self.output_json_size, self.output_json, self.free_output = (
+            lib.regoOutputJSONSize, lib.regoOutputJSON, lib.regoFreeOutput
+        )
+        evaluate = ctypes.CDLL(library).regoBundleQueryEntrypoint
+        evaluate.argtypes, evaluate.restype = [ptr, ptr, ctypes.c_char_p], ptr
+        self.evaluate = evaluate
 
 
 _api: _Api | None = None
@@ -138,3 +160,37 @@ def _escaped(text: str) -> bytes:
 def _check(code: int) -> None:
     if code != 0:
         raise ValueError(f"rego-cpp refused a value of the input document (code {code})")
+
+
+def query(regopy: Any, interpreter: Any, bundle: Any, entrypoint: bytes, value: Any) -> tuple[bool, str]:
+    """Run ``bundle``'s ``entrypoint`` on ``value`` (from ``rego_input``): (ok, the output as JSON text).
+
+    ``interpreter`` keeps pointing into ``value`` afterwards (see above).
+    Raises ``regopy.RegoError`` when rego-cpp refuses the input or the query.
+    """
+    api = _bound(regopy)
+    if api.set_input(interpreter._impl, value._impl) != 0:
+        raise regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
+    output = api.evaluate(interpreter._impl, bundle._impl, entrypoint)
+    if not output:
+        raise regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
+    try:
+        size = api.output_json_size(output)
+        text = ctypes.create_string_buffer(size)
+        if api.output_json(output, text, size) != 0:
+            raise regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
+        return bool(api.output_ok(output)), text.value.decode("utf-8")
+    finally:
+        api.free_output(output)
+
+
+def expressions(text: str) -> list[Any]:
+    """The first result's expressions in a query's JSON output (``[]`` when undefined); ValueError if unreadable."""
+    if text == "undefined":
+        return []
+    parsed = json.loads(text)
+    first = parsed[0] if isinstance(parsed, list) and parsed else parsed
+    found = first.get("expressions") if isinstance(first, dict) else None
+    if not isinstance(found, list):
+        raise ValueError("the query's output has no expressions")
+    return found

@@ -238,6 +238,48 @@ def test_opa_denies_with_reasons_and_an_edit_takes_effect(world: World) -> None:
     assert chat(world, key, "a question that is longer than five tokens, surely").status_code == 200
 
 
+# Denies one-token completions after ~0.5 s of work, far longer than the engine
+# takes to answer one; allows everything else at once.
+SLOW_DENY = """package inferflux.guardrails
+import rego.v1
+slow if count([x | some x in numbers.range(1, 200000); x % 7 == 0]) > 0
+default decision := {"allow": true}
+decision := {"allow": false, "reasons": ["one-token completions are not allowed"]} if {
+    input.tokens.max_completion == 1
+    slow
+}
+"""
+
+
+def test_a_policy_slower_than_the_engine_still_decides_before_any_output(world: World) -> None:
+    # The engine starts while the policy evaluates: a deny that comes after the
+    # engine's answer must still be all the client sees, stream or not, and the
+    # refused requests' reserved tokens go back to the tenant.
+    limits = {"scope": "tenant", "requests_per_minute": 100, "tokens_per_minute": 100_000}
+    (tenant, key), (baseline, baseline_key) = world.tenant_key(), world.tenant_key()
+    for tenant_id in (tenant.id, baseline.id):
+        world.store.create_policy(tenant_id, "rate_limit", "limits", limits)
+    world.store.create_policy(
+        tenant.id, "guardrail", "slow", {"opa": {"engine": "embedded", "rego": SLOW_DENY, "timeout_ms": 10_000}}
+    )
+    world.policies_seen()
+    denied = chat(world, key, "hi", max_tokens=1)
+    assert denied.status_code == 403, denied.text
+    assert "one-token completions are not allowed" in error_of(denied)["message"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "stream": True}
+    with world.client.stream("POST", "/v1/chat/completions", json=body, headers=bearer(key)) as response:
+        streamed = response.read()
+    assert response.status_code == 403 and b"data:" not in streamed, streamed
+    engine = world.app.state.manager.get(MODEL).engine
+    wait_until(lambda: engine.stats().num_running == 0 and engine.stats().num_waiting == 0)  # nothing left running
+    world.settled()
+    allowed, fresh = chat(world, key, "hi", max_tokens=2), chat(world, baseline_key, "hi", max_tokens=2)
+    assert allowed.status_code == fresh.status_code == 200, allowed.text
+    # Each refused request counted once; none of their tokens did.
+    assert int(allowed.headers["x-ratelimit-remaining-requests"]) == int(fresh.headers["x-ratelimit-remaining-requests"]) - 2
+    assert allowed.headers["x-ratelimit-remaining-tokens"] == fresh.headers["x-ratelimit-remaining-tokens"]
+
+
 # -- audit ----------------------------------------------------------------------------------
 
 

@@ -60,11 +60,18 @@ def make_event(tenant: str = "ten_a", decision: str = "allow", **fields: Any) ->
     )
 
 
-def append_events(spool: Spool, n: int) -> list[str]:
-    """Append ``n`` events, wait until all are durable; their ids in order."""
+def append_events(spool: Spool, n: int, *, one_by_one: bool = False) -> list[str]:
+    """Append ``n`` events, wait until all are durable; their ids in order.
+
+    ``one_by_one`` waits for each before the next, so that each fsync covers one
+    event (and small segments rotate every few events).
+    """
     events = [make_event() for _ in range(n)]
-    receipts = [spool.append(e) for e in events]
-    assert all(r.wait(10) for r in receipts)
+    if one_by_one:
+        assert all(spool.append(e).wait(10) for e in events)
+    else:
+        receipts = [spool.append(e) for e in events]
+        assert all(r.wait(10) for r in receipts)
     return [e.id for e in events]
 
 

@@ -88,9 +88,11 @@ def test_copy_blocks(backend_name, loaded, prompts):
     from_copy = _next_logits(backend, ids, dst, token)
     from_source = _next_logits(backend, ids, src, token)
     np.testing.assert_allclose(from_copy, from_source, atol=1e-5, rtol=0)
-    # What the source should hold: the same decode after a fresh prefill elsewhere.
+    # What the source should hold: the same decode after a fresh prefill elsewhere. That
+    # prefill runs alone, the source's ran batched with the filler: other matmul shapes, so
+    # float32 rounding may differ (seen: 4e-5 on logits of ~14 with AVX-512 kernels).
     _forward(backend, SequenceSlice(0, ids, 0, fresh, 1))
-    np.testing.assert_allclose(_next_logits(backend, ids, fresh, token), from_source, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(_next_logits(backend, ids, fresh, token), from_source, atol=MULTI_TOKEN_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("tier", ["host", "disk"])

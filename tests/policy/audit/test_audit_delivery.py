@@ -98,11 +98,11 @@ def test_sinks_are_independent(spool: Spool) -> None:
 
 
 def test_segments_are_deleted_only_after_every_sink_delivered_them(spool_dir: Path) -> None:
-    with Spool.open(SpoolSettings(spool_dir, segment_bytes=2500, max_batch=2)) as spool:
+    with Spool.open(SpoolSettings(spool_dir, segment_bytes=2500)) as spool:
         ahead, behind = FlakySink("ahead"), FlakySink("behind")
         behind.down.set()
         deliveries = [Delivery(spool, s, batch_size=2, backoff=FAST).start() for s in (ahead, behind)]
-        append_events(spool, 40)
+        append_events(spool, 40, one_by_one=True)
         assert deliveries[0].wait_caught_up(10)
         assert spool.prune() == 0  # "behind" has delivered nothing: every segment stays
         total = len(segment_files(spool_dir))
@@ -119,9 +119,9 @@ def test_segments_are_deleted_only_after_every_sink_delivered_them(spool_dir: Pa
 
 
 def test_retention_keeps_delivered_segments_for_a_while(spool_dir: Path) -> None:
-    with Spool.open(SpoolSettings(spool_dir, segment_bytes=2500, max_batch=2, retain_seconds=3600)) as spool:
+    with Spool.open(SpoolSettings(spool_dir, segment_bytes=2500, retain_seconds=3600)) as spool:
         delivery = Delivery(spool, FlakySink(), backoff=FAST).start()
-        append_events(spool, 30)
+        append_events(spool, 30, one_by_one=True)
         assert delivery.wait_caught_up(10)
         delivery.stop()
         count = len(segment_files(spool_dir))

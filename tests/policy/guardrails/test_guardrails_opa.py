@@ -21,6 +21,7 @@ from servers import free_loopback_socket
 
 from policy.guardrails import Guardrails, OpaDecision, PolicyDenied, PolicyEngineUnavailable, opa_input
 from policy.guardrails.opa import OpaError, load_regopy, prepare_input
+from policy.guardrails.rego_input import expressions
 from policy.rbac import Principal
 
 REGO = """
@@ -339,3 +340,22 @@ def test_nothing_imports_regopy_but_load_regopy() -> None:
         and path != Path(__file__).resolve()
     ]
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("undefined", []),
+        ('{"expressions":[{"allow":false, "reasons":["x"]}]}', [{"allow": False, "reasons": ["x"]}]),
+        ('[{"expressions":[true]}, {"expressions":[false]}]', [True]),  # several results: the first
+        ('{"expressions":[]}', []),
+    ],
+)
+def test_query_output_is_read_as_the_first_results_expressions(text: str, expected: list[Any]) -> None:
+    assert expressions(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"bindings":{}}', '{"expressions":7}', "42"])
+def test_unreadable_query_output_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        expressions(text)
