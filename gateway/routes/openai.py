@@ -221,9 +221,10 @@ def _note_findings(request: Request, direction: str, findings: Any) -> None:
 def _authorize(request: Request, plan: Plan, guards: Guardrails) -> asyncio.Future[OpaDecision] | None:
     """Start asking the tenant's OPA policies about the whole request (None: it has none).
 
-    The decision runs beside the rate limiter and the engine's first step and
-    is awaited (``_authorized``) before any output leaves, so a policy costs
-    the request no time unless it takes longer than that step.
+    Started once the engine has the request, the decision runs beside the
+    engine's first step and is awaited (``_authorized``) before any output
+    leaves, so a policy costs the request no time unless it takes longer than
+    that step.
     """
     if not guards.engines:
         return None
@@ -343,19 +344,17 @@ async def _stream_or_collect(
     render: Renderer,
     guards: Guardrails,
 ) -> Response:
-    verdict = _authorize(request, plan, guards)
     try:
         _admit(request, plan)
         admission = await _reserve(request, plan)
     except ApiError:
-        await _authorized(request, verdict)  # a policy's refusal answers before a full queue or a limit
-        raise
-    except BaseException:
-        if verdict is not None:
-            verdict.cancel()
+        await _authorized(request, _authorize(request, plan, guards))  # a policy's refusal answers first
         raise
     gen = _generation(request, plan, req, guards, admission)
-    gen.start()  # the engine starts while the policies decide; none of its output goes out before they allow
+    # The engine starts first, the policies decide while it works, and none of its
+    # output goes out before they allow.
+    gen.start()
+    verdict = _authorize(request, plan, guards)
     try:
         await _authorized(request, verdict)
     except BaseException:

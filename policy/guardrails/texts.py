@@ -8,7 +8,6 @@ are left alone.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,7 +45,13 @@ def with_texts(body: Mapping[str, Any], texts: Sequence[str]) -> dict[str, Any]:
     slots = _slots(body)
     if len(slots) != len(texts):
         raise ValueError(f"expected {len(slots)} texts, got {len(texts)}")
-    out = copy.deepcopy(dict(body))
+    # Copy only the containers on the way to a text (the body is JSON: dicts, lists
+    # and scalars; a deep copy cost more than the checks); ``body`` stays as it was.
+    out = dict(body)
+    if isinstance(out.get("prompt"), list):
+        out["prompt"] = list(out["prompt"])
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [_copied_message(m) for m in out["messages"]]
     for (slot, _), text in zip(slots, texts, strict=True):
         if slot[0] == "prompt":
             if len(slot) == 1:
@@ -58,3 +63,12 @@ def with_texts(body: Mapping[str, Any], texts: Sequence[str]) -> dict[str, Any]:
         else:
             out["messages"][slot[1]]["content"][slot[3]]["text"] = text
     return out
+
+
+def _copied_message(message: Any) -> Any:
+    if not isinstance(message, Mapping):
+        return message
+    copied = dict(message)
+    if isinstance(copied.get("content"), list):
+        copied["content"] = [dict(part) if isinstance(part, Mapping) else part for part in copied["content"]]
+    return copied

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from collections.abc import Callable
 
 import pytest
@@ -21,7 +23,9 @@ CHAT = {
 def test_chat_texts_round_trip(make_guardrails: Callable[..., Guardrails]) -> None:
     assert request_texts(CHAT) == ["be nice", "mail bob@example.com"]
     decision = make_guardrails({"pii": {"email": "redact"}}).check_input(request_texts(CHAT))
+    before = copy.deepcopy(CHAT)
     body = with_texts(CHAT, decision.texts)
+    assert CHAT == before
     assert body["messages"][1]["content"][0]["text"] == "mail [EMAIL]"
     assert CHAT["messages"][1]["content"][0]["text"] == "mail bob@example.com"  # the original is untouched
     assert decision.findings[0].index == 1
@@ -37,8 +41,10 @@ def test_chat_texts_round_trip(make_guardrails: Callable[..., Guardrails]) -> No
     ],
 )
 def test_completion_prompts(body: dict[str, object], texts: list[str], upper: dict[str, object]) -> None:
+    before = copy.deepcopy(body)
     assert request_texts(body) == texts
     assert with_texts(body, [t.upper() for t in texts]) == upper
+    assert body == before  # the original is untouched
 
 
 def test_wrong_number_of_texts_is_refused() -> None:
