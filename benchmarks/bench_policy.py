@@ -54,6 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import AsyncIterator
 from typing import Any
@@ -230,7 +231,23 @@ async def components(app: Any, principal: Principal, n: int = 500) -> dict[str, 
     return out
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Setup:
+    """The variants' apps over one loaded model and one policy store (``setup``)."""
+
+    apps: dict[str, Any]
+    headers: dict[str, dict[str, str]]
+    served: Any
+    store: PolicyStore
+    principal: Principal
+
+    def close(self) -> None:
+        self.served.shutdown()
+        self.store.close()
+
+
+def setup(dtype: str, *, stand_in_engine: bool = False) -> Setup:
+    """The store with the ``on`` tenant's policies, the model, and the three apps (not started)."""
     data_dir = Path(tempfile.mkdtemp(prefix="bench-policy-"))
     store = PolicyStore.open(Settings(data_dir=data_dir).store, data_dir)
     store.ensure_bootstrap_admin()
@@ -247,13 +264,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "pii": {"email": "redact", **pii},
         "opa": {"engine": "embedded", "rego": REGO},
     })
-    spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype=args.dtype)
+    spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype=dtype)
     served = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=64 * 1024 * 1024))
-    if args.stand_in_engine:
+    if stand_in_engine:
         served.engine.generate = stand_in_generate  # type: ignore[method-assign]
     manager = ModelManager(expected=[served.name])
     manager.add(served)
-    clock = EngineClock(served.engine)
     principal = Principal(tenant_id=tenant.id, tenant_name="bench", subject="key:bench", kind="api_key",
                           roles=frozenset({"member"}))
     apps = {
@@ -267,7 +283,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ),
     }
     bearer = {"authorization": f"Bearer {key}"}
-    headers = {"off": {}, "on": bearer, "on-nowait": bearer}
+    return Setup(apps, {"off": {}, "on": bearer, "on-nowait": bearer}, served, store, principal)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    bench = setup(args.dtype, stand_in_engine=args.stand_in_engine)
+    apps, headers, principal = bench.apps, bench.headers, bench.principal
+    clock = EngineClock(bench.served.engine)
     latency: dict[str, list[list[float]]] = {name: [] for name in apps}
     gateway: dict[str, list[list[float]]] = {name: [] for name in apps}
     rps: dict[str, list[float]] = {name: [] for name in apps}
@@ -291,8 +313,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for client in clients.values():
             await client.aclose()
         stages = await components(apps["on"], principal)
-    served.shutdown()
-    store.close()
+    bench.close()
 
     def summary(name: str) -> dict[str, float]:
         def ms(rounds: list[list[float]], q: float) -> float:
