@@ -120,6 +120,27 @@ def test_a_failed_write_fails_its_receipts_and_keeps_the_chain_whole(
     assert verify_spool(spool_dir).ok
 
 
+def test_a_failed_write_fails_that_event_alone_and_cuts_its_partial_line(
+    spool: Spool, spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = spool.append(make_event())
+    real_write = os.write
+
+    def half_then_full_disk(fd: int, data: bytes) -> int:
+        real_write(fd, data[: len(data) // 2])  # part of the line reaches the file
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full_disk)
+    failed = spool.append(make_event())
+    monkeypatch.setattr(os, "write", real_write)
+    after = spool.append(make_event())
+    assert before.wait(10) and after.wait(10)
+    with pytest.raises(AuditUnavailable):
+        failed.wait(10)
+    assert [r["seq"] for r in records_of(spool_dir)] == [0, 1] and verify_spool(spool_dir).ok
+    assert spool.stats.failed == 1
+
+
 def test_an_event_that_cannot_be_encoded_fails_alone(spool: Spool, spool_dir: Path) -> None:
     before = spool.append(make_event())
     bad = spool.append(make_event(route="POST /\ud800"))  # a lone surrogate has no UTF-8 encoding
