@@ -222,6 +222,7 @@ class Spool:
         self._durable = Cursor(self._segments[-1], 0)
         self._recover()
         self._written = self._durable  # where the next line goes
+        self._durable_head = (self._next_seq, self._last_hash)  # the chain's head at _durable
         self._thread = threading.Thread(target=self._sync_loop, name="audit-spool-syncer", daemon=True)
         self._thread.start()
 
@@ -334,15 +335,18 @@ class Spool:
                     self._written_more.wait()
                 if not self._unsynced:
                     break  # closed, and everything written is durable
-                try:
-                    if self._written.offset >= self.settings.segment_bytes:
-                        self._rotate()
-                except OSError as exc:
-                    log.error("audit spool: cannot start a new segment (%s); the current one grows", exc)
                 batch, self._unsynced = self._unsynced, []
                 fd, end = self._fd, self._written
+                rotated = False
+                try:
+                    if end.offset >= self.settings.segment_bytes:
+                        self._rotate()  # fsyncs the full segment, so the batch is durable already
+                        rotated, end = True, self._written  # durable up to the new segment's start
+                except OSError as exc:
+                    log.error("audit spool: cannot start a new segment (%s); the current one grows", exc)
             try:
-                os.fsync(fd)
+                if not rotated:
+                    os.fsync(fd)
             except OSError as exc:
                 self._fail(batch, exc)
                 continue
@@ -350,9 +354,10 @@ class Spool:
         os.close(self._fd)
 
     def _made_durable(self, batch: list[tuple[SpooledRecord, Receipt]], end: Cursor) -> None:
+        last = batch[-1][0]
         with self._state:
-            if end > self._durable:
-                self._durable = end
+            self._durable = end
+            self._durable_head = (last.record["seq"] + 1, last.record["hash"])
             self._pending -= len(batch)
             self._events += len(batch)
             self._batches += 1
@@ -372,24 +377,20 @@ class Spool:
 
         Everything after it is cut off (what was written after this batch too),
         the chain goes back to its durable head, and every receipt cut off fails.
+        (The durable point is always in the current segment: a rotation makes
+        the old one durable and moves it to the new one's start.)
         """
         log.error("audit spool: making %d events durable failed: %s", len(batch), exc)
         error = AuditUnavailable("The audit spool could not store the event; retry shortly")
         with self._state:
             later, self._unsynced = self._unsynced, []
             failed = batch + later
-            durable = self._durable
-            cut = Cursor(self._written.segment, durable.offset if durable.segment == self._written.segment else 0)
             try:
-                os.ftruncate(self._fd, cut.offset)
-                self._written = cut
+                os.ftruncate(self._fd, self._durable.offset)
+                self._written = self._durable
             except OSError:
                 pass
-            head = _last_record(self._segment_path(self._written.segment)) if self._written.offset else None
-            if head is None:
-                head = next((r for n in reversed(self._segments) if (r := _last_record(self._segment_path(n)))),
-                            None)  # fmt: skip
-            self._next_seq, self._last_hash = (head["seq"] + 1, head["hash"]) if head else (0, GENESIS)
+            self._next_seq, self._last_hash = self._durable_head
             self._pending -= len(failed)
             self._failed += len(failed)
         _resolve_all([receipt for _, receipt in failed], [None] * len(failed), error)

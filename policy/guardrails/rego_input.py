@@ -169,16 +169,20 @@ def query(regopy: Any, interpreter: Any, bundle: Any, entrypoint: bytes, value: 
     Raises ``regopy.RegoError`` when rego-cpp refuses the input or the query.
     """
     api = _bound(regopy)
+
+    def refused() -> Exception:
+        return regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
+
     if api.set_input(interpreter._impl, value._impl) != 0:
-        raise regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
+        raise refused()
     output = api.evaluate(interpreter._impl, bundle._impl, entrypoint)
     if not output:
-        raise regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
+        raise refused()
     try:
         size = api.output_json_size(output)
         text = ctypes.create_string_buffer(size)
         if api.output_json(output, text, size) != 0:
-            raise regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
+            raise refused()
         return bool(api.output_ok(output)), text.value.decode("utf-8")
     finally:
         api.free_output(output)

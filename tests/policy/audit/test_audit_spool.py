@@ -141,6 +141,21 @@ def test_a_failed_write_fails_that_event_alone_and_cuts_its_partial_line(
     assert spool.stats.failed == 1
 
 
+def test_a_failed_fsync_after_rotations_keeps_the_chain_whole(spool_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Spool.open(SpoolSettings(spool_dir, segment_bytes=1500)) as spool:
+        # One by one, two lines a segment: the 4th fills the 2nd segment, so the fsync that
+        # fails is the first one after a rotation.
+        assert all(spool.append(make_event()).wait(10) for _ in range(4))
+        real_fsync = os.fsync
+        monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(5, "I/O error")))
+        with pytest.raises(AuditUnavailable):
+            spool.append(make_event()).wait(10)
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        assert all(spool.append(make_event()).wait(10) for _ in range(3))
+    assert len(segment_files(spool_dir)) > 1
+    assert [r["seq"] for r in records_of(spool_dir)] == list(range(7)) and verify_spool(spool_dir).ok
+
+
 def test_an_event_that_cannot_be_encoded_fails_alone(spool: Spool, spool_dir: Path) -> None:
     before = spool.append(make_event())
     bad = spool.append(make_event(route="POST /\ud800"))  # a lone surrogate has no UTF-8 encoding
