@@ -3,7 +3,7 @@
 
 Method
 ------
-Two apps built by ``gateway.app.create_app`` over the same loaded model (the
+Four apps built by ``gateway.app.create_app`` over the same loaded model (the
 bundled SmolLM2 on the CPU backend) and the same policy store (SQLite in a
 temporary directory), driven in-process through ``httpx.ASGITransport`` (no
 sockets, whose noise would swamp the difference):
@@ -13,17 +13,22 @@ sockets, whose noise would swamp the difference):
 * ``on``: everything as served: a real API key, a tenant ``rate_limit`` policy
   (requests, tokens and concurrency per minute) and a monthly ``quota``, a
   ``guardrail`` policy with 20 blocklist words, every PII detector (e-mail in
-  redact mode, the rest in log mode) on input and output, an embedded Rego
-  policy, and the audit trail waiting for each event's fsync before answering
-  (the default), with its store indexer running;
-* ``on-nowait``: the same with ``audit.wait_durable: false``, which answers
-  without waiting for the fsync (a ``kill -9`` can then lose the last
-  milliseconds of events): what that guarantee costs.
+  redact mode, the rest in log mode) on input and output, a global guardrail
+  policy with an embedded Rego access policy (the operator's, so evaluated
+  inline), and the audit trail writing each event to its spool before answering
+  (the default: what a ``kill -9`` of the gateway cannot take back), with its
+  store indexer running;
+* ``on-fsync``: the same with ``audit.wait_durable: true``, which also waits
+  for each event's fsync before answering (what a crash of the machine cannot
+  take back): what that guarantee costs;
+* ``on-tenant-rego``: ``on`` for a second tenant whose guardrail policy also
+  has a Rego policy of its own (a tenant's policy is evaluated on the OPA
+  thread pool, beside the engine): what a tenant's Rego adds.
 
 The request is ``POST /v1/completions`` with a 12-token prompt that holds an
 e-mail address (``off`` sends it already redacted, so the engine's work is the
 same) and ``max_tokens: 1``, so generation (one prefill step) stays
-small next to the gateway's own work but real. Latency: the two apps alternate
+small next to the gateway's own work but real. Latency: the apps alternate
 in rounds of sequential requests. Generation (~50 ms on 2 cores) varies by
 more than the chain costs, so besides end-to-end latency each request's
 *gateway time* is reported: its end-to-end latency minus the time it spent
@@ -86,6 +91,8 @@ default decision := {"allow": true}
 decision := {"allow": false, "reasons": ["model not allowed"]} if { input.model == "forbidden" }
 """
 WORDS = [f"blockedword{i}" for i in range(20)]
+ON_STAGES = ("input guardrails", "output guardrails (stream)", "OPA, the global policy (inline)",
+             "rate limit + quota (reserve, settle)", "audit event, written")
 
 
 class _Admit:
@@ -188,11 +195,14 @@ async def throughput(client: httpx.AsyncClient, headers: dict[str, str], n: int,
     return n / (time.perf_counter() - start)
 
 
-async def components(app: Any, principal: Principal, n: int = 500) -> dict[str, dict[str, float]]:
+async def components(app: Any, principal: Principal, own: Principal, n: int = 500) -> dict[str, dict[str, float]]:
     """Each stage of the chain alone, on the ``on`` app's own objects, with the engine idle: p50/p99 in ms."""
     state = app.state
     guards = await state.guardrails.resolve(principal.tenant_id)
+    own_guards = await state.guardrails.resolve(own.tenant_id)
     opa_doc = opa_input(principal, model=DEFAULT_MODEL_NAME, route="/v1/completions", prompt_tokens=12,
+                        max_completion_tokens=1)
+    own_doc = opa_input(own, model=DEFAULT_MODEL_NAME, route="/v1/completions", prompt_tokens=12,
                         max_completion_tokens=1)
 
     def output_stream() -> None:
@@ -204,19 +214,27 @@ async def components(app: Any, principal: Principal, n: int = 500) -> dict[str, 
         admission = await state.limiter.check_and_reserve(principal, prompt_tokens=12, max_tokens=1)
         await state.limiter.settle(admission.handle, 12, 1)
 
-    async def audit() -> None:
-        await state.audit_trail.record(api_event(
+    def event() -> Any:
+        return api_event(
             decision="allow", digester=state.traffic.digester, prompt=PROMPT, completion=" the",
             request_id="bench", tenant_id=principal.tenant_id, principal=principal.subject, route="/v1/completions",
             model=DEFAULT_MODEL_NAME, prompt_tokens=12, completion_tokens=1, status=200, latency_ms=50.0,
-        ))
+        )
 
-    stages: dict[str, Any] = {
+    async def audit_written() -> None:
+        await state.audit_trail.record(event())  # the default: returns once written
+
+    async def audit_fsynced() -> None:
+        await state.audit_trail.spool.append(event())  # the receipt resolves once fsynced
+
+    stages: dict[str, Any] = {  # ON_STAGES names those the ``on`` variant runs
         "input guardrails": lambda: guards.check_input([PROMPT]),
         "output guardrails (stream)": output_stream,
-        "OPA (embedded, via its thread pool)": lambda: guards.authorize(opa_doc),
+        "OPA, the global policy (inline)": lambda: guards.authorize_inline(opa_doc),
+        "OPA, a tenant's policy (thread pool)": lambda: own_guards.authorize_deferred(own_doc),
         "rate limit + quota (reserve, settle)": limiter,
-        "audit event, fsynced": audit,
+        "audit event, written": audit_written,
+        "audit event, fsynced": audit_fsynced,
     }
     out = {}
     for name, stage in stages.items():
@@ -240,6 +258,7 @@ class Setup:
     served: Any
     store: PolicyStore
     principal: Principal
+    own_principal: Principal  # the tenant with a Rego policy of its own
 
     def close(self) -> None:
         self.served.shutdown()
@@ -251,19 +270,22 @@ def setup(dtype: str, *, stand_in_engine: bool = False) -> Setup:
     data_dir = Path(tempfile.mkdtemp(prefix="bench-policy-"))
     store = PolicyStore.open(Settings(data_dir=data_dir).store, data_dir)
     store.ensure_bootstrap_admin()
-    tenant = store.create_tenant("bench")
+    tenant, own = store.create_tenant("bench"), store.create_tenant("bench-rego")
     _, key = store.create_api_key(tenant.id, "bench", "member")
-    store.create_policy(tenant.id, "rate_limit", "bench", {
-        "scope": "tenant", "requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000,
-        "concurrent_requests": 10_000,
-    })
-    store.create_policy(tenant.id, "quota", "bench", {"scope": "tenant", "period": "month", "tokens": 10**12})
+    _, own_key = store.create_api_key(own.id, "bench", "member")
     pii = {kind: "log" for kind in ("phone", "card", "iban", "ssn", "ip", "secret")}
-    store.create_policy(tenant.id, "guardrail", "bench", {
-        "blocklist": [{"id": f"w{i}", "literal": w} for i, w in enumerate(WORDS)],
-        "pii": {"email": "redact", **pii},
-        "opa": {"engine": "embedded", "rego": REGO},
-    })
+    guardrail = {"blocklist": [{"id": f"w{i}", "literal": w} for i, w in enumerate(WORDS)], "pii": {"email": "redact", **pii}}
+    for tenant_id in (tenant.id, own.id):
+        store.create_policy(tenant_id, "rate_limit", "bench", {
+            "scope": "tenant", "requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000,
+            "concurrent_requests": 10_000,
+        })
+        store.create_policy(tenant_id, "quota", "bench", {"scope": "tenant", "period": "month", "tokens": 10**12})
+    store.create_policy(tenant.id, "guardrail", "bench", guardrail)
+    # The operator's access policy, global, so evaluated inline (policy.guardrails.opa).
+    store.create_policy(None, "guardrail", "access", {"opa": {"engine": "embedded", "rego": REGO}})
+    # The second tenant also has a Rego policy of its own: a tenant's, evaluated on the OPA pool beside the engine.
+    store.create_policy(own.id, "guardrail", "bench", {**guardrail, "opa": {"engine": "embedded", "rego": REGO}})
     spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype=dtype)
     served = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=64 * 1024 * 1024))
     if stand_in_engine:
@@ -277,13 +299,18 @@ def setup(dtype: str, *, stand_in_engine: bool = False) -> Setup:
                           authenticator=FixedPrincipal(store, principal), traffic=NoTraffic(),  # type: ignore[arg-type]
                           owns_models=False),
         "on": create_app(Settings(data_dir=data_dir / "on"), manager, store=store, owns_models=False),
-        "on-nowait": create_app(
-            Settings(data_dir=data_dir / "on-nowait", audit=AuditSettings(wait_durable=False)), manager, store=store,
+        "on-fsync": create_app(
+            Settings(data_dir=data_dir / "on-fsync", audit=AuditSettings(wait_durable=True)), manager, store=store,
             owns_models=False,
         ),
     }
-    bearer = {"authorization": f"Bearer {key}"}
-    return Setup(apps, {"off": {}, "on": bearer, "on-nowait": bearer}, served, store, principal)
+    apps["on-tenant-rego"] = create_app(Settings(data_dir=data_dir / "on-tenant-rego"), manager, store=store,
+                                        owns_models=False)
+    bearer, own_bearer = {"authorization": f"Bearer {key}"}, {"authorization": f"Bearer {own_key}"}
+    headers = {"off": {}, "on": bearer, "on-fsync": bearer, "on-tenant-rego": own_bearer}
+    own_principal = Principal(tenant_id=own.id, tenant_name="bench-rego", subject="key:bench", kind="api_key",
+                              roles=frozenset({"member"}))
+    return Setup(apps, headers, served, store, principal, own_principal)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -312,7 +339,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 rps[name].append(await throughput(clients[name], headers[name], args.requests, args.concurrency))
         for client in clients.values():
             await client.aclose()
-        stages = await components(apps["on"], principal)
+        stages = await components(apps["on"], principal, bench.own_principal)
     bench.close()
 
     def summary(name: str) -> dict[str, float]:
@@ -327,20 +354,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "rps": statistics.median(rps[name]),
         }
 
-    off, on, nowait = summary("off"), summary("on"), summary("on-nowait")
+    off, on, fsync, own = summary("off"), summary("on"), summary("on-fsync"), summary("on-tenant-rego")
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
         "requests": args.requests, "rounds": args.rounds, "concurrency": args.concurrency, "dtype": args.dtype,
         "engine": "stand-in" if args.stand_in_engine else "SmolLM2 on cpu",
-        "off": off, "on": on, "on-nowait": nowait,
+        "off": off, "on": on, "on-fsync": fsync, "on-tenant-rego": own,
         "added_p50_ms": on["p50_ms"] - off["p50_ms"],
         "added_p99_ms": on["p99_ms"] - off["p99_ms"],
         "added_gateway_p50_ms": on["gateway_p50_ms"] - off["gateway_p50_ms"],
         "added_gateway_p99_ms": on["gateway_p99_ms"] - off["gateway_p99_ms"],
         "rps_ratio": on["rps"] / off["rps"],
-        "nowait_added_gateway_p50_ms": nowait["gateway_p50_ms"] - off["gateway_p50_ms"],
-        "nowait_rps_ratio": nowait["rps"] / off["rps"],
+        "fsync_added_gateway_p50_ms": fsync["gateway_p50_ms"] - off["gateway_p50_ms"],
+        "fsync_added_p50_ms": fsync["p50_ms"] - off["p50_ms"],
+        "fsync_rps_ratio": fsync["rps"] / off["rps"],
+        "tenant_rego_added_p50_ms": own["p50_ms"] - off["p50_ms"],
+        "tenant_rego_added_gateway_p50_ms": own["gateway_p50_ms"] - off["gateway_p50_ms"],
+        "tenant_rego_rps_ratio": own["rps"] / off["rps"],
         "components": stages,
     }
 
@@ -361,22 +392,26 @@ def main() -> None:
     print(f"{args.rounds} rounds x {args.requests} requests per variant; throughput at concurrency {args.concurrency}")
     print("| variant | end-to-end p50 ms | p99 ms | gateway time p50 ms | p99 ms | requests/s |")
     print("|---|---|---|---|---|---|")
-    for name in ("off", "on", "on-nowait"):
+    for name in ("off", "on", "on-fsync", "on-tenant-rego"):
         row = report[name]
         print(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['gateway_p50_ms']:.2f} "
               f"| {row['gateway_p99_ms']:.2f} | {row['rps']:.1f} |")
     print(f"\nadded by the policy chain, gateway time: p50 {report['added_gateway_p50_ms']:+.2f} ms, "
           f"p99 {report['added_gateway_p99_ms']:+.2f} ms; end to end: p50 {report['added_p50_ms']:+.2f} ms, "
           f"p99 {report['added_p99_ms']:+.2f} ms; requests/s on/off = {report['rps_ratio']:.2f}")
-    print(f"with audit.wait_durable off: gateway time p50 {report['nowait_added_gateway_p50_ms']:+.2f} ms, "
-          f"requests/s on-nowait/off = {report['nowait_rps_ratio']:.2f}")
+    print(f"with audit.wait_durable: true: p50 {report['fsync_added_p50_ms']:+.2f} ms end to end, "
+          f"gateway time p50 {report['fsync_added_gateway_p50_ms']:+.2f} ms, "
+          f"requests/s on-fsync/off = {report['fsync_rps_ratio']:.2f}")
+    print(f"with a tenant's own Rego policy too: p50 {report['tenant_rego_added_p50_ms']:+.2f} ms end to end, "
+          f"gateway time p50 {report['tenant_rego_added_gateway_p50_ms']:+.2f} ms, "
+          f"requests/s on-tenant-rego/off = {report['tenant_rego_rps_ratio']:.2f}")
     print("\neach stage alone, engine idle (500 calls):")
     print("| stage | p50 ms | p99 ms |")
     print("|---|---|---|")
     for name, row in report["components"].items():
         print(f"| {name} | {row['p50_ms']:.3f} | {row['p99_ms']:.3f} |")
-    total = sum(row["p50_ms"] for row in report["components"].values())
-    print(f"| sum of p50s | {total:.3f} | |")
+    total = sum(row["p50_ms"] for name, row in report["components"].items() if name in ON_STAGES)
+    print(f"| sum of the stages `on` runs (not the tenant policy, not the fsync) | {total:.3f} | |")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

@@ -87,7 +87,9 @@ def instrument(engine: Any) -> None:
     around(openai_routes, "_guard_input", "handler", "input guardrails")
     around(openai_routes, "_plan", "tokenized", "planned")
     around(openai_routes, "_reserve", None, "limits reserved")
-    around(openai_routes, "_authorized", None, "OPA allowed")
+    around(openai_routes, "_opa_document", "OPA: document", None)
+    around(openai_routes, "_refuse_if_denied", None, "OPA allowed")
+    around(openai_routes, "_authorized", None, "OPA allowed")  # off: no policy; on: the global one was inline
     around(openai_routes, "_collect", None, "collected")
     around(gateway_audit, "build_event", "audit: build", "audit: built")
     around(gateway_audit.AuditMiddleware, "_record", None, "audit: durable")

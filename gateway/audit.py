@@ -1,11 +1,11 @@
-"""One audit event per tenant API call, on disk before the call is answered.
+"""One audit event per tenant API call, in the spool before the call is answered.
 
 ``AuditMiddleware`` sits inside ``RequestContextMiddleware`` (it reads the
 context that authentication, the routes and the traffic policy fill in) and
 outside everything else, so refused calls (401, 403, 429) are recorded too.
 
 A response that is one body (every JSON answer) is held until its event is
-durable in the spool; if the spool refuses the event, the client gets 503
+written to the spool (and fsynced, with ``audit.wait_durable``); if the spool refuses the event, the client gets 503
 instead of an answer with no record. A stream is recorded when it ends, just
 before its last (empty) body message: its status went out with the first
 byte, so a spool failure then can only be logged. A client that leaves first

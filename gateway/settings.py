@@ -266,9 +266,11 @@ class AuditSettings(BaseModel):
 
     spool_dir: Path | None = None  # default: <data_dir>/audit
     chain_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$")
-    # Answer a request only once its event is fsynced (what makes a kill -9 lose
-    # no answered request's event). Off trades that guarantee for latency.
-    wait_durable: bool = True
+    # Every answered request's event is written to the spool (in the kernel) before
+    # the answer, so a crash or kill -9 of the gateway loses none. True also waits
+    # for its fsync, so a crash of the machine loses none either: one disk flush
+    # of latency per answer.
+    wait_durable: bool = False
     debug_content: bool = False
     retention_days: float = Field(default=90.0, gt=0)
     # Each sink (and the store's index) waits this long after the first new

@@ -218,40 +218,51 @@ def _note_findings(request: Request, direction: str, findings: Any) -> None:
         metrics.guardrail_findings.labels(direction, finding.type, finding.action).inc()
 
 
-def _authorize(request: Request, plan: Plan, guards: Guardrails) -> asyncio.Future[OpaDecision] | None:
-    """Start asking the tenant's OPA policies about the whole request (None: it has none).
+def _opa_document(request: Request, plan: Plan) -> dict[str, Any]:
+    ctx = get_context(request)
+    return opa_input(
+        principal_of(request),
+        model=plan.served.name,
+        route=request.url.path,
+        prompt_tokens=sum(len(p.token_ids) for p in plan.prompts),
+        max_completion_tokens=_requested_completion_tokens(plan),
+        findings=[f for stage, f in ctx.findings if stage == "input"],
+        request_id=ctx.request_id,
+    )
+
+
+def _refuse_if_denied(request: Request, decision: OpaDecision) -> None:
+    """PolicyDenied (403), or 503 when a policy failed closed, unless ``decision`` allows."""
+    if not decision.allowed:
+        get_context(request).reasons += list(decision.reasons)
+    decision.raise_for_deny()
+
+
+async def _authorize_all(request: Request, plan: Plan, guards: Guardrails) -> None:
+    """Every OPA policy's decision, at once (for a request refused anyway, whose policy refusal answers first)."""
+    if guards.engines:
+        _refuse_if_denied(request, await guards.authorize(_opa_document(request, plan)))
+
+
+def _authorize_deferred(
+    request: Request, document: dict[str, Any] | None, guards: Guardrails
+) -> asyncio.Future[OpaDecision] | None:
+    """Start asking the tenant's awaited OPA policies (pool, remote) about the request; None if it has none.
 
     Started once the engine has the request, the decision runs beside the
     engine's first step and is awaited (``_authorized``) before any output
     leaves, so a policy costs the request no time unless it takes longer than
-    that step.
+    that step. (The inline policies decided before the engine started.)
     """
-    if not guards.engines:
+    if document is None or not guards.deferred_engines:
         return None
-    ctx = get_context(request)
-    return asyncio.ensure_future(
-        guards.authorize(
-            opa_input(
-                principal_of(request),
-                model=plan.served.name,
-                route=request.url.path,
-                prompt_tokens=sum(len(p.token_ids) for p in plan.prompts),
-                max_completion_tokens=_requested_completion_tokens(plan),
-                findings=[f for stage, f in ctx.findings if stage == "input"],
-                request_id=ctx.request_id,
-            )
-        )
-    )
+    return asyncio.ensure_future(guards.authorize_deferred(document))
 
 
 async def _authorized(request: Request, verdict: asyncio.Future[OpaDecision] | None) -> None:
-    """Wait for the OPA decision; PolicyDenied (403), or 503 when a policy failed closed, unless it allows."""
-    if verdict is None:
-        return
-    decision = await verdict
-    if not decision.allowed:
-        get_context(request).reasons += list(decision.reasons)
-    decision.raise_for_deny()
+    """Wait for the awaited OPA policies' decision; raises unless it allows."""
+    if verdict is not None:
+        _refuse_if_denied(request, await verdict)
 
 
 def _requested_completion_tokens(plan: Plan) -> int | None:
@@ -348,13 +359,20 @@ async def _stream_or_collect(
         _admit(request, plan)
         admission = await _reserve(request, plan)
     except ApiError:
-        await _authorized(request, _authorize(request, plan, guards))  # a policy's refusal answers first
+        await _authorize_all(request, plan, guards)  # a policy's refusal answers first
         raise
+    document = _opa_document(request, plan) if guards.engines else None
+    if document is not None and guards.inline_engines:
+        try:
+            _refuse_if_denied(request, guards.authorize_inline(document))
+        except ApiError:
+            await request.app.state.limiter.settle(admission.handle, 0, 0)
+            raise
     gen = _generation(request, plan, req, guards, admission)
-    # The engine starts first, the policies decide while it works, and none of its
-    # output goes out before they allow.
+    # The engine starts, the awaited policies decide while it works, and none of
+    # its output goes out before they allow.
     gen.start()
-    verdict = _authorize(request, plan, guards)
+    verdict = _authorize_deferred(request, document, guards)
     try:
         await _authorized(request, verdict)
     except BaseException:

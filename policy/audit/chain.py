@@ -54,6 +54,21 @@ def seal(chain: str, seq: int, prev: str, event: Mapping[str, Any]) -> dict[str,
     }
 
 
+def sealed_line(chain: str, seq: int, prev: str, event: Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """``seal``'s record and its canonical line, with the event encoded once instead of twice.
+
+    The record's keys sort as chain, event, hash, prev, seq, v, so the line
+    is the hashed body with the hash put in; ``canonical_json(record)`` is
+    the same bytes (tested).
+    """
+    event_json = canonical_json(event)
+    head = b'{"chain":' + canonical_json(chain) + b',"event":' + event_json
+    tail = b'"prev":' + canonical_json(prev) + b',"seq":' + canonical_json(seq) + b',"v":%d}' % FORMAT_VERSION
+    digest = hashlib.sha256(head + b"," + tail).hexdigest()
+    record = {"v": FORMAT_VERSION, "chain": chain, "seq": seq, "prev": prev, "hash": digest, "event": event}
+    return record, head + b',"hash":"' + digest.encode() + b'",' + tail
+
+
 def parse_record(line: bytes | str) -> dict[str, Any]:
     """One spooled line as a record whose hash matches its content; ValueError says what is wrong."""
     try:

@@ -5,10 +5,12 @@ caller's thread (a ``write`` to the page cache: microseconds, and no hand-off)
 and returns a ``Receipt``. One syncer thread makes what has been written
 durable with one ``fsync`` at a time (group commit: the busier the gateway,
 the more events each covers) and resolves the receipts it covered, one
-wake-up per event loop. An event is *acknowledged* when its receipt resolves,
-never before: the gateway awaits the receipt before it answers, so every
-answered request's event is on disk even if the process is killed the next
-instant (see ``policy.audit``).
+wake-up per event loop. Once ``append`` has returned without a failed
+receipt, the event's line is in the kernel's page cache: a crash or ``kill -9``
+of the process can no longer take it back, only a crash of the machine can,
+until the receipt resolves (fsynced). The gateway answers after the first
+(``audit.wait_durable: false``, the default) or after the second (``true``);
+see ``policy.audit.trail``.
 
 Sealing and writing where the event is made, rather than on a writer thread,
 is what keeps the audit trail cheap on the request path: with a writer thread
@@ -52,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from policy.audit.chain import GENESIS, canonical_json, seal
+from policy.audit.chain import GENESIS, canonical_json, sealed_line
 from policy.audit.errors import AuditUnavailable, SpoolConfigError
 from policy.audit.events import AuditEvent
 
@@ -140,6 +142,11 @@ class Receipt:
 
     def done(self) -> bool:
         return self._done.is_set()
+
+    def raise_if_failed(self) -> None:
+        """AuditUnavailable if the event is already known lost (its write failed); never waits."""
+        if self._done.is_set() and self._error is not None:
+            raise self._error
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once durable, False on timeout; raises AuditUnavailable if the write failed."""
@@ -296,8 +303,7 @@ class Spool:
             if self._pending >= self.settings.max_pending:
                 raise AuditUnavailable("The audit spool is behind; retry shortly")
             try:
-                record = seal(self.chain_id, self._next_seq, self._last_hash, event.to_json())
-                line = canonical_json(record)
+                record, line = sealed_line(self.chain_id, self._next_seq, self._last_hash, event.to_json())
             except (TypeError, ValueError) as exc:  # not JSON (a lone surrogate, say): refuse this one only
                 failed: Exception | None = exc
             else:

@@ -13,7 +13,7 @@ from typing import Any
 from policy.guardrails.blocklist import compile_regex, literal_finder, regex_finder
 from policy.guardrails.check import Decision, check_texts
 from policy.guardrails.findings import Action, Direction, Matcher
-from policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all
+from policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all, decide_inline
 from policy.guardrails.pii import DETECTORS, PLACEHOLDERS
 from policy.guardrails.spec import GuardrailSpec
 from policy.guardrails.stream import OutputStream, holdback
@@ -81,6 +81,8 @@ class Guardrails:
         if engines is None:
             engines = [build_engine(spec.name, spec.opa) for spec in specs if spec.opa is not None]
         self.engines = tuple(engines)
+        self.inline_engines = tuple(engine for engine in self.engines if engine.inline)
+        self.deferred_engines = tuple(engine for engine in self.engines if not engine.inline)
 
     @property
     def checks_input(self) -> bool:
@@ -104,7 +106,22 @@ class Guardrails:
 
     async def authorize(self, document: Mapping[str, Any]) -> OpaDecision:
         """Ask every OPA policy about ``document`` (``opa_input``); call ``raise_for_deny`` on the answer."""
-        return await decide_all(self.engines, document)
+        now = self.authorize_inline(document)
+        if not now.allowed or not self.deferred_engines:
+            return now
+        later = await self.authorize_deferred(document)
+        if not later.allowed or not self.inline_engines:
+            return later
+        names, errors = filter(None, (now.policy, later.policy)), filter(None, (now.error, later.error))
+        return OpaDecision(True, (), ",".join(names), "; ".join(errors) or None)
+
+    def authorize_inline(self, document: Mapping[str, Any]) -> OpaDecision:
+        """The inline policies' decision (the global ones), evaluated now on this thread; allowed if none."""
+        return decide_inline(self.inline_engines, document)
+
+    async def authorize_deferred(self, document: Mapping[str, Any]) -> OpaDecision:
+        """The other policies' decision (thread pool, remote server), awaited; allowed if none."""
+        return await decide_all(self.deferred_engines, document)
 
     async def aclose(self) -> None:
         """Close OPA clients; only for guardrails built directly (the resolver closes its own: ``aclose``)."""

@@ -8,9 +8,17 @@ reasons too). Anything else, an undefined result included, is a deny: the
 default is to refuse.
 
 Embedded policies are compiled when the policy (version) is loaded (and once
-more by each evaluating thread), and evaluated on a small thread pool of their
-own so a slow policy never blocks the event loop, with the policy's timeout
-counted from when a thread takes the evaluation up. A remote policy is a POST to the OPA
+more by each evaluating thread). A tenant's embedded policy is evaluated on a
+small thread pool of its own so a slow policy never blocks the event loop,
+with the policy's timeout counted from when a thread takes the evaluation up.
+An *inline* one (``EmbeddedRego(..., inline=True)``: the resolver makes the
+global policies, which only platform admins write, inline) is evaluated on
+the calling thread (``decide_now``), before the engine starts: no hand-off, and
+no thread taking a core from the model while it runs, which on a two-core
+machine cost more than the evaluation itself (docs/benchmarks.md). rego-cpp
+cannot be interrupted, so an inline evaluation that overruns its timeout is
+only reported as timed out once it ends, and the event loop waited for it: that
+is why only the operator's own policies run inline. A remote policy is a POST to the OPA
 Data API (``/v1/data/<path>`` with ``{"input": ...}``) with the same timeout
 and no retries. On an error or a timeout the policy's ``on_error`` decides:
 ``allow`` fails open (the decision records the error), ``deny`` fails closed
@@ -84,7 +92,7 @@ def combine(decisions: Sequence[OpaDecision]) -> OpaDecision:
         if not decision.allowed:
             return decision
     errors = [f"{d.policy}: {d.error}" for d in decisions if d.error]
-    return OpaDecision(True, (), ",".join(d.policy for d in decisions), "; ".join(errors) or None)
+    return OpaDecision(True, (), ",".join(d.policy for d in decisions if d.policy), "; ".join(errors) or None)
 
 
 def opa_input(
@@ -128,6 +136,7 @@ def interpret(result: Any, *, defined: bool = True) -> tuple[bool, tuple[str, ..
 
 class PolicyEngine(Protocol):
     name: str
+    inline: bool  # True: decided by ``decide_now`` on the calling thread, before the engine starts
 
     async def decide(self, document: Mapping[str, Any]) -> OpaDecision: ...
 
@@ -136,6 +145,8 @@ class PolicyEngine(Protocol):
 
 class _Engine:
     """What both engines share: the timeout, and turning a failure into the policy's fail-open or fail-closed."""
+
+    inline = False
 
     def __init__(self, name: str, settings: OpaSettings) -> None:
         self.name = name
@@ -232,7 +243,7 @@ class EmbeddedRego(_Engine):
     cost most of a decision), so the thread only sets it and runs the query.
     """
 
-    def __init__(self, name: str, settings: OpaSettings) -> None:
+    def __init__(self, name: str, settings: OpaSettings, *, inline: bool = False) -> None:
         super().__init__(name, settings)
         if settings.rego is None:
             raise ValueError("an embedded OPA policy needs its Rego source")
@@ -240,6 +251,12 @@ class EmbeddedRego(_Engine):
         self._entrypoint_bytes = _entrypoint(settings.query).encode()
         self._local = threading.local()
         self._local.compiled = _compile(self._rego, self._query)  # a bad policy fails here, not on a request
+        self.inline = inline
+        # decide_now's interpreter, compiled here so that no request's thread compiles;
+        # a second thread deciding meanwhile uses its own (``_compiled``).
+        self._inline_compiled = _compile(self._rego, self._query) if inline else None
+        self._inline_lock = threading.Lock()
+        self._inline_input: Any = None
 
     def _compiled(self) -> tuple[Any, Any]:
         compiled = getattr(self._local, "compiled", None)
@@ -254,14 +271,42 @@ class EmbeddedRego(_Engine):
         """
         return self._evaluate_prepared(prepare_input(document), deadline)
 
+    def decide_now(self, document: Mapping[str, Any]) -> OpaDecision:
+        """The decision, evaluated on the calling thread (an inline policy's, on the event loop).
+
+        Nothing can stop an evaluation midway: one that overruns the policy's
+        timeout is treated as timed out (``on_error``) once it ends, and logged.
+        """
+        started = time.perf_counter()
+        try:
+            prepared = prepare_input(document)
+            if self._inline_compiled is not None and self._inline_lock.acquire(blocking=False):
+                try:
+                    self._inline_input = prepared  # held while the interpreter points into it
+                    allowed, reasons = self._ask(self._inline_compiled, prepared)
+                finally:
+                    self._inline_lock.release()
+            else:
+                allowed, reasons = self._evaluate_prepared(prepared, None)
+        except OpaError as exc:
+            return self._failed(str(exc))
+        spent = time.perf_counter() - started
+        if spent > self.timeout:
+            return self._failed(f"took {spent * 1000:.0f} ms, past its {self.timeout * 1000:.0f} ms timeout")
+        return OpaDecision(allowed, reasons, self.name)
+
     def _evaluate_prepared(self, prepared: Any, deadline: float | None) -> tuple[bool, tuple[str, ...]]:
-        """The decision for an input made by ``prepare_input``, on the calling thread."""
-        regopy = load_regopy()
+        """The decision for an input made by ``prepare_input``, on the calling thread's own interpreter."""
         if deadline is not None and time.monotonic() > deadline:
             raise OpaError("no time left to evaluate (the gateway is overloaded)")
-        interpreter, bundle = self._compiled()
+        compiled = self._compiled()
+        self._local.input = prepared  # the interpreter points into it until it gets the next one
+        return self._ask(compiled, prepared)
+
+    def _ask(self, compiled: tuple[Any, Any], prepared: Any) -> tuple[bool, tuple[str, ...]]:
+        regopy = load_regopy()
+        interpreter, bundle = compiled
         try:
-            self._local.input = prepared  # the interpreter points into it until it gets the next one
             ok, text = query(regopy, interpreter, bundle, self._entrypoint_bytes, prepared)
             if not ok:
                 raise OpaError(f"evaluation failed: {text[:300]}")
@@ -388,9 +433,26 @@ class RemoteOpa(_Engine):
             await client.close_connection()
 
 
-def build_engine(name: str, settings: OpaSettings) -> PolicyEngine:
-    """The engine for one policy's OPA settings; OpaError if its Rego does not compile."""
-    return EmbeddedRego(name, settings) if settings.engine == "embedded" else RemoteOpa(name, settings)
+def build_engine(name: str, settings: OpaSettings, *, inline: bool = False) -> PolicyEngine:
+    """The engine for one policy's OPA settings; OpaError if its Rego does not compile.
+
+    ``inline``: an embedded policy is decided on the request's thread (``EmbeddedRego.decide_now``);
+    only for policies the operator wrote. A remote policy is always awaited.
+    """
+    if settings.engine == "embedded":
+        return EmbeddedRego(name, settings, inline=inline)
+    return RemoteOpa(name, settings)
+
+
+def decide_inline(engines: Sequence[PolicyEngine], document: Mapping[str, Any]) -> OpaDecision:
+    """Ask every inline engine, one after another on this thread; allowed only if all allow."""
+    decisions = []
+    for engine in engines:
+        decision = engine.decide_now(document)  # type: ignore[attr-defined]  # inline engines are EmbeddedRego
+        if not decision.allowed:
+            return decision
+        decisions.append(decision)
+    return combine(decisions)
 
 
 async def decide_all(engines: Sequence[PolicyEngine], document: Mapping[str, Any]) -> OpaDecision:

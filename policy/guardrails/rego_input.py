@@ -21,8 +21,8 @@ exactly as the same string written in a policy is stored (``"Zürich"`` then
 equals ``input.tenant.name``; ``\\u00fc`` would not).
 
 An interpreter keeps pointing into the input it was given: the returned
-``regopy.Input`` frees the term when it is dropped, so whoever sets it must
-hold it until the interpreter has a new one.
+``Term`` frees the term when it is dropped, so whoever sets it must hold it
+until the interpreter has a new one.
 
 The query (``query``) is bound the same way, except for the evaluation
 itself. Through ``regopy`` a decision is some twenty ``ctypes.CDLL`` calls
@@ -99,8 +99,8 @@ def _bound(regopy: Any) -> _Api:
     return _api
 
 
-def rego_input(regopy: Any, document: Any) -> Any:
-    """``document`` (a JSON value) as a ``regopy.Input``; ValueError if JSON cannot carry it.
+def rego_input(regopy: Any, document: Any) -> Term:
+    """``document`` (a JSON value) as an input ``Term``; ValueError if JSON cannot carry it.
 
     ``regopy`` is the module as ``opa.load_regopy`` returns it (it must be
     loaded after other native libraries, so it is passed in, not imported).
@@ -112,20 +112,54 @@ def rego_input(regopy: Any, document: Any) -> Any:
     except BaseException:
         api.free(handle)
         raise
-    value = regopy.Input.__new__(regopy.Input)  # filled here, freed by its own __del__
-    value._impl = handle
-    return value
+    return Term(api, handle)
+
+
+class Term:
+    """A built input term; freed (through ``PyDLL``, like its building) when dropped.
+
+    ``regopy.Input`` would free it through ``CDLL``, one more GIL release and
+    take-back per decision.
+    """
+
+    __slots__ = ("_api", "_impl")
+
+    def __init__(self, api: _Api, handle: int) -> None:
+        self._api, self._impl = api, handle
+
+    def __del__(self) -> None:
+        self._api.free(self._impl)
 
 
 def _add(api: _Api, handle: int, value: Any, depth: int) -> None:
+    # Runs for every value of every request's document: the common types are
+    # tested first and by exact type (an ABC check costs more than the call).
     if depth > MAX_DEPTH:
         raise ValueError(f"the input document nests deeper than {MAX_DEPTH} levels")
-    if value is None:
+    kind = type(value)
+    if kind is str:
+        code = api.string(handle, _escaped(value))
+    elif kind is dict or (kind is not list and isinstance(value, Mapping)):
+        string, item = api.string, api.item
+        for key, member in value.items():
+            if type(key) is not str:
+                raise ValueError("the input document has a key that is not a string")
+            code = string(handle, _escaped(key))
+            if code:
+                _refused(code)
+            _add(api, handle, member, depth + 1)
+            code = item(handle)
+            if code:
+                _refused(code)
+        code = api.object(handle, len(value))
+    elif kind is list or kind is tuple:
+        for member in value:
+            _add(api, handle, member, depth + 1)
+        code = api.array(handle, len(value))
+    elif value is None:
         code = api.null(handle)
     elif value is True or value is False:
         code = api.boolean(handle, value)
-    elif isinstance(value, str):
-        code = api.string(handle, _escaped(value))
     elif isinstance(value, int):
         if not _INT64[0] <= value <= _INT64[1]:
             raise ValueError("the input document holds an integer outside 64 bits")
@@ -134,35 +168,49 @@ def _add(api: _Api, handle: int, value: Any, depth: int) -> None:
         if not math.isfinite(value):
             raise ValueError("the input document holds a NaN or an infinity, which JSON cannot carry")
         code = api.float(handle, value)
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ValueError("the input document has a key that is not a string")
-            _check(api.string(handle, _escaped(key)))
-            _add(api, handle, item, depth + 1)
-            _check(api.item(handle))
-        code = api.object(handle, len(value))
+    elif isinstance(value, str):  # a str subclass
+        code = api.string(handle, _escaped(str(value)))
     elif isinstance(value, list | tuple):
-        for item in value:
-            _add(api, handle, item, depth + 1)
+        for member in value:
+            _add(api, handle, member, depth + 1)
         code = api.array(handle, len(value))
     else:
         raise ValueError(f"the input document holds a {type(value).__name__}, which JSON cannot carry")
-    _check(code)
+    if code:
+        _refused(code)
+
+
+# Escaped forms of strings seen lately: a document's keys, and most of its values
+# (tenant, principal, roles, model, route), are the same request after request.
+_ESCAPED: dict[str, bytes] = {}
+_ESCAPED_MAX = 4096
+_SHORT = 256  # longer strings are not kept
 
 
 def _escaped(text: str) -> bytes:
-    if _NEEDS_ESCAPE.search(text):
-        text = json.dumps(text, ensure_ascii=False)[1:-1]
-    return text.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError, a ValueError
+    found = _ESCAPED.get(text)
+    if found is not None:
+        return found
+    escaped = json.dumps(text, ensure_ascii=False)[1:-1] if _NEEDS_ESCAPE.search(text) else text
+    encoded = escaped.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError, a ValueError
+    if len(text) <= _SHORT:
+        if len(_ESCAPED) >= _ESCAPED_MAX:
+            _ESCAPED.clear()  # crude but bounded; it refills with what recurs
+        _ESCAPED[text] = encoded
+    return encoded
 
 
-def _check(code: int) -> None:
-    if code != 0:
-        raise ValueError(f"rego-cpp refused a value of the input document (code {code})")
+def _refused(code: int) -> None:
+    raise ValueError(f"rego-cpp refused a value of the input document (code {code})")
 
 
-def query(regopy: Any, interpreter: Any, bundle: Any, entrypoint: bytes, value: Any) -> tuple[bool, str]:
+def set_input(regopy: Any, interpreter: Any, value: Term) -> None:
+    """Give ``interpreter`` (a ``regopy.Interpreter``) the input ``value``; hold ``value`` while it is in use."""
+    if _bound(regopy).set_input(interpreter._impl, value._impl) != 0:
+        raise regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
+
+
+def query(regopy: Any, interpreter: Any, bundle: Any, entrypoint: bytes, value: Term) -> tuple[bool, str]:
     """Run ``bundle``'s ``entrypoint`` on ``value`` (from ``rego_input``): (ok, the output as JSON text).
 
     ``interpreter`` keeps pointing into ``value`` afterwards (see above).
@@ -173,8 +221,7 @@ def query(regopy: Any, interpreter: Any, bundle: Any, entrypoint: bytes, value: 
     def refused() -> Exception:
         return regopy.RegoError(regopy.rego_shared.rego_get_error(interpreter._impl))
 
-    if api.set_input(interpreter._impl, value._impl) != 0:
-        raise refused()
+    set_input(regopy, interpreter, value)
     output = api.evaluate(interpreter._impl, bundle._impl, entrypoint)
     if not output:
         raise refused()

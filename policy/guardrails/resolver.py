@@ -6,6 +6,8 @@ store ``policy_version`` and tenant; the version is read at most once per
 ``poll_seconds`` (each replica polls, as authentication does), so an edit made
 over the admin API takes effect within about that interval, without a restart.
 An embedded OPA policy whose Rego and query did not change is not recompiled.
+A global policy's embedded Rego is evaluated inline (``policy.guardrails.opa``):
+only platform admins write global policies, so it is the operator's own code.
 
 A stored policy that no longer validates fails closed: its tenant's requests get
 ``GuardrailMisconfigured`` (503) until it is fixed, and the log names the policy.
@@ -35,10 +37,10 @@ log = logging.getLogger("inferflux.guardrails")
 PAGE = 200
 
 
-def _engine_key(name: str, settings: OpaSettings) -> str:
+def _engine_key(name: str, settings: OpaSettings, inline: bool) -> str:
     # Includes the token, hashed, so a changed token builds a new client without keeping the token in a key.
     material = repr((name, settings.engine, settings.rego, settings.query, settings.url, settings.path))
-    material += repr((settings.timeout_ms, settings.fail_open, settings.token))
+    material += repr((settings.timeout_ms, settings.fail_open, settings.token, inline))
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -125,8 +127,11 @@ class GuardrailResolver:
             try:
                 spec = parse_spec(record.spec, record.sensitive_spec, name=record.name)
                 if spec.opa is not None:
-                    key = _engine_key(record.id, spec.opa)
-                    engine = self._engines.get(key) or build_engine(record.name, spec.opa)
+                    # A global policy is the operator's own (only platform admins write
+                    # them), so its embedded Rego may run inline on the event loop.
+                    inline = record.tenant_id is None
+                    key = _engine_key(record.id, spec.opa, inline)
+                    engine = self._engines.get(key) or build_engine(record.name, spec.opa, inline=inline)
                     live[key] = engine
                     engines.append(engine)
             except (ValidationFailed, OpaError) as exc:

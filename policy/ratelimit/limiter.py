@@ -38,8 +38,11 @@ a Redis that hangs does not add its timeout to every request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import itertools
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -160,13 +163,49 @@ class Denial:
 
 def period_of(dimension: Dimension, now: float) -> tuple[str, float]:
     """The UTC calendar day or month containing ``now``: its name and its end (epoch seconds)."""
-    at = datetime.fromtimestamp(now, UTC)
+    return _period(dimension, int(now // _DAY))  # POSIX time has exactly 86,400 s in a day
+
+
+_DAY = 86_400
+
+
+@functools.lru_cache(maxsize=16)
+def _period(dimension: Dimension, day: int) -> tuple[str, float]:
+    at = datetime.fromtimestamp(day * _DAY, UTC)
     if dimension is Dimension.DAY:
         start = at.replace(hour=0, minute=0, second=0, microsecond=0)
         return start.strftime("%Y-%m-%d"), (start + timedelta(days=1)).timestamp()
     start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
     return start.strftime("%Y-%m"), end.timestamp()
+
+
+@functools.lru_cache(maxsize=4096)
+def _subject_key(subject: str) -> str:
+    """A caller's part of its counters' keys: bounded, and no odd characters in keys."""
+    return hashlib.sha256(subject.encode()).hexdigest()[:32]
+
+
+class _LeaseIds:
+    """Unique lease ids without a system call each: a random prefix per process, and a counter.
+
+    Lease ids name concurrency slots shared by every replica (in Redis), so
+    they must not collide across processes; they are never shown to clients.
+    A forked child draws its own prefix.
+    """
+
+    def __init__(self) -> None:
+        self.reseed()
+        os.register_at_fork(after_in_child=self.reseed)
+
+    def reseed(self) -> None:
+        self._prefix, self._counter = secrets.token_hex(8), itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):x}"
+
+
+_lease_ids = _LeaseIds()
 
 
 def _tokens(value: object, param: str) -> int:
@@ -249,7 +288,7 @@ class RateLimiter:
         estimated = prompt_tokens + completion
         limits = await self.limits.limits_for(principal)
         now = self._clock()
-        lease_id = secrets.token_hex(12)
+        lease_id = _lease_ids.next()
         checks = tuple(self._checks(principal, limits, estimated, now))
         if not checks:
             return Admission(Handle(lease_id, (), estimated, now, counted=False), RateLimitInfo())
@@ -318,8 +357,7 @@ class RateLimiter:
 
     def _checks(self, principal: Principal, limits: EffectiveLimits, estimated: int, now: float) -> list[Check]:
         tenant = f"{{{principal.tenant_id}}}"
-        subject = principal.key_id or principal.subject
-        own = hashlib.sha256(subject.encode()).hexdigest()[:32]  # bounded, and no odd characters in keys
+        own = _subject_key(principal.key_id or principal.subject)
         return [
             *self._level_checks(Level.TENANT, limits.tenant, f"{tenant}:t", estimated, now),
             *self._level_checks(Level.KEY, limits.key, f"{tenant}:k:{own}", estimated, now),

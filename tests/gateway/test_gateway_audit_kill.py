@@ -3,7 +3,7 @@
 The SIEM (a real rsyslogd, over TCP) is down from the start. Eight clients send
 1,000 requests (model lists, one-token completions, and calls for an unknown
 model that get a 404); once 400 have been answered the gateway gets SIGKILL.
-Every answer the clients received is an acknowledgement: its event was fsynced
+Every answer the clients received is an acknowledgement: its event was written
 before the answer left. Then the gateway starts again on the same data
 directory, the receiver comes up, and every acknowledged request's event must
 arrive there; ``inferctl audit verify`` passes on the spool and on what the

@@ -280,6 +280,47 @@ def test_a_policy_slower_than_the_engine_still_decides_before_any_output(world: 
     assert allowed.headers["x-ratelimit-remaining-tokens"] == fresh.headers["x-ratelimit-remaining-tokens"]
 
 
+# The operator's policy: no one-token completions for one tenant (named below); the rest is allowed.
+GLOBAL_DENY = """package inferflux.guardrails
+default decision := {"allow": true}
+decision := {"allow": false, "reasons": ["one-token completions are closed to this tenant"]} if {
+    input.tenant.name == "TENANT"
+    input.tokens.max_completion == 1
+}
+"""
+
+
+def test_a_global_policy_decides_inline_before_the_engine_gets_the_request(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limits = {"scope": "tenant", "requests_per_minute": 100, "tokens_per_minute": 100_000}
+    (tenant, key), (baseline, baseline_key) = world.tenant_key(), world.tenant_key()
+    for tenant_id in (tenant.id, baseline.id):
+        world.store.create_policy(tenant_id, "rate_limit", "limits", limits)
+    engine = world.app.state.manager.get(MODEL).engine
+    calls: list[int] = []
+    generate = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda *a, **k: (calls.append(1), generate(*a, **k))[1])
+    spec = {"opa": {"engine": "embedded", "rego": GLOBAL_DENY.replace("TENANT", tenant.name)}}
+    policy = world.store.create_policy(None, "guardrail", "closed", spec)
+    try:
+        world.policies_seen()
+        assert [engine.inline for engine in world.app.state.guardrails.get(tenant.id).engines] == [True]
+        denied = chat(world, key, "hi", max_tokens=1)
+        assert denied.status_code == 403 and "closed to this tenant" in error_of(denied)["message"]
+        assert calls == []  # refused before the engine got it
+        world.settled()
+        allowed, fresh = chat(world, key, "hi", max_tokens=2), chat(world, baseline_key, "hi", max_tokens=2)
+        assert allowed.status_code == fresh.status_code == 200 and calls == [1, 1]
+        # The refused request counted once; none of its reserved tokens did.
+        remaining = "x-ratelimit-remaining-requests"
+        assert int(allowed.headers[remaining]) == int(fresh.headers[remaining]) - 1
+        assert allowed.headers["x-ratelimit-remaining-tokens"] == fresh.headers["x-ratelimit-remaining-tokens"]
+    finally:
+        world.store.delete_policy(None, policy.id)
+        world.policies_seen()
+
+
 # -- audit ----------------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from servers import start_uvicorn, stop_uvicorn
 
 from policy.guardrails.opa import load_regopy, prepare_input
+from policy.guardrails.rego_input import set_input
 
 
 class LoopbackOpa:
@@ -52,7 +53,7 @@ class LoopbackOpa:
             query = "data." + request.path_params["path"].strip("/").replace("/", ".")
             interpreter = self._interpreter(self.modules)
             prepared = prepare_input(body.get("input"))  # held until the query is done
-            interpreter.set_input(prepared)
+            set_input(load_regopy(), interpreter, prepared)
             output = interpreter.query(query)
             if not output.ok():
                 return JSONResponse({"code": "internal_error", "message": str(output)[:500]}, status_code=500)

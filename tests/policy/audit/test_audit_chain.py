@@ -9,7 +9,7 @@ import pytest
 from audit_support import make_event
 
 from gateway.cli import main
-from policy.audit.chain import GENESIS, canonical_json, seal, verify_lines
+from policy.audit.chain import GENESIS, canonical_json, seal, sealed_line, verify_lines
 from policy.audit.cli import verify_files, verify_spool
 from policy.audit.spool import Spool, SpoolSettings, segment_files
 
@@ -21,6 +21,14 @@ def chain_lines(n: int, chain: str = "gw-1") -> list[bytes]:
         lines.append(canonical_json(record))
         prev = record["hash"]
     return lines
+
+
+@pytest.mark.parametrize("request_id", ["r1", "Zürich \u2028 \"quoted\" \\ \x01 \U0001f600", None])
+def test_sealed_line_is_the_canonical_encoding_of_the_sealed_record(request_id: str | None) -> None:
+    event = make_event(request_id=request_id, latency_ms=0.1 + 0.2).to_json()
+    record, line = sealed_line("gw-1.a_b", 12345678901, "f" * 64, event)
+    assert record == seal("gw-1.a_b", 12345678901, "f" * 64, event)
+    assert line == canonical_json(record)
 
 
 def check(lines: list[bytes], **kwargs: bool) -> tuple[bool, str | None, int | None]:

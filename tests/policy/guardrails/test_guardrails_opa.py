@@ -20,8 +20,10 @@ from opa_server import LoopbackOpa
 from servers import free_loopback_socket
 
 from policy.guardrails import Guardrails, OpaDecision, PolicyDenied, PolicyEngineUnavailable, opa_input
-from policy.guardrails.opa import OpaError, load_regopy, prepare_input
-from policy.guardrails.rego_input import expressions
+from policy.guardrails import opa as opa_module
+from policy.guardrails.opa import EmbeddedRego, OpaError, load_regopy, prepare_input
+from policy.guardrails.spec import OpaSettings
+from policy.guardrails.rego_input import expressions, set_input
 from policy.rbac import Principal
 
 REGO = """
@@ -127,9 +129,10 @@ def test_embedded_strings_equal_the_policy_literals(make_guardrails: Callable[..
     ],
 )
 def test_input_built_by_the_c_api_reads_back_as_the_document(doc: Any) -> None:
-    interpreter = load_regopy().Interpreter()
+    regopy = load_regopy()
+    interpreter = regopy.Interpreter()
     prepared = prepare_input(doc)  # held while the interpreter points into it
-    interpreter.set_input(prepared)
+    set_input(regopy, interpreter, prepared)
     output = interpreter.query("x := input")
     assert output.ok(), str(output)
     assert output.results[0].bindings["x"] == doc
@@ -284,6 +287,40 @@ def test_embedded_slow_policy_times_out(
     assert time.monotonic() - start < 0.5  # the answer does not wait for the evaluation
     assert decision.allowed is allowed
     assert decision.error is not None and "timed out after 20 ms" in decision.error
+
+
+def test_an_inline_policy_decides_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = OpaSettings(engine="embedded", timeout_ms=100, fail_open=False, rego=REGO)
+    engine = EmbeddedRego("inline", settings, inline=True)
+    guardrails = Guardrails([], [engine])
+    assert guardrails.inline_engines == (engine,) and guardrails.deferred_engines == ()
+    monkeypatch.setattr(opa_module._POOL, "submit", None)  # any hand-off to the pool would fail
+    allowed = guardrails.authorize_inline(document())
+    denied = guardrails.authorize_inline(document(model="big", prompt_tokens=5000))
+    assert allowed == OpaDecision(True, (), "inline")
+    assert not denied.allowed and denied.error is None
+    assert denied.reasons == ("prompt longer than 1000 tokens", "viewers may not use model big")
+    assert decide(guardrails, document(model="big")).reasons == ("viewers may not use model big",)
+
+
+@pytest.mark.parametrize(("on_error", "allowed"), [("deny", False), ("allow", True)])
+def test_an_inline_policy_past_its_timeout_counts_as_timed_out(on_error: str, allowed: bool) -> None:
+    # Nothing stops an inline evaluation; once it ends past the timeout, on_error decides.
+    settings = OpaSettings(engine="embedded", timeout_ms=1, fail_open=on_error == "allow", rego=slow_rego(200_000))
+    decision = EmbeddedRego("slow", settings, inline=True).decide_now(document())
+    assert decision.allowed is allowed
+    assert decision.error is not None and "past its 1 ms timeout" in decision.error
+
+
+def test_inline_and_awaited_policies_combine(make_guardrails: Callable[..., Guardrails]) -> None:
+    inline = EmbeddedRego("global", OpaSettings(engine="embedded", timeout_ms=100, fail_open=False, rego=REGO),
+                          inline=True)
+    tenant = make_guardrails({"opa": {"engine": "embedded", "rego": STRICT}}, name="tenant")
+    both = Guardrails([], [inline, *tenant.engines])
+    assert both.deferred_engines == tenant.engines
+    assert decide(both, document()).policy == "global,tenant"
+    strict = decide(both, document(prompt_tokens=50))  # only the tenant's stricter policy refuses
+    assert not strict.allowed and strict.policy == "tenant"
 
 
 def test_embedded_decisions_queue_without_counting_against_the_timeout(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from policy.ratelimit import (
     PolicyResolver,
     RateLimiter,
 )
+from policy.ratelimit.checks import Dimension
+from policy.ratelimit.limiter import _lease_ids, period_of
 from policy.store import PolicyStore
 
 from ratelimit_helpers import FakeClock, LimiterFactory, PrincipalFactory
@@ -122,3 +125,36 @@ async def test_limits_from_the_store_apply_without_restart(
     sqlite_store.update_policy(tenant.id, policy.id, enabled=False)
     for _ in range(5):
         assert isinstance(await limiter.check_and_reserve(me, prompt_tokens=1), Admission)
+
+
+@pytest.mark.parametrize(
+    ("now", "day", "month"),
+    [
+        (1_767_225_599.5, ("2025-12-31", 1_767_225_600.0), ("2025-12", 1_767_225_600.0)),  # the last instant of a year
+        (1_767_225_600.0, ("2026-01-01", 1_767_312_000.0), ("2026-01", 1_769_904_000.0)),
+        (1_709_164_800.0, ("2024-02-29", 1_709_251_200.0), ("2024-02", 1_709_251_200.0)),  # a leap day
+    ],
+)
+def test_quota_periods_are_utc_calendar_days_and_months(
+    now: float, day: tuple[str, float], month: tuple[str, float]
+) -> None:
+    assert period_of(Dimension.DAY, now) == day
+    assert period_of(Dimension.MONTH, now) == month
+
+
+def test_lease_ids_are_unique_and_a_forked_child_draws_its_own() -> None:
+    # Lease ids name concurrency slots every replica shares in Redis: a forked
+    # worker continuing its parent's sequence would collide with it.
+    ids = {_lease_ids.next() for _ in range(10_000)}
+    assert len(ids) == 10_000
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next ids and leave at once
+        os.write(write, " ".join(_lease_ids.next() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split())
+    os.waitpid(pid, 0)
+    parent = {_lease_ids.next() for _ in range(100)}
+    assert len(child) == 100 and not child & (ids | parent)
