@@ -1,21 +1,23 @@
 """Tamper-evident audit: events, hash chain, durable spool, SIEM sinks, live tail, store index.
 
 ``AuditTrail`` (``policy.audit.trail``) wires the parts below together. The
-flow, all off the request path except one ``await``::
+flow, all off the request path except the seal and the write::
 
     event = api_event(...) / admin_event(...)      policy.audit.events
-    receipt = spool.append(event)                  enqueue, never blocks
-    await receipt                                  resolves once the batch is fsynced
-    writer thread ─ seal (chain) ─ write ─ fsync   policy.audit.spool, .chain
+    receipt = spool.append(event)                  seal (chain) and write, on the caller's thread
+    await receipt                                  (wait_durable only) resolves once fsynced
+    syncer thread ─ fsync, one per batch           policy.audit.spool, .chain
         ├─ LiveTail.publish (SSE subscribers)      policy.audit.tail
         └─ Delivery per sink, own cursor, retry    policy.audit.delivery
              FileSink, SyslogSink, HttpSink        policy.audit.sinks
              IndexerSink → audit_events table      policy.audit.store
 
-The gateway answers a request only after its event's receipt resolved, so
-"acknowledged" means "on disk": a ``kill -9`` loses no answered request's
-event, and sinks deliver it after the restart (at-least-once, de-duplicated
-by event id). Group commit keeps that cheap: one fsync per batch.
+The gateway answers a request only after its event is written to the spool,
+so "acknowledged" means "in the kernel": a ``kill -9`` of the gateway loses no
+answered request's event, and sinks deliver it after the restart
+(at-least-once, de-duplicated by event id). With ``audit.wait_durable`` it also
+waits for the receipt, so "acknowledged" means "on disk" and a crash of the
+machine loses none either; group commit keeps that as cheap as a disk flush.
 
 Names are imported on first use, so ``inferctl --help`` does not load them.
 """
