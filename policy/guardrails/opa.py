@@ -51,7 +51,8 @@ log = logging.getLogger("inferflux.guardrails.opa")
 MAX_REASONS = 10
 MAX_REASON_LENGTH = 300
 # Embedded evaluations run here, never on the event loop nor on the default pool that serves the store.
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="opa-eval")
+POOL_THREADS = 4
+_POOL = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="opa-eval")
 QUEUE_SECONDS = 1.0  # longest an embedded evaluation may wait for a thread of _POOL
 
 

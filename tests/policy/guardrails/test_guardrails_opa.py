@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -277,6 +278,16 @@ decision := {{"allow": true}} if {{ count([x | some x in numbers.range(1, {n}); 
 """
 
 
+def drain_opa_pool() -> None:
+    """Wait until every thread of the OPA pool is free: an evaluation that timed out still runs to its end,
+    and its CPU would count against the next test's timeouts."""
+    workers = opa_module.POOL_THREADS
+    barrier = threading.Barrier(workers + 1)
+    for _ in range(workers):
+        opa_module._POOL.submit(barrier.wait, 60)
+    barrier.wait(60)
+
+
 @pytest.mark.parametrize(("on_error", "allowed"), [("deny", False), ("allow", True)])
 def test_embedded_slow_policy_times_out(
     make_guardrails: Callable[..., Guardrails], on_error: str, allowed: bool
@@ -287,6 +298,7 @@ def test_embedded_slow_policy_times_out(
     assert time.monotonic() - start < 0.5  # the answer does not wait for the evaluation
     assert decision.allowed is allowed
     assert decision.error is not None and "timed out after 20 ms" in decision.error
+    drain_opa_pool()
 
 
 def test_an_inline_policy_decides_on_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,7 +318,7 @@ def test_an_inline_policy_decides_on_the_calling_thread(monkeypatch: pytest.Monk
 @pytest.mark.parametrize(("on_error", "allowed"), [("deny", False), ("allow", True)])
 def test_an_inline_policy_past_its_timeout_counts_as_timed_out(on_error: str, allowed: bool) -> None:
     # Nothing stops an inline evaluation; once it ends past the timeout, on_error decides.
-    settings = OpaSettings(engine="embedded", timeout_ms=1, fail_open=on_error == "allow", rego=slow_rego(200_000))
+    settings = OpaSettings(engine="embedded", timeout_ms=1, fail_open=on_error == "allow", rego=slow_rego(20_000))
     decision = EmbeddedRego("slow", settings, inline=True).decide_now(document())
     assert decision.allowed is allowed
     assert decision.error is not None and "past its 1 ms timeout" in decision.error
@@ -330,6 +342,7 @@ def test_embedded_decisions_queue_without_counting_against_the_timeout(
     # timeout in total, but each evaluation is well inside it. None may fail.
     spec = {"opa": {"engine": "embedded", "rego": slow_rego(2_000), "timeout_ms": 100, "on_error": "deny"}}
     guardrails = make_guardrails(spec)
+    drain_opa_pool()  # no other test's evaluation still running beside these
 
     async def run() -> list[OpaDecision]:
         try:
