@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from policy.errors import ValidationFailed
 from policy.guardrails.engine import Guardrails
 from policy.guardrails.errors import GuardrailMisconfigured
-from policy.guardrails.opa import OpaError, PolicyEngine, build_engine
+from policy.guardrails.opa import EmbeddedRego, OpaError, PolicyEngine, build_engine
 from policy.guardrails.spec import KIND, GuardrailSpec, OpaSettings, parse_spec
 
 if TYPE_CHECKING:
@@ -57,7 +57,14 @@ class GuardrailResolver:
         self._version: int | None = None
         self._checked_at = float("-inf")
         self._cache: dict[str | None, Guardrails] = {}
+        # OPA engines by what they were built from. At each version change the
+        # current ones retire: those the new version still uses are taken back as
+        # tenants are compiled again, and those still retired at the next change are
+        # let go (a remote one is kept until ``aclose``, which closes its session).
+        # So edits do not pile up compiled policies.
         self._engines: dict[str, PolicyEngine] = {}
+        self._retired: dict[str, PolicyEngine] = {}
+        self._to_close: list[PolicyEngine] = []
 
     def _current_version(self) -> int:
         now = self._clock()
@@ -66,6 +73,7 @@ class GuardrailResolver:
             with self._lock:
                 if version != self._version:
                     self._cache.clear()
+                    self._retire()
                     self._version = version
                 self._checked_at = now
         return self._version if self._version is not None else -1
@@ -94,6 +102,17 @@ class GuardrailResolver:
         hit = self.cached(tenant_id)
         return hit if hit is not None else await asyncio.to_thread(self.get, tenant_id)
 
+    def _retire(self) -> None:
+        """The version moved (lock held): retire the current engines, let go of those retired before."""
+        self._to_close += [engine for engine in self._retired.values() if not isinstance(engine, EmbeddedRego)]
+        self._retired, self._engines = self._engines, {}
+
+    @property
+    def held_engines(self) -> int:
+        """OPA engines this resolver keeps (current and retired): bounded however often policies change."""
+        with self._lock:
+            return len(self._engines) + len(self._retired)
+
     def invalidate(self) -> None:
         """Forget every compiled tenant (the next call reads the store)."""
         with self._lock:
@@ -103,11 +122,16 @@ class GuardrailResolver:
     async def aclose(self) -> None:
         """Close every OPA client this resolver built (at shutdown; the guardrails it handed out share them)."""
         with self._lock:
-            engines, self._engines = list(self._engines.values()), {}
+            engines = [*self._engines.values(), *self._retired.values(), *self._to_close]
+            self._engines, self._retired, self._to_close = {}, {}, []
             self._cache.clear()
             self._version = None
         for engine in engines:
             await engine.aclose()
+
+    def _reclaim(self, key: str) -> PolicyEngine | None:
+        with self._lock:
+            return self._retired.pop(key, None)
 
     def _records(self, tenant_id: str | None) -> list[PolicyRecord]:
         out: list[PolicyRecord] = []
@@ -131,7 +155,9 @@ class GuardrailResolver:
                     # them), so its embedded Rego may run inline on the event loop.
                     inline = record.tenant_id is None
                     key = _engine_key(record.id, spec.opa, inline)
-                    engine = self._engines.get(key) or build_engine(record.name, spec.opa, inline=inline)
+                    engine = self._engines.get(key) or self._reclaim(key) or build_engine(
+                        record.name, spec.opa, inline=inline
+                    )
                     live[key] = engine
                     engines.append(engine)
             except (ValidationFailed, OpaError) as exc:

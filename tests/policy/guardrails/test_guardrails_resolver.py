@@ -96,3 +96,18 @@ def test_resolver_closes_its_engines(store: PolicyStore) -> None:
     asyncio.run(resolver.aclose())
     assert resolver.cached(acme.id) is None
     assert resolver.get(acme.id).engines[0] is not first.engines[0]
+
+
+def test_edits_do_not_pile_up_compiled_policies(store: PolicyStore) -> None:
+    acme, other = store.create_tenant("acme"), store.create_tenant("other")
+    policy = store.create_policy(acme.id, "guardrail", "acme", {"opa": {"rego": ALLOW_ALL}})
+    store.create_policy(other.id, "guardrail", "other", {"opa": {"rego": DENY_ALL}})
+    resolver = GuardrailResolver(store, poll_seconds=0)
+    kept = resolver.get(other.id).engines[0]
+    for i in range(20):  # each edit is a new policy version and a new compiled engine
+        rego = ALLOW_ALL.replace("true}", f'true, "reasons": ["edit {i}"]}}')
+        store.update_policy(acme.id, policy.id, spec={"opa": {"rego": rego}})
+        assert resolver.get(acme.id).engines[0].name == "acme"
+        assert resolver.get(other.id).engines[0] is kept  # unchanged: taken back, not recompiled
+    assert resolver.held_engines <= 4  # this version's two, and at most two retired
+    assert authorize(resolver.get(acme.id), acme.id) == (True, ())
