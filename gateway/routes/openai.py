@@ -362,23 +362,20 @@ async def _stream_or_collect(
         await _authorize_all(request, plan, guards)  # a policy's refusal answers first
         raise
     document = _opa_document(request, plan) if guards.engines else None
-    if document is not None and guards.inline_engines:
-        try:
-            _refuse_if_denied(request, guards.authorize_inline(document))
-        except ApiError:
-            await request.app.state.limiter.settle(admission.handle, 0, 0)
-            raise
-    gen = _generation(request, plan, req, guards, admission)
-    # The engine starts, the awaited policies decide while it works, and none of
-    # its output goes out before they allow.
-    gen.start()
-    verdict = _authorize_deferred(request, document, guards)
+    gen: Generation | None = None
     try:
-        await _authorized(request, verdict)
+        if document is not None and guards.inline_engines:
+            _refuse_if_denied(request, guards.authorize_inline(document))  # before the engine gets it
+        gen = _generation(request, plan, req, guards, admission)
+        # The engine starts, the awaited policies decide while it works, and none of
+        # its output goes out before they allow.
+        gen.start()
+        await _authorized(request, _authorize_deferred(request, document, guards))
     except BaseException:
         # Refused after all: abort the sequences, and give back the tokens reserved
         # for them (the request itself was counted when it was admitted).
-        await gen.close(report=False)
+        if gen is not None:
+            await gen.close(report=False)
         await request.app.state.limiter.settle(admission.handle, 0, 0)
         raise
     if not req.stream:

@@ -132,27 +132,15 @@ class Term:
 
 
 def _add(api: _Api, handle: int, value: Any, depth: int) -> None:
-    # Runs for every value of every request's document: the common types are
-    # tested first and by exact type (an ABC check costs more than the call).
+    # Runs for every value of every request's document: the common types come
+    # first, and the Mapping ABC check (slower than the call itself) last.
     if depth > MAX_DEPTH:
         raise ValueError(f"the input document nests deeper than {MAX_DEPTH} levels")
-    kind = type(value)
-    if kind is str:
+    if isinstance(value, str):
         code = api.string(handle, _escaped(value))
-    elif kind is dict or (kind is not list and isinstance(value, Mapping)):
-        string, item = api.string, api.item
-        for key, member in value.items():
-            if type(key) is not str:
-                raise ValueError("the input document has a key that is not a string")
-            code = string(handle, _escaped(key))
-            if code:
-                _refused(code)
-            _add(api, handle, member, depth + 1)
-            code = item(handle)
-            if code:
-                _refused(code)
-        code = api.object(handle, len(value))
-    elif kind is list or kind is tuple:
+    elif isinstance(value, dict):
+        code = _add_object(api, handle, value, depth)
+    elif isinstance(value, list | tuple):
         for member in value:
             _add(api, handle, member, depth + 1)
         code = api.array(handle, len(value))
@@ -168,16 +156,26 @@ def _add(api: _Api, handle: int, value: Any, depth: int) -> None:
         if not math.isfinite(value):
             raise ValueError("the input document holds a NaN or an infinity, which JSON cannot carry")
         code = api.float(handle, value)
-    elif isinstance(value, str):  # a str subclass
-        code = api.string(handle, _escaped(str(value)))
-    elif isinstance(value, list | tuple):
-        for member in value:
-            _add(api, handle, member, depth + 1)
-        code = api.array(handle, len(value))
+    elif isinstance(value, Mapping):
+        code = _add_object(api, handle, value, depth)
     else:
         raise ValueError(f"the input document holds a {type(value).__name__}, which JSON cannot carry")
     if code:
         _refused(code)
+
+
+def _add_object(api: _Api, handle: int, value: Mapping[Any, Any], depth: int) -> int:
+    for key, member in value.items():
+        if not isinstance(key, str):
+            raise ValueError("the input document has a key that is not a string")
+        code = api.string(handle, _escaped(key))
+        if code:
+            _refused(code)
+        _add(api, handle, member, depth + 1)
+        code = api.item(handle)
+        if code:
+            _refused(code)
+    return int(api.object(handle, len(value)))
 
 
 # Escaped forms of strings seen lately: a document's keys, and most of its values

@@ -23,7 +23,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from policy.audit.delivery import Backoff
 from policy.audit.events import AuditEvent, ContentDigester, Finding, api_event
