@@ -271,6 +271,12 @@ class AuditSettings(BaseModel):
     # for its fsync, so a crash of the machine loses none either: one disk flush
     # of latency per answer.
     wait_durable: bool = False
+    # Without wait_durable, the spool fsyncs at most once per this interval: a
+    # crash of the machine can lose the events of the last interval (a crash of
+    # the gateway still loses none); a trickle of requests then wakes the fsync
+    # thread once per interval instead of once per request. Not used with
+    # wait_durable, whose answers each wait for an fsync that starts at once.
+    fsync_interval_seconds: float = Field(default=0.1, ge=0, le=10)
     debug_content: bool = False
     retention_days: float = Field(default=90.0, gt=0)
     # Each sink (and the store's index) waits this long after the first new

@@ -82,7 +82,10 @@ class TrafficPolicy:
             audit_store=audit_store,
             digester=digester,
             retention=Retention(audit_store, audit.retention_days),
-            spool_settings=SpoolSettings(audit.spool_dir or settings.data_dir / "audit", chain_id=audit.chain_id),
+            spool_settings=SpoolSettings(
+                audit.spool_dir or settings.data_dir / "audit", chain_id=audit.chain_id,
+                sync_interval_seconds=0.0 if audit.wait_durable else audit.fsync_interval_seconds,
+            ),
             sinks=sinks,
             wait_durable=audit.wait_durable,
             sink_linger_seconds=audit.sink_linger_seconds,

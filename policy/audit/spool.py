@@ -4,8 +4,9 @@
 caller's thread (a ``write`` to the page cache: microseconds, and no hand-off)
 and returns a ``Receipt``. One syncer thread makes what has been written
 durable with one ``fsync`` at a time (group commit: the busier the gateway,
-the more events each covers) and resolves the receipts it covered, one
-wake-up per event loop. Once ``append`` has returned without a failed
+the more events each covers, and with ``sync_interval_seconds`` at most one
+fsync per interval) and resolves the receipts it covered, one wake-up per
+event loop. Once ``append`` has returned without a failed
 receipt, the event's line is in the kernel's page cache: a crash or ``kill -9``
 of the process can no longer take it back, only a crash of the machine can,
 until the receipt resolves (fsynced). The gateway answers after the first
@@ -102,14 +103,21 @@ class SpoolSettings:
     segment_bytes: int = 64 * 1024 * 1024
     max_pending: int = 100_000  # written, not yet durable; beyond it append() refuses (503)
     retain_seconds: float = 0.0  # keep delivered segments at least this long
+    # The least time between two fsyncs. 0: fsync as soon as anything is written
+    # (for callers that wait for their receipt). More: each fsync covers what the
+    # interval gathered, so a steady trickle of events wakes the syncer (whose
+    # GIL round trips slow the request path) once per interval, not per event.
+    sync_interval_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("segment_bytes", "max_pending"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpoolConfigError(f"audit spool {name} must be a positive integer")
-        if not isinstance(self.retain_seconds, int | float) or self.retain_seconds < 0:
-            raise SpoolConfigError("audit spool retain_seconds must be a non-negative number")
+        for name in ("retain_seconds", "sync_interval_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise SpoolConfigError(f"audit spool {name} must be a non-negative number")
         if self.chain_id is not None and not _NAME.match(self.chain_id):
             raise SpoolConfigError("audit chain_id must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'")
 
@@ -357,7 +365,15 @@ class Spool:
                 self._fail(batch, exc)
                 continue
             self._made_durable(batch, end)
+            self._rest()
         os.close(self._fd)
+
+    def _rest(self) -> None:
+        """Let ``sync_interval_seconds`` pass before the next fsync (not when closing: close flushes at once)."""
+        interval = self.settings.sync_interval_seconds
+        if interval > 0:
+            with self._state:
+                self._state.wait_for(lambda: self._closed, interval)
 
     def _made_durable(self, batch: list[tuple[SpooledRecord, Receipt]], end: Cursor) -> None:
         last = batch[-1][0]

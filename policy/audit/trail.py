@@ -11,7 +11,8 @@
 spool file, on the caller's thread: from then on it is in the kernel, so a
 response sent after it is an acknowledged request whose event survives a crash
 or ``kill -9`` of the gateway. The syncer thread fsyncs within a moment (one
-fsync per batch). With ``wait_durable`` ``record`` also waits for that fsync,
+fsync per batch, at most one per the spool's ``sync_interval_seconds``). With
+``wait_durable`` (and an interval of 0) ``record`` also waits for that fsync,
 so the event survives a crash of the machine or a power cut too; that costs a
 disk flush of latency on every answer (0.1-0.9 ms on the virtual disks we
 measured, more on slow ones), which is why it is an option.

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 from policy.errors import ValidationFailed
 from policy.guardrails.errors import PolicyDenied, PolicyEngineUnavailable
 from policy.guardrails.findings import Finding
+from policy.guardrails.opa_cache import DecisionCache, cacheable_fields
 from policy.guardrails.rego_input import expressions, query, rego_input
 from policy.guardrails.spec import OpaSettings
 from policy.rbac import Principal
@@ -258,6 +259,7 @@ class EmbeddedRego(_Engine):
         self._inline_compiled = _compile(self._rego, self._query) if inline else None
         self._inline_lock = threading.Lock()
         self._inline_input: Any = None
+        self.cache = DecisionCache(cacheable_fields(self._rego))  # off (None) unless a decision can be reused
 
     def _compiled(self) -> tuple[Any, Any]:
         compiled = getattr(self._local, "compiled", None)
@@ -280,6 +282,10 @@ class EmbeddedRego(_Engine):
         What counts is this thread's CPU time: the policy's own cost, not time
         the thread spent descheduled or waiting for the GIL on a busy machine.
         """
+        key = self.cache.key(document)
+        remembered = self.cache.get(key)
+        if remembered is not None:
+            return OpaDecision(*remembered, self.name)
         started = time.thread_time()
         try:
             prepared = prepare_input(document)
@@ -296,6 +302,7 @@ class EmbeddedRego(_Engine):
         spent = time.thread_time() - started
         if spent > self.timeout:
             return self._failed(f"took {spent * 1000:.0f} ms, past its {self.timeout * 1000:.0f} ms timeout")
+        self.cache.put(key, (allowed, reasons))
         return OpaDecision(allowed, reasons, self.name)
 
     def _evaluate_prepared(self, prepared: Any, deadline: float | None) -> tuple[bool, tuple[str, ...]]:
@@ -324,6 +331,10 @@ class EmbeddedRego(_Engine):
         # by QUEUE_SECONDS, and an evaluation that waited longer is not started.
         # One future, one timer and one wake-up of the loop per decision: this
         # runs on every request, so no executor wrappers, shields or wait_for.
+        key = self.cache.key(document)
+        remembered = self.cache.get(key)
+        if remembered is not None:
+            return remembered
         prepared = prepare_input(document)  # plain Python work, done here rather than on the evaluating thread
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[tuple[bool, tuple[str, ...]]] = loop.create_future()
@@ -364,9 +375,11 @@ class EmbeddedRego(_Engine):
 
         timer = [loop.call_later(self.timeout, watch)]
         try:
-            return await answer
+            decided = await answer
         finally:
             timer[0].cancel()
+        self.cache.put(key, decided)
+        return decided
 
 
 def _settle(answer: asyncio.Future[Any], result: Any) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.settings import DEFAULT_MODEL_NAME
+from gateway.settings import DEFAULT_MODEL_NAME, Settings
+from gateway.traffic import TrafficPolicy
 from http_helpers import bearer, error_of
 from policy.audit import verify_spool
 from policy.store import PolicyStore, StoreSettings
@@ -358,5 +359,21 @@ def test_a_call_the_audit_trail_cannot_record_is_answered_503(make_app: Any, tmp
             refused = client.get("/v1/models", headers=bearer(key))
             assert refused.status_code == 503 and error_of(refused)["code"]
             assert refused.headers["retry-after"] == "1"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("audit", "interval"),
+    [({}, 0.1), ({"fsync_interval_seconds": 0.5}, 0.5), ({"fsync_interval_seconds": 0.5, "wait_durable": True}, 0.0)],
+)
+def test_the_spool_fsync_interval_follows_the_audit_settings(
+    tmp_path: Path, audit: dict[str, Any], interval: float
+) -> None:
+    # Answers that wait for their fsync (wait_durable) must not also wait out an interval.
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    try:
+        traffic = TrafficPolicy.build(Settings(data_dir=tmp_path, audit=audit), store)
+        assert traffic.spool_settings.sync_interval_seconds == interval
     finally:
         store.close()

@@ -45,6 +45,36 @@ def test_fsync_is_per_batch_not_per_event(spool_dir: Path, monkeypatch: pytest.M
     assert verify_spool(spool_dir).records == 2000
 
 
+def test_an_interval_spaces_the_fsyncs_and_close_does_not_wait_for_it(
+    spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced_at: list[float] = []
+    real_fsync = os.fsync
+
+    def timed_fsync(fd: int) -> None:
+        if "/segments/" in os.readlink(f"/proc/self/fd/{fd}"):
+            synced_at.append(time.monotonic())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", timed_fsync)
+    spool = Spool.open(SpoolSettings(spool_dir, sync_interval_seconds=0.2))
+    first = spool.append(make_event())
+    assert first.wait(5)  # after a quiet spell the first event is fsynced at once
+    synced_at.clear()
+    receipts = []
+    for _ in range(20):  # a trickle: one event every 20 ms for 0.4 s
+        receipts.append(spool.append(make_event()))
+        time.sleep(0.02)
+    assert receipts[-1].wait(5)
+    gaps = [b - a for a, b in zip(synced_at, synced_at[1:])]
+    assert 1 <= len(synced_at) <= 4 and all(gap >= 0.19 for gap in gaps), (synced_at, gaps)  # not one per event
+    late = spool.append(make_event())
+    started = time.monotonic()
+    spool.close()  # flushes what is written without waiting out the interval
+    assert time.monotonic() - started < 0.15 and late.wait(0) and late.seq == 21
+    assert verify_spool(spool_dir).records == 22
+
+
 def test_append_never_blocks_and_receipts_resolve_in_order(spool: Spool) -> None:
     receipts = [spool.append(make_event()) for _ in range(50)]
     assert receipts[-1].wait(10)
@@ -233,6 +263,7 @@ def test_a_spool_keeps_its_chain_id(spool_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("bad", [{"segment_bytes": 0}, {"max_pending": True}, {"retain_seconds": -1},
+                                 {"sync_interval_seconds": -0.1}, {"sync_interval_seconds": float("nan")},
                                  {"chain_id": "has space"}])  # fmt: skip
 def test_bad_settings_are_clear_errors(tmp_path: Path, bad: dict[str, object]) -> None:
     with pytest.raises(SpoolConfigError):
