@@ -32,9 +32,13 @@ GENESIS: Final = "0" * 64  # the prev of every chain's record 0
 _HEX = frozenset("0123456789abcdef")
 
 
+# One encoder for every record: json.dumps with these options would build a new one per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> bytes:
     """The one byte encoding the chain hashes: sorted keys, no whitespace, UTF-8, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return _CANONICAL.encode(value).encode()
 
 
 def record_hash(chain: str, seq: int, prev: str, event: Mapping[str, Any]) -> str:

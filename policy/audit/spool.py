@@ -135,30 +135,36 @@ class Receipt:
     """The acknowledgement of one appended event: resolves once it is durable (fsynced), or failed.
 
     ``wait()`` from a thread, ``await receipt`` from asyncio. A failed receipt
-    raises ``AuditUnavailable``.
+    raises ``AuditUnavailable``. One is made per request, and most are never
+    waited for: the event a waiting thread blocks on is made only when one does.
     """
 
-    __slots__ = ("event_id", "seq", "_done", "_error", "_lock", "_waiters")
+    __slots__ = ("event_id", "seq", "_done", "_error", "_lock", "_waiters", "_event")
 
     def __init__(self, event_id: str) -> None:
         self.event_id = event_id
         self.seq: int | None = None
-        self._done = threading.Event()
+        self._done = False
         self._error: AuditUnavailable | None = None
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._event: threading.Event | None = None  # for threads in wait()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def raise_if_failed(self) -> None:
         """AuditUnavailable if the event is already known lost (its write failed); never waits."""
-        if self._done.is_set() and self._error is not None:
+        if self._done and self._error is not None:
             raise self._error
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once durable, False on timeout; raises AuditUnavailable if the write failed."""
-        if not self._done.wait(timeout):
+        with self._lock:
+            if not self._done and self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if event is not None and not event.wait(timeout):
             return False
         if self._error is not None:
             raise self._error
@@ -166,7 +172,7 @@ class Receipt:
 
     async def durable(self) -> None:
         with self._lock:
-            if not self._done.is_set():
+            if not self._done:
                 loop = asyncio.get_running_loop()
                 future: asyncio.Future[None] = loop.create_future()
                 self._waiters.append((loop, future))
@@ -184,11 +190,14 @@ class Receipt:
         _resolve_all([self], [seq], error)
 
     def _settle(self, seq: int | None, error: AuditUnavailable | None) -> list[tuple[Any, Any]]:
-        """Resolve without waking anyone; the waiters to wake."""
+        """Resolve, waking waiting threads but not event loops; the loops' waiters to wake."""
         with self._lock:
             self.seq, self._error = seq, error
-            self._done.set()
+            self._done = True
             waiters, self._waiters = self._waiters, []
+            event = self._event
+        if event is not None:
+            event.set()
         return waiters
 
 

@@ -23,10 +23,8 @@ def scan(text: str, matchers: Sequence[Matcher], start: int = 0) -> list[tuple[M
     """
     kept: list[tuple[Matcher, Hit]] = []
     taken: list[Hit] = []
-    if matchers and not text.isascii():
-        # Fail as the RE2 searches always have on a lone surrogate (not UTF-8), even when every
-        # search is skipped: such a text is refused, never let through unchecked.
-        text.encode("utf-8")
+    if matchers:
+        refuse_unencodable(text)
     for matcher in matchers:
         for hit in matcher.find(text):
             if hit.start < start:
@@ -38,6 +36,13 @@ def scan(text: str, matchers: Sequence[Matcher], start: int = 0) -> list[tuple[M
             kept.append((matcher, hit))
     kept.sort(key=lambda pair: (pair[1].start, -pair[1].end))
     return kept
+
+
+def refuse_unencodable(text: str) -> None:
+    """UnicodeEncodeError for a lone surrogate (not UTF-8), as the RE2 searches always raised, even
+    where every search is skipped: such a text is refused, never let through unchecked."""
+    if not text.isascii():
+        text.encode("utf-8")
 
 
 def redact(

@@ -38,7 +38,7 @@ import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policy.guardrails.check import finding, redact, scan
+from policy.guardrails.check import finding, redact, refuse_unencodable, scan
 from policy.guardrails.findings import Action, Finding, Matcher
 from policy.guardrails.normalize import Normalized, normalize
 
@@ -113,12 +113,15 @@ class OutputStream:
         norm = normalize(self._buffer)
         text = norm.text
         start = norm.position_of(self._released)
-        hits = scan(text, self._matchers, start)
         if final:
             until = len(text)
         else:
             word = len(text) - (text.rfind(" ") + 1)
             until = max(start, len(text) - max(self._hold_spaced, min(self._hold_word, word)))
+            if until == start:  # all of it held back (the first tokens of every answer): nothing to decide yet
+                refuse_unencodable(text)
+                return StreamStep("")
+        hits = scan(text, self._matchers, start)
         # Everything that starts before `until` is settled (see the module's docstring).
         blocking = next((hit for m, hit in hits if m.action is Action.BLOCK and hit.start < until), None)
         if blocking is not None:

@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from policy.errors import ValidationFailed
 from policy.ratelimit.background import every, stop
@@ -87,6 +87,22 @@ class FixedLimits:
 
     async def limits_for(self, principal: Principal) -> EffectiveLimits:
         return self.limits
+
+
+MAX_KNOWN_CALLERS = 10_000  # callers whose counters are kept (_counters)
+
+
+class _Counter(NamedTuple):
+    """A counter a caller's requests are checked against; a ``Check`` once the request's cost is known."""
+
+    dimension: Dimension
+    level: Level
+    key: str  # a quota's key without its period
+    limit: int
+    tokens: bool  # costs the request's estimated tokens (else one)
+    window: float = 0.0
+    buckets: int = 0
+    quota: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -255,6 +271,7 @@ class RateLimiter:
         self._logged_at = float("-inf")
         self._unlogged = 0
         self._running: dict[str, Handle] = {}  # holders of concurrency slots, for renewal
+        self._known: dict[tuple[str, str, EffectiveLimits], tuple[_Counter, ...]] = {}  # see _counters
         self._renewer: asyncio.Task[None] | None = None
 
     # -- lifecycle
@@ -356,31 +373,49 @@ class RateLimiter:
     # -- internals
 
     def _checks(self, principal: Principal, limits: EffectiveLimits, estimated: int, now: float) -> list[Check]:
-        tenant = f"{{{principal.tenant_id}}}"
-        own = _subject_key(principal.key_id or principal.subject)
-        return [
-            *self._level_checks(Level.TENANT, limits.tenant, f"{tenant}:t", estimated, now),
-            *self._level_checks(Level.KEY, limits.key, f"{tenant}:k:{own}", estimated, now),
-        ]
+        out = []
+        for counter in self._counters(principal, limits):
+            if counter.quota:
+                period, end = period_of(counter.dimension, now)
+                out.append(Check(counter.dimension, counter.level, f"{counter.key}:{period}", counter.limit,
+                                 estimated, expires_at=end))  # fmt: skip
+            else:
+                cost = estimated if counter.tokens else 1
+                out.append(Check(counter.dimension, counter.level, counter.key, counter.limit, cost,
+                                 counter.window, counter.buckets))  # fmt: skip
+        return out
 
-    def _level_checks(self, level: Level, limits: Limits, base: str, estimated: int, now: float) -> list[Check]:
+    def _counters(self, principal: Principal, limits: EffectiveLimits) -> tuple[_Counter, ...]:
+        """The counters ``limits`` put on the caller: the same ones for every request of it, so kept."""
+        own = principal.key_id or principal.subject
+        found = self._known.get((principal.tenant_id, own, limits))
+        if found is None:
+            tenant = f"{{{principal.tenant_id}}}"
+            found = (
+                *self._level_counters(Level.TENANT, limits.tenant, f"{tenant}:t"),
+                *self._level_counters(Level.KEY, limits.key, f"{tenant}:k:{_subject_key(own)}"),
+            )
+            if len(self._known) >= MAX_KNOWN_CALLERS:
+                self._known.clear()  # bounded; it refills with the callers that recur
+            self._known[(principal.tenant_id, own, limits)] = found
+        return found
+
+    def _level_counters(self, level: Level, limits: Limits, base: str) -> list[_Counter]:
         window = f"{self.window_seconds:g}x{self.buckets}"
-        out: list[Check] = []
-        for dimension, name, cost in (
-            (Dimension.REQUESTS, f"rpm:{window}", 1),
-            (Dimension.TOKENS, f"tpm:{window}", estimated),
+        out: list[_Counter] = []
+        for dimension, name, tokens in (
+            (Dimension.REQUESTS, f"rpm:{window}", False),
+            (Dimension.TOKENS, f"tpm:{window}", True),
         ):
             limit = getattr(limits, dimension.value)
             if limit is not None:
-                out.append(Check(dimension, level, f"{base}:{name}", limit, cost, self.window_seconds, self.buckets))
+                out.append(_Counter(dimension, level, f"{base}:{name}", limit, tokens, self.window_seconds, self.buckets))
         if limits.concurrent_requests is not None:
-            out.append(Check(Dimension.CONCURRENCY, level, f"{base}:conc", limits.concurrent_requests, 1))
+            out.append(_Counter(Dimension.CONCURRENCY, level, f"{base}:conc", limits.concurrent_requests, False))
         for dimension in (Dimension.DAY, Dimension.MONTH):
             limit = getattr(limits, dimension.value)
-            if limit is not None:
-                period, end = period_of(dimension, now)
-                key = f"{base}:quota:{period}"
-                out.append(Check(dimension, level, key, limit, estimated, expires_at=end))
+            if limit is not None:  # the key gets the period's name per request
+                out.append(_Counter(dimension, level, f"{base}:quota", limit, True, quota=True))
         return out
 
     def _ensure_up(self) -> None:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("inferflux.policy.ratelimit")
 
 PAGE = 200
+MAX_SUBJECTS = 10_000  # callers' resolved limits kept per tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +98,18 @@ class TenantLimits:
         for policy in tenant:
             if policy.scope == "key" and policy.principal is not None:
                 self._by_principal.setdefault(policy.principal, []).append(policy.limits)
+        # Resolved per caller on first sight: the same callers come back on every request.
+        self._subjects: dict[frozenset[str], EffectiveLimits] = {}
 
-    def for_subject(self, ids: Iterable[str]) -> EffectiveLimits:
-        own = [limits for name in ids for limits in self._by_principal.get(name, ())]
-        return EffectiveLimits(self.tenant, _resolve([own, *self._defaults]))
+    def for_subject(self, ids: frozenset[str]) -> EffectiveLimits:
+        found = self._subjects.get(ids)
+        if found is None:
+            own = [limits for name in ids for limits in self._by_principal.get(name, ())]
+            found = EffectiveLimits(self.tenant, _resolve([own, *self._defaults]))
+            if len(self._subjects) >= MAX_SUBJECTS:
+                self._subjects.clear()  # bounded; it refills with the callers that recur
+            self._subjects[ids] = found
+        return found
 
 
 def compile_policies(records: Iterable[PolicyRecord], tenant_id: str) -> TenantLimits:
