@@ -15,29 +15,39 @@ sockets, whose noise would swamp the difference):
   ``guardrail`` policy with 20 blocklist words, every PII detector (e-mail in
   redact mode, the rest in log mode) on input and output, a global guardrail
   policy with an embedded Rego access policy (the operator's, so evaluated
-  inline), and the audit trail writing each event to its spool before answering
+  inline; it reads only the model, so after the first request its decision is
+  remembered), and the audit trail writing each event to its spool before answering
   (the default: what a ``kill -9`` of the gateway cannot take back), with its
   store indexer running;
 * ``on-fsync``: the same with ``audit.wait_durable: true``, which also waits
   for each event's fsync before answering (what a crash of the machine cannot
   take back): what that guarantee costs;
 * ``on-tenant-rego``: ``on`` for a second tenant whose guardrail policy also
-  has a Rego policy of its own (a tenant's policy is evaluated on the OPA
-  thread pool, beside the engine): what a tenant's Rego adds.
+  has a Rego policy of its own, one that reads the request id, so that no
+  decision of it can be remembered (``policy.guardrails.opa_cache``): a
+  tenant's policy is evaluated on the OPA thread pool, beside the engine, for
+  every request: what a tenant's uncacheable Rego adds.
 
 The request is ``POST /v1/completions`` with a 12-token prompt that holds an
 e-mail address (``off`` sends it already redacted, so the engine's work is the
 same) and ``max_tokens: 1``, so generation (one prefill step) stays
-small next to the gateway's own work but real. Latency: the apps alternate
-in rounds of sequential requests. Generation (~50 ms on 2 cores) varies by
-more than the chain costs, so besides end-to-end latency each request's
-*gateway time* is reported: its end-to-end latency minus the time it spent
-inside the engine (from ``engine.generate`` being called to its last output,
-timed by a wrapper around the shared engine). *added* is ``on``'s percentile
-minus ``off``'s. Throughput: requests/s with ``--concurrency`` clients in
-flight, alternating too. Medians over rounds are reported. Last, each stage of
-the chain is timed alone (its own objects in the ``on`` app, the engine idle),
-to tell its intrinsic cost from what contention on a busy machine adds.
+small next to the gateway's own work but real.
+
+Latency: ``--rounds`` rounds; in each, every variant sends ``--requests``
+sequential requests, the variants taking turns in a rotating order. The
+machine's speed drifts over minutes (a shared host: the same variant's median
+moved by 4 ms between rounds in our runs), by more than the chain costs, so
+each round's ``on`` median is compared with the same round's ``off`` median:
+*added* at p50 is the median over rounds of those paired differences; p99 is
+over every request of a variant. Generation also varies from request to
+request, so each request's *gateway time* is reported too: its end-to-end
+latency minus the time it spent inside the engine (from ``engine.generate``
+being called to its last output, timed by a wrapper around the shared
+engine). Throughput: requests/s with ``--concurrency`` clients in flight over
+``--throughput-requests`` requests, alternating, for ``--throughput-rounds``
+rounds; medians. Last, each stage of the chain is timed alone (its own
+objects in the ``on`` app, the engine idle), to tell its intrinsic cost from
+what contention on a busy machine adds.
 
 ``--stand-in-engine`` replaces generation with a stand-in that answers one
 token at once (the model is still loaded, for its tokenizer): the variants then
@@ -45,7 +55,7 @@ differ only in the gateway's own work, without the engine's threads competing
 for the two cores. A diagnostic, not the acceptance figure.
 
 Usage:
-    .venv/bin/python benchmarks/bench_policy.py [--requests 300] [--rounds 3] [--concurrency 16] [--json out.json]
+    .venv/bin/python benchmarks/bench_policy.py [--requests 60] [--rounds 20] [--concurrency 16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import platform
 import statistics
@@ -77,6 +88,9 @@ from gateway.models import ModelManager, load_served_model  # noqa: E402
 from gateway.settings import DEFAULT_MODEL_NAME, AuditSettings, Settings  # noqa: E402
 from policy.audit.events import api_event  # noqa: E402
 from policy.guardrails import EMPTY, opa_input  # noqa: E402
+from policy.guardrails.opa import EmbeddedRego  # noqa: E402
+from policy.guardrails.opa_cache import DecisionCache  # noqa: E402
+from policy.guardrails.spec import OpaSettings  # noqa: E402
 from policy.rbac import Principal  # noqa: E402
 from policy.store import PolicyStore  # noqa: E402
 
@@ -90,8 +104,10 @@ REGO = """package inferflux.guardrails
 default decision := {"allow": true}
 decision := {"allow": false, "reasons": ["model not allowed"]} if { input.model == "forbidden" }
 """
+# The second tenant's own policy also reads the request id: no two requests share a decision.
+TENANT_REGO = REGO.replace('input.model == "forbidden"', 'input.model == "forbidden"; input.request_id != ""')
 WORDS = [f"blockedword{i}" for i in range(20)]
-ON_STAGES = ("input guardrails", "output guardrails (stream)", "OPA, the global policy (inline)",
+ON_STAGES = ("input guardrails", "output guardrails (stream)", "OPA, the global policy (inline, remembered)",
              "rate limit + quota (reserve, settle)", "audit event, written")
 
 
@@ -195,8 +211,14 @@ async def throughput(client: httpx.AsyncClient, headers: dict[str, str], n: int,
     return n / (time.perf_counter() - start)
 
 
-async def components(app: Any, principal: Principal, own: Principal, n: int = 500) -> dict[str, dict[str, float]]:
-    """Each stage of the chain alone, on the ``on`` app's own objects, with the engine idle: p50/p99 in ms."""
+async def components(
+    app: Any, principal: Principal, own: Principal, durable_trail: Any, n: int = 500
+) -> dict[str, dict[str, float]]:
+    """Each stage of the chain alone, on the ``on`` app's own objects, with the engine idle: p50/p99 in ms.
+
+    ``durable_trail``: the ``on-fsync`` app's audit trail, whose spool fsyncs at once (``on``'s waits out
+    its interval between fsyncs, as nothing there waits for them).
+    """
     state = app.state
     guards = await state.guardrails.resolve(principal.tenant_id)
     own_guards = await state.guardrails.resolve(own.tenant_id)
@@ -204,6 +226,7 @@ async def components(app: Any, principal: Principal, own: Principal, n: int = 50
                         max_completion_tokens=1)
     own_doc = opa_input(own, model=DEFAULT_MODEL_NAME, route="/v1/completions", prompt_tokens=12,
                         max_completion_tokens=1)
+    request_ids = (f"req_bench{i}" for i in itertools.count())  # the tenant's policy reads it: a new one each time
 
     def output_stream() -> None:
         stream = guards.output_stream()
@@ -225,13 +248,19 @@ async def components(app: Any, principal: Principal, own: Principal, n: int = 50
         await state.audit_trail.record(event())  # the default: returns once written
 
     async def audit_fsynced() -> None:
-        await state.audit_trail.spool.append(event())  # the receipt resolves once fsynced
+        await durable_trail.spool.append(event())  # the receipt resolves once fsynced
 
+    uncached = EmbeddedRego("uncached", OpaSettings(engine="embedded", timeout_ms=100, fail_open=False, rego=REGO),
+                            inline=True)
+    uncached.cache = DecisionCache(None)
     stages: dict[str, Any] = {  # ON_STAGES names those the ``on`` variant runs
         "input guardrails": lambda: guards.check_input([PROMPT]),
         "output guardrails (stream)": output_stream,
-        "OPA, the global policy (inline)": lambda: guards.authorize_inline(opa_doc),
-        "OPA, a tenant's policy (thread pool)": lambda: own_guards.authorize_deferred(own_doc),
+        "OPA, the global policy (inline, remembered)": lambda: guards.authorize_inline(opa_doc),
+        "OPA, the same policy not cached (inline)": lambda: uncached.decide_now(opa_doc),
+        "OPA, a tenant's policy (thread pool, not cached)": lambda: own_guards.authorize_deferred(
+            {**own_doc, "request_id": next(request_ids)}
+        ),
         "rate limit + quota (reserve, settle)": limiter,
         "audit event, written": audit_written,
         "audit event, fsynced": audit_fsynced,
@@ -284,8 +313,9 @@ def setup(dtype: str, *, stand_in_engine: bool = False) -> Setup:
     store.create_policy(tenant.id, "guardrail", "bench", guardrail)
     # The operator's access policy, global, so evaluated inline (policy.guardrails.opa).
     store.create_policy(None, "guardrail", "access", {"opa": {"engine": "embedded", "rego": REGO}})
-    # The second tenant also has a Rego policy of its own: a tenant's, evaluated on the OPA pool beside the engine.
-    store.create_policy(own.id, "guardrail", "bench", {**guardrail, "opa": {"engine": "embedded", "rego": REGO}})
+    # The second tenant also has a Rego policy of its own: a tenant's, evaluated on the OPA pool beside the engine,
+    # and one that reads the request id, so never remembered.
+    store.create_policy(own.id, "guardrail", "bench", {**guardrail, "opa": {"engine": "embedded", "rego": TENANT_REGO}})
     spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype=dtype)
     served = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=64 * 1024 * 1024))
     if stand_in_engine:
@@ -317,6 +347,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     bench = setup(args.dtype, stand_in_engine=args.stand_in_engine)
     apps, headers, principal = bench.apps, bench.headers, bench.principal
     clock = EngineClock(bench.served.engine)
+    # Per variant, per round: the round's requests' end-to-end latencies and gateway times (seconds).
     latency: dict[str, list[list[float]]] = {name: [] for name in apps}
     gateway: dict[str, list[list[float]]] = {name: [] for name in apps}
     rps: dict[str, list[float]] = {name: [] for name in apps}
@@ -330,57 +361,73 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in apps:  # warm-up: caches, compiled Rego, the first fsyncs
             await sequential(clients[name], headers[name], 20, clock)
         for r in range(args.rounds):
-            order = list(apps)[r % len(apps):] + list(apps)[: r % len(apps)]  # rotate who goes first
-            for name in order:
+            for name in _rotated(list(apps), r):
                 total, own = await sequential(clients[name], headers[name], args.requests, clock)
                 latency[name].append(total)
                 gateway[name].append(own)
-            for name in order:
-                rps[name].append(await throughput(clients[name], headers[name], args.requests, args.concurrency))
+        for r in range(args.throughput_rounds):
+            for name in _rotated(list(apps), r):
+                rps[name].append(
+                    await throughput(clients[name], headers[name], args.throughput_requests, args.concurrency)
+                )
         for client in clients.values():
             await client.aclose()
-        stages = await components(apps["on"], principal, bench.own_principal)
+        stages = await components(apps["on"], principal, bench.own_principal, apps["on-fsync"].state.audit_trail)
     bench.close()
 
     def summary(name: str) -> dict[str, float]:
-        def ms(rounds: list[list[float]], q: float) -> float:
-            return statistics.median(pct(r, q) for r in rounds) * 1000
-
         return {
-            "p50_ms": ms(latency[name], 50),
-            "p99_ms": ms(latency[name], 99),
-            "gateway_p50_ms": ms(gateway[name], 50),
-            "gateway_p99_ms": ms(gateway[name], 99),
+            "p50_ms": statistics.median(pct(r, 50) for r in latency[name]) * 1000,
+            "p99_ms": pct([x for r in latency[name] for x in r], 99) * 1000,
+            "gateway_p50_ms": statistics.median(pct(r, 50) for r in gateway[name]) * 1000,
+            "gateway_p99_ms": pct([x for r in gateway[name] for x in r], 99) * 1000,
             "rps": statistics.median(rps[name]),
         }
 
+    def added(name: str, q: float, rounds: dict[str, list[list[float]]]) -> float:
+        """ms ``name`` adds to ``off`` at percentile ``q``: p50 paired round by round, p99 over all requests."""
+        if q == 50:
+            return statistics.median(pct(a, 50) - pct(b, 50) for a, b in zip(rounds[name], rounds["off"])) * 1000
+        pooled = {n: [x for r in rounds[n] for x in r] for n in (name, "off")}
+        return (pct(pooled[name], q) - pct(pooled["off"], q)) * 1000
+
     off, on, fsync, own = summary("off"), summary("on"), summary("on-fsync"), summary("on-tenant-rego")
+    paired = [round((pct(a, 50) - pct(b, 50)) * 1000, 3) for a, b in zip(latency["on"], latency["off"])]
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
         "requests": args.requests, "rounds": args.rounds, "concurrency": args.concurrency, "dtype": args.dtype,
+        "throughput_requests": args.throughput_requests, "throughput_rounds": args.throughput_rounds,
         "engine": "stand-in" if args.stand_in_engine else "SmolLM2 on cpu",
         "off": off, "on": on, "on-fsync": fsync, "on-tenant-rego": own,
-        "added_p50_ms": on["p50_ms"] - off["p50_ms"],
-        "added_p99_ms": on["p99_ms"] - off["p99_ms"],
-        "added_gateway_p50_ms": on["gateway_p50_ms"] - off["gateway_p50_ms"],
-        "added_gateway_p99_ms": on["gateway_p99_ms"] - off["gateway_p99_ms"],
+        "added_p50_ms": added("on", 50, latency),
+        "added_p99_ms": added("on", 99, latency),
+        "added_gateway_p50_ms": added("on", 50, gateway),
+        "added_gateway_p99_ms": added("on", 99, gateway),
+        "added_p50_ms_by_round": paired,
         "rps_ratio": on["rps"] / off["rps"],
-        "fsync_added_gateway_p50_ms": fsync["gateway_p50_ms"] - off["gateway_p50_ms"],
-        "fsync_added_p50_ms": fsync["p50_ms"] - off["p50_ms"],
+        "fsync_added_gateway_p50_ms": added("on-fsync", 50, gateway),
+        "fsync_added_p50_ms": added("on-fsync", 50, latency),
         "fsync_rps_ratio": fsync["rps"] / off["rps"],
-        "tenant_rego_added_p50_ms": own["p50_ms"] - off["p50_ms"],
-        "tenant_rego_added_gateway_p50_ms": own["gateway_p50_ms"] - off["gateway_p50_ms"],
+        "tenant_rego_added_p50_ms": added("on-tenant-rego", 50, latency),
+        "tenant_rego_added_gateway_p50_ms": added("on-tenant-rego", 50, gateway),
         "tenant_rego_rps_ratio": own["rps"] / off["rps"],
         "components": stages,
     }
 
 
+def _rotated(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: each variant goes first in turn."""
+    return names[r % len(names):] + names[: r % len(names)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("Method")[0].strip())
-    parser.add_argument("--requests", type=int, default=300, help="requests per variant per round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=60, help="sequential requests per variant per round")
+    parser.add_argument("--rounds", type=int, default=20, help="latency rounds (each variant once per round)")
     parser.add_argument("--concurrency", type=int, default=16, help="clients in flight for requests/s")
+    parser.add_argument("--throughput-requests", type=int, default=300, help="requests per requests/s measurement")
+    parser.add_argument("--throughput-rounds", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--stand-in-engine", action="store_true",
                         help="answer at once instead of generating: the gateway's own cost alone (a diagnostic)")
@@ -389,20 +436,24 @@ def main() -> None:
     report = asyncio.run(run(args))
     print(__doc__.split("Usage:")[0].strip())
     print()
-    print(f"{args.rounds} rounds x {args.requests} requests per variant; throughput at concurrency {args.concurrency}")
+    print(f"{args.rounds} rounds x {args.requests} sequential requests per variant; requests/s: "
+          f"{args.throughput_rounds} rounds x {args.throughput_requests} requests at concurrency {args.concurrency}")
     print("| variant | end-to-end p50 ms | p99 ms | gateway time p50 ms | p99 ms | requests/s |")
     print("|---|---|---|---|---|---|")
     for name in ("off", "on", "on-fsync", "on-tenant-rego"):
         row = report[name]
         print(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['gateway_p50_ms']:.2f} "
               f"| {row['gateway_p99_ms']:.2f} | {row['rps']:.1f} |")
-    print(f"\nadded by the policy chain, gateway time: p50 {report['added_gateway_p50_ms']:+.2f} ms, "
+    print("\nadded by the policy chain (p50: the median over rounds of on minus off in the same round; p99: over "
+          "every request):")
+    print(f"gateway time: p50 {report['added_gateway_p50_ms']:+.2f} ms, "
           f"p99 {report['added_gateway_p99_ms']:+.2f} ms; end to end: p50 {report['added_p50_ms']:+.2f} ms, "
           f"p99 {report['added_p99_ms']:+.2f} ms; requests/s on/off = {report['rps_ratio']:.2f}")
     print(f"with audit.wait_durable: true: p50 {report['fsync_added_p50_ms']:+.2f} ms end to end, "
           f"gateway time p50 {report['fsync_added_gateway_p50_ms']:+.2f} ms, "
           f"requests/s on-fsync/off = {report['fsync_rps_ratio']:.2f}")
-    print(f"with a tenant's own Rego policy too: p50 {report['tenant_rego_added_p50_ms']:+.2f} ms end to end, "
+    print(f"end-to-end p50 added, round by round: {report['added_p50_ms_by_round']}")
+    print(f"with a tenant's own, uncacheable Rego policy too: p50 {report['tenant_rego_added_p50_ms']:+.2f} ms end to end, "
           f"gateway time p50 {report['tenant_rego_added_gateway_p50_ms']:+.2f} ms, "
           f"requests/s on-tenant-rego/off = {report['tenant_rego_rps_ratio']:.2f}")
     print("\neach stage alone, engine idle (500 calls):")

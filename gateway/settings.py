@@ -281,8 +281,9 @@ class AuditSettings(BaseModel):
     retention_days: float = Field(default=90.0, gt=0)
     # Each sink (and the store's index) waits this long after the first new
     # event to gather a batch: fewer sends and commits competing with requests
-    # for the CPU, at the cost of that much delivery delay. 0 sends at once.
-    sink_linger_seconds: float = Field(default=0.2, ge=0, le=60)
+    # for the CPU, at the cost of that much delivery delay (and of admin audit
+    # queries lagging by as much). 0 sends at once.
+    sink_linger_seconds: float = Field(default=1.0, ge=0, le=60)
     sinks: list[AuditSinkSettings] = Field(default_factory=list)
 
 

@@ -13,7 +13,6 @@ needs a CUDA device; the padding around it is tested here without one.
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
