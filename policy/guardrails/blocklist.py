@@ -12,6 +12,10 @@ matching would equate (``k`` and the Kelvin sign, ``s`` and long ``ſ``, ``σ``
 and ``ς``...) survive normalisation, so an exact search finds what a
 case-insensitive RE2 search would. A literal that is not normalised (not
 produced by ``normalize_literal``) keeps the case-insensitive RE2 search.
+The plain literals of a tenant's policies share a gate (``literal_gate``, used
+by ``check.scan_plan``): one RE2 search of all of them tells whether any occurs
+in a text at all, so a text that holds none (most do) costs one search, not
+one per word (500 words: 4 µs instead of 120 µs for a short prompt).
 
 Regexes are tenants' input, so they are compiled by RE2 (``google-re2``), whose
 matching time is linear in the text whatever the pattern: ``(a+)+$`` cannot
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import re._constants as sre_constants
 import re._parser as sre_parser
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import re2
 
@@ -38,6 +42,7 @@ MAX_PATTERN_LENGTH = 1000
 MAX_LITERAL_LENGTH = 200
 MAX_PROGRAM_SIZE = 20_000  # RE2 instructions; a bigger program is refused, not slowly compiled
 RE2_MAX_MEM = 4 << 20
+GATE_MAX_MEM = 64 << 20  # a tenant's whole list of literals, in one program
 # The longest match a stream is guaranteed to catch across chunk boundaries for a
 # regex with no upper bound (``a+``); a rule may set its own ``max_length``.
 DEFAULT_REGEX_MAX_LENGTH = 256
@@ -141,6 +146,23 @@ def _word_at(text: str, i: int) -> bool:
         ch = text[i]
         return ch.isalnum() or ch == "_"
     return False
+
+
+def is_plain(literal: str) -> bool:
+    """Whether ``literal`` is found by a plain string search (``string_finder``); see the module's docstring."""
+    return _is_normalized(literal)
+
+
+def literal_gate(literals: Sequence[str]) -> re2._Regexp | None:
+    """One RE2 search for "does any of ``literals`` occur" (plain ones: exact, case-sensitive); None if RE2
+    cannot take them all (then each is looked for on its own, as without a gate)."""
+    options = _options(literal=False)
+    options.case_sensitive = True  # the literals and the texts are normalised (case-folded) already
+    options.max_mem = GATE_MAX_MEM
+    try:
+        return re2.compile("|".join(re2.escape(literal) for literal in literals), options)
+    except re2.error:
+        return None
 
 
 def _is_normalized(literal: str) -> bool:

@@ -8,32 +8,64 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from policy.guardrails.blocklist import literal_gate
 from policy.guardrails.errors import ContentFiltered
 from policy.guardrails.findings import Action, Finding, Hit, Matcher
 from policy.guardrails.normalize import Normalized, normalize
 
 
-def scan(text: str, matchers: Sequence[Matcher], start: int = 0) -> list[tuple[Matcher, Hit]]:
+@dataclass(frozen=True, slots=True)
+class LiteralGroup:
+    """Blocklist literals looked for together: one RE2 search (``gate``) tells whether any of them
+    occurs in a text, and only then is each looked for, with its word boundaries. A tenant's list of
+    words then costs one search per text that holds none of them, not one per word."""
+
+    matchers: tuple[Matcher, ...]
+    gate: Any  # re2._Regexp
+
+
+ScanPlan = tuple[Matcher | LiteralGroup, ...]
+
+
+def scan_plan(matchers: Sequence[Matcher]) -> ScanPlan:
+    """``matchers`` as ``scan`` runs them best: the plain blocklist literals behind one gate, the rest as given."""
+    literal = [m for m in matchers if m.literal is not None]
+    gate = literal_gate([m.literal for m in literal if m.literal is not None]) if len(literal) > 1 else None
+    if gate is None:
+        return tuple(matchers)
+    return (*(m for m in matchers if m.literal is None), LiteralGroup(tuple(literal), gate))
+
+
+def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> list[tuple[Matcher, Hit]]:
     """The hits at or after ``start`` in normalised ``text``, in order of position.
 
-    PII detectors are tried most specific first (``pii.DETECTORS``) and a PII
-    hit overlapping one already taken is dropped (a card number is not also
-    a phone number); blocklist hits are all kept.
+    ``matchers`` may be a ``scan_plan``. PII detectors are tried most specific
+    first (``pii.DETECTORS``) and a PII hit overlapping one already taken is
+    dropped (a card number is not also a phone number); blocklist hits are all
+    kept (so a gated group may come last).
     """
     kept: list[tuple[Matcher, Hit]] = []
     taken: list[Hit] = []
     if matchers:
         refuse_unencodable(text)
-    for matcher in matchers:
-        for hit in matcher.find(text):
-            if hit.start < start:
+    for entry in matchers:
+        if isinstance(entry, LiteralGroup):
+            if entry.gate.search(text) is None:
                 continue
-            if matcher.kind == "pii":
-                if any(hit.start < other.end and other.start < hit.end for other in taken):
+            group: Sequence[Matcher] = entry.matchers
+        else:
+            group = (entry,)
+        for matcher in group:
+            for hit in matcher.find(text):
+                if hit.start < start:
                     continue
-                taken.append(hit)
-            kept.append((matcher, hit))
+                if matcher.kind == "pii":
+                    if any(hit.start < other.end and other.start < hit.end for other in taken):
+                        continue
+                    taken.append(hit)
+                kept.append((matcher, hit))
     kept.sort(key=lambda pair: (pair[1].start, -pair[1].end))
     return kept
 
@@ -121,8 +153,8 @@ class Decision:
             raise self.error(direction)
 
 
-def check_texts(texts: Sequence[str], matchers: Sequence[Matcher]) -> Decision:
-    """Check each of ``texts`` against ``matchers``; see ``Decision``."""
+def check_texts(texts: Sequence[str], matchers: Sequence[Matcher] | ScanPlan) -> Decision:
+    """Check each of ``texts`` against ``matchers`` (or their ``scan_plan``); see ``Decision``."""
     out: list[str] = []
     findings: list[Finding] = []
     for index, text in enumerate(texts):

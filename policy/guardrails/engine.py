@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from policy.guardrails.blocklist import compile_regex, literal_finder, regex_finder
-from policy.guardrails.check import Decision, check_texts
+from policy.guardrails.blocklist import compile_regex, is_plain, literal_finder, regex_finder
+from policy.guardrails.check import Decision, check_texts, scan_plan
 from policy.guardrails.findings import Action, Direction, Matcher
 from policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all, decide_inline
 from policy.guardrails.pii import DETECTORS, PLACEHOLDERS
@@ -26,9 +26,11 @@ def _blocklist_matchers(spec: GuardrailSpec, direction: Direction) -> list[Match
     for rule in spec.blocklist:
         if not rule.direction.covers(direction):
             continue
+        plain = None
         if rule.literal is not None:
             find = literal_finder(rule.literal, word=rule.word)
             spaces = " " in rule.literal
+            plain = rule.literal if is_plain(rule.literal) else None
         else:
             find = regex_finder(compile_regex(rule.regex or "", "regex"), word=rule.word)
             spaces = True  # a pattern may match a space; assume it does
@@ -36,7 +38,7 @@ def _blocklist_matchers(spec: GuardrailSpec, direction: Direction) -> list[Match
         out.append(
             Matcher(
                 f"blocklist.{rule.id}", "blocklist", "blocklist", rule.action, placeholder, find, rule.max_length,
-                spaces, spec.name,
+                spaces, spec.name, plain,
             )
         )
     return out
@@ -78,6 +80,7 @@ class Guardrails:
             m for spec in specs for m in _blocklist_matchers(spec, Direction.OUTPUT)
         )
         self._output_holdback = holdback(self.output_matchers)  # the same for every stream
+        self._input_plan, self._output_plan = scan_plan(self.input_matchers), scan_plan(self.output_matchers)
         if engines is None:
             engines = [build_engine(spec.name, spec.opa) for spec in specs if spec.opa is not None]
         self.engines = tuple(engines)
@@ -94,15 +97,15 @@ class Guardrails:
 
     def check_input(self, texts: Sequence[str]) -> Decision:
         """Check a request's texts (``request_texts``): allow, possibly redacted, or block with reasons."""
-        return check_texts(texts, self.input_matchers)
+        return check_texts(texts, self._input_plan)
 
     def check_output(self, text: str) -> Decision:
         """Check a whole (non-streamed) response text."""
-        return check_texts([text], self.output_matchers)
+        return check_texts([text], self._output_plan)
 
     def output_stream(self) -> OutputStream:
         """An incremental checker for one streamed response (one per choice)."""
-        return OutputStream(self.output_matchers, self._output_holdback)
+        return OutputStream(self.output_matchers, self._output_holdback, plan=self._output_plan)
 
     async def authorize(self, document: Mapping[str, Any]) -> OpaDecision:
         """Ask every OPA policy about ``document`` (``opa_input``); call ``raise_for_deny`` on the answer."""

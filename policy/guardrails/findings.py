@@ -64,6 +64,7 @@ class Matcher:
     max_length: int  # longest match (normalised characters) before it is settled
     spaces: bool  # whether a match may contain a space (else it lies within one word)
     policy: str = ""  # the policy it came from, for reasons and audit
+    literal: str | None = None  # a blocklist literal found by plain string search: it may share a gate
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policy.guardrails.check import finding, redact, refuse_unencodable, scan
+from policy.guardrails.check import ScanPlan, finding, redact, refuse_unencodable, scan, scan_plan
 from policy.guardrails.findings import Action, Finding, Matcher
 from policy.guardrails.normalize import Normalized, normalize
 
@@ -69,10 +69,14 @@ def holdback(matchers: Sequence[Matcher]) -> tuple[int, int]:
 class OutputStream:
     """The incremental output checker of one streamed response."""
 
-    def __init__(self, matchers: Sequence[Matcher], hold: tuple[int, int] | None = None) -> None:
-        """``hold``: ``holdback(matchers)``, when the caller has it already (it is the same for every stream)."""
+    def __init__(
+        self, matchers: Sequence[Matcher], hold: tuple[int, int] | None = None, *, plan: ScanPlan | None = None
+    ) -> None:
+        """``hold``: ``holdback(matchers)``, and ``plan``: ``scan_plan(matchers)``, when the caller has them
+        already (they are the same for every stream)."""
         self._matchers = tuple(matchers)
         self._hold_spaced, self._hold_word = holdback(self._matchers) if hold is None else hold
+        self._plan = scan_plan(self._matchers) if plan is None else plan
         self._decoder: codecs.IncrementalDecoder | None = None  # made for the first bytes chunk
         self._buffer = ""  # released context + text not yet released
         self._released = 0  # offset in _buffer where the unreleased text begins
@@ -121,7 +125,7 @@ class OutputStream:
             if until == start:  # all of it held back (the first tokens of every answer): nothing to decide yet
                 refuse_unencodable(text)
                 return StreamStep("")
-        hits = scan(text, self._matchers, start)
+        hits = scan(text, self._plan, start)
         # Everything that starts before `until` is settled (see the module's docstring).
         blocking = next((hit for m, hit in hits if m.action is Action.BLOCK and hit.start < until), None)
         if blocking is not None:

@@ -10,6 +10,7 @@ import pytest
 from policy.errors import ValidationFailed
 from policy.guardrails import Guardrails, parse_spec
 from policy.guardrails.blocklist import MAX_PATTERN_LENGTH, compile_regex, regex_max_length
+from policy.guardrails.check import LiteralGroup, check_texts, scan_plan
 
 
 def test_catastrophic_backtracking_pattern_returns_quickly(make_guardrails: Callable[..., Guardrails]) -> None:
@@ -105,3 +106,35 @@ def test_sensitive_rules_apply_and_are_named_by_id_only(make_guardrails: Callabl
 @pytest.mark.parametrize(("pattern", "expected"), [("abc", 3), ("a{2,5}b", 6), ("a+", None), (r"\pL", None)])
 def test_regex_max_length(pattern: str, expected: int | None) -> None:
     assert regex_max_length(pattern) == expected
+
+
+def test_many_literals_share_one_gate_and_find_what_each_alone_finds(
+    make_guardrails: Callable[..., Guardrails],
+) -> None:
+    # One RE2 search decides whether any of a tenant's words occurs; it must not change a single finding.
+    words = [f"word{i}x" for i in range(300)] + ["a.b", "c++", "zürich", "two words"]
+    rules = [{"id": f"r{i}", "literal": w, "action": "redact"} for i, w in enumerate(words)]
+    rules.append({"id": "sub", "literal": "ski", "match": "substring"})
+    guardrails = make_guardrails({"blocklist": rules, "pii": {"email": "redact"}})
+    plan = scan_plan(guardrails.input_matchers)
+    assert sum(isinstance(entry, LiteralGroup) for entry in plan) == 1  # the literals went behind one gate
+    texts = [
+        "nothing to see here",
+        "say WORD7X and word299x",
+        "inside aword7xb and word7x_ no",  # glued to word characters: not a word match
+        "w\u200bord12x via zero width, ＷＯＲＤ13Ｘ full width",
+        "a.b and c++ in Zürich, two  words, two words",
+        "skipping a ski trip: me@example.com",
+    ]
+    gated = check_texts(texts, plan)
+    alone = check_texts(texts, guardrails.input_matchers)  # every matcher on its own, no gate
+    assert gated == alone
+    found = {f.rule for f in gated.findings}
+    assert {"blocklist.r7", "blocklist.r299", "blocklist.r12", "blocklist.r13", "blocklist.r300", "blocklist.r301",
+            "blocklist.r302", "blocklist.r303", "blocklist.sub", "pii.email"} <= found
+    assert gated.texts[0] == texts[0] and "aword7xb" in gated.texts[2] and "[REDACTED]" not in gated.texts[2]
+
+
+def test_a_gate_for_a_single_literal_is_not_built(make_guardrails: Callable[..., Guardrails]) -> None:
+    guardrails = make_guardrails({"blocklist": [{"id": "w", "literal": "ski"}]})
+    assert scan_plan(guardrails.input_matchers) == tuple(guardrails.input_matchers)
