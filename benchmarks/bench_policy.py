@@ -3,7 +3,7 @@
 
 Method
 ------
-Four apps built by ``gateway.app.create_app`` over the same loaded model (the
+Five apps built by ``gateway.app.create_app`` over the same loaded model (the
 bundled SmolLM2 on the CPU backend) and the same policy store (SQLite in a
 temporary directory), driven in-process through ``httpx.ASGITransport`` (no
 sockets, whose noise would swamp the difference):
@@ -22,6 +22,9 @@ sockets, whose noise would swamp the difference):
 * ``on-fsync``: the same with ``audit.wait_durable: true``, which also waits
   for each event's fsync before answering (what a crash of the machine cannot
   take back): what that guarantee costs;
+* ``on-opa-uncached``: ``on`` with the global policy's decisions never
+  remembered: what the operator's policy costs when it reads a field that
+  changes with every request (the request id, the prompt's token count);
 * ``on-tenant-rego``: ``on`` for a second tenant whose guardrail policy also
   has a Rego policy of its own, one that reads the request id, so that no
   decision of it can be remembered (``policy.guardrails.opa_cache``): a
@@ -334,10 +337,12 @@ def setup(dtype: str, *, stand_in_engine: bool = False) -> Setup:
             owns_models=False,
         ),
     }
+    apps["on-opa-uncached"] = create_app(Settings(data_dir=data_dir / "on-opa-uncached"), manager, store=store,
+                                         owns_models=False)  # its engines' caches are turned off once built (run)
     apps["on-tenant-rego"] = create_app(Settings(data_dir=data_dir / "on-tenant-rego"), manager, store=store,
                                         owns_models=False)
     bearer, own_bearer = {"authorization": f"Bearer {key}"}, {"authorization": f"Bearer {own_key}"}
-    headers = {"off": {}, "on": bearer, "on-fsync": bearer, "on-tenant-rego": own_bearer}
+    headers = {"off": {}, "on": bearer, "on-fsync": bearer, "on-opa-uncached": bearer, "on-tenant-rego": own_bearer}
     own_principal = Principal(tenant_id=own.id, tenant_name="bench-rego", subject="key:bench", kind="api_key",
                               roles=frozenset({"member"}))
     return Setup(apps, headers, served, store, principal, own_principal)
@@ -360,6 +365,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         for name in apps:  # warm-up: caches, compiled Rego, the first fsyncs
             await sequential(clients[name], headers[name], 20, clock)
+        uncached = await apps["on-opa-uncached"].state.guardrails.resolve(principal.tenant_id)
+        for engine in uncached.engines:  # this app's own engines: the others keep their caches
+            engine.cache = DecisionCache(None)  # type: ignore[attr-defined]
         for r in range(args.rounds):
             for name in _rotated(list(apps), r):
                 total, own = await sequential(clients[name], headers[name], args.requests, clock)
@@ -392,6 +400,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return (pct(pooled[name], q) - pct(pooled["off"], q)) * 1000
 
     off, on, fsync, own = summary("off"), summary("on"), summary("on-fsync"), summary("on-tenant-rego")
+    uncached = summary("on-opa-uncached")
     paired = [round((pct(a, 50) - pct(b, 50)) * 1000, 3) for a, b in zip(latency["on"], latency["off"])]
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -399,7 +408,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "requests": args.requests, "rounds": args.rounds, "concurrency": args.concurrency, "dtype": args.dtype,
         "throughput_requests": args.throughput_requests, "throughput_rounds": args.throughput_rounds,
         "engine": "stand-in" if args.stand_in_engine else "SmolLM2 on cpu",
-        "off": off, "on": on, "on-fsync": fsync, "on-tenant-rego": own,
+        "off": off, "on": on, "on-fsync": fsync, "on-opa-uncached": uncached, "on-tenant-rego": own,
         "added_p50_ms": added("on", 50, latency),
         "added_p99_ms": added("on", 99, latency),
         "added_gateway_p50_ms": added("on", 50, gateway),
@@ -409,6 +418,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "fsync_added_gateway_p50_ms": added("on-fsync", 50, gateway),
         "fsync_added_p50_ms": added("on-fsync", 50, latency),
         "fsync_rps_ratio": fsync["rps"] / off["rps"],
+        "opa_uncached_added_p50_ms": added("on-opa-uncached", 50, latency),
+        "opa_uncached_added_gateway_p50_ms": added("on-opa-uncached", 50, gateway),
+        "opa_uncached_rps_ratio": uncached["rps"] / off["rps"],
         "tenant_rego_added_p50_ms": added("on-tenant-rego", 50, latency),
         "tenant_rego_added_gateway_p50_ms": added("on-tenant-rego", 50, gateway),
         "tenant_rego_rps_ratio": own["rps"] / off["rps"],
@@ -440,7 +452,7 @@ def main() -> None:
           f"{args.throughput_rounds} rounds x {args.throughput_requests} requests at concurrency {args.concurrency}")
     print("| variant | end-to-end p50 ms | p99 ms | gateway time p50 ms | p99 ms | requests/s |")
     print("|---|---|---|---|---|---|")
-    for name in ("off", "on", "on-fsync", "on-tenant-rego"):
+    for name in ("off", "on", "on-fsync", "on-opa-uncached", "on-tenant-rego"):
         row = report[name]
         print(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['gateway_p50_ms']:.2f} "
               f"| {row['gateway_p99_ms']:.2f} | {row['rps']:.1f} |")
@@ -453,6 +465,9 @@ def main() -> None:
           f"gateway time p50 {report['fsync_added_gateway_p50_ms']:+.2f} ms, "
           f"requests/s on-fsync/off = {report['fsync_rps_ratio']:.2f}")
     print(f"end-to-end p50 added, round by round: {report['added_p50_ms_by_round']}")
+    print(f"with the global policy's decisions not cached: p50 {report['opa_uncached_added_p50_ms']:+.2f} ms end to end, "
+          f"gateway time p50 {report['opa_uncached_added_gateway_p50_ms']:+.2f} ms, "
+          f"requests/s on-opa-uncached/off = {report['opa_uncached_rps_ratio']:.2f}")
     print(f"with a tenant's own, uncacheable Rego policy too: p50 {report['tenant_rego_added_p50_ms']:+.2f} ms end to end, "
           f"gateway time p50 {report['tenant_rego_added_gateway_p50_ms']:+.2f} ms, "
           f"requests/s on-tenant-rego/off = {report['tenant_rego_rps_ratio']:.2f}")

@@ -23,6 +23,11 @@ Data API (``/v1/data/<path>`` with ``{"input": ...}``) with the same timeout
 and no retries. On an error or a timeout the policy's ``on_error`` decides:
 ``allow`` fails open (the decision records the error), ``deny`` fails closed
 (``PolicyEngineUnavailable``, 503).
+
+An embedded policy that provably reads only a few input fields, and nothing that
+changes on its own (the clock, randomness, the network), answers the same
+values of those fields from its ``DecisionCache`` without evaluating again
+(``opa_cache``); inline or on the pool, the cache is looked up first.
 """
 
 from __future__ import annotations
