@@ -5,12 +5,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import re
 from datetime import datetime
 
 import pytest
 
 from policy.audit.errors import InvalidAuditEvent
-from policy.audit.events import AuditEvent, ContentDigester, Finding, admin_event, api_event
+from policy.audit import events as events_module
+from policy.audit.events import AuditEvent, ContentDigester, Finding, admin_event, api_event, new_event_id
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -109,3 +112,26 @@ def test_invalid_events_are_clear_errors(fields: dict[str, object], param: str) 
 def test_from_json_rejects_what_is_not_an_event(data: object) -> None:
     with pytest.raises(InvalidAuditEvent):
         AuditEvent.from_json(data)  # type: ignore[arg-type]
+
+
+def test_event_ids_are_unique_well_formed_and_differ_in_a_forked_child() -> None:
+    ids = [new_event_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(re.fullmatch(r"aev_[a-z2-7]{20}", i) for i in ids)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its ids must not repeat the parent's (same counter, new prefix)
+        os.write(write, new_event_id().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 100).decode()
+    os.waitpid(pid, 0)
+    os.close(read)
+    parent = new_event_id()
+    assert re.fullmatch(r"aev_[a-z2-7]{20}", child) and child[:16] != parent[:16]
+
+
+def test_event_ids_take_a_new_prefix_when_the_counter_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = new_event_id()
+    monkeypatch.setattr(events_module._event_ids, "_counter", iter([1 << 40]))
+    after = new_event_id()
+    assert after[:16] != before[:16] and after.endswith("a" * 8)  # the new prefix's first id
