@@ -44,7 +44,7 @@ def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> l
     ``matchers`` may be a ``scan_plan``. PII detectors are tried most specific
     first (``pii.DETECTORS``) and a PII hit overlapping one already taken is
     dropped (a card number is not also a phone number); blocklist hits are all
-    kept (so a gated group may come last).
+    kept (so a gated group may come last: the order it is tried in changes nothing).
     """
     kept: list[tuple[Matcher, Hit]] = []
     taken: list[Hit] = []
@@ -66,7 +66,9 @@ def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> l
                         continue
                     taken.append(hit)
                 kept.append((matcher, hit))
-    kept.sort(key=lambda pair: (pair[1].start, -pair[1].end))
+    # Hits on the same span: PII first (as the detectors run first), then by rule, so the
+    # order is the same whether or not the literals went through a gate.
+    kept.sort(key=lambda pair: (pair[1].start, -pair[1].end, pair[0].kind != "pii", pair[0].rule))
     return kept
 
 

@@ -115,6 +115,9 @@ def test_many_literals_share_one_gate_and_find_what_each_alone_finds(
     words = [f"word{i}x" for i in range(300)] + ["a.b", "c++", "zürich", "two words"]
     rules = [{"id": f"r{i}", "literal": w, "action": "redact"} for i, w in enumerate(words)]
     rules.append({"id": "sub", "literal": "ski", "match": "substring"})
+    # A regex on the same spans as a literal before it: the gate moves the literals after it; the
+    # findings must come in the same order all the same.
+    rules.append({"id": "re7", "regex": "word7x", "match": "word", "action": "redact"})
     guardrails = make_guardrails({"blocklist": rules, "pii": {"email": "redact"}})
     plan = scan_plan(guardrails.input_matchers)
     assert sum(isinstance(entry, LiteralGroup) for entry in plan) == 1  # the literals went behind one gate
@@ -131,7 +134,7 @@ def test_many_literals_share_one_gate_and_find_what_each_alone_finds(
     assert gated == alone
     found = {f.rule for f in gated.findings}
     assert {"blocklist.r7", "blocklist.r299", "blocklist.r12", "blocklist.r13", "blocklist.r300", "blocklist.r301",
-            "blocklist.r302", "blocklist.r303", "blocklist.sub", "pii.email"} <= found
+            "blocklist.r302", "blocklist.r303", "blocklist.sub", "blocklist.re7", "pii.email"} <= found
     assert gated.texts[0] == texts[0] and "aword7xb" in gated.texts[2] and "[REDACTED]" not in gated.texts[2]
 
 
