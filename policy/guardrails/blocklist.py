@@ -148,11 +148,6 @@ def _word_at(text: str, i: int) -> bool:
     return False
 
 
-def is_plain(literal: str) -> bool:
-    """Whether ``literal`` is found by a plain string search (``string_finder``); see the module's docstring."""
-    return _is_normalized(literal)
-
-
 def literal_gate(literals: Sequence[str]) -> re2._Regexp | None:
     """One RE2 search for "does any of ``literals`` occur" (plain ones: exact, case-sensitive); None if RE2
     cannot take them all (then each is looked for on its own, as without a gate)."""
@@ -165,7 +160,8 @@ def literal_gate(literals: Sequence[str]) -> re2._Regexp | None:
         return None
 
 
-def _is_normalized(literal: str) -> bool:
+def is_plain(literal: str) -> bool:
+    """Whether ``literal`` is normalised, and so found by a plain string search (``string_finder``)."""
     if normalize(literal).text != literal:
         return False
     try:
@@ -198,6 +194,6 @@ def string_finder(literal: str, *, word: bool) -> Finder:
 
 def literal_finder(literal: str, *, word: bool) -> Finder:
     """``literal`` should already be normalised (``normalize_literal``): then a plain string search finds it."""
-    if _is_normalized(literal):
+    if is_plain(literal):
         return string_finder(literal, word=word)
     return regex_finder(re2.compile(literal, _options(literal=True)), word=word)

@@ -41,6 +41,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from policy.bounded import remember
+
 MAX_ENTRIES = 1024
 
 # Built-ins whose answer is not a function of their arguments alone, or that are
@@ -105,8 +107,5 @@ class DecisionCache:
         return found
 
     def put(self, key: str | None, answer: tuple[bool, tuple[str, ...]]) -> None:
-        if key is None:
-            return
-        if len(self._answers) >= self._max:
-            self._answers.clear()  # crude but bounded, and lock-free: it refills with what recurs
-        self._answers[key] = answer
+        if key is not None:
+            remember(self._answers, key, answer, self._max)

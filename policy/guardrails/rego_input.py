@@ -43,6 +43,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from policy.bounded import remember
+
 _INT64 = (-(2**63), 2**63 - 1)
 # What json.dumps(ensure_ascii=False) escapes: the quote, the backslash and control characters.
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
@@ -192,9 +194,7 @@ def _escaped(text: str) -> bytes:
     escaped = json.dumps(text, ensure_ascii=False)[1:-1] if _NEEDS_ESCAPE.search(text) else text
     encoded = escaped.encode("utf-8")  # a lone surrogate raises UnicodeEncodeError, a ValueError
     if len(text) <= _SHORT:
-        if len(_ESCAPED) >= _ESCAPED_MAX:
-            _ESCAPED.clear()  # crude but bounded; it refills with what recurs
-        _ESCAPED[text] = encoded
+        remember(_ESCAPED, text, encoded, _ESCAPED_MAX)
     return encoded
 
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, Protocol
 
+from policy.bounded import remember
 from policy.errors import ValidationFailed
 from policy.ratelimit.background import every, stop
 from policy.ratelimit.checks import (
@@ -395,9 +396,7 @@ class RateLimiter:
                 *self._level_counters(Level.TENANT, limits.tenant, f"{tenant}:t"),
                 *self._level_counters(Level.KEY, limits.key, f"{tenant}:k:{_subject_key(own)}"),
             )
-            if len(self._known) >= MAX_KNOWN_CALLERS:
-                self._known.clear()  # bounded; it refills with the callers that recur
-            self._known[(principal.tenant_id, own, limits)] = found
+            remember(self._known, (principal.tenant_id, own, limits), found, MAX_KNOWN_CALLERS)
         return found
 
     def _level_counters(self, level: Level, limits: Limits, base: str) -> list[_Counter]:

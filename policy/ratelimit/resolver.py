@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from policy.bounded import remember
 from policy.errors import ValidationFailed
 from policy.ratelimit.spec import KINDS, LIMIT_FIELDS, LimitPolicy, parse_spec
 from policy.rbac import Principal
@@ -105,10 +106,8 @@ class TenantLimits:
         found = self._subjects.get(ids)
         if found is None:
             own = [limits for name in ids for limits in self._by_principal.get(name, ())]
-            found = EffectiveLimits(self.tenant, _resolve([own, *self._defaults]))
-            if len(self._subjects) >= MAX_SUBJECTS:
-                self._subjects.clear()  # bounded; it refills with the callers that recur
-            self._subjects[ids] = found
+            found = remember(self._subjects, ids, EffectiveLimits(self.tenant, _resolve([own, *self._defaults])),
+                             MAX_SUBJECTS)
         return found
 
 
