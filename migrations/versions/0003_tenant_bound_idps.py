@@ -1,0 +1,23 @@
+"""Identity providers bound to tenants (issue 18).
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-11-25
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+revision: str = "0003"
+down_revision: str | None = "0002"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    pass  # filled in by the change that needs it
+
+
+def downgrade() -> None:
+    pass
