@@ -48,6 +48,8 @@ class _Add:
     params: SamplingParams
     priority: int
     cache_salt: str | None = None
+    tenant: str | None = None
+    weight: float = 1.0
 
 
 @dataclass
@@ -130,16 +132,19 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
+        weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (deltas); the last one has ``finished=True``.
 
-        ``cache_salt``: the request's prefix-cache namespace (``LLMEngine.add_request``).
+        ``cache_salt``: the request's prefix-cache namespace; ``tenant`` and
+        ``weight``: its fair-share key and weight (``LLMEngine.add_request``).
 
         Raises ``InvalidRequestError`` subclasses for a bad request,
         ``EngineStepError`` if a step failed while it ran, ``EngineDeadError``
         if the engine is shut down.
         """
-        prompt, params, _ = self.engine.validate_request(prompt_token_ids, params, priority)
+        prompt, params, _ = self.engine.validate_request(prompt_token_ids, params, priority, weight)
         stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             self._check_alive()
@@ -149,7 +154,7 @@ class AsyncEngine:
         done = False
         try:
             self.start()
-            self._submit(_Add(stream, prompt, params, priority, cache_salt))
+            self._submit(_Add(stream, prompt, params, priority, cache_salt, tenant, weight))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -217,7 +222,8 @@ class AsyncEngine:
             if isinstance(cmd, _Add):
                 try:
                     self.engine.add_request(
-                        cmd.stream.request_id, cmd.prompt, cmd.params, cmd.priority, cache_salt=cmd.cache_salt
+                        cmd.stream.request_id, cmd.prompt, cmd.params, cmd.priority, cache_salt=cmd.cache_salt,
+                        tenant=cmd.tenant, weight=cmd.weight,
                     )
                 except Exception as exc:
                     outbox.put(cmd.stream, exc)

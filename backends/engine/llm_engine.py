@@ -7,6 +7,7 @@ configuration and may be called from any thread.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -140,7 +141,11 @@ class LLMEngine:
     # -- requests
 
     def validate_request(
-        self, prompt_token_ids: Iterable[int], params: SamplingParams | None = None, priority: int = 0
+        self,
+        prompt_token_ids: Iterable[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        weight: float = 1.0,
     ) -> tuple[list[int], SamplingParams, int]:
         """Check a request against the model and the cache without queueing it.
 
@@ -154,6 +159,8 @@ class LLMEngine:
         params.validate(self.vocab_size)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidRequestError(f"priority must be an integer, got {priority!r}", param="priority")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
+            raise InvalidRequestError(f"weight must be a positive number, got {weight!r}", param="weight")
 
         try:
             prompt = [operator.index(t) for t in prompt_token_ids]
@@ -192,11 +199,17 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
+        weight: float = 1.0,
     ) -> None:
         """Queue a request; it joins the running batch at the next step.
 
         ``cache_salt``: the prefix-cache namespace of the request (a tenant id,
         say): it reuses cached KV only of requests with the same salt.
+        ``tenant`` and ``weight``: whose request it is (any string; the
+        scheduler only compares them) and that tenant's share of the batch
+        relative to the others' (``Scheduler``, fair sharing). ``priority``:
+        lower is more important.
 
         Raises ``InvalidRequestError`` subclasses (``DuplicateRequestError``,
         ``EmptyPromptError``, ``PromptTooLongError``, ``CacheCapacityError``,
@@ -204,14 +217,15 @@ class LLMEngine:
         """
         if request_id in self._requests:
             raise DuplicateRequestError(request_id)
-        prompt, params, max_tokens = self.validate_request(prompt_token_ids, params, priority)
+        prompt, params, max_tokens = self.validate_request(prompt_token_ids, params, priority, weight)
+        for name, value in (("cache_salt", cache_salt), ("tenant", tenant)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
         seq_id = self._next_seq_id
         self._next_seq_id += 1
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a string or None, got {type(cache_salt).__name__}")
         seq = Sequence(
             seq_id, request_id, prompt, params, max_tokens=max_tokens, priority=priority, arrival=seq_id,
-            cache_salt=cache_salt,
+            cache_salt=cache_salt, tenant=tenant, weight=float(weight),
         )
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt, params, self.eos_token_ids)
         self._requests[request_id] = seq

@@ -6,14 +6,32 @@ Order within a step:
 
 1. decodes of running sequences, most important first; when a decode needs a
    block and none is free, the least important running sequence not yet
-   scheduled in this step is preempted (possibly the one asking);
+   scheduled in this step is preempted (possibly the one asking), of the most
+   loaded tenant among equals;
 2. next prefill chunks of running sequences whose prompt is not fully computed;
-3. resumption of swapped-out sequences and admission of waiting ones, together
-   in (priority, arrival) order. A waiting sequence gets blocks for all its known
+3. resumption of swapped-out sequences and admission of waiting ones, together,
+   in fair order (below). A waiting sequence gets blocks for all its known
    tokens at admission (so a chunked prefill never stalls half-way), and may
-   preempt running sequences that are strictly less important than itself. This
-   stops at the first sequence that does not fit, so a large request is not
-   starved by small ones.
+   preempt running sequences that are strictly less important than itself, or
+   as important but of a tenant holding more than its fair share. This stops at
+   the first sequence that does not fit, so a large request is not starved by
+   small ones.
+
+Fair sharing between tenants. Every sequence names its tenant (an opaque key,
+``Sequence.tenant``) and that tenant's weight. A tenant's *load* is the number
+of running sequences it holds (its seats in the batch, each one token per
+decode step) divided by its weight. The next sequence to admit or resume is the
+most important (lowest priority number) head of any tenant's queue; among
+tenants at that priority, the head of the least loaded tenant; then the
+earliest arrival. So one tenant's flood cannot queue another's requests behind
+it, and tenants competing for the batch hold seats in proportion to their
+weights (weighted max-min fairness over seats). When the batch is full, a
+waiting sequence may take the seat of a running one of the same priority if its
+tenant, seated, would still be no more loaded than the victim's tenant without
+it, so seats move only from an over-share tenant to an under-share one and never
+back and forth. Preemption for lack of blocks picks, among equally important
+sequences, one of the most loaded tenant. With one tenant all of this is the
+plain (priority, arrival) order.
 
 Preemption frees the sequence's blocks. By recompute (the default) it goes back
 to the waiting queue (ahead of later arrivals of its priority), and on
@@ -28,6 +46,9 @@ slots hold, is recomputed instead. Imports no tensor library.
 from __future__ import annotations
 
 import bisect
+import itertools
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from backends.base import Batch, SequenceSlice
@@ -116,6 +137,9 @@ class Scheduler:
         self.swapped: list[Sequence] = []
         self.num_preemptions = 0
         self.num_swap_outs = 0
+        self.seats: Counter[str | None] = Counter()  # running sequences per tenant (no zero counts)
+        self._admissions = 0
+        self._last_turn: dict[str | None, int] = {}  # tenant -> when it was last admitted (_admissions)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -127,7 +151,7 @@ class Scheduler:
     def abort(self, seq: Sequence) -> None:
         """Drop ``seq`` wherever it is and free its blocks."""
         if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
+            self._leave_running(seq)
             self.block_manager.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
@@ -176,28 +200,26 @@ class Scheduler:
             scheduled[seq.seq_id] = _entry(seq, n)
             budget -= n
 
-        # 3. resumptions and admissions, most important first
+        # 3. resumptions and admissions, in fair order
         while (self.waiting or self.swapped) and budget > 0:
-            if self.swapped and (not self.waiting or _key(self.swapped[0]) < _key(self.waiting[0])):
-                seq = self.swapped[0]
+            seq = self._next_to_admit()
+            if seq.status is SequenceStatus.SWAPPED:
                 n = min(seq.num_uncomputed_tokens, budget)
                 if len(self.running) >= self.max_num_seqs or not self.block_manager.can_swap_in(seq, n):
                     break
-                self.swapped.pop(0)
+                self.swapped.remove(seq)
                 self.block_manager.swap_in(seq)
                 self.block_manager.append_slots(seq, n)
             else:
-                seq = self.waiting[0]
                 if not self._make_room_for(seq, scheduled, out):
                     break
                 for entry in [e for e in scheduled.values() if e.seq.status is not SequenceStatus.RUNNING]:
                     # a sequence scheduled above was preempted to make room: give back its budget
                     del scheduled[entry.seq.seq_id]
                     budget += entry.num_tokens
-                self.waiting.pop(0)
+                self.waiting.remove(seq)
                 self.block_manager.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
-            bisect.insort(self.running, seq, key=_key)
+            self._join_running(seq)
             n = min(seq.num_uncomputed_tokens, budget)
             scheduled[seq.seq_id] = _entry(seq, n)
             budget -= n
@@ -222,7 +244,7 @@ class Scheduler:
                 self.block_manager.trim(seq)
             self.block_manager.commit(seq)
             if seq.is_finished and seq.status is not SequenceStatus.FINISHED_ABORTED:
-                self.running.remove(seq)
+                self._leave_running(seq)
                 self.block_manager.free(seq)
                 if self.speculator is not None:
                     self.speculator.release(seq)
@@ -244,18 +266,57 @@ class Scheduler:
             budget -= len(draft)
         return budget
 
+    # -- fair sharing
+
+    def _join_running(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=_key)
+        self.seats[seq.tenant] += 1
+        self._admissions += 1
+        self._last_turn[seq.tenant] = self._admissions
+        if len(self._last_turn) > MAX_REMEMBERED_TURNS:
+            present = {s.tenant for s in (*self.running, *self.waiting, *self.swapped)}
+            self._last_turn = {t: turn for t, turn in self._last_turn.items() if t in present}
+
+    def _leave_running(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.seats[seq.tenant] -= 1
+        if not self.seats[seq.tenant]:
+            del self.seats[seq.tenant]  # bounded by the tenants with running sequences
+
+    def _load(self, seq: Sequence, extra: int = 0) -> float:
+        """How loaded ``seq``'s tenant is: its seats (plus ``extra``) for its weight."""
+        return (self.seats[seq.tenant] + extra) / seq.weight
+
+    def _next_to_admit(self) -> Sequence:
+        """The waiting or swapped sequence to admit next: the most important
+        head of a tenant's queue, of the least loaded tenant; among equally
+        loaded ones the tenant whose turn was longest ago (round robin, which
+        seats alone cannot tell when they are all taken), then the earliest."""
+        top = min(_key(q[0]) for q in (self.waiting, self.swapped) if q)[0]
+        heads: dict[str | None, Sequence] = {}
+        for queue in (self.waiting, self.swapped):
+            for seq in queue:
+                if seq.priority != top:
+                    break  # each queue is in priority order: nothing further can win
+                head = heads.get(seq.tenant)
+                if head is None or _key(seq) < _key(head):
+                    heads[seq.tenant] = seq
+        return min(heads.values(), key=lambda s: (self._load(s), self._last_turn.get(s.tenant, 0), s.arrival))
+
     # -- preemption
 
     def _pick_victim(self, scheduled: dict[int, ScheduledSeq]) -> Sequence:
-        """The least important, most recently arrived running sequence not yet
-        scheduled in this step (the one asking for room qualifies)."""
-        for seq in reversed(self.running):
-            if seq.seq_id not in scheduled:
-                return seq
-        raise BlockManagerError("no running sequence left to preempt")
+        """The least important running sequence not yet scheduled in this step
+        (the one asking for room qualifies); among those, one of the most
+        loaded tenant, the most recently arrived."""
+        candidates = [seq for seq in self.running if seq.seq_id not in scheduled]
+        if not candidates:
+            raise BlockManagerError("no running sequence left to preempt")
+        return max(candidates, key=lambda s: (s.priority, self._load(s), s.arrival))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        self.running.remove(seq)
+        self._leave_running(seq)
         seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)
@@ -273,20 +334,18 @@ class Scheduler:
         return len(self.running) < self.max_num_seqs and self.block_manager.can_allocate(seq)
 
     def _make_room_for(self, seq: Sequence, scheduled: dict[int, ScheduledSeq], out: SchedulerOutput) -> bool:
-        """True when ``seq`` can be admitted now, after preempting strictly less
-        important running sequences if that is enough to make it fit."""
+        """True when ``seq`` can be admitted now, after preempting running
+        sequences that must yield to it (``_victims_for``) if that is enough to
+        make it fit."""
         if self._fits(seq):
             return True
-        victims = [v for v in reversed(self.running) if v.priority > seq.priority]
-        if not victims:
-            return False
-        reclaimable = self.block_manager.num_free_blocks + sum(len(v.block_table) for v in victims)
-        if (
-            self.block_manager.blocks_needed(seq.num_tokens) > reclaimable
-            or len(self.running) - len(victims) >= self.max_num_seqs
-        ):
-            return False  # evicting them all would not be enough: evict nobody
-        for victim in victims:
+        victims = self._victims_for(seq)
+        planned = self._enough_victims(seq, victims)
+        if planned is None:
+            return False  # evicting all that must yield would not be enough: evict nobody
+        # The plan counts blocks as if none were shared or cached; should it fall
+        # short, more of those that must yield follow.
+        for victim in itertools.chain(planned, victims):
             self._preempt(victim, out)
             if self._fits(seq):
                 return True
@@ -294,8 +353,49 @@ class Scheduler:
         # then overestimates what eviction frees); waiting a step is safe.
         return False
 
+    def _victims_for(self, seq: Sequence) -> Iterator[Sequence]:
+        """The running sequences that must yield to waiting ``seq``, in the order
+        to preempt them: each time the least important, of the most loaded
+        tenant, the latest. A sequence must yield if it is less important than
+        ``seq``, or as important, of another tenant, and that tenant (less the
+        seats of the victims before it) stays at least as loaded without it as
+        ``seq``'s tenant with ``seq`` seated: seats move from an over-share
+        tenant to an under-share one, never back and forth."""
+        seats = Counter(self.seats)  # as the victims so far leave them
+
+        def load(s: Sequence, extra: int = 0) -> float:
+            return (seats[s.tenant] + extra) / s.weight
+
+        candidates = [
+            v for v in self.running
+            if v.priority > seq.priority or (v.priority == seq.priority and v.tenant != seq.tenant)
+        ]  # fmt: skip
+        while True:
+            eligible = [v for v in candidates if v.priority > seq.priority or load(seq, 1) <= load(v, -1)]
+            if not eligible:
+                return
+            victim = max(eligible, key=lambda v: (v.priority, load(v), v.arrival))
+            candidates.remove(victim)
+            seats[victim.tenant] -= 1
+            yield victim
+
+    def _enough_victims(self, seq: Sequence, victims: Iterator[Sequence]) -> list[Sequence] | None:
+        """The first ``victims`` whose blocks and seats would let ``seq`` fit; None if all would not."""
+        blocks = self.block_manager.blocks_needed(seq.num_tokens) - self.block_manager.num_free_blocks
+        seats = len(self.running) + 1 - self.max_num_seqs
+        planned: list[Sequence] = []
+        while blocks > 0 or seats > 0:
+            victim = next(victims, None)
+            if victim is None:
+                return None
+            planned.append(victim)
+            blocks -= len(victim.block_table)
+            seats -= 1
+        return planned
+
 
 PREEMPTION_MODES = ("recompute", "swap")
+MAX_REMEMBERED_TURNS = 1024  # tenants whose last admission is kept; pruned to those with sequences
 
 
 def _key(seq: Sequence) -> tuple[int, int]:

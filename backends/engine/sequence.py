@@ -58,6 +58,8 @@ class Sequence:
         priority: int = 0,
         arrival: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
+        weight: float = 1.0,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -65,6 +67,11 @@ class Sequence:
         self.max_tokens = max_tokens  # params.max_tokens resolved against the context
         self.priority = priority  # lower is more important
         self.arrival = arrival  # engine-wide counter: FIFO order within a priority
+        # Fair sharing (Scheduler): whose sequence this is, an opaque key (the gateway's
+        # tenant id; None is one more tenant), and that tenant's weight, its share of
+        # the batch relative to the others' when they compete.
+        self.tenant = tenant
+        self.weight = weight
         self.status = SequenceStatus.WAITING
 
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -93,7 +100,7 @@ class Sequence:
         return (
             f"Sequence(id={self.seq_id}, request={self.request_id!r}, {self.status.value}, "
             f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
-            f"blocks={len(self.block_table)}, priority={self.priority})"
+            f"blocks={len(self.block_table)}, priority={self.priority}, tenant={self.tenant!r})"
         )
 
     @property

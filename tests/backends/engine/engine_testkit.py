@@ -296,6 +296,8 @@ def check_scheduler_invariants(sched: Scheduler, seqs) -> None:
         raise AssertionError("a sequence is in two of running, waiting and swapped")
     if len(running) > sched.max_num_seqs:
         raise AssertionError("more running sequences than max_num_seqs")
+    if sched.seats != Counter(s.tenant for s in running):
+        raise AssertionError(f"seats per tenant {dict(sched.seats)} do not count the running sequences")
     for lst in (running, waiting, swapped):
         keys = [s.sort_key for s in lst]
         if keys != sorted(keys):

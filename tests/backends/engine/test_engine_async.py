@@ -72,6 +72,25 @@ async def test_concurrent_streams_match_the_reference(aengine):
     assert a.stats().num_blocks_used == 0
 
 
+async def test_generate_carries_the_tenant_to_the_scheduler(aengine):
+    a, _ = aengine(num_blocks=64, max_num_seqs=2, delay=0.01)
+    finished: list[str] = []
+
+    async def run(rid: str, tenant: str, max_tokens: int) -> None:
+        async for out in a.generate(rid, [3, 4, 5], greedy(max_tokens, ignore_eos=True), tenant=tenant, weight=2.0):
+            if out.finished:
+                finished.append(rid)
+
+    long = [asyncio.ensure_future(run(f"a{i}", "a", 60)) for i in range(2)]
+    await wait_for(lambda: a.stats().num_running == 2)
+    queued = [asyncio.ensure_future(run(f"a{i}", "a", 2)) for i in range(2, 4)]
+    await wait_for(lambda: a.stats().num_waiting == 2)
+    await asyncio.wait_for(asyncio.gather(run("b", "b", 2), *long, *queued), TIMEOUT)
+    # a held both seats: b took one at once and ended first (FIFO: after a2 and a3 at best)
+    assert finished[0] == "b" and sorted(finished) == ["a0", "a1", "a2", "a3", "b"]
+    assert a.stats().num_preemptions == 1
+
+
 async def test_consumer_closing_the_stream_aborts_and_frees_blocks(aengine):
     a, _ = aengine(delay=0.002)
     agen = a.generate("long", [1, 2, 3], greedy(800, ignore_eos=True))

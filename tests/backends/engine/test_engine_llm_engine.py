@@ -199,6 +199,44 @@ def test_important_request_preempts_and_everything_still_matches():
     assert res["low"]["tokens"] == reference_greedy(low, 15, eos=None)[3:]
 
 
+def test_tenants_share_the_batch_and_everything_still_matches():
+    # a floods a 2-seat batch; b's one request is seated at once (preempting a's latest) and ends first
+    engine, _ = make_engine(num_blocks=64, block_size=4, max_num_seqs=2)
+    flood = prompts(6, lo=5, hi=12, seed=21)
+    for i, p in enumerate(flood):
+        engine.add_request(f"a{i}", p, greedy(12, ignore_eos=True), tenant="a")
+    order: list[str] = []
+    res: dict[str, list[int]] = {}
+
+    def step() -> None:
+        for out in engine.step():
+            res.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                order.append(out.request_id)
+
+    for _ in range(3):
+        step()
+    mine = prompts(1, lo=5, hi=12, seed=22)[0]
+    engine.add_request("b", mine, greedy(4, ignore_eos=True), tenant="b", weight=1.0)
+    while engine.has_unfinished_requests():
+        step()
+    assert order[0] == "b" and engine.stats().num_preemptions >= 1
+    assert res["b"] == reference_greedy(mine, 4, eos=None)
+    for i, p in enumerate(flood):
+        assert res[f"a{i}"] == reference_greedy(p, 12, eos=None)
+
+
+def test_tenant_and_weight_are_checked():
+    engine, _ = make_engine()
+    for weight in (0, -1.0, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(InvalidRequestError) as info:
+            engine.add_request("w", [1], greedy(1), weight=weight)
+        assert info.value.param == "weight"
+    with pytest.raises(TypeError):
+        engine.add_request("t", [1], greedy(1), tenant=7)
+    assert not engine.has_unfinished_requests()
+
+
 def test_requests_that_can_never_fit_are_rejected_at_add_time():
     engine, _ = make_engine(num_blocks=4, block_size=4, context_length=64)
     with pytest.raises(CacheCapacityError) as info:
