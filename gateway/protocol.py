@@ -13,20 +13,30 @@ request fans out to at most ``MAX_CHOICES`` engine sequences.
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from gateway.errors import InvalidRequest, MalformedJSON, UnsupportedParameter
+from gateway.errors import InvalidRequest, UnsupportedParameter
 
 MAX_N = 8
 MAX_CHOICES = 16
-MAX_STOP_SEQUENCES = 4  # OpenAI's limit, and the engine's
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+@dataclass(frozen=True, slots=True)
+class StopLimits:
+    """How many stop sequences a request may give, and how long each (``input_limits`` settings)."""
+
+    max_sequences: int = 16
+    max_bytes: int = 512
+
+
+DEFAULT_STOP_LIMITS = StopLimits()
 
 
 # strict: OpenAI rejects "max_tokens": true or "n": "2"; pydantic's lax mode would
@@ -78,12 +88,19 @@ class _SamplingRequest(BaseModel):
 
     @field_validator("stop")
     @classmethod
-    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+    def _check_stop(cls, value: str | list[str] | None, info: ValidationInfo) -> str | list[str] | None:
         stops = [value] if isinstance(value, str) else (value or [])
-        if len(stops) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
-        if any(s == "" for s in stops):
-            raise ValueError("stop sequences must not be empty")
+        limits: StopLimits = (info.context or {}).get("stop_limits", DEFAULT_STOP_LIMITS)
+        if len(stops) > limits.max_sequences:
+            raise ValueError(f"at most {limits.max_sequences} stop sequences are allowed")
+        for i, stop in enumerate(stops):
+            where = "stop" if isinstance(value, str) else f"stop[{i}]"
+            if stop == "":
+                raise _Unsupported(where, "stop sequences must not be empty", code=None)
+            # Every step of the sequence searches for each stop string in the text it holds back.
+            if len(stop.encode("utf-8")) > limits.max_bytes:
+                raise _Unsupported(where, f"a stop sequence may be at most {limits.max_bytes} bytes (UTF-8)",
+                                   code=None)  # fmt: skip
         return value
 
     @model_validator(mode="after")
@@ -270,20 +287,6 @@ class CompletionRequest(_SamplingRequest):
 # -- parsing ------------------------------------------------------------------
 
 
-def decode_json_body(body: bytes) -> dict[str, Any]:
-    if not body.strip():
-        raise MalformedJSON("The request body is empty; expected a JSON object")
-    try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedJSON(f"The request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise MalformedJSON("The request body is nested too deeply") from None
-    if not isinstance(data, dict):
-        raise MalformedJSON("The request body must be a JSON object")
-    return data
-
-
 def _param_from_loc(loc: tuple[int | str, ...]) -> str | None:
     """``("messages", 0, "content")`` -> ``"messages[0].content"``.
 
@@ -301,9 +304,11 @@ def _param_from_loc(loc: tuple[int | str, ...]) -> str | None:
     return out or None
 
 
-def parse_request(model_cls: type[_SamplingRequest], data: dict[str, Any]) -> Any:
+def parse_request(
+    model_cls: type[_SamplingRequest], data: dict[str, Any], stop_limits: StopLimits = DEFAULT_STOP_LIMITS
+) -> Any:
     try:
-        return model_cls.model_validate(data)
+        return model_cls.model_validate(data, context={"stop_limits": stop_limits})
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]

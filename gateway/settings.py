@@ -12,6 +12,17 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
     dtype: auto             # default for models that name none: auto | float32 | bfloat16
     max_body_bytes: 4MiB
     max_queued_sequences: 256   # per model; beyond it requests get 503 + Retry-After
+    input_limits:           # gateway.jsonbody, gateway.slowclients; breaches are 400s naming the field
+      json_max_depth: 32    # nesting of arrays and objects
+      json_max_integer_digits: 64
+      json_max_string_length: 1048576   # characters, each string
+      json_max_array_length: 131072
+      json_max_object_keys: 1000
+      stop_max_sequences: 16
+      stop_max_bytes: 512   # each stop sequence, in UTF-8
+      header_timeout_seconds: 10   # a connection's request headers must arrive within this
+      body_timeout_seconds: 30     # and its body within this after them (else 408, closed)
+      keep_alive_timeout_seconds: 5   # an idle keep-alive connection is closed after this
     engine:                 # backends.engine.EngineConfig; omitted keys keep its defaults
       kv_cache_bytes: 512MiB
       block_size: 16
@@ -93,6 +104,8 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backends.base import ModelSpec
+from gateway.jsonbody import JsonLimits
+from gateway.protocol import StopLimits
 from policy.store.config import StoreSettings
 
 log = logging.getLogger("inferflux.gateway.settings")
@@ -287,6 +300,41 @@ class AuditSettings(BaseModel):
     sinks: list[AuditSinkSettings] = Field(default_factory=list)
 
 
+class InputLimitSettings(BaseModel):
+    """Bounds on what one request may ask of the gateway beyond ``max_body_bytes`` (``gateway.jsonbody``,
+    ``gateway.slowclients``); each breach is a 400 naming the field, or a closed connection."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_max_depth: int = Field(default=32, ge=2, le=256)
+    json_max_integer_digits: int = Field(default=64, ge=20, le=4000)  # 20: every 64-bit integer
+    json_max_string_length: int = Field(default=1024 * 1024, ge=1)  # characters
+    json_max_array_length: int = Field(default=131_072, ge=1)
+    json_max_object_keys: int = Field(default=1000, ge=1)
+    stop_max_sequences: int = Field(default=16, ge=1, le=64)  # 64: the engine's MAX_STOP_STRINGS
+    stop_max_bytes: int = Field(default=512, ge=1, le=64 * 1024)  # each, UTF-8
+    # Slow clients: a connection must deliver a request's headers this long after
+    # it opens (or after the previous answer), and its body this long after the
+    # headers; an idle keep-alive connection is closed after keep_alive_timeout.
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    keep_alive_timeout_seconds: int = Field(default=5, ge=1, le=600)
+
+    def stop_limits(self) -> StopLimits:
+        return StopLimits(max_sequences=self.stop_max_sequences, max_bytes=self.stop_max_bytes)
+
+    def json_limits(self, *, allow_nul: bool = True) -> JsonLimits:
+        """The decoder's limits; ``allow_nul`` False for bodies the store keeps (PostgreSQL refuses U+0000)."""
+        return JsonLimits(
+            max_depth=self.json_max_depth,
+            max_integer_digits=self.json_max_integer_digits,
+            max_string_length=self.json_max_string_length,
+            max_array_length=self.json_max_array_length,
+            max_object_keys=self.json_max_object_keys,
+            allow_nul=allow_nul,
+        )
+
+
 def _split_names(value: Any) -> Any:
     """``"cuda, cpu"`` (an environment variable) -> ``["cuda", "cpu"]``; lists pass through."""
     return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
@@ -335,6 +383,7 @@ class Settings(BaseModel):
     # Per model: a request that would make more sequences wait than this gets
     # 503 with Retry-After instead of joining an ever-longer queue.
     max_queued_sequences: int = Field(default=256, ge=1)
+    input_limits: InputLimitSettings = Field(default_factory=InputLimitSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: list[ModelEntry] = Field(default_factory=list)
     store: StoreSettings = Field(default_factory=StoreSettings)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .errors import SamplingParamsError
 
 MAX_SPECULATIVE_K = 16
-MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_STOP_STRINGS = 64  # the gateway's configurable bound (16 by default) stays below it
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is argmax (as vLLM)
 

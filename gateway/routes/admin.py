@@ -17,6 +17,7 @@ its live tail in ``admin_audit``; ``routes()`` here serves them all.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 from datetime import UTC, datetime, timedelta
@@ -33,7 +34,7 @@ from gateway.authz import principal_of, requires
 from gateway.context import get_context
 from gateway.metrics import route_template
 from gateway.openapi import document
-from gateway.protocol import decode_json_body
+from gateway.jsonbody import decode_json_body
 from policy.audit.errors import AuditUnavailable
 from policy.audit.events import admin_event
 from policy.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
@@ -184,12 +185,25 @@ def _record(record: Any, *, hide: tuple[str, ...] = ()) -> dict[str, Any]:
     return _jsonable(fields)
 
 
+class _StoredJSON(JSONResponse):
+    """JSON of what the store holds, which an older version may have let a lone surrogate into:
+    escaped (``\\ud800``, still JSON) rather than a 500, so such a record can be read and deleted."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _ok(body: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(body, status_code=status)
+    return _StoredJSON(body, status_code=status)
 
 
 async def _body(request: Request, model: type[M]) -> M:
-    data = decode_json_body(await request.body())
+    # allow_nul=False: the store keeps these strings, and PostgreSQL's text refuses U+0000.
+    limits = request.app.state.settings.input_limits.json_limits(allow_nul=False)
+    data = decode_json_body(await request.body(), limits)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

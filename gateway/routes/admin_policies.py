@@ -301,7 +301,7 @@ def _sensitive_text(sensitive: dict[str, Any] | None) -> str | None:
 
 def _check_guardrail(principal: Principal, spec: dict[str, Any], sensitive: str | None, name: str) -> None:
     """Check the policy as the resolver will compile it, and that the caller may configure what it uses."""
-    parsed = guardrails.parse_spec(spec, sensitive, name=name)
+    parsed = guardrails.validate_policy(spec, sensitive, name=name)
     if parsed.opa is not None and parsed.opa.engine == "remote" and not principal.is_platform_admin:
         raise PermissionDenied(
             "Only platform admins may point a guardrail at a remote OPA server; use engine 'embedded'"

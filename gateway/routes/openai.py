@@ -28,6 +28,7 @@ from gateway.errors import (
     UnsupportedMediaType,
     error_body,
 )
+from gateway.jsonbody import decode_json_body
 from gateway.generation import ChoiceEvent, ChoiceSpec, Generation, Usage, engine_error_to_gateway
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics
 from gateway.models import ModelManager, ServedModel
@@ -36,7 +37,6 @@ from gateway.protocol import (
     MAX_CHOICES,
     ChatCompletionRequest,
     CompletionRequest,
-    decode_json_body,
     parse_request,
     sampling_kwargs,
 )
@@ -55,7 +55,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         media_type = content_type.split(";", 1)[0].strip().lower()
         if media_type != "application/json" and not media_type.endswith("+json"):
             raise UnsupportedMediaType(f"Content-Type must be application/json, not {media_type or 'empty'!r}")
-    return decode_json_body(await request.body())
+    limits = request.app.state.settings.input_limits.json_limits()
+    return decode_json_body(await request.body(), limits)
 
 
 def _manager(request: Request) -> ModelManager:
@@ -618,7 +619,7 @@ class _CompletionRenderer:
 @requires(Scope.GENERATE)
 async def chat_completions(request: Request) -> Response:
     body, guards = await _guard_input(request, await read_json(request))
-    req = parse_request(ChatCompletionRequest, body)
+    req = parse_request(ChatCompletionRequest, body, request.app.state.settings.input_limits.stop_limits())
     served = _resolve(request, req.model)
     token_ids = await run_in_threadpool(_encode_chat, served, req)
     plan = _plan(served, req, [PreparedPrompt(token_ids)], prefix="chatcmpl", prompt_param="messages")
@@ -639,7 +640,7 @@ def _encode_chat(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
 @requires(Scope.GENERATE)
 async def completions(request: Request) -> Response:
     body, guards = await _guard_input(request, await read_json(request))
-    req = parse_request(CompletionRequest, body)
+    req = parse_request(CompletionRequest, body, request.app.state.settings.input_limits.stop_limits())
     served = _resolve(request, req.model)
     prompts = await run_in_threadpool(_encode_prompts, served, req)
     plan = _plan(served, req, prompts, prefix="cmpl", prompt_param="prompt")

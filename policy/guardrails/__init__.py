@@ -21,7 +21,7 @@ undone, ``pii`` for the detectors and ``stream`` for the hold-back bound.
 from __future__ import annotations
 
 from policy.guardrails.check import Decision
-from policy.guardrails.engine import EMPTY, Guardrails
+from policy.guardrails.engine import EMPTY, Guardrails, validate_policy
 from policy.guardrails.errors import ContentFiltered, GuardrailMisconfigured, PolicyDenied, PolicyEngineUnavailable
 from policy.guardrails.findings import Action, Direction, Finding
 from policy.guardrails.normalize import Normalized, normalize
@@ -57,5 +57,6 @@ __all__ = [
     "opa_input",
     "parse_spec",
     "request_texts",
+    "validate_policy",
     "with_texts",
 ]

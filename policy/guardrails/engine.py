@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from policy.errors import ValidationFailed
 from policy.guardrails.blocklist import compile_regex, is_plain, literal_finder, regex_finder
 from policy.guardrails.check import Decision, check_texts, scan_plan
 from policy.guardrails.findings import Action, Direction, Matcher
 from policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all, decide_inline
 from policy.guardrails.pii import DETECTORS, PLACEHOLDERS
-from policy.guardrails.spec import GuardrailSpec
+from policy.guardrails.spec import GuardrailSpec, parse_spec
 from policy.guardrails.stream import OutputStream, holdback
 
 BLOCKLIST_PLACEHOLDER = "[REDACTED]"
@@ -133,3 +134,19 @@ class Guardrails:
 
 
 EMPTY = Guardrails(())
+
+
+def validate_policy(spec: Mapping[str, Any], sensitive_spec: str | None = None, *, name: str = "") -> GuardrailSpec:
+    """``parse_spec``, then compile the result as the resolver will, so that what a writer stores can be read.
+
+    ``parse_spec`` checks each field (and compiles Rego and each regex); this also
+    builds the matchers and the scan plans (the literal gate). Anything that fails
+    there is refused now rather than failing every request of the tenant later.
+    """
+    parsed = parse_spec(spec, sensitive_spec, name=name)
+    try:
+        Guardrails([parsed], engines=())  # OPA engines: the Rego was compiled by parse_spec
+    except Exception as exc:  # a bug or a limit of RE2: a 422 beats storing it
+        # Never the exception's text: it may quote a confidential rule.
+        raise ValidationFailed(f"spec cannot be compiled ({type(exc).__name__})", param="spec") from None
+    return parsed

@@ -61,8 +61,9 @@ class PolicyEngineUnavailable(PolicyError):
 
 
 class GuardrailMisconfigured(PolicyError):
-    """503: a stored guardrail policy no longer validates, so its tenant's requests are refused (fail closed)."""
+    """503: a stored guardrail policy cannot be used (written by an older version, or edited in the database),
+    so its tenant's requests are refused (fail closed); the message names the policy and its id."""
 
     status_code = 503
     error_type = "server_error"
-    default_code = "guardrail_misconfigured"
+    default_code = "policy_unusable"

@@ -9,8 +9,9 @@ An embedded OPA policy whose Rego and query did not change is not recompiled.
 A global policy's embedded Rego is evaluated inline (``policy.guardrails.opa``):
 only platform admins write global policies, so it is the operator's own code.
 
-A stored policy that no longer validates fails closed: its tenant's requests get
-``GuardrailMisconfigured`` (503) until it is fixed, and the log names the policy.
+A stored policy that no longer validates or compiles fails closed: its tenant's
+requests get ``GuardrailMisconfigured`` (503 ``policy_unusable``, naming the
+policy and its id) until it is fixed or deleted, and the log names it too.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 from policy.errors import ValidationFailed
 from policy.guardrails.engine import Guardrails
 from policy.guardrails.errors import GuardrailMisconfigured
-from policy.guardrails.opa import EmbeddedRego, OpaError, PolicyEngine, build_engine
+from policy.guardrails.opa import EmbeddedRego, PolicyEngine, build_engine
 from policy.guardrails.spec import KIND, GuardrailSpec, OpaSettings, parse_spec
 
 if TYPE_CHECKING:
@@ -160,12 +161,32 @@ class GuardrailResolver:
                     )
                     live[key] = engine
                     engines.append(engine)
-            except (ValidationFailed, OpaError) as exc:
-                log.error("guardrail policy %s (%r) is invalid and fails closed: %s", record.id, record.name, exc)
-                raise GuardrailMisconfigured(
-                    f"The guardrail policy '{record.name}' is invalid; an administrator must fix it"
-                ) from None
+            except Exception as exc:  # ValidationFailed, OpaError, or what an older version let through
+                raise _unusable(record, exc) from None
             specs.append(spec)
         with self._lock:
             self._engines.update(live)
-        return Guardrails(specs, engines)
+        try:
+            return Guardrails(specs, engines)
+        except Exception as exc:
+            # Name the policy that cannot be compiled on its own (the first, if none alone fails).
+            culprit = next((r for r, s in zip(records, specs, strict=True) if not _compiles(s)), records[0])
+            raise _unusable(culprit, exc) from None
+
+
+def _compiles(spec: GuardrailSpec) -> bool:
+    try:
+        Guardrails([spec], engines=())
+    except Exception:
+        return False
+    return True
+
+
+def _unusable(record: PolicyRecord, exc: Exception) -> GuardrailMisconfigured:
+    """A stored policy that cannot be used: its tenant's requests fail closed (503) until an admin fixes it."""
+    detail = exc.message if isinstance(exc, ValidationFailed) else type(exc).__name__  # never a rule's text
+    log.error("guardrail policy %s (%r) cannot be used and fails closed: %s", record.id, record.name, detail)
+    return GuardrailMisconfigured(
+        f"The guardrail policy {record.name!r} ({record.id}) cannot be used ({detail}); "
+        "an administrator must fix or delete it"
+    )

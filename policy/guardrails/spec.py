@@ -102,7 +102,11 @@ class GuardrailSpec:
 def parse_spec(
     spec: Mapping[str, Any], sensitive_spec: str | None = None, *, name: str = ""
 ) -> GuardrailSpec:
-    """Validate a guardrail policy's ``spec`` (and ``sensitive_spec``); ValidationFailed names the field."""
+    """Validate a guardrail policy's ``spec`` (and ``sensitive_spec``); ValidationFailed names the field.
+
+    Writers call ``engine.validate_policy``, which also compiles the result as the resolver will.
+    """
+    _encodable(name, "name")
     _object(spec, "spec", {"direction", "blocklist", "pii", "opa"})
     direction = _enum(Direction, spec.get("direction", "both"), "spec.direction")
     sensitive = _sensitive(sensitive_spec)
@@ -124,6 +128,19 @@ def parse_spec(
         pii=_pii(spec.get("pii", {}), direction),
         opa=None if opa is None else _opa(opa, token),
     )
+
+
+def _encodable(value: Any, param: str) -> Any:
+    """``value`` itself, if it is not a string that cannot be encoded (a lone surrogate)."""
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # RE2, rego-cpp and HTTP headers all take UTF-8: it would fail on every request, as a 500.
+            raise ValidationFailed(
+                f"{param} holds a lone UTF-16 surrogate, which is not a character", param=param
+            ) from None
+    return value
 
 
 def _object(value: Any, param: str, allowed: set[str]) -> Mapping[str, Any]:
@@ -154,7 +171,7 @@ def _sensitive(sensitive_spec: str | None) -> Mapping[str, Any]:
         # Never echo it: it is secret by definition.
         raise ValidationFailed("sensitive_spec must be a JSON object", param="sensitive_spec") from None
     _object(value, "sensitive_spec", {"blocklist", "opa_token"})
-    token = value.get("opa_token")
+    token = _encodable(value.get("opa_token"), "sensitive_spec.opa_token")
     if token is not None and (not isinstance(token, str) or not token):
         raise ValidationFailed("sensitive_spec.opa_token must be a non-empty string", param="sensitive_spec.opa_token")
     return value
@@ -181,11 +198,11 @@ def _blocklist(rules: Any, param: str, default: Direction) -> list[BlocklistRule
         if match not in ("word", "substring"):
             raise ValidationFailed(f"{where}.match must be 'word' or 'substring'", param=f"{where}.match")
         if "literal" in rule:
-            literal = normalize_literal(rule["literal"], f"{where}.literal")
+            literal = normalize_literal(_encodable(rule["literal"], f"{where}.literal"), f"{where}.literal")
             word = match == "word"
             out.append(BlocklistRule(rule_id, action, direction, literal=literal, word=word, max_length=len(literal)))
             continue
-        pattern = rule["regex"]
+        pattern = _encodable(rule["regex"], f"{where}.regex")
         compile_regex(pattern, f"{where}.regex")
         max_length = rule.get("max_length", regex_max_length(pattern) or DEFAULT_REGEX_MAX_LENGTH)
         if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= 4096:
@@ -229,7 +246,7 @@ def _opa(value: Any, token: str | None) -> OpaSettings:
         for field in ("url", "path"):
             if field in value:
                 raise ValidationFailed(f"spec.opa.{field} is for engine 'remote'", param=f"spec.opa.{field}")
-        rego = value.get("rego")
+        rego = _encodable(value.get("rego"), "spec.opa.rego")
         if not isinstance(rego, str) or not rego.strip() or len(rego) > MAX_REGO_LENGTH:
             raise ValidationFailed(
                 f"spec.opa.rego must be Rego source of 1 to {MAX_REGO_LENGTH} characters", param="spec.opa.rego"
@@ -244,7 +261,7 @@ def _opa(value: Any, token: str | None) -> OpaSettings:
     for field in ("rego", "query"):
         if field in value:
             raise ValidationFailed(f"spec.opa.{field} is for engine 'embedded'", param=f"spec.opa.{field}")
-    url = value.get("url")
+    url = _encodable(value.get("url"), "spec.opa.url")
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
         raise ValidationFailed("spec.opa.url must be http(s)://host[:port] of the OPA server", param="spec.opa.url")

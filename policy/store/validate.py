@@ -30,6 +30,20 @@ def text(value: str, param: str, max_length: int, *, empty: bool = False) -> str
     if not isinstance(value, str) or (not value and not empty) or len(value) > max_length:
         least = 0 if empty else 1
         raise ValidationFailed(f"{param} must be a string of {least} to {max_length} characters", param=param)
+    return storable(value, param)
+
+
+def storable(value: str, param: str) -> str:
+    """``value``, unless a database could not keep it as text: U+0000 (PostgreSQL refuses it) or a lone
+    UTF-16 surrogate (no encoding holds one), either of which would fail as a 5xx instead."""
+    if "\x00" in value:
+        raise ValidationFailed(f"{param} must not contain U+0000 (NUL)", param=param)
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationFailed(f"{param} holds a lone UTF-16 surrogate, which is not a character",
+                                   param=param) from None  # fmt: skip
     return value
 
 
@@ -44,7 +58,7 @@ def display_name(value: str | None) -> str | None:
 def secret(value: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValidationFailed("a secret must be a non-empty string")
-    return value
+    return storable(value, "secret")
 
 
 def boolean(value: bool, param: str) -> bool:
@@ -116,9 +130,12 @@ def json_object(value: Mapping[str, Any], param: str) -> dict[str, Any]:
         raise ValidationFailed(f"{param} must be a JSON object", param=param)
     try:
         # A copy through JSON: what is stored is exactly what will be read back.
-        result: dict[str, Any] = json.loads(json.dumps(dict(value), allow_nan=False))
-    except (TypeError, ValueError):
+        stored = json.dumps(dict(value), allow_nan=False, ensure_ascii=False)
+        stored.encode("utf-8")  # a lone surrogate would be stored escaped, and fail whoever reads it
+        result: dict[str, Any] = json.loads(stored)
+    except (TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
         raise ValidationFailed(
-            f"{param} must be JSON (objects, arrays, strings, numbers, booleans, null)", param=param
+            f"{param} must be JSON (objects, arrays, strings of characters, finite numbers, booleans, null)",
+            param=param,
         ) from None
     return result
