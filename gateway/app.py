@@ -34,6 +34,7 @@ from gateway.authz import requires
 from gateway.context import RequestContextMiddleware, get_context
 from gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
+from gateway import log_redaction
 from gateway.audit import AuditMiddleware
 from gateway.middleware import BodyLimitMiddleware
 from gateway.traffic import TrafficPolicy
@@ -99,6 +100,7 @@ def create_app(
     ``configured_models`` names the models from the configuration, which the
     admin API may not unload (default: those in ``manager`` now).
     """
+    log_redaction.install()  # tests and embedders serve the app without ``serve``'s logging setup
     if owns_store is None:
         owns_store = store is None
     if store is None:

@@ -66,6 +66,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gateway import log_redaction
+
+    log_redaction.install()  # no credential reaches a log line (the access log prints query strings)
 
     # Imported here: loading pulls in the engine and backends, which --help and
     # the client commands do not need.
@@ -115,6 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=log_redaction.log_config(),
         # Let running streams finish briefly, but never hang a shutdown on one.
         timeout_graceful_shutdown=10,
     )
