@@ -30,7 +30,7 @@ VOCAB = 1000
         ({"repetition_penalty": math.inf}, "repetition_penalty"),
         ({"seed": "42"}, "seed"),
         ({"seed": 2**70}, "seed"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [f"s{i}" for i in range(65)]}, "stop"),  # MAX_STOP_STRINGS; the gateway's bound is lower
         ({"stop": [""]}, "stop"),
         ({"stop": [3]}, "stop"),
         ({"stop_token_ids": [VOCAB]}, "stop_token_ids"),
