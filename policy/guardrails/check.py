@@ -6,11 +6,13 @@ and the streaming check (``stream``) decide exactly alike.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from policy.guardrails.blocklist import literal_gate
+from policy.guardrails.decode import DECODERS
 from policy.guardrails.errors import ContentFiltered
 from policy.guardrails.findings import Action, Finding, Hit, Matcher
 from policy.guardrails.normalize import Normalized, normalize
@@ -66,10 +68,15 @@ def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> l
                         continue
                     taken.append(hit)
                 kept.append((matcher, hit))
-    # Hits on the same span: PII first (as the detectors run first), then by rule, so the
-    # order is the same whether or not the literals went through a gate.
-    kept.sort(key=lambda pair: (pair[1].start, -pair[1].end, pair[0].kind != "pii", pair[0].rule))
+    kept.sort(key=_order)
     return kept
+
+
+def _order(pair: tuple[Matcher, Hit]) -> tuple[int, int, bool, str]:
+    """Hits by position; on the same span PII first (as the detectors run first), then by rule, so the
+    order is the same whether or not the literals went through a gate."""
+    matcher, hit = pair
+    return hit.start, -hit.end, matcher.kind != "pii", matcher.rule
 
 
 def refuse_unencodable(text: str) -> None:
@@ -155,15 +162,75 @@ class Decision:
             raise self.error(direction)
 
 
-def check_texts(texts: Sequence[str], matchers: Sequence[Matcher] | ScanPlan) -> Decision:
-    """Check each of ``texts`` against ``matchers`` (or their ``scan_plan``); see ``Decision``."""
+# Decoded spans of the input and the plan their text is checked with: (encoding, plan).
+Decodings = Sequence[tuple[str, ScanPlan]]
+
+
+def check_texts(
+    texts: Sequence[str], matchers: Sequence[Matcher] | ScanPlan, decodings: Decodings = ()
+) -> Decision:
+    """Check each of ``texts`` against ``matchers`` (or their ``scan_plan``), and the conversation they
+    make together (``across``), and what ``decodings`` decode; see ``Decision``."""
+    norms = [normalize(text) for text in texts]
+    hits = [scan(norm.text, matchers) for norm in norms]
+    extra = [*across(texts, norms, matchers), *decoded(texts, norms, decodings)]
+    for index, pair in extra:
+        hits[index].append(pair)
     out: list[str] = []
     findings: list[Finding] = []
-    for index, text in enumerate(texts):
-        norm = normalize(text)
-        hits = scan(norm.text, matchers)
-        findings.extend(finding(matcher, hit, norm, index) for matcher, hit in hits)
-        has_redaction = any(matcher.action is Action.REDACT for matcher, _ in hits)
-        out.append(redact(norm, hits, 0, len(norm.text), 0) if has_redaction else text)
+    for index, (text, norm, found) in enumerate(zip(texts, norms, hits, strict=True)):
+        if extra:
+            found.sort(key=_order)
+        findings.extend(finding(matcher, hit, norm, index) for matcher, hit in found)
+        has_redaction = any(matcher.action is Action.REDACT for matcher, _ in found)
+        out.append(redact(norm, found, 0, len(norm.text), 0) if has_redaction else text)
     blocked = any(f.action is Action.BLOCK for f in findings)
     return Decision(blocked=blocked, texts=tuple(out), findings=tuple(findings))
+
+
+# A hit in one of the texts: (which text, (matcher, hit in that text's normalised form)).
+Placed = tuple[int, tuple[Matcher, Hit]]
+
+
+def _place(norms: Sequence[Normalized], index: int, matcher: Matcher, start: int, end: int) -> Placed | None:
+    """Original ``[start, end)`` of text ``index`` as a hit in its normalised form; None if nothing of it is left."""
+    norm = norms[index]
+    first, last = norm.position_of(start), norm.position_of(end)
+    return (index, (matcher, Hit(first, last, last))) if first < last else None
+
+
+def across(texts: Sequence[str], norms: Sequence[Normalized], matchers: Sequence[Matcher] | ScanPlan) -> list[Placed]:
+    """Hits that only the whole conversation holds: matches in the texts joined end to end that run from
+    one text into the next (a word split across two messages), as a hit in each text they touch. Matches
+    inside one text are its own check's; joined without a separator, a text's end is not a word boundary
+    here, so those are not judged again."""
+    if len(texts) < 2 or not matchers:
+        return []
+    joined = normalize("".join(texts))
+    bounds = [0]
+    for text in texts:
+        bounds.append(bounds[-1] + len(text))
+    out: list[Placed] = []
+    for matcher, hit in scan(joined.text, matchers):
+        start, end = joined.original_span(hit.start, hit.end)
+        first, last = bisect_right(bounds, start) - 1, bisect_left(bounds, end) - 1
+        for index in range(first, last + 1) if first < last else ():
+            base = bounds[index]
+            piece = _place(norms, index, matcher, max(start, base) - base, min(end, bounds[index + 1]) - base)
+            if piece is not None:
+                out.append(piece)
+    return out
+
+
+def decoded(texts: Sequence[str], norms: Sequence[Normalized], decodings: Decodings) -> list[Placed]:
+    """Hits in the decoded spans of ``texts`` (``decode``), each as a hit on the whole encoded span."""
+    out: list[Placed] = []
+    for encoding, plan in decodings:
+        for index, text in enumerate(texts):
+            for start, end, content in DECODERS[encoding](text):
+                # One hit per rule: each stands for the whole encoded span.
+                for matcher in {m.rule: m for m, _ in scan(normalize(content).text, plan)}.values():
+                    piece = _place(norms, index, matcher, start, end)
+                    if piece is not None:
+                        out.append(piece)
+    return out

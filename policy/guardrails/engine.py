@@ -12,11 +12,12 @@ from typing import Any
 
 from policy.errors import ValidationFailed
 from policy.guardrails.blocklist import compile_regex, is_plain, literal_finder, regex_finder
-from policy.guardrails.check import Decision, check_texts, scan_plan
+from policy.guardrails import confusables
+from policy.guardrails.check import Decision, Decodings, check_texts, scan_plan
 from policy.guardrails.findings import Action, Direction, Matcher
 from policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all, decide_inline
 from policy.guardrails.pii import DETECTORS, PLACEHOLDERS
-from policy.guardrails.spec import GuardrailSpec, parse_spec
+from policy.guardrails.spec import DECODINGS, GuardrailSpec, parse_spec
 from policy.guardrails.stream import OutputStream, holdback
 
 BLOCKLIST_PLACEHOLDER = "[REDACTED]"
@@ -68,6 +69,16 @@ def _pii_matchers(specs: Sequence[GuardrailSpec], direction: Direction) -> list[
     return out
 
 
+def _decodings(specs: Sequence[GuardrailSpec]) -> Decodings:
+    """For each encoding some policy decodes: the input blocklist rules of the policies that decode it."""
+    out = []
+    for encoding in DECODINGS:
+        matchers = [m for spec in specs if encoding in spec.decode for m in _blocklist_matchers(spec, Direction.INPUT)]
+        if matchers:
+            out.append((encoding, scan_plan(matchers)))
+    return tuple(out)
+
+
 class Guardrails:
     """The compiled guardrails of one tenant at one policy version; immutable and shared across requests."""
 
@@ -82,6 +93,9 @@ class Guardrails:
         )
         self._output_holdback = holdback(self.output_matchers)  # the same for every stream
         self._input_plan, self._output_plan = scan_plan(self.input_matchers), scan_plan(self.output_matchers)
+        self._decodings = _decodings(specs)
+        if self.input_matchers or self.output_matchers:
+            confusables.load()  # the look-alike table, built now rather than on some request's first accent
         if engines is None:
             engines = [build_engine(spec.name, spec.opa) for spec in specs if spec.opa is not None]
         self.engines = tuple(engines)
@@ -97,8 +111,11 @@ class Guardrails:
         return bool(self.output_matchers)
 
     def check_input(self, texts: Sequence[str]) -> Decision:
-        """Check a request's texts (``request_texts``): allow, possibly redacted, or block with reasons."""
-        return check_texts(texts, self._input_plan)
+        """Check a request's texts (``request_texts``): allow, possibly redacted, or block with reasons.
+
+        Each text is checked, and the conversation they make together, and (for policies that ask)
+        their decoded base64 and hex spans."""
+        return check_texts(texts, self._input_plan, self._decodings)
 
     def check_output(self, text: str) -> Decision:
         """Check a whole (non-streamed) response text."""

@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from policy.guardrails import confusables
+
 # Default-ignorable code points outside category Cf (which is removed wholesale).
 _IGNORABLE = frozenset(
     [0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x3164, 0xFFA0]
@@ -66,8 +68,30 @@ def _dropped(ch: str) -> bool:
     return category == "Cf" or (category == "Cc" and not ch.isspace())
 
 
+# A skeleton step can expose more to fold (Cyrillic ``в`` -> small capital ``ʙ`` -> ``b``); a few
+# rounds reach the fixed point for every character in the table.
+_MAX_ROUNDS = 4
+
+
+def _strip_marks(text: str) -> str:
+    """``text`` without nonspacing and enclosing marks (accents, Zalgo stacks, keycaps), recomposed."""
+    decomposed = unicodedata.normalize("NFD", text)
+    kept = "".join(ch for ch in decomposed if unicodedata.category(ch) not in ("Mn", "Me"))
+    return unicodedata.normalize("NFC", kept)
+
+
 def _fold(segment: str) -> str:
-    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", segment).casefold())
+    """One segment's skeleton: NFKC, look-alikes to their representative, case folded, marks removed."""
+    text = segment
+    for _ in range(_MAX_ROUNDS):
+        # Case first, so that both cases of a letter share a skeleton (Greek capitals whose small letter
+        # looks different, such as Β -> β, then read as the small letter, not as the Latin capital).
+        compatible = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+        folded = _strip_marks("".join(map(confusables.fold, compatible)).casefold())
+        if folded == text:
+            break
+        text = folded
+    return text
 
 
 # The same few non-ASCII characters (quotes, dashes, accents) come back all the time; single
@@ -126,10 +150,41 @@ def normalize(text: str) -> Normalized:
     """Normalise ``text`` for matching (see the module's docstring)."""
     if text.isascii():
         if text.isprintable() and "  " not in text:  # no control character, no run of spaces: only case changes
-            return Normalized(text, text.lower(), range(len(text)), range(1, len(text) + 1))
-        return Normalized(text, _fold_ascii(text))
-    starts, ends, folded = _mapped(text)
-    return Normalized(text, folded, starts, ends)
+            norm = Normalized(text, text.lower(), range(len(text)), range(1, len(text) + 1))
+        else:
+            norm = Normalized(text, _fold_ascii(text))
+    else:
+        starts, ends, folded = _mapped(text)
+        norm = Normalized(text, folded, starts, ends)
+    return _join_spelled(norm)
+
+
+# A word spelled out letter by letter: two or more single letters (not glued to a word character or an
+# apostrophe, so "rock 'n' roll" and "it's" stay apart), each separated from the next by one to three
+# separators. Digits never join: numbers keep their groups for the PII detectors.
+_SEPARATOR = r"[ .\-*~+/|]"
+_SPELLED = re.compile(rf"(?<![\w'’])[^\W\d_](?:{_SEPARATOR}{{1,3}}[^\W\d_](?![\w'’]))+")
+_SEPARATORS = frozenset(" .-*~+/|")
+
+
+def _join_spelled(norm: Normalized) -> Normalized:
+    """``norm`` with the separators inside spelled-out words removed (``b a d``, ``b-a-d`` -> ``bad``)."""
+    text = norm.text
+    runs = list(_SPELLED.finditer(text))
+    if not runs:
+        return norm
+    starts, ends = norm._map()
+    keep: list[int] = []
+    kept = 0
+    for run in runs:
+        begin, end = run.span()
+        keep.extend(range(kept, begin))
+        keep.extend(i for i in range(begin, end) if text[i] not in _SEPARATORS)
+        kept = end
+    keep.extend(range(kept, len(text)))
+    return Normalized(
+        norm.original, "".join(text[i] for i in keep), [starts[i] for i in keep], [ends[i] for i in keep]
+    )
 
 
 def _fold_ascii(text: str) -> str:

@@ -10,8 +10,9 @@ validated in Python, so plain numbers, dates and versions are not flagged:
   separators (``(202) 555-0173``, ``202-555-0173``, ``+1 202 555 0173``), whose
   area code and exchange start with 2-9. A bare run of digits is not a phone
   number, so order numbers and timestamps pass.
-* ``card``: 13-19 digits, optionally grouped with spaces or dashes, that pass
-  the Luhn check and start with 2-6 (the payment-card industries).
+* ``card``: 13-19 digits, optionally grouped with spaces, dashes or dots (dots
+  only between groups of 3-6 digits, so decimals, addresses and versions pass),
+  that pass the Luhn check and start with 2-6 (the payment-card industries).
 * ``iban``: a country code with its registered length and a valid mod-97 check.
 * ``ssn``: ``AAA-GG-SSSS`` (dashes or spaces, not bare), area not 000, 666 or
   900-999, group not 00, serial not 0000.
@@ -142,7 +143,10 @@ def find_phone(text: str) -> Iterator[Hit]:
 
 # -- payment cards
 
-_DIGIT_RUN = _re(r"\d+(?:[ -]\d+)*")
+_DIGIT_RUN = _re(r"\d+(?:[ .-]\d+)*")
+# Digit groups joined by dots are a card number only as printed on one (``4111.1111.1111.1111``): groups
+# of three to six digits, all joined by dots; so decimals (``3.14159...``), addresses and versions are not.
+_DOTTED_GROUP = range(3, 7)
 
 
 def luhn(digits: str) -> bool:
@@ -158,10 +162,18 @@ def luhn(digits: str) -> bool:
 def _groups(run: str, offset: int) -> list[tuple[int, int]]:
     spans = []
     i = 0
-    for part in run.replace("-", " ").split(" "):
+    for part in run.replace("-", " ").replace(".", " ").split(" "):
         spans.append((offset + i, offset + i + len(part)))
         i += len(part) + 1
     return spans
+
+
+def _printed_as_card(text: str, groups: list[tuple[int, int]]) -> bool:
+    """Whether consecutive ``groups`` are written as a card number could be: dots only as a card prints them."""
+    joiners = {text[end] for (_, end) in groups[:-1]}
+    if "." not in joiners:
+        return True
+    return joiners == {"."} and all(end - start in _DOTTED_GROUP for start, end in groups)
 
 
 def find_card(text: str) -> Iterator[Hit]:
@@ -179,7 +191,8 @@ def find_card(text: str) -> Iterator[Hit]:
                 if len(digits) > 19:
                     break
                 if len(digits) >= 13 and digits[0] in "23456" and luhn(digits):
-                    found = j
+                    if _printed_as_card(text, groups[i : j + 1]):
+                        found = j
             start = groups[i][0]
             if found is None or _word(_before(text, start)) or _word(_after(text, groups[found][1])):
                 i += 1

@@ -10,6 +10,7 @@
         {"literal": "acme", "match": "substring", "action": "log"}
       ],
       "pii": {"email": "redact", "card": "block", "secret": {"mode": "block", "direction": "both"}},
+      "decode": ["base64", "hex"],              # also check the blocklist on decoded spans of the input
       "opa": {"engine": "embedded", "rego": "package inferflux.guardrails ...",
               "query": "data.inferflux.guardrails.decision", "timeout_ms": 100, "on_error": "deny"}
     }
@@ -43,10 +44,12 @@ from policy.guardrails.blocklist import (
     normalize_literal,
     regex_max_length,
 )
+from policy.guardrails.decode import DECODERS
 from policy.guardrails.findings import Action, Direction
 from policy.guardrails.pii import PII_TYPES
 
 KIND = "guardrail"
+DECODINGS = tuple(DECODERS)
 MAX_RULES = 500
 MAX_REGO_LENGTH = 64 * 1024
 DEFAULT_OPA_QUERY = "data.inferflux.guardrails.decision"
@@ -97,6 +100,7 @@ class GuardrailSpec:
     blocklist: tuple[BlocklistRule, ...]
     pii: tuple[PiiRule, ...]
     opa: OpaSettings | None
+    decode: tuple[str, ...] = ()  # encodings (DECODINGS) whose spans of a request are decoded for the blocklist
 
 
 def parse_spec(
@@ -107,7 +111,7 @@ def parse_spec(
     Writers call ``engine.validate_policy``, which also compiles the result as the resolver will.
     """
     _encodable(name, "name")
-    _object(spec, "spec", {"direction", "blocklist", "pii", "opa"})
+    _object(spec, "spec", {"direction", "blocklist", "pii", "opa", "decode"})
     direction = _enum(Direction, spec.get("direction", "both"), "spec.direction")
     sensitive = _sensitive(sensitive_spec)
     rules = [
@@ -127,6 +131,7 @@ def parse_spec(
         blocklist=tuple(rules),
         pii=_pii(spec.get("pii", {}), direction),
         opa=None if opa is None else _opa(opa, token),
+        decode=_decode(spec.get("decode", [])),
     )
 
 
@@ -210,6 +215,12 @@ def _blocklist(rules: Any, param: str, default: Direction) -> list[BlocklistRule
         word = match == "word"
         out.append(BlocklistRule(rule_id, action, direction, regex=pattern, word=word, max_length=max_length))
     return out
+
+
+def _decode(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str) or any(v not in DECODINGS for v in value):
+        raise ValidationFailed(f"spec.decode must be a list of {', '.join(DECODINGS)}", param="spec.decode")
+    return tuple(dict.fromkeys(value))
 
 
 def _pii(value: Any, default: Direction) -> tuple[PiiRule, ...]:

@@ -10,9 +10,11 @@ could still be growing into and releases the rest at once:
   (the look-ahead a match's end depends on). With only the PII detectors that
   is 65 characters (a PEM private-key header).
 * For a rule whose matches lie within one word (e-mail addresses, IPs, API
-  keys, JWTs), only the trailing word: a match cannot cross the space before
-  it. A word longer than the longest such match plus two is released down to
-  that bound (3,010 characters, a JWT; 320 for e-mail alone).
+  keys, JWTs, blocklist words), only the trailing word (and, after a trailing
+  space, the word before it, which a word spelled out letter by letter may
+  still be growing from): a match cannot cross the space before it. A word
+  longer than the longest such match plus two is released down to that bound
+  (3,010 characters, a JWT; 320 for e-mail alone).
 
 So the hold-back is at most ``max(H_ws, min(H_word, length of the trailing
 word))`` normalised characters; in prose it is about ``H_ws``. A regex rule
@@ -120,7 +122,9 @@ class OutputStream:
         if final:
             until = len(text)
         else:
-            word = len(text) - (text.rfind(" ") + 1)
+            # The trailing word, and the one before a trailing space: "s k " may still become "s k i" -> "ski"
+            # (a spelled-out word, ``normalize``), which would start back there.
+            word = len(text) - (text.rfind(" ", 0, len(text) - 1) + 1)
             until = max(start, len(text) - max(self._hold_spaced, min(self._hold_word, word)))
             if until == start:  # all of it held back (the first tokens of every answer): nothing to decide yet
                 refuse_unencodable(text)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policy.guardrails import normalize
-from policy.guardrails.normalize import _dropped, _fold, _mapped
+from policy.guardrails.normalize import Normalized, _dropped, _fold, _join_spelled, _mapped
 
 # The module, not the function the package exports under the same name.
 normalize_module = importlib.import_module("policy.guardrails.normalize")
@@ -27,9 +27,14 @@ normalize_module = importlib.import_module("policy.guardrails.normalize")
         ("a\u200b\u200c\u200d\u2060\ufeffb", "ab"),
         ("a\u00adb", "ab"),
         ("a\x00\x07b", "ab"),
-        ("a\t\n\r b", "a b"),
-        ("a\u00a0\u3000b", "a b"),
-        ("e\u0301", "é"),
+        ("ab\t\n\r cd", "ab cd"),
+        ("ab\u00a0\u3000cd", "ab cd"),
+        ("e\u0301", "e"),  # combining marks go
+        ("caf\u00e9", "cafe"),
+        ("\u0455k\u0456", "ski"),  # Cyrillic look-alikes (UTS #39)
+        ("\u0280\u1d07\u1d05", "red"),  # small capitals
+        ("s k i", "ski"),  # a word spelled out
+        ("s-k-i s.k.i", "skiski"),  # two spelled words next to each other are one run
         ("x\U000e0041y", "xy"),  # a tag character
     ],
 )
@@ -54,8 +59,8 @@ def test_expanding_fold_maps_back_to_the_whole_character() -> None:
 
 
 def test_collapsed_space_stands_for_the_whole_run() -> None:
-    norm = normalize("a \t\n b")
-    assert norm.original_span(1, 2) == (1, 5)
+    norm = normalize("ab \t\n cd")
+    assert norm.original_span(2, 3) == (2, 6)
 
 
 def test_a_span_outside_the_text_is_refused() -> None:
@@ -73,7 +78,7 @@ _TEXT = st.text(
 @given(_TEXT)
 def test_the_ascii_fast_path_and_the_mapped_path_agree(text: str) -> None:
     starts, ends, mapped = _mapped(text)
-    assert normalize(text).text == mapped
+    assert normalize(text).text == _join_spelled(Normalized(text, mapped, starts, ends)).text
     assert len(starts) == len(ends) == len(mapped)
     assert starts == sorted(starts) and all(s < e for s, e in zip(starts, ends, strict=True))
 
@@ -122,7 +127,9 @@ def _reference_mapped(text: str) -> tuple[list[int], list[int], str]:
 
 
 def _assert_same_as_reference(text: str) -> None:
-    starts, ends, folded = _reference_mapped(text)
+    mapped_starts, mapped_ends, mapped = _reference_mapped(text)
+    reference = _join_spelled(Normalized(text, mapped, mapped_starts, mapped_ends))  # spelled words joined
+    starts, ends, folded = list(reference._map()[0]), list(reference._map()[1]), reference.text
     norm = normalize(text)
     assert norm.text == folded
     assert [norm.original_span(i, i + 1) for i in range(len(folded))] == list(zip(starts, ends, strict=True))

@@ -55,9 +55,12 @@ CASES = [
     ("word-inside-skiing", "I love skiing", "I love skiing"),
     ("word-inside-mosquito", "a moskito bite", "a moskito bite"),
     ("phrase-split-words-pass", "bad phrases", "bad phrases"),
-    # documented limits: leetspeak and inserted separators are not undone
+    ("word-dotted", "s.k.i trip", BLOCK),
+    ("word-spaced", "S K I trip", BLOCK),
+    ("word-cyrillic", "\u0455k\u0456 trip", BLOCK),
+    ("word-accented", "ski\u0301 trip", BLOCK),
+    # documented limit: leetspeak is not undone
     ("word-leetspeak-not-handled", "sk1 trip", "sk1 trip"),
-    ("word-dotted-not-handled", "s.k.i trip", "s.k.i trip"),
     # -- PII: redacted
     ("email", "mail bob.smith+tag@example.co.uk now", "mail [EMAIL] now"),
     ("email-fullwidth", "ＢＯＢ＠ＥＸＡＭＰＬＥ．ＣＯＭ", "[EMAIL]"),
