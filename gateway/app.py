@@ -7,6 +7,7 @@ Middleware order, outermost first::
     MetricsMiddleware          status and latency per route template
     AuthMiddleware             401 unless the credentials prove a principal
     BodyLimitMiddleware        413 before a large body is read
+    BodyDeadlineMiddleware     408 when the body is not in within input_limits.body_timeout_seconds
     (generation routes then apply guardrails, OPA and rate limits: gateway.routes.openai)
     ExceptionMiddleware        ApiError (GatewayError, PolicyError) -> OpenAI-shaped JSON
     routes                     each requires its scope (gateway.authz)
@@ -37,6 +38,7 @@ from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddlew
 from gateway import log_redaction
 from gateway.audit import AuditMiddleware
 from gateway.middleware import BodyLimitMiddleware
+from gateway.slowclients import BodyDeadlineMiddleware
 from gateway.traffic import TrafficPolicy
 from gateway.model_admin import ModelAdmin
 from gateway.models import _VERSION, ModelManager
@@ -152,6 +154,7 @@ def create_app(
         Middleware(MetricsMiddleware, metrics=metrics),
         Middleware(AuthMiddleware, authenticator=authenticator, public_paths=PUBLIC_PATHS),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
+        Middleware(BodyDeadlineMiddleware, seconds=settings.input_limits.body_timeout_seconds),
     ]
     app = Starlette(
         routes=routes,

@@ -76,6 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from backends.base import BackendError
     from gateway.app import create_app
+    from gateway.slowclients import server_options
     from gateway.models import ModelManager, engine_config_from, load_served_model
 
     from gateway.model_admin import ModelAdmin
@@ -119,6 +120,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         log_config=log_redaction.log_config(),
+        # Slow clients: header and keep-alive deadlines (the body's is a middleware of the app).
+        **server_options(settings.input_limits),
         # Let running streams finish briefly, but never hang a shutdown on one.
         timeout_graceful_shutdown=10,
     )

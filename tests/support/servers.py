@@ -21,7 +21,7 @@ def start_uvicorn(app: Any) -> tuple[Any, threading.Thread, socket.socket, str]:
 
     sock = free_loopback_socket()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **_gateway_options(app)))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="live-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -30,6 +30,16 @@ def start_uvicorn(app: Any) -> tuple[Any, threading.Thread, socket.socket, str]:
             raise RuntimeError("the live server did not start")
         time.sleep(0.02)
     return server, thread, sock, f"http://127.0.0.1:{port}"
+
+
+def _gateway_options(app: Any) -> dict[str, Any]:
+    """A gateway app is served as ``inferctl serve`` serves it (its slow-client deadlines); other apps as they are."""
+    settings = getattr(getattr(app, "state", None), "settings", None)
+    if settings is None:
+        return {}
+    from gateway.slowclients import server_options
+
+    return server_options(settings.input_limits)
 
 
 def stop_uvicorn(server: Any, thread: threading.Thread, sock: socket.socket) -> None:
