@@ -86,7 +86,8 @@ def _fold(segment: str) -> str:
     for _ in range(_MAX_ROUNDS):
         # Case first, so that both cases of a letter share a skeleton (Greek capitals whose small letter
         # looks different, such as Β -> β, then read as the small letter, not as the Latin capital).
-        compatible = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+        # Marks go before case folding too: it turns some into letters (U+0345, ypogegrammeni, folds to iota).
+        compatible = unicodedata.normalize("NFKC", _strip_marks(unicodedata.normalize("NFKC", text)).casefold())
         folded = _strip_marks("".join(map(confusables.fold, compatible)).casefold())
         if folded == text:
             break
@@ -162,9 +163,8 @@ def normalize(text: str) -> Normalized:
 # A word spelled out letter by letter: two or more single letters (not glued to a word character or an
 # apostrophe, so "rock 'n' roll" and "it's" stay apart), each separated from the next by one to three
 # separators. Digits never join: numbers keep their groups for the PII detectors.
-_SEPARATOR = r"[ .\-*~+/|]"
-_SPELLED = re.compile(rf"(?<![\w'’])[^\W\d_](?:{_SEPARATOR}{{1,3}}[^\W\d_](?![\w'’]))+")
-_SEPARATORS = frozenset(" .-*~+/|")
+SEPARATORS = " .-*~+/|"
+_SPELLED = re.compile(rf"(?<![\w'\u2019])[^\W\d_](?:[{re.escape(SEPARATORS)}]{{1,3}}[^\W\d_](?![\w'\u2019]))+")
 
 
 def _join_spelled(norm: Normalized) -> Normalized:
@@ -179,7 +179,7 @@ def _join_spelled(norm: Normalized) -> Normalized:
     for run in runs:
         begin, end = run.span()
         keep.extend(range(kept, begin))
-        keep.extend(i for i in range(begin, end) if text[i] not in _SEPARATORS)
+        keep.extend(i for i in range(begin, end) if text[i] not in SEPARATORS)
         kept = end
     keep.extend(range(kept, len(text)))
     return Normalized(

@@ -10,9 +10,9 @@ could still be growing into and releases the rest at once:
   (the look-ahead a match's end depends on). With only the PII detectors that
   is 65 characters (a PEM private-key header).
 * For a rule whose matches lie within one word (e-mail addresses, IPs, API
-  keys, JWTs, blocklist words), only the trailing word (and, after a trailing
-  space, the word before it, which a word spelled out letter by letter may
-  still be growing from): a match cannot cross the space before it. A word
+  keys, JWTs, blocklist words), only the trailing word (and, after trailing
+  separators, the word before them, which a word spelled out letter by letter
+  may still be growing from): a match cannot cross the space before it. A word
   longer than the longest such match plus two is released down to that bound
   (3,010 characters, a JWT; 320 for e-mail alone).
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from policy.guardrails.check import ScanPlan, finding, redact, refuse_unencodable, scan, scan_plan
 from policy.guardrails.findings import Action, Finding, Matcher
-from policy.guardrails.normalize import Normalized, normalize
+from policy.guardrails.normalize import SEPARATORS, Normalized, normalize
 
 LOOKAHEAD = 2  # characters after a match that can still change it ("a@b.co" + ".uk")
 CONTEXT = 24  # released characters kept so that rules can look behind ("version 1.2.3.4")
@@ -122,9 +122,9 @@ class OutputStream:
         if final:
             until = len(text)
         else:
-            # The trailing word, and the one before a trailing space: "s k " may still become "s k i" -> "ski"
-            # (a spelled-out word, ``normalize``), which would start back there.
-            word = len(text) - (text.rfind(" ", 0, len(text) - 1) + 1)
+            # The trailing word, and after trailing separators the word before them: "f u - " may still
+            # become "f u - c k", which joins from its first letter on (``normalize``: a spelled-out word).
+            word = len(text) - (text.rstrip(SEPARATORS).rfind(" ") + 1)
             until = max(start, len(text) - max(self._hold_spaced, min(self._hold_word, word)))
             if until == start:  # all of it held back (the first tokens of every answer): nothing to decide yet
                 refuse_unencodable(text)
