@@ -157,7 +157,7 @@ async def run(args: argparse.Namespace, store_url: str | None) -> dict[str, Any]
     tenant = store.create_tenant("bench")
     _, api_key = store.create_api_key(tenant.id, "bench", "member")
     # IdP role names grant nothing unless mapped (policy.authn.oidc): map "member" to member.
-    store.create_oidc_provider("bench-idp", ISSUER, AUDIENCE, role_map={"member": "member"})
+    store.create_oidc_provider("bench-idp", ISSUER, AUDIENCE, tenant_id=tenant.id, role_map={"member": "member"})
     rsa = RSAKey.generate_key(2048)
     idp_http = mock_idp(rsa)
 

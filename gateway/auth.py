@@ -37,9 +37,17 @@ from gateway.context import get_context
 from gateway.errors import render_error
 from policy.authn.apikeys import looks_like_key
 from policy.authn.oidc import OidcProviderConfig, OidcVerifier, VerifiedToken
-from policy.errors import AuthenticationError, InvalidApiKey, InvalidToken, PermissionDenied, PolicyError, StoreUnavailable
+from policy.errors import (
+    AuthenticationError,
+    InvalidApiKey,
+    InvalidToken,
+    NotFound,
+    PermissionDenied,
+    PolicyError,
+    StoreUnavailable,
+)
 from policy.rbac import Principal, Role, effective_models
-from policy.store import PolicyStore
+from policy.store import PolicyStore, TenantRecord
 
 log = logging.getLogger("inferflux.gateway.auth")
 
@@ -122,6 +130,7 @@ def provider_config(record: Any) -> OidcProviderConfig:
         required_claims=tuple(record.required_claims or ()),
         leeway_seconds=record.leeway_seconds,
         jwks_uri=record.jwks_uri,
+        bounds=record.bounds(),
     )
 
 
@@ -292,17 +301,14 @@ class Authenticator:
 
     async def _from_jwt(self, token: str) -> Principal:
         verified: VerifiedToken = await self.verifier.verify(token)
-        try:
-            tenant = await call_store(self.store.get_tenant_by_name, verified.tenant)
-        except PolicyError:
-            raise InvalidToken(f"The token's tenant '{verified.tenant}' is not known here", code="unknown_tenant") from None
+        tenant = await self._token_tenant(verified)
         if tenant.disabled:
             raise InvalidToken(f"The tenant '{tenant.name}' is disabled", code="tenant_disabled")
         bound = await call_store(
             self.store.find_role_bindings, verified.provider_id, tenant.id, verified.subject, list(verified.groups)
         )
         roles = set(verified.roles) | set(bound)
-        if tenant.name != PLATFORM_TENANT:
+        if tenant.name != PLATFORM_TENANT or not verified.bounds.grants_platform_admin:
             roles.discard(Role.PLATFORM_ADMIN.value)
         if not roles:
             raise PermissionDenied(
@@ -317,6 +323,25 @@ class Authenticator:
             allowed_models=effective_models(tenant.allowed_models),
             expires_at=verified.expires_at,
         )
+
+    async def _token_tenant(self, verified: VerifiedToken) -> TenantRecord:
+        """The token's tenant, if its identity provider may sign users into it.
+
+        A tenant that does not exist and one the provider may not map into get
+        the same answer, so an IdP's administrator cannot probe for tenant names.
+        """
+        refused = InvalidToken(
+            f"The token's tenant '{verified.tenant}' does not exist or is not one its identity provider "
+            "may sign users into",
+            code="tenant_not_allowed",
+        )
+        try:
+            tenant = await call_store(self.store.get_tenant_by_name, verified.tenant)
+        except NotFound:
+            raise refused from None
+        if not verified.bounds.admits(tenant.id, is_platform=tenant.name == PLATFORM_TENANT):
+            raise refused
+        return tenant
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -1,9 +1,11 @@
 """The admin REST API under ``/admin/v1``.
 
-Scopes: ``admin:platform`` for tenants, identity providers and models;
-``admin:tenant`` for what lives inside one tenant (keys, role bindings, its
-model allow-list, its audit log). A tenant admin naming another tenant, or an
-object of another tenant, gets 404: the answer never tells whether it exists.
+Scopes: ``admin:platform`` for tenants and models; ``admin:tenant`` for
+what lives inside one tenant (keys, role bindings, its identity providers,
+its model allow-list, its audit log). A tenant admin naming another tenant,
+or an object of another tenant, gets 404: the answer never tells whether it
+exists; a platform-only route answers it as a route that does not exist
+(``gateway.authz``).
 
 Every change is recorded as an admin event on the tamper-evident audit trail
 (``policy.audit``), durable before the response is sent. Lists are paginated
@@ -40,7 +42,8 @@ from policy.audit.events import admin_event
 from policy.errors import Conflict, NotFound, PermissionDenied, ValidationFailed
 from policy.ratelimit import PolicyResolver
 from policy.rbac import ROLE_NAMES, Principal, Scope
-from policy.store import PolicyStore
+from policy.store import UNSET, PolicyStore
+from policy.store.repository import OwnerFilter
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -114,6 +117,18 @@ class RoleBindingCreate(BaseModel):
 
 class OidcProviderCreate(BaseModel):
     model_config = _BODY
+    tenant_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The owning tenant: absent for a tenant admin's own; platform admins: absent or null "
+        "for a platform-owned provider",
+    )
+    tenant_ids: list[str] = Field(
+        default_factory=list, description="Platform-owned only: the tenant ids it may sign users into"
+    )
+    allow_platform: bool = Field(
+        default=False, description="Platform-owned only: may sign users into the platform tenant, platform-admin too"
+    )
     name: str = Field(pattern=_NAME_PATTERN)
     issuer: str = Field(min_length=1, max_length=2048)
     audience: str = Field(min_length=1, max_length=2048)
@@ -138,6 +153,8 @@ class OidcProviderCreate(BaseModel):
 
 class OidcProviderUpdate(BaseModel):
     model_config = _BODY
+    tenant_ids: list[str] | None = Field(default=None, description="Platform-owned only")
+    allow_platform: bool | None = Field(default=None, description="Platform-owned only")
     audience: str | None = Field(default=None, min_length=1)
     client_id: str | None = None
     client_secret: str | None = None
@@ -498,13 +515,8 @@ async def create_binding(request: Request) -> Response:
     body = await _body(request, RoleBindingCreate)
     if not principal.may_grant(body.role):
         raise PermissionDenied(f"You cannot grant role '{body.role}', which has scopes you lack")
-    tenant = await call_store(_store(request).get_tenant, tenant_id)
-    if body.role == "platform-admin" and tenant.name != PLATFORM_TENANT:
-        raise ValidationFailed("platform-admin can be bound only in the platform tenant", param="role")
-    try:
-        await call_store(_store(request).get_oidc_provider, body.provider_id)
-    except NotFound:
-        raise ValidationFailed(f"unknown identity provider {body.provider_id!r}", param="provider_id") from None
+    # The store refuses platform-admin outside the platform tenant, and a provider that may not
+    # sign users into this tenant exactly as a missing one.
     record = await call_store(
         _store(request).create_role_binding,
         tenant_id,
@@ -572,51 +584,83 @@ def _check_provider(body: OidcProviderCreate | OidcProviderUpdate, issuer: str, 
             raise ValidationFailed(str(exc), param="role_map") from None
 
 
-@document("List OIDC identity providers", tag="oidc", paginated=True)
-@requires(Scope.ADMIN_PLATFORM)
+def _provider_owner(principal: Principal) -> OwnerFilter:
+    """Whose providers a caller may see and change: a tenant admin its tenant's, a platform admin all."""
+    return UNSET if principal.is_platform_admin else principal.tenant_id
+
+
+async def _new_provider_owner(request: Request, principal: Principal, body: OidcProviderCreate) -> str | None:
+    """The owner of a new provider: a tenant admin's own tenant (another: 404); for a platform admin
+    the tenant it names, or the platform (None) when it names none."""
+    named = body.tenant_id if "tenant_id" in body.model_fields_set else None
+    if principal.is_platform_admin:
+        if named is not None:
+            await call_store(_store(request).get_tenant, named)  # 404 for a missing one
+        return named
+    if "tenant_id" in body.model_fields_set and named is None:
+        principal.require(Scope.ADMIN_PLATFORM)  # a platform-owned provider is the platform's to make
+    owner = named or principal.tenant_id
+    principal.require_tenant(owner)
+    return owner
+
+
+@document("List OIDC identity providers (a tenant admin's own tenant's; every one for platform admins)",
+          tag="oidc", paginated=True)  # fmt: skip
+@requires(Scope.ADMIN_TENANT)
 async def list_providers(request: Request) -> Response:
     limit, after = _page_args(request)
-    return _ok(_page(await call_store(_store(request).list_oidc_providers, limit=limit, after=after), _provider))
+    owner = _provider_owner(principal_of(request))
+    page = await call_store(_store(request).list_oidc_providers, limit=limit, after=after, owner=owner)
+    return _ok(_page(page, _provider))
 
 
-@document("Register an OIDC identity provider", tag="oidc", body=OidcProviderCreate, status=201)
-@requires(Scope.ADMIN_PLATFORM)
+@document("Register an OIDC identity provider (a tenant's, or platform-owned)", tag="oidc",
+          body=OidcProviderCreate, status=201)  # fmt: skip
+@requires(Scope.ADMIN_TENANT)
 async def create_provider(request: Request) -> Response:
     principal = principal_of(request)
     body = await _body(request, OidcProviderCreate)
+    owner = await _new_provider_owner(request, principal, body)
     _check_provider(body, body.issuer)
-    record = await call_store(_store(request).create_oidc_provider, **body.model_dump())
-    await _audit(request, principal, "oidc_provider.create", None, "oidc_provider", record.id, issuer=body.issuer)
+    record = await call_store(
+        _store(request).create_oidc_provider, tenant_id=owner, **body.model_dump(exclude={"tenant_id"})
+    )
+    await _audit(request, principal, "oidc_provider.create", owner, "oidc_provider", record.id, issuer=body.issuer,
+                 tenant_ids=record.tenant_ids, allow_platform=record.allow_platform)  # fmt: skip
     return _ok(_provider(record), 201)
 
 
 @document("Get an OIDC identity provider", tag="oidc")
-@requires(Scope.ADMIN_PLATFORM)
+@requires(Scope.ADMIN_TENANT)
 async def get_provider(request: Request) -> Response:
-    return _ok(_provider(await call_store(_store(request).get_oidc_provider, request.path_params["provider_id"])))
-
-
-@document("Update an OIDC identity provider", tag="oidc", body=OidcProviderUpdate)
-@requires(Scope.ADMIN_PLATFORM)
-async def update_provider(request: Request) -> Response:
-    principal = principal_of(request)
-    provider_id = request.path_params["provider_id"]
-    existing = await call_store(_store(request).get_oidc_provider, provider_id)
-    body = await _body(request, OidcProviderUpdate)
-    _check_provider(body, existing.issuer, existing)
-    changes = body.model_dump(exclude_unset=True)
-    record = await call_store(_store(request).update_oidc_provider, provider_id, **changes)
-    await _audit(request, principal, "oidc_provider.update", None, "oidc_provider", provider_id, fields=sorted(changes))
+    owner = _provider_owner(principal_of(request))
+    record = await call_store(_store(request).get_oidc_provider, request.path_params["provider_id"], owner=owner)
     return _ok(_provider(record))
 
 
-@document("Delete an OIDC identity provider", tag="oidc", status=204)
-@requires(Scope.ADMIN_PLATFORM)
+@document("Update an OIDC identity provider (its owner never changes)", tag="oidc", body=OidcProviderUpdate)
+@requires(Scope.ADMIN_TENANT)
+async def update_provider(request: Request) -> Response:
+    principal = principal_of(request)
+    provider_id, owner = request.path_params["provider_id"], _provider_owner(principal)
+    existing = await call_store(_store(request).get_oidc_provider, provider_id, owner=owner)
+    body = await _body(request, OidcProviderUpdate)
+    _check_provider(body, existing.issuer, existing)
+    changes = body.model_dump(exclude_unset=True)
+    record = await call_store(_store(request).update_oidc_provider, provider_id, owner=owner, **changes)
+    await _audit(request, principal, "oidc_provider.update", record.tenant_id, "oidc_provider", provider_id,
+                 fields=sorted(changes))  # fmt: skip
+    return _ok(_provider(record))
+
+
+@document("Delete an OIDC identity provider and its role bindings", tag="oidc", status=204)
+@requires(Scope.ADMIN_TENANT)
 async def delete_provider(request: Request) -> Response:
     principal = principal_of(request)
-    provider_id = request.path_params["provider_id"]
-    await call_store(_store(request).delete_oidc_provider, provider_id)
-    await _audit(request, principal, "oidc_provider.delete", None, "oidc_provider", provider_id)
+    provider_id, owner = request.path_params["provider_id"], _provider_owner(principal)
+    existing = await call_store(_store(request).get_oidc_provider, provider_id, owner=owner)
+    await call_store(_store(request).delete_oidc_provider, provider_id, owner=owner)
+    await _audit(request, principal, "oidc_provider.delete", existing.tenant_id, "oidc_provider", provider_id)
     return Response(status_code=204)
 
 

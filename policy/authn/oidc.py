@@ -61,6 +61,7 @@ from joserfc.errors import (
 from joserfc.jwk import ECKey, JWKRegistry, Key, OKPKey, RSAKey
 from joserfc.jws import JWSRegistry
 
+from policy.authn.bounds import TenantBounds
 from policy.errors import IdentityProviderUnavailable, InvalidToken
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,9 @@ class OidcProviderConfig:
     required_claims: tuple[str, ...] = ()
     leeway_seconds: int = 30
     jwks_uri: str | None = None
+    # Which tenants its tokens may sign users into; the verifier only carries it (the
+    # authenticator, which knows tenants by id, enforces it). Default: none.
+    bounds: TenantBounds = field(default_factory=TenantBounds)
 
     def __post_init__(self) -> None:
         # Normalize containers so that a config, once built, cannot change under the verifier.
@@ -230,6 +234,7 @@ class OidcProviderConfig:
 @dataclass(frozen=True)
 class VerifiedToken:
     provider_id: str
+    bounds: TenantBounds
     issuer: str
     subject: str
     tenant: str
@@ -376,26 +381,31 @@ class OidcVerifier:
         self._jwks_ttl = jwks_ttl
         self._min_refresh_interval = min_refresh_interval
         self._http_timeout = http_timeout
-        self._providers: dict[str, OidcProviderConfig] = {}
+        self._providers: dict[str, list[OidcProviderConfig]] = {}
         self._sources: dict[tuple[str, str | None], _KeySource] = {}
         self.set_providers(providers)
 
     # -- configuration -----------------------------------------------------
 
     def set_providers(self, providers: Iterable[OidcProviderConfig]) -> None:
-        """Replace the provider configs; cached keys of unchanged key sources are kept."""
-        by_issuer: dict[str, OidcProviderConfig] = {}
+        """Replace the provider configs; cached keys of unchanged key sources are kept.
+
+        Several providers may share an issuer (one IdP serving several tenants'
+        applications) if their audiences differ: tokens are routed by both.
+        """
+        by_issuer: dict[str, list[OidcProviderConfig]] = {}
         for provider in providers:
             if not isinstance(provider, OidcProviderConfig):
                 raise TypeError(f"expected OidcProviderConfig, got {type(provider).__name__}")
-            key = _normalize_issuer(provider.issuer)
-            if key in by_issuer:
-                # Routing is by issuer, so two providers for one issuer would be ambiguous.
+            same_issuer = by_issuer.setdefault(_normalize_issuer(provider.issuer), [])
+            twin = next((p for p in same_issuer if p.audience == provider.audience), None)
+            if twin is not None:
                 raise ValueError(
-                    f"OIDC providers {by_issuer[key].id!r} and {provider.id!r} share issuer {provider.issuer!r}"
+                    f"OIDC providers {twin.id!r} and {provider.id!r} share issuer {provider.issuer!r} "
+                    f"and audience {provider.audience!r}"
                 )
-            by_issuer[key] = provider
-        wanted = {self._source_key(p) for p in by_issuer.values()}
+            same_issuer.append(provider)
+        wanted = {self._source_key(p) for group in by_issuer.values() for p in group}
         self._sources = {key: self._sources.get(key) or _KeySource() for key in wanted}
         self._providers = by_issuer
 
@@ -432,6 +442,7 @@ class OidcVerifier:
         self._check_issued_at(claims, provider, now)
         return VerifiedToken(
             provider_id=provider.id,
+            bounds=provider.bounds,
             issuer=claims["iss"],
             subject=claims["sub"],
             tenant=self._tenant(claims, provider),
@@ -486,10 +497,32 @@ class OidcVerifier:
             raise InvalidToken("the token has no 'iss' claim", code="missing_claim")
         if not isinstance(issuer, str):
             raise InvalidToken("the token's 'iss' claim is not a string", code="invalid_issuer")
-        provider = self._providers.get(_normalize_issuer(issuer))
-        if provider is None:
+        candidates = self._providers.get(_normalize_issuer(issuer))
+        if not candidates:
             raise InvalidToken("the token's issuer is not a trusted identity provider", code="unknown_issuer")
-        return provider
+        if len(candidates) == 1:
+            return candidates[0]  # its audience is checked with the other claims
+        return self._select_by_audience(parsed, candidates)
+
+    def _select_by_audience(self, parsed: _ParsedToken, candidates: list[OidcProviderConfig]) -> OidcProviderConfig:
+        """One issuer, several providers: the token's (not yet verified) ``aud`` picks one.
+
+        Safe before the signature: every candidate trusts the same issuer's keys, and the
+        audience is checked again after it. A token addressed to two of them is refused,
+        not given to either: which tenant it enters must not be the token's choice.
+        """
+        audience = parsed.claims.get("aud")
+        named = [audience] if isinstance(audience, str) else audience if isinstance(audience, list) else []
+        audiences = {a for a in named if isinstance(a, str)}
+        matching = [p for p in candidates if p.audience in audiences]
+        if not matching:
+            raise InvalidToken("the token is not meant for this service", code="invalid_audience")
+        if len(matching) > 1:
+            raise InvalidToken(
+                "the token is addressed to several identity providers here; it must name one audience",
+                code="ambiguous_audience",
+            )
+        return matching[0]
 
     def _check_issuer(self, claims: Mapping[str, Any], provider: OidcProviderConfig) -> None:
         # Routing tolerated a trailing slash; the issuer itself must match exactly (OIDC Core 3.1.3.7).

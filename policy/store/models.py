@@ -82,11 +82,22 @@ class ApiKey(Base):
 
 
 class OidcProvider(Base):
+    """An identity provider: a tenant's own (``tenant_id``), or the platform's (None) with the
+    tenants it may map users into (``tenant_ids``, and the platform tenant if ``allow_platform``).
+
+    Names are unique per owner (platform-owned ones among themselves, checked by the store);
+    (issuer, audience) pairs across all owners, since tokens are routed by them.
+    """
+
     __tablename__ = "oidc_providers"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"), UniqueConstraint("issuer", "audience"))
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    name: Mapped[str] = mapped_column(String(63), unique=True)
-    issuer: Mapped[str] = mapped_column(String(2048), unique=True)
+    tenant_id: Mapped[str | None] = mapped_column(ID, ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    tenant_ids: Mapped[list[str]] = mapped_column(json_type())
+    allow_platform: Mapped[bool]
+    name: Mapped[str] = mapped_column(String(63))
+    issuer: Mapped[str] = mapped_column(String(2048))
     audience: Mapped[str] = mapped_column(String(2048))
     client_id: Mapped[str | None] = mapped_column(String(255))
     client_secret: Mapped[Sealed | None] = mapped_column(EncryptedText)

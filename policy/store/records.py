@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from policy.authn.bounds import TenantBounds
+
 T = TypeVar("T")
 
 
@@ -68,6 +70,9 @@ class RoleBindingRecord:
 @dataclass(frozen=True, slots=True)
 class OidcProviderRecord:
     id: str
+    tenant_id: str | None  # the owning tenant; None: platform-owned
+    tenant_ids: tuple[str, ...]  # platform-owned: the tenants it may map users into
+    allow_platform: bool  # platform-owned: the platform tenant (and platform-admin) too
     name: str
     issuer: str
     audience: str
@@ -83,6 +88,10 @@ class OidcProviderRecord:
     enabled: bool
     created_at: datetime
     updated_at: datetime
+
+    def bounds(self) -> TenantBounds:
+        """The tenants its tokens may sign users into."""
+        return TenantBounds(self.tenant_id, frozenset(self.tenant_ids), self.allow_platform)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from policy.authn.apikeys import DUMMY_HASH, generate_key, hash_key, parse_key, verify_key
+from policy.authn.bounds import TenantBounds
 from policy.errors import Conflict, NotFound, StoreConfigError, StoreUnavailable, ValidationFailed
 from policy.store import migrate, validate
 from policy.store.config import StoreSettings
@@ -72,7 +73,7 @@ log = logging.getLogger("inferflux.policy.store")
 
 M = TypeVar("M", bound=Base)
 # The models that belong to a tenant (or, with tenant_id None, to the platform).
-Owned = TypeVar("Owned", ApiKey, RoleBinding, Policy, Credential)
+Owned = TypeVar("Owned", ApiKey, RoleBinding, Policy, Credential, OidcProvider)
 
 PLATFORM_TENANT = "platform"
 PLATFORM_ADMIN = "platform-admin"
@@ -92,6 +93,9 @@ class _Unset(enum.Enum):
 
 # The default of update methods' fields: "leave as it is" (None may be a value).
 UNSET: Final = _Unset.UNSET
+
+# Whose identity providers a call may reach: a tenant's id, None (the platform's), or UNSET (any).
+OwnerFilter = str | _Unset | None
 
 
 def _now() -> datetime:
@@ -262,10 +266,14 @@ class PolicyStore:
             return _tenant_record(row)
 
     def delete_tenant(self, tenant_id: str) -> None:
-        """Delete the tenant with its keys, role bindings, policies and credentials."""
+        """Delete the tenant with its keys, role bindings, identity providers, policies and credentials."""
         with self._write() as session:
             self._tenant(session, tenant_id)
             session.execute(delete(Tenant).where(Tenant.id == tenant_id))  # the database cascades
+            # Platform-owned providers name the tenants they map into in a list, which no key cascades.
+            for provider in session.scalars(select(OidcProvider).where(OidcProvider.tenant_id.is_(None))):
+                if tenant_id in provider.tenant_ids:
+                    provider.tenant_ids = [t for t in provider.tenant_ids if t != tenant_id]
 
     def _tenant(self, session: Session, tenant_id: str) -> Tenant:
         row = session.get(Tenant, tenant_id)
@@ -474,7 +482,10 @@ class PolicyStore:
         log.info("bootstrapped the platform tenant with a platform-admin key (prefix %s)", row.prefix)
         return None if parsed is not None else token
 
-    # -- OIDC providers (platform level)
+    # -- OIDC providers: a tenant's own, or the platform's with the tenants it may map users into
+    #
+    # ``owner``: UNSET for any provider (platform admins), else the owning tenant's id or None
+    # for the platform-owned ones; a provider of another owner is answered as a missing one.
 
     def create_oidc_provider(
         self,
@@ -482,6 +493,9 @@ class PolicyStore:
         issuer: str,
         audience: str,
         *,
+        tenant_id: str | None = None,
+        tenant_ids: Sequence[str] = (),
+        allow_platform: bool = False,
         client_id: str | None = None,
         client_secret: str | None = None,
         jwks_uri: str | None = None,
@@ -493,10 +507,15 @@ class PolicyStore:
         leeway_seconds: int = 30,
         enabled: bool = True,
     ) -> OidcProviderRecord:
+        """A provider of ``tenant_id`` (mapping users into it alone), or platform-owned (None)
+        mapping users into ``tenant_ids`` and, with ``allow_platform``, the platform tenant."""
         validate.slug(name, "name")
         now = _now()
         row = OidcProvider(
             id=new_id("idp"),
+            tenant_id=tenant_id,
+            tenant_ids=validate.strings(tenant_ids, "tenant_ids"),
+            allow_platform=validate.boolean(allow_platform, "allow_platform"),
             name=name,
             issuer=validate.url(issuer, "issuer"),
             audience=validate.text(audience, "audience", 2048),
@@ -513,20 +532,26 @@ class PolicyStore:
             updated_at=now,
         )
         with self._write() as session:
-            _check_issuer_free(session, row.issuer, exclude_id=None)
+            if tenant_id is not None:
+                self._tenant(session, tenant_id)
+            self._check_provider(session, row)
             if client_secret is not None:
                 row.client_secret = self._keys.seal(session, row, "client_secret", validate.secret(client_secret))
             session.add(row)
-            _flush(session, f"An identity provider named '{name}' or with issuer '{issuer}' already exists")
+            _flush(session, f"An identity provider named '{name}' or with this issuer and audience already exists")
             return self._oidc_record(row)
 
-    def get_oidc_provider(self, provider_id: str) -> OidcProviderRecord:
+    def get_oidc_provider(self, provider_id: str, *, owner: OwnerFilter = UNSET) -> OidcProviderRecord:
         with self._read() as session:
-            return self._oidc_record(_get(session, OidcProvider, provider_id, "identity provider"))
+            return self._oidc_record(_provider(session, provider_id, owner))
 
-    def list_oidc_providers(self, limit: int = 50, after: str | None = None) -> Page[OidcProviderRecord]:
+    def list_oidc_providers(
+        self, limit: int = 50, after: str | None = None, *, owner: OwnerFilter = UNSET
+    ) -> Page[OidcProviderRecord]:
+        query = select(OidcProvider)
+        if not isinstance(owner, _Unset):
+            query = query.where(_owner_is(OidcProvider, owner))
         with self._read() as session:
-            query = select(OidcProvider)
             return paginate(session, query, OidcProvider.created_at, OidcProvider.id, limit, after, self._oidc_record)
 
     def list_enabled_oidc_providers(self) -> list[OidcProviderRecord]:
@@ -541,6 +566,9 @@ class PolicyStore:
         self,
         provider_id: str,
         *,
+        owner: OwnerFilter = UNSET,
+        tenant_ids: Sequence[str] | _Unset = UNSET,
+        allow_platform: bool | _Unset = UNSET,
         name: str | _Unset = UNSET,
         issuer: str | _Unset = UNSET,
         audience: str | _Unset = UNSET,
@@ -555,13 +583,17 @@ class PolicyStore:
         leeway_seconds: int | _Unset = UNSET,
         enabled: bool | _Unset = UNSET,
     ) -> OidcProviderRecord:
+        """Change a provider; its owner never changes (delete it and register it again)."""
         with self._write() as session:
-            row = _get(session, OidcProvider, provider_id, "identity provider")
+            row = _provider(session, provider_id, owner)
+            if not isinstance(tenant_ids, _Unset):
+                row.tenant_ids = validate.strings(tenant_ids, "tenant_ids")
+            if not isinstance(allow_platform, _Unset):
+                row.allow_platform = validate.boolean(allow_platform, "allow_platform")
             if not isinstance(name, _Unset):
                 row.name = validate.slug(name, "name")
             if not isinstance(issuer, _Unset):
                 row.issuer = validate.url(issuer, "issuer")
-                _check_issuer_free(session, row.issuer, exclude_id=row.id)
             if not isinstance(audience, _Unset):
                 row.audience = validate.text(audience, "audience", 2048)
             if not isinstance(client_id, _Unset):
@@ -588,19 +620,32 @@ class PolicyStore:
                 row.leeway_seconds = validate.leeway(leeway_seconds)
             if not isinstance(enabled, _Unset):
                 row.enabled = validate.boolean(enabled, "enabled")
+            self._check_provider(session, row)
             row.updated_at = _now()
-            _flush(session, f"Another identity provider has the name '{row.name}' or issuer '{row.issuer}'")
+            _flush(session, f"Another identity provider has the name '{row.name}' or this issuer and audience")
             return self._oidc_record(row)
 
-    def delete_oidc_provider(self, provider_id: str) -> None:
+    def delete_oidc_provider(self, provider_id: str, *, owner: OwnerFilter = UNSET) -> None:
         """Delete the provider and every role binding made for it."""
         with self._write() as session:
-            _get(session, OidcProvider, provider_id, "identity provider")
+            _provider(session, provider_id, owner)
             session.execute(delete(OidcProvider).where(OidcProvider.id == provider_id))
+
+    def _check_provider(self, session: Session, row: OidcProvider) -> None:
+        """Every rule a provider row must meet, before it is written."""
+        _check_provider_owner(session, row)
+        _check_provider_tenants(session, row)
+        _check_provider_roles(row)
+        _check_issuer_audience_size(row)
+        _check_issuer_free(session, row.issuer, row.audience, exclude_id=row.id)
+        _check_provider_name_free(session, row)
 
     def _oidc_record(self, row: OidcProvider) -> OidcProviderRecord:
         return OidcProviderRecord(
             id=row.id,
+            tenant_id=row.tenant_id,
+            tenant_ids=tuple(row.tenant_ids),
+            allow_platform=row.allow_platform,
             name=row.name,
             issuer=row.issuer,
             audience=row.audience,
@@ -637,8 +682,8 @@ class PolicyStore:
             created_at=_now(),
         )
         with self._write() as session:
-            self._tenant(session, tenant_id)
-            _get(session, OidcProvider, provider_id, "identity provider")
+            tenant = self._tenant(session, tenant_id)
+            _check_binding_provider(session, tenant, provider_id, role)
             session.add(row)
             _flush(session, f"The {kind} '{subject}' of this provider already has a role binding in this tenant")
             return _binding_record(row)
@@ -1124,15 +1169,101 @@ def _usable_admin_keys(now: datetime) -> Select[Any]:
     )
 
 
-def _check_issuer_free(session: Session, issuer: str, *, exclude_id: str | None) -> None:
-    """Issuers that differ only in a trailing slash are one issuer to the token verifier, which
-    routes tokens by it (``policy.authn.oidc``): two such providers would stop it loading any."""
-    query = select(OidcProvider.issuer)
-    if exclude_id is not None:
-        query = query.where(OidcProvider.id != exclude_id)
+def _provider(session: Session, provider_id: str, owner: OwnerFilter) -> OidcProvider:
+    """The provider, if ``owner`` owns it (UNSET: whoever does); another owner's answers as a missing one."""
+    if isinstance(owner, _Unset):
+        return _get(session, OidcProvider, provider_id, "identity provider")
+    return _owned(session, OidcProvider, provider_id, owner, "identity provider")
+
+
+def _owner_is(model: type[OidcProvider], owner: str | None) -> Any:
+    return model.tenant_id.is_(None) if owner is None else model.tenant_id == owner
+
+
+def _provider_bounds(row: OidcProvider) -> TenantBounds:
+    return TenantBounds(row.tenant_id, frozenset(row.tenant_ids), row.allow_platform)
+
+
+def _check_provider_owner(session: Session, row: OidcProvider) -> None:
+    """The platform tenant's users come only from platform-owned providers that say so (allow_platform)."""
+    if row.tenant_id is None:
+        return
+    owner = session.get(Tenant, row.tenant_id)
+    if owner is not None and owner.name == PLATFORM_TENANT:
+        raise ValidationFailed(
+            "the platform tenant cannot own an identity provider; register a platform-owned one "
+            "with allow_platform instead",
+            param="tenant_id",
+        )
+
+
+def _check_provider_tenants(session: Session, row: OidcProvider) -> None:
+    """A tenant's provider maps into its tenant alone; a platform-owned one into existing, ordinary tenants."""
+    if row.tenant_id is not None:
+        if row.tenant_ids or row.allow_platform:
+            raise ValidationFailed(
+                "tenant_ids and allow_platform are for platform-owned providers; a tenant's provider "
+                "maps users into its own tenant only",
+                param="tenant_ids" if row.tenant_ids else "allow_platform",
+            )
+        return
+    found = {t.id: t.name for t in session.scalars(select(Tenant).where(Tenant.id.in_(row.tenant_ids)))}
+    unknown = [t for t in row.tenant_ids if t not in found]
+    if unknown:
+        raise ValidationFailed(f"unknown tenant(s): {', '.join(unknown)}", param="tenant_ids")
+    if PLATFORM_TENANT in found.values():
+        raise ValidationFailed("the platform tenant is reached with allow_platform, not tenant_ids", param="tenant_ids")
+
+
+def _check_provider_roles(row: OidcProvider) -> None:
+    if PLATFORM_ADMIN in row.role_map.values() and not _provider_bounds(row).grants_platform_admin:
+        raise ValidationFailed(
+            "only a platform-owned provider with allow_platform may map a claim to platform-admin", param="role_map"
+        )
+
+
+# What one entry of the unique (issuer, audience) index may hold; PostgreSQL refuses entries over ~2.7 kB.
+MAX_ISSUER_AUDIENCE_BYTES = 2048
+
+
+def _check_issuer_audience_size(row: OidcProvider) -> None:
+    if len(row.issuer.encode()) + len(row.audience.encode()) > MAX_ISSUER_AUDIENCE_BYTES:
+        raise ValidationFailed(
+            f"issuer and audience together must be at most {MAX_ISSUER_AUDIENCE_BYTES} bytes (UTF-8)",
+            param="audience",
+        )
+
+
+def _check_issuer_free(session: Session, issuer: str, audience: str, *, exclude_id: str) -> None:
+    """Tokens are routed to a provider by (issuer, audience) (``policy.authn.oidc``), and issuers that
+    differ only in a trailing slash are one issuer there: two such providers would be ambiguous."""
+    query = select(OidcProvider.issuer).where(OidcProvider.audience == audience, OidcProvider.id != exclude_id)
     for other in session.scalars(query):
         if other.rstrip("/") == issuer.rstrip("/"):
-            raise Conflict(f"An identity provider with issuer '{other}' already exists")
+            raise Conflict(f"An identity provider with issuer '{other}' and this audience already exists")
+
+
+def _check_provider_name_free(session: Session, row: OidcProvider) -> None:
+    # The database's unique (tenant_id, name) does not cover platform-owned rows: NULLs never collide.
+    query = select(OidcProvider.id).where(
+        _owner_is(OidcProvider, row.tenant_id), OidcProvider.name == row.name, OidcProvider.id != row.id
+    )
+    if session.scalar(query.limit(1)) is not None:
+        raise Conflict(f"An identity provider named '{row.name}' already exists")
+
+
+def _check_binding_provider(session: Session, tenant: Tenant, provider_id: str, role: str) -> None:
+    """A binding counts only where its provider may sign users in: a provider that may not (another
+    tenant's, say) is answered exactly as one that does not exist."""
+    if role == PLATFORM_ADMIN and tenant.name != PLATFORM_TENANT:
+        raise ValidationFailed("platform-admin can be bound only in the platform tenant", param="role")
+    # In the platform tenant, the bounds require allow_platform, which platform-admin needs too.
+    provider = session.get(OidcProvider, provider_id)
+    if provider is None or not _provider_bounds(provider).admits(tenant.id, is_platform=tenant.name == PLATFORM_TENANT):
+        raise ValidationFailed(
+            f"unknown identity provider '{provider_id}', or one that may not sign users into this tenant",
+            param="provider_id",
+        )
 
 
 def _check_model_names_free(session: Session, names: Sequence[str], *, exclude_id: str | None) -> None:

@@ -421,7 +421,7 @@ def test_oidc_provider_lifecycle_never_returns_the_client_secret(world: World) -
     created = client.post(
         "/admin/v1/oidc-providers",
         json={"name": "okta", "issuer": "https://okta.example.com", "audience": "inferflux", "client_id": "app",
-              "client_secret": secret, "role_map": {"ml-team": "member"}},
+              "client_secret": secret, "role_map": {"ml-team": "member"}, "tenant_ids": [world.acme.id]},
         headers=world.admin,
     )
     assert created.status_code == 201, created.text
@@ -430,6 +430,7 @@ def test_oidc_provider_lifecycle_never_returns_the_client_secret(world: World) -
     url = f"/admin/v1/oidc-providers/{pid}"
     assert provider["object"] == "oidc_provider" and "client_secret" not in provider
     assert provider["has_client_secret"] is True and provider["role_map"] == {"ml-team": "member"}
+    assert (provider["tenant_id"], provider["tenant_ids"], provider["allow_platform"]) == (None, [world.acme.id], False)
     assert store.get_oidc_provider(pid).client_secret == secret  # stored (encrypted), only not shown
 
     fetched = client.get(url, headers=world.admin)
@@ -466,10 +467,13 @@ def test_duplicate_providers_and_tenants_are_409(world: World) -> None:
     client = world.client
     again = client.post(
         "/admin/v1/oidc-providers",
-        json={"name": "other", "issuer": world.provider.issuer + "/", "audience": "a"},  # the same issuer to a verifier
+        # The same issuer to a verifier, and the same audience: tokens could not tell the two apart.
+        json={"name": "other", "issuer": world.provider.issuer + "/", "audience": world.provider.audience},
         headers=world.admin,
     )
     assert again.status_code == 409 and error_of(again)["code"] == "conflict"
+    other_app = {"name": "other", "issuer": world.provider.issuer, "audience": "another-app"}
+    assert client.post("/admin/v1/oidc-providers", json=other_app, headers=world.admin).status_code == 201
     assert client.post("/admin/v1/tenants", json={"name": "acme"}, headers=world.admin).status_code == 409
 
 
@@ -491,7 +495,7 @@ def test_model_admin_refuses_bad_loads_before_starting_one(world: World, tmp_pat
         response = client.post("/admin/v1/models", json=body, headers=admin)
         assert response.status_code == status, (body, response.text)
         assert error_of(response)["param"] == param
-    assert client.post("/admin/v1/models", json=good, headers=world.acme_admin).status_code == 403
+    assert client.post("/admin/v1/models", json=good, headers=world.acme_admin).status_code == 404  # platform-only
     assert [m["id"] for m in client.get("/admin/v1/models", headers=admin).json()["data"]] == [MODEL]
     assert world.store.list_served_models() == []
 

@@ -129,7 +129,7 @@ async def test_a_role_read_before_its_binding_is_deleted_is_not_cached_after_it(
     store: PolicyStore, idp: LoopbackIdP, cleanup: list[Authenticator]
 ) -> None:
     tenant = store.create_tenant("acme")
-    provider = store.create_oidc_provider("loopback", idp.issuer, "inferflux")
+    provider = store.create_oidc_provider("loopback", idp.issuer, "inferflux", tenant_id=tenant.id)
     binding = store.create_role_binding(tenant.id, provider_id=provider.id, kind="subject", subject="ann", role="member")
     held = HeldStore(store, "find_role_bindings")
     auth = Authenticator(held)  # type: ignore[arg-type]

@@ -89,9 +89,12 @@ class World:
             tenant_id or self.acme.id, provider_id=self.provider.id, kind="subject", subject=f"s{self.uid()}", role=role
         )
 
-    def new_provider(self) -> Any:
+    def new_provider(self, tenant_id: str | None = None) -> Any:
+        """A provider of acme (default), which its tenant admin may manage too."""
         n = self.uid()
-        return self.store.create_oidc_provider(f"idp-{n}", f"https://idp-{n}.example.com", "inferflux")
+        return self.store.create_oidc_provider(
+            f"idp-{n}", f"https://idp-{n}.example.com", "inferflux", tenant_id=tenant_id or self.acme.id
+        )
 
     def policy(self, tenant_id: str | None) -> Any:
         return self.store.create_policy(tenant_id, "rate_limit", f"p{self.uid()}", LIMIT_SPEC)
@@ -110,7 +113,10 @@ def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[W
     keys = {"platform-admin": admin_key}
     for role in ("tenant-admin", "member", "viewer"):
         keys[role] = store.create_api_key(acme.id, role, role)[1]
-    provider = store.create_oidc_provider("corp", "https://login.example.com", "inferflux")
+    # Platform-owned, for both tenants and the platform tenant (bindings are made in all three).
+    provider = store.create_oidc_provider(
+        "corp", "https://login.example.com", "inferflux", tenant_ids=[acme.id, globex.id], allow_platform=True
+    )
     app = make_app(store)
     with TestClient(app) as client:
         yield World(store, app, client, keys, acme, globex, provider)
@@ -208,9 +214,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("DELETE", GRD + "/{policy_id}"): Case(
         T, 204, lambda w: (f"{GRD}/{w.guardrail().id}?tenant_id={w.acme.id}", None)
     ),
-    ("GET", "/admin/v1/oidc-providers"): Case(P, 200, lambda w: ("/admin/v1/oidc-providers", None)),
+    # A tenant admin manages its own tenant's identity providers; a platform admin every one.
+    ("GET", "/admin/v1/oidc-providers"): Case(T, 200, lambda w: ("/admin/v1/oidc-providers", None)),
     ("POST", "/admin/v1/oidc-providers"): Case(
-        P,
+        T,
         201,
         lambda w: (
             "/admin/v1/oidc-providers",
@@ -218,13 +225,13 @@ ROUTES: dict[tuple[str, str], Case] = {
         ),
     ),
     ("GET", "/admin/v1/oidc-providers/{provider_id}"): Case(
-        P, 200, lambda w: (f"/admin/v1/oidc-providers/{w.provider.id}", None)
+        T, 200, lambda w: (f"/admin/v1/oidc-providers/{w.new_provider().id}", None)
     ),
     ("PATCH", "/admin/v1/oidc-providers/{provider_id}"): Case(
-        P, 200, lambda w: (f"/admin/v1/oidc-providers/{w.new_provider().id}", {"leeway_seconds": 10})
+        T, 200, lambda w: (f"/admin/v1/oidc-providers/{w.new_provider().id}", {"leeway_seconds": 10})
     ),
     ("DELETE", "/admin/v1/oidc-providers/{provider_id}"): Case(
-        P, 204, lambda w: (f"/admin/v1/oidc-providers/{w.new_provider().id}", None)
+        T, 204, lambda w: (f"/admin/v1/oidc-providers/{w.new_provider().id}", None)
     ),
     ("GET", "/admin/v1/models"): Case(P, 200, lambda w: ("/admin/v1/models", None)),
     # Allowed but refused on its merits: a load of a path that is not a model (no load starts).
@@ -311,12 +318,25 @@ def test_each_role_gets_exactly_its_scopes(world: World, role: str, method: str,
     response = world.client.request(method, url, json=body, headers=bearer(world.keys[role]))
     if case.scope in ROLE_HAS[role]:
         assert response.status_code == case.status, (role, method, url, response.text)
+    elif hidden_from_tenants(world, case.scope, url):
+        # A platform-only route, or another tenant's: to a tenant's principal, as if it did not exist.
+        assert response.status_code == 404, (role, method, url, response.text)
+        assert error_of(response)["code"] == "not_found"
+        assert world.store.policy_version() == before, "a refused request changed the policy"
     else:
         assert response.status_code == 403, (role, method, url, response.text)
         error = error_of(response)
         assert error["type"] == "permission_error" and error["code"] == "insufficient_scope"
         assert case.scope.value in error["message"]
         assert world.store.policy_version() == before, "a refused request changed the policy"
+
+
+def hidden_from_tenants(world: World, scope: Scope, url: str) -> bool:
+    """What answers 404 to acme's principals: another tenant's path, and platform-only routes off acme's own path."""
+    named = url.split("/admin/v1/tenants/", 1)[1].split("/")[0].split("?")[0] if "/admin/v1/tenants/" in url else None
+    if named is not None and named != world.acme.id:
+        return True
+    return scope is P and named is None
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -598,14 +618,13 @@ def test_another_tenants_objects_answer_like_missing_ones(world: World) -> None:
             gone = client.request(method, missing_path, json=missing_body, headers=bearer(world.keys[role]))
             assert_same_answer(seen, gone, ids)
             error = error_of(seen)
-            if scope in ROLE_HAS[role]:
-                # Within its scope: 404, never 403, so it cannot learn what exists elsewhere.
-                assert seen.status_code == 404, (role, method, path, seen.text)
-                assert error["code"] == "not_found" and error["type"] == "invalid_request_error"
-            else:
-                # Outside its scope whatever the tenant: 403 for the real tenant and the missing one alike.
-                assert seen.status_code == 403, (role, method, path, seen.text)
-                assert error["code"] == "insufficient_scope"
+            if scope not in ROLE_HAS[role] and isinstance(body, dict) and "tenant_id" in body:
+                # Named only in a body it may not send at all: 403, for the real tenant and the missing one alike.
+                assert seen.status_code == 403 and error["code"] == "insufficient_scope", (role, path, seen.text)
+                continue
+            # Named in the path or query, within its scope or not: 404, never 403, so it learns nothing.
+            assert seen.status_code == 404, (role, method, path, seen.text)
+            assert error["code"] == "not_found" and error["type"] == "invalid_request_error"
 
     # Nothing of globex was changed, and nothing was recorded as done (admin requests are audited only as changes).
     assert store.policy_version() == version_before
@@ -713,18 +732,24 @@ def test_tenant_admin_cannot_escalate(world: World) -> None:
         response = client.post(path, json=body, headers=ta)
         assert response.status_code == 403, response.text
         assert error_of(response)["code"] == "insufficient_scope"
-    # Tenants are the platform's: not listed, created, renamed, disabled, deleted or re-scoped by a tenant admin.
-    for method, path, body in [
-        ("GET", "/admin/v1/tenants", None),
-        ("POST", "/admin/v1/tenants", {"name": "mine"}),
-        ("PATCH", f"/admin/v1/tenants/{acme.id}", {"display_name": "x"}),
-        ("PATCH", f"/admin/v1/tenants/{acme.id}", {"disabled": True}),
-        ("DELETE", f"/admin/v1/tenants/{acme.id}", None),
-        ("PUT", f"/admin/v1/tenants/{acme.id}/models", {"allowed_models": None}),
-        ("POST", "/admin/v1/oidc-providers", {"name": "mine", "issuer": "https://mine.example.com", "audience": "a"}),
+    # Tenants are the platform's: not listed, created, renamed, disabled, deleted or re-scoped by a tenant
+    # admin (its own tenant: 403; the platform-only routes: 404, as if they did not exist).
+    mine = {"name": "mine", "issuer": "https://mine.example.com", "audience": "a"}
+    for method, path, body, status in [
+        ("GET", "/admin/v1/tenants", None, 404),
+        ("POST", "/admin/v1/tenants", {"name": "mine"}, 404),
+        ("PATCH", f"/admin/v1/tenants/{acme.id}", {"display_name": "x"}, 403),
+        ("PATCH", f"/admin/v1/tenants/{acme.id}", {"disabled": True}, 403),
+        ("DELETE", f"/admin/v1/tenants/{acme.id}", None, 403),
+        ("PUT", f"/admin/v1/tenants/{acme.id}/models", {"allowed_models": None}, 403),
+        # Its own identity providers, yes; platform-owned ones, or one mapping into other tenants, no.
+        ("POST", "/admin/v1/oidc-providers", {**mine, "tenant_id": None}, 403),
+        ("POST", "/admin/v1/oidc-providers", {**mine, "tenant_ids": [world.globex.id]}, 422),
+        ("POST", "/admin/v1/oidc-providers", {**mine, "allow_platform": True}, 422),
+        ("POST", "/admin/v1/oidc-providers", {**mine, "role_map": {"x": "platform-admin"}}, 422),
     ]:
         response = client.request(method, path, json=body, headers=ta)
-        assert response.status_code == 403, (method, path, response.text)
+        assert response.status_code == status, (method, path, response.text)
     assert store.policy_version() == version
     assert store.get_tenant(acme.id).disabled is False
 

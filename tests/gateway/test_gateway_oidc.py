@@ -42,6 +42,12 @@ def gateway(make_app: Any, idp: LoopbackIdP, tmp_path_factory: pytest.TempPathFa
     server, thread, sock, url = start_uvicorn(make_app(store, authenticator))
     headers = {"authorization": f"Bearer {admin}"}
     with httpx.Client(base_url=url, timeout=60) as http:
+        tenants = {}
+        for name in ("acme", "globex"):
+            created = http.post("/admin/v1/tenants", headers=headers, json={"name": name})
+            assert created.status_code == 201, created.text
+            tenants[name] = created.json()
+        # Platform-owned, for both tenants and (it maps "root" to platform-admin) the platform tenant.
         provider = http.post(
             "/admin/v1/oidc-providers",
             headers=headers,
@@ -49,15 +55,12 @@ def gateway(make_app: Any, idp: LoopbackIdP, tmp_path_factory: pytest.TempPathFa
                 "name": "loopback",
                 "issuer": idp.issuer,
                 "audience": "inferflux",
+                "tenant_ids": [t["id"] for t in tenants.values()],
+                "allow_platform": True,
                 "role_map": {"engineer": "member", "boss": "tenant-admin", "root": "platform-admin"},
             },
         )
         assert provider.status_code == 201, provider.text
-        tenants = {}
-        for name in ("acme", "globex"):
-            created = http.post("/admin/v1/tenants", headers=headers, json={"name": name})
-            assert created.status_code == 201, created.text
-            tenants[name] = created.json()
         try:
             yield {"http": http, "admin": headers, "provider": provider.json(), "tenants": tenants, "store": store}
         finally:
@@ -110,7 +113,7 @@ def test_platform_admin_claim_counts_only_in_the_platform_tenant(gateway: dict[s
     token = idp.mint(idp.claims(sub="mallory", roles=["root", "engineer"]), kid=RSA_KID)
     me = call(gateway, token)
     assert me.status_code == 200 and me.json()["roles"] == ["member"]
-    assert call(gateway, token, "/admin/v1/tenants").status_code == 403
+    assert call(gateway, token, "/admin/v1/tenants").status_code == 404  # a platform-only route, to a member
 
     root = idp.mint(idp.claims(sub="ops", roles=["root"], tenant="platform"), kid=RSA_KID)
     assert call(gateway, root, "/admin/v1/tenants").status_code == 200
@@ -145,7 +148,7 @@ def attack_tokens(idp: LoopbackIdP) -> dict[str, tuple[str, str]]:
             "unsupported_algorithm",
         ),
         "missing tenant claim": (idp.mint(idp.claims(roles=["engineer"], tenant=None), kid=RSA_KID), "missing_tenant_claim"),
-        "unknown tenant": (idp.mint(idp.claims(roles=["engineer"], tenant="nobody"), kid=RSA_KID), "unknown_tenant"),
+        "unknown tenant": (idp.mint(idp.claims(roles=["engineer"], tenant="nobody"), kid=RSA_KID), "tenant_not_allowed"),
         "unknown kid": (idp.mint(good, kid=idp.add_key("RSA", publish=False)), "unknown_key"),
     }
 
@@ -201,6 +204,12 @@ def test_disabled_tenant_and_disabled_provider_stop_tokens(gateway: dict[str, An
     store: PolicyStore = gateway["store"]
     tenant = http.post("/admin/v1/tenants", headers=admin, json={"name": "hooli"}).json()
     token = idp.mint(idp.claims(sub="gavin", roles=["engineer"], tenant="hooli"), kid=RSA_KID)
+    # A tenant made after the provider is not in its list until added.
+    refused = call(gateway, token)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "tenant_not_allowed"
+    provider_url = f"/admin/v1/oidc-providers/{gateway['provider']['id']}"
+    tenant_ids = [*gateway["provider"]["tenant_ids"], tenant["id"]]
+    assert http.patch(provider_url, headers=admin, json={"tenant_ids": tenant_ids}).status_code == 200
     assert call(gateway, token).status_code == 200
     # A change made directly in the store (as another replica would) is seen within the poll interval.
     store.update_tenant(tenant["id"], disabled=True)

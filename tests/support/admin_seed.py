@@ -22,7 +22,7 @@ class Seeded:
     acme_member: Any  # the record of a member key of acme
     globex: Any
     globex_admin: dict[str, str]
-    provider: Any  # an OIDC provider (no tenant)
+    provider: Any  # a platform-owned OIDC provider that may sign users into acme and globex
 
     def seeded(self) -> dict[str, Any]:
         """The fields above, to build a subclass's instance from this one."""
@@ -41,7 +41,8 @@ def seed_store(data_dir: Path) -> Seeded:
     acme_record, acme_admin = store.create_api_key(acme.id, "admin", "tenant-admin")
     acme_member, _ = store.create_api_key(acme.id, "app", "member")
     _, globex_admin = store.create_api_key(globex.id, "admin", "tenant-admin")
-    provider = store.create_oidc_provider("corp", "https://login.example.com", "inferflux")
+    # Platform-owned, mapping users into both tenants (role bindings are made in either).
+    provider = store.create_oidc_provider("corp", "https://login.example.com", "inferflux", tenant_ids=[acme.id, globex.id])
     return Seeded(store, bearer(admin), f"key:{admin_record.prefix}", acme, bearer(acme_admin),
                   f"key:{acme_record.prefix}", acme_member, globex, bearer(globex_admin), provider)  # fmt: skip
 

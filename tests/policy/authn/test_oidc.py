@@ -122,11 +122,30 @@ def test_config_is_immutable_after_construction() -> None:
     assert config.algorithms == ("RS256",)
 
 
-def test_verifier_rejects_two_providers_for_one_issuer() -> None:
+def test_verifier_rejects_two_providers_for_one_issuer_and_audience() -> None:
     a = OidcProviderConfig(id="a", name="A", issuer="https://idp.example", audience="x")
-    b = OidcProviderConfig(id="b", name="B", issuer="https://idp.example/", audience="y")
+    b = OidcProviderConfig(id="b", name="B", issuer="https://idp.example/", audience="x")
     with pytest.raises(ValueError, match="share issuer"):
         OidcVerifier([a, b])
+
+
+async def test_one_issuer_several_audiences_routes_by_audience(idp: LoopbackIdP, clock: FakeClock) -> None:
+    # One IdP serving two tenants' applications: each token reaches the provider of its audience.
+    acme = provider_for(idp, id="acme-idp", audience="acme-app")
+    globex = provider_for(idp, id="globex-idp", audience="globex-app")
+    verifier = make_verifier([acme, globex], clock)
+    try:
+        for audience, provider in (("acme-app", acme), ("globex-app", globex), (["x", "globex-app"], globex)):
+            token = idp.mint(idp.claims(clock.now, audience=audience), kid=RSA_KID)
+            verified = await verifier.verify(token)
+            assert verified.provider_id == provider.id and verified.bounds == provider.bounds
+        await rejected(verifier, idp.mint(idp.claims(clock.now, audience="other"), kid=RSA_KID), "invalid_audience")
+        await rejected(verifier, idp.mint(idp.claims(clock.now, audience=[{"x": 1}]), kid=RSA_KID), "invalid_audience")
+        # Addressed to both: which tenant it enters must not be the token's choice.
+        both = idp.mint(idp.claims(clock.now, audience=["acme-app", "globex-app"]), kid=RSA_KID)
+        await rejected(verifier, both, "ambiguous_audience")
+    finally:
+        await verifier.aclose()
 
 
 # -- valid tokens ------------------------------------------------------------------

@@ -108,7 +108,7 @@ def test_policy_version_is_bumped_by_every_change_of_policy(store: PolicyStore) 
     assert bumps(lambda: store.update_tenant(tenant.id, disabled=True)) == 1
     key, _ = store.create_api_key(tenant.id, "k", "member")
     assert bumps(lambda: store.revoke_api_key(tenant.id, key.id)) == 1
-    provider = store.create_oidc_provider("idp", "https://idp.example", "aud")
+    provider = store.create_oidc_provider("idp", "https://idp.example", "aud", tenant_ids=[tenant.id])
 
     def bind() -> object:
         return store.create_role_binding(tenant.id, provider_id=provider.id, kind="group", subject="g", role="viewer")
@@ -127,7 +127,7 @@ def test_policy_version_is_bumped_by_every_change_of_policy(store: PolicyStore) 
 
 def test_objects_of_another_tenant_are_not_found(store: PolicyStore) -> None:
     a, b = store.create_tenant("a"), store.create_tenant("b")
-    provider = store.create_oidc_provider("idp", "https://idp.example", "aud")
+    provider = store.create_oidc_provider("idp", "https://idp.example", "aud", tenant_ids=[a.id])
     key, _ = store.create_api_key(a.id, "k", "member")
     binding = store.create_role_binding(a.id, provider_id=provider.id, kind="subject", subject="alice", role="member")
     policy = store.create_policy(a.id, "quota", "q", {"tokens": 10})
@@ -168,7 +168,8 @@ def test_objects_of_another_tenant_are_not_found(store: PolicyStore) -> None:
 
 def test_deleting_a_tenant_deletes_what_it_owns(store: PolicyStore) -> None:
     tenant = store.create_tenant("a")
-    provider = store.create_oidc_provider("idp", "https://idp.example", "aud")
+    provider = store.create_oidc_provider("idp", "https://idp.example", "aud", tenant_ids=[tenant.id])
+    owned = store.create_oidc_provider("own", "https://own.example", "aud", tenant_id=tenant.id)
     key, token = store.create_api_key(tenant.id, "k", "member")
     store.create_role_binding(tenant.id, provider_id=provider.id, kind="subject", subject="s", role="member")
     store.create_policy(tenant.id, "quota", "q", {})
@@ -179,6 +180,9 @@ def test_deleting_a_tenant_deletes_what_it_owns(store: PolicyStore) -> None:
     with pytest.raises(NotFound):
         store.get_api_key(tenant.id, key.id)
     assert store.find_role_bindings(provider.id, tenant.id, "s") == frozenset()
+    with pytest.raises(NotFound):  # its own identity provider went with it
+        store.get_oidc_provider(owned.id)
+    assert store.get_oidc_provider(provider.id).tenant_ids == ()  # and it left the platform's provider's list
     assert store.list_policies(tenant.id).items == ()
     assert store.list_credentials(tenant.id).items == ()
     assert len(store.list_admin_events(tenant.id).items) == 1  # the record of what happened stays
@@ -186,8 +190,8 @@ def test_deleting_a_tenant_deletes_what_it_owns(store: PolicyStore) -> None:
 
 def test_role_bindings(store: PolicyStore) -> None:
     tenant, other = store.create_tenant("a"), store.create_tenant("b")
-    idp = store.create_oidc_provider("idp", "https://idp.example", "aud")
-    idp2 = store.create_oidc_provider("idp2", "https://idp2.example", "aud")
+    idp = store.create_oidc_provider("idp", "https://idp.example", "aud", tenant_ids=[tenant.id, other.id])
+    idp2 = store.create_oidc_provider("idp2", "https://idp2.example", "aud", tenant_ids=[tenant.id])
     alice = store.create_role_binding(tenant.id, provider_id=idp.id, kind="subject", subject="alice", role="member")
     store.create_role_binding(tenant.id, provider_id=idp.id, kind="group", subject="admins", role="tenant-admin")
     store.create_role_binding(tenant.id, provider_id=idp.id, kind="group", subject="alice", role="viewer")
@@ -207,7 +211,7 @@ def test_role_bindings(store: PolicyStore) -> None:
         store.create_role_binding(tenant.id, provider_id=idp.id, kind="user", subject="x", role="viewer")
     with pytest.raises(ValidationFailed, match="unknown role"):
         store.create_role_binding(tenant.id, provider_id=idp.id, kind="subject", subject="x", role="root")
-    with pytest.raises(NotFound, match="identity provider"):
+    with pytest.raises(ValidationFailed, match="identity provider"):
         store.create_role_binding(tenant.id, provider_id="idp_missing", kind="subject", subject="x", role="viewer")
     with pytest.raises(NotFound, match="tenant"):
         store.create_role_binding("ten_missing", provider_id=idp.id, kind="subject", subject="x", role="viewer")
@@ -248,8 +252,8 @@ def test_oidc_providers(store: PolicyStore) -> None:
     assert enabled.client_secret is None
     assert store.list_oidc_providers().items == (enabled,)
 
-    with pytest.raises(Conflict):
-        store.create_oidc_provider("other", "https://login.corp.example", "aud")
+    with pytest.raises(Conflict):  # (issuer, audience) is the unique pair
+        store.create_oidc_provider("other", "https://login.corp.example", "inferflux")
     with pytest.raises(Conflict):
         store.create_oidc_provider("corp", "https://else.example", "aud")
     for bad in (
@@ -363,3 +367,67 @@ def test_admin_events(store: PolicyStore) -> None:
     everything = store.list_admin_events(None)
     assert len(everything.items) == 5 and everything.items[-1] == platform and platform.tenant_id is None
     assert platform.at.tzinfo is UTC
+
+
+def test_identity_providers_are_bound_to_tenants(store: PolicyStore) -> None:
+    platform = store.get_tenant(store.create_tenant("platform").id)
+    acme, globex = store.create_tenant("acme"), store.create_tenant("globex")
+    mine = store.create_oidc_provider("sso", "https://sso.example", "acme-app", tenant_id=acme.id)
+    assert (mine.tenant_id, mine.tenant_ids, mine.allow_platform) == (acme.id, (), False)
+    # Names are per owner; (issuer, audience) pairs across owners.
+    theirs = store.create_oidc_provider("sso", "https://sso.example", "globex-app", tenant_id=globex.id)
+    with pytest.raises(Conflict):
+        store.create_oidc_provider("copy", "https://sso.example/", "acme-app", tenant_id=globex.id)
+    with pytest.raises(Conflict):
+        store.create_oidc_provider("sso", "https://elsewhere.example", "a", tenant_id=acme.id)
+
+    # Another owner's provider is answered as a missing one.
+    for attempt in (
+        lambda: store.get_oidc_provider(theirs.id, owner=acme.id),
+        lambda: store.update_oidc_provider(theirs.id, owner=acme.id, enabled=False),
+        lambda: store.delete_oidc_provider(theirs.id, owner=acme.id),
+        lambda: store.get_oidc_provider(theirs.id, owner=None),
+    ):
+        with pytest.raises(NotFound, match="No identity provider"):
+            attempt()
+    assert [p.id for p in store.list_oidc_providers(owner=acme.id).items] == [mine.id]
+    assert store.get_oidc_provider(theirs.id).enabled is True
+
+    # What a tenant's provider can never be: a mapper into other tenants, or the platform's.
+    refused = [
+        ({"tenant_id": acme.id, "tenant_ids": [globex.id]}, "tenant_ids"),
+        ({"tenant_id": acme.id, "allow_platform": True}, "allow_platform"),
+        ({"tenant_id": acme.id, "role_map": {"root": "platform-admin"}}, "role_map"),
+        ({"tenant_id": platform.id}, "tenant_id"),
+        ({"tenant_ids": [platform.id]}, "tenant_ids"),  # the platform tenant comes with allow_platform only
+        ({"tenant_ids": ["ten_missing"]}, "tenant_ids"),
+        ({"role_map": {"root": "platform-admin"}}, "role_map"),  # platform-owned, without allow_platform
+    ]
+    for n, (settings, param) in enumerate(refused):
+        with pytest.raises(ValidationFailed) as refusal:
+            store.create_oidc_provider(f"bad-{n}", f"https://bad-{n}.example", "a", **settings)  # type: ignore[arg-type]
+        assert refusal.value.param == param, settings
+    with pytest.raises(ValidationFailed):
+        store.update_oidc_provider(mine.id, tenant_ids=[globex.id])
+    with pytest.raises(ValidationFailed):
+        store.create_oidc_provider("huge", "https://huge.example/" + "x" * 1500, "y" * 600)
+    root = store.create_oidc_provider("root", "https://root.example", "a", allow_platform=True,
+                                      role_map={"root": "platform-admin"})  # fmt: skip
+    assert root.bounds().grants_platform_admin
+
+    # Role bindings honour the same bounds: another tenant's provider is an unknown one.
+    shared = store.create_oidc_provider("shared", "https://shared.example", "a", tenant_ids=[acme.id])
+    store.create_role_binding(acme.id, provider_id=mine.id, kind="group", subject="g", role="tenant-admin")
+    store.create_role_binding(acme.id, provider_id=shared.id, kind="group", subject="g", role="member")
+    for tenant_id, provider_id in [
+        (globex.id, mine.id),  # acme's provider, in globex
+        (globex.id, shared.id),  # a platform provider outside its list
+        (platform.id, shared.id),  # the platform tenant without allow_platform
+    ]:
+        with pytest.raises(ValidationFailed, match="unknown identity provider") as refusal:
+            store.create_role_binding(tenant_id, provider_id=provider_id, kind="subject", subject="x", role="member")
+        assert refusal.value.param == "provider_id"
+    with pytest.raises(ValidationFailed) as refusal:
+        store.create_role_binding(acme.id, provider_id=root.id, kind="subject", subject="x", role="platform-admin")
+    assert refusal.value.param == "role"
+    store.create_role_binding(platform.id, provider_id=root.id, kind="subject", subject="ops", role="platform-admin")
