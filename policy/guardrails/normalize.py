@@ -40,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import re2
+
 from policy.guardrails import confusables
 
 # Default-ignorable code points outside category Cf (which is removed wholesale).
@@ -167,9 +169,26 @@ SEPARATORS = " .-*~+/|"
 _SPELLED = re.compile(rf"(?<![\w'\u2019])[^\W\d_](?:[{re.escape(SEPARATORS)}]{{1,3}}[^\W\d_](?![\w'\u2019]))+")
 
 
+# What every spelled-out word holds, for RE2 (no look-around): RE2 answers "none" for 2 KB of prose in
+# about 4 us where ``_SPELLED`` takes 70; under ``_PREFILTER_FROM`` characters ``_SPELLED`` is quicker.
+_MAY_SPELL = re2.compile(r"(?:^|[^\pL\pN_'\x{2019}])[\pL\pN][ .\-*~+/|]{1,3}[\pL\pN](?:[^\pL\pN_'\x{2019}]|$)")
+_PREFILTER_FROM = 256
+
+
+def _may_spell(text: str) -> bool:
+    if len(text) < _PREFILTER_FROM:
+        return True
+    try:
+        return _MAY_SPELL.search(text) is not None
+    except UnicodeEncodeError:  # a lone surrogate: refused later, where the text is scanned
+        return True
+
+
 def _join_spelled(norm: Normalized) -> Normalized:
     """``norm`` with the separators inside spelled-out words removed (``b a d``, ``b-a-d`` -> ``bad``)."""
     text = norm.text
+    if not _may_spell(text):
+        return norm
     runs = list(_SPELLED.finditer(text))
     if not runs:
         return norm

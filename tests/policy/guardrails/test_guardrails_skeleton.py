@@ -4,9 +4,12 @@ spans; and that every finding and redaction still lands on the right original te
 from __future__ import annotations
 
 import base64
+import importlib
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policy.guardrails import Guardrails, normalize
 
@@ -172,3 +175,21 @@ def test_a_stream_catches_what_the_whole_text_check_catches(
     steps = [stream.feed(chunk) for chunk in chunks] + [stream.flush()]
     assert any(step.blocked for step in steps)
     assert "".join(step.text for step in steps) == "go "
+
+
+_normalize_module = importlib.import_module("policy.guardrails.normalize")
+_SPELLING = st.text(alphabet=st.sampled_from(list("ab1_' .-*|/\u2019\u00e9\u0301\u0430\u4e00\u00bd\n")) | st.characters(), max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_SPELLING)
+def test_the_re2_prefilter_never_misses_a_spelled_word(text: str) -> None:
+    # The prefilter may say yes wrongly, never no wrongly.
+    if _normalize_module._SPELLED.search(text) is not None:
+        assert _normalize_module._MAY_SPELL.search(text) is not None
+
+
+def test_long_texts_take_the_prefilter() -> None:
+    long = "word " * 100
+    assert normalize(long + "s k i").text.endswith("ski")
+    assert normalize(long + "ski").text.endswith("ski")
