@@ -94,6 +94,7 @@ from policy.guardrails import EMPTY, opa_input  # noqa: E402
 from policy.guardrails.opa import EmbeddedRego  # noqa: E402
 from policy.guardrails.opa_cache import DecisionCache  # noqa: E402
 from policy.guardrails.spec import OpaSettings  # noqa: E402
+from policy.ratelimit import DEFAULT_SCHEDULING, Scheduling  # noqa: E402
 from policy.rbac import Principal  # noqa: E402
 from policy.store import PolicyStore  # noqa: E402
 
@@ -123,6 +124,9 @@ class NoLimits:
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+    async def scheduling_for(self, principal: Any) -> Scheduling:
+        return DEFAULT_SCHEDULING
 
     async def check_and_reserve(self, principal: Any, **_: Any) -> _Admit:
         return _Admit()

@@ -10,34 +10,56 @@ instead of an answer with no record. A stream is recorded when it ends, just
 before its last (empty) body message: its status went out with the first
 byte, so a spool failure then can only be logged. A client that leaves first
 gets its event recorded without waiting.
+
+Refusals (every 4xx answer) are recorded on every route but the probes, the
+admin API's included, through ``AuditTrail.record_refusal``: the first of a
+(caller, route, status, reason) is written before the answer like any event,
+repeats within ``audit.refusal_aggregation_seconds`` are counted into one
+event at the window's end, so a flood of forged tokens cannot fill the disk.
+The caller is the principal, else a non-secret name for the credential that
+failed (an API key's prefix, a token's claimed issuer and subject), else the
+client's address; the route is its template, never the raw path (which may
+hold anything a client pasted into it). Successful admin changes are recorded
+by the admin routes themselves.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import time
 from typing import Any
 
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.auth import PUBLIC_PATHS, _header
 from gateway.context import get_context
 from gateway.errors import render_error
-from gateway.metrics import CLIENT_CLOSED_STATUS
+from gateway.log_redaction import redact
+from gateway.metrics import _KNOWN_METHODS, CLIENT_CLOSED_STATUS, route_template
 from policy.audit import AuditEvent, AuditUnavailable, Finding, api_event
+from policy.authn.apikeys import parse_key
 
 log = logging.getLogger(__name__)
 
-AUDITED_PREFIXES = ("/v1/",)
-_DENIED = {401, 403, 429}
+AUDITED_PREFIXES = ("/v1/",)  # every call is an event; elsewhere only refusals are (admin changes: the routes)
+_DENIED = {401, 403, 404, 429}
+_UNAUTHENTICATED = ("unverified:", "addr:")  # caller_without_principal's names; principals are key:, oidc:
+_MAX_ERROR_BODY = 64 * 1024  # an error answer larger than this is not parsed for its code
 
 
 class AuditMiddleware:
-    def __init__(self, app: ASGIApp, *, prefixes: tuple[str, ...] = AUDITED_PREFIXES) -> None:
+    def __init__(
+        self, app: ASGIApp, *, prefixes: tuple[str, ...] = AUDITED_PREFIXES, public: frozenset[str] = PUBLIC_PATHS
+    ) -> None:
         self.app = app
         self.prefixes = prefixes
+        self.public = public  # probes and the scrape endpoint refuse nobody: nothing to audit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
+        if scope["type"] != "http" or scope["path"] in self.public:
             await self.app(scope, receive, send)
             return
         state: dict[str, Any] = {"start": None, "recorded": False}
@@ -55,7 +77,8 @@ class AuditMiddleware:
                     await send(message)
                     return
                 state["recorded"] = True
-                refused = await self._record(scope, start["status"] if start is not None else 200, wait=True)
+                status = start["status"] if start is not None else 200
+                refused = await self._record(scope, status, wait=True, body=message.get("body", b""))
                 if start is not None:
                     if refused is not None:  # answer 503 rather than answer with no record
                         error = render_error(refused, get_context(scope).request_id)
@@ -76,13 +99,23 @@ class AuditMiddleware:
             start = state["start"]
             await self._record(scope, start["status"] if start is not None else CLIENT_CLOSED_STATUS, wait=False)
 
-    async def _record(self, scope: Scope, status: int, *, wait: bool) -> AuditUnavailable | None:
-        """Record the call's event; the error if the trail refused it."""
+    async def _record(self, scope: Scope, status: int, *, wait: bool, body: bytes = b"") -> AuditUnavailable | None:
+        """Record the call's event (a refusal's through the trail's aggregation); the error if the trail refused it."""
         app = scope["app"]
         trail = app.state.audit_trail
         if trail is None:  # the app is not started (a test calling the ASGI app bare)
             return None
+        refusal = 400 <= status < 500 and status != CLIENT_CLOSED_STATUS
+        if not refusal and not scope["path"].startswith(self.prefixes):
+            return None
         try:
+            if refusal:
+                event = build_event(scope, status, app.state.traffic.digester, code=error_code(body))
+                if wait:
+                    await trail.record_refusal(refusal_key(event), event)
+                elif trail.refusals.admit(refusal_key(event), event):
+                    trail.record_nowait(event)
+                return None
             event = build_event(scope, status, app.state.traffic.digester)
             if wait:
                 await trail.record(event)
@@ -93,10 +126,16 @@ class AuditMiddleware:
             log.error("audit event for %s not recorded: %s", scope["path"], exc)
             return exc
 
-def build_event(scope: Scope, status: int, digester: Any) -> AuditEvent:
-    """The audit event of the call ``scope`` answered with ``status``, from its request context."""
+def build_event(scope: Scope, status: int, digester: Any, *, code: str | None = None) -> AuditEvent:
+    """The audit event of the call ``scope`` answered with ``status``, from its request context.
+
+    ``code`` is a refusal's error code (its reason when no policy gave one).
+    Who made the call is the principal when authentication found one, else a
+    non-secret name for the credential presented, else the client's address.
+    """
     ctx = get_context(scope)
     principal = ctx.principal
+    reasons = tuple(ctx.reasons) or ((code,) if code else ())
     if status < 400:
         decision = "allow"
     elif status in _DENIED or ctx.reasons:
@@ -113,15 +152,111 @@ def build_event(scope: Scope, status: int, digester: Any) -> AuditEvent:
         prompt="\n".join(ctx.prompt_texts) if ctx.prompt_texts is not None else None,
         completion="\n".join(ctx.completion_texts) if ctx.completion_texts is not None else None,
         findings=findings,
-        reasons=tuple(ctx.reasons),
+        reasons=reasons,
         request_id=ctx.request_id,
         tenant_id=principal.tenant_id if principal is not None else None,
-        principal=principal.subject if principal is not None else None,
+        principal=principal.subject if principal is not None else caller_without_principal(scope),
         key_id=principal.key_id if principal is not None else None,
-        route=f"{scope['method']} {scope['path']}",
+        route=route_of(scope),
         model=ctx.model,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         status=status,
         latency_ms=round((time.perf_counter() - ctx.started) * 1000, 3),
+        kind="admin" if scope["path"].startswith("/admin/") else "api",
+        detail={"client": _client(scope)} if status >= 400 else None,
     )
+
+
+def refusal_key(event: AuditEvent) -> tuple[str, str, int, str]:
+    """What refusals are aggregated by: the caller, the route, the status and the reason.
+
+    The caller is the principal; without one, the client's address, not the
+    credential it presented: forged credentials are free to vary, so keyed by
+    them a flood would get one window each.
+    """
+    caller = event.principal or ""
+    if not caller or caller.startswith(_UNAUTHENTICATED):
+        caller = f"addr:{(event.detail or {}).get('client', 'unknown')}"
+    return (caller, event.route or "", event.status or 0, event.reasons[0] if event.reasons else "")
+
+
+def route_of(scope: Scope) -> str:
+    """``METHOD /path/{template}``: the route's template, never the raw path.
+
+    A raw path can hold anything a client typed, a key pasted in the wrong
+    place included, and is unbounded; a refusal answered before routing (a
+    401) is matched against the app's routes here.
+    """
+    method = scope.get("method", "")
+    method = method if method in _KNOWN_METHODS else "OTHER"
+    template = route_template(scope)
+    if template == "unmatched":
+        app = scope.get("app")
+        for route in getattr(getattr(app, "router", None), "routes", ()):
+            if isinstance(route, Route) and route.matches(scope)[0] is not Match.NONE:
+                template = route.path
+                break
+    return f"{method} {template}"
+
+
+def caller_without_principal(scope: Scope) -> str:
+    """``unverified:key:<prefix>`` or ``unverified:jwt:<iss>#<sub>`` for a presented credential, else ``addr:<ip>``.
+
+    Only what is not secret: an API key's public prefix, a token's issuer and
+    subject (as claimed: the token did not verify), and nothing that looks
+    like a credential itself.
+    """
+    token = _presented_token(scope)
+    if token:
+        parsed = parse_key(token)
+        if parsed is not None:
+            return f"unverified:key:{parsed.prefix}"
+        claims = _unverified_claims(token)
+        if claims is not None:
+            iss, sub = _claim(claims, "iss"), _claim(claims, "sub")
+            return f"unverified:jwt:{iss}#{sub}"
+    return f"addr:{_client(scope)}"
+
+
+def error_code(body: bytes) -> str | None:
+    """The ``error.code`` (or ``error.type``) of an OpenAI-shaped error answer, if it is one."""
+    if not body or len(body) > _MAX_ERROR_BODY:
+        return None
+    try:
+        error = json.loads(body).get("error")
+        code = error.get("code") or error.get("type")
+    except (ValueError, AttributeError):
+        return None
+    return code[:64] if isinstance(code, str) and code.isprintable() and code else None
+
+
+def _presented_token(scope: Scope) -> str | None:
+    authorization = _header(scope, b"authorization")
+    if authorization:
+        scheme, _, value = authorization.strip().partition(" ")
+        return value.strip() if scheme.lower() == "bearer" else None
+    return (_header(scope, b"x-api-key") or "").strip() or None
+
+
+def _unverified_claims(token: str) -> dict[str, Any] | None:
+    parts = token.split(".")
+    if len(parts) != 3 or len(parts[1]) > 8192:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+        return None
+    return claims if isinstance(claims, dict) else None
+
+
+def _claim(claims: dict[str, Any], name: str) -> str:
+    value = claims.get(name)
+    if not isinstance(value, str) or not value.isprintable() or redact(value) != value:
+        return "?"  # absent, or not something to write down (it looks like a credential)
+    return value[:100]
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0])[:64] if client else "unknown"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from gateway.settings import ConfigError, Settings, ensure_data_dir, load_settings
-from policy.errors import StoreConfigError
+from policy.errors import PolicyError, StoreConfigError
 
 if TYPE_CHECKING:  # SQLAlchemy is imported by the store commands only
     from sqlalchemy import Engine
@@ -177,6 +177,26 @@ def _announce_admin_key(key: str) -> None:
 
 
 # -- the policy store -----------------------------------------------------------
+
+def _audit_checkpoint(args: argparse.Namespace, chain_id: str) -> tuple[Any, Any]:
+    """``audit verify --checkpoints``: the latest signed checkpoint of ``chain_id`` in the configured store,
+    and the signer (its key derived from the store's secret) that checks it. OSError if the store cannot be read."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from policy.audit.checkpoint import CHECKPOINT_PURPOSE, CheckpointSigner
+    from policy.audit.store import AuditStore
+    from policy.store import PolicyStore
+
+    try:
+        settings = _store_settings(args)
+        store = PolicyStore.open(settings.store, settings.data_dir)
+        try:
+            signer = CheckpointSigner(store.derive_secret(CHECKPOINT_PURPOSE))
+            return AuditStore(store.engine).latest_checkpoint(chain_id), signer
+        finally:
+            store.close()
+    except (ConfigError, StoreConfigError, SQLAlchemyError, PolicyError) as exc:
+        raise OSError(f"the policy store: {getattr(exc, 'orig', None) or exc}") from None
 
 
 def _store_command(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -717,7 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from policy.audit.cli import add_audit_parser  # stdlib only: --help stays fast
 
-    add_audit_parser(sub)
+    add_audit_parser(sub, store_options=_add_store_options, load_checkpoint=_audit_checkpoint)
     return parser
 
 

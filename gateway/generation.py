@@ -109,9 +109,13 @@ class Generation:
         param_names: dict[str, str] | None = None,
         output_check: Callable[[], OutputStream] | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
+        weight: float = 1.0,
     ) -> None:
         self.served = served
         self.cache_salt = cache_salt
+        self.tenant = tenant  # the engine's fair-share key and weight (backends.engine.scheduler)
+        self.weight = weight
         self.choices = choices
         self._by_index = {c.index: c for c in choices}
         self.priority = priority
@@ -149,7 +153,7 @@ class Generation:
     async def _run(self, choice: ChoiceSpec) -> None:
         stream = self.served.engine.generate(
             choice.request_id, choice.prompt_token_ids, choice.params, priority=self.priority,
-            cache_salt=self.cache_salt,
+            cache_salt=self.cache_salt, tenant=self.tenant, weight=self.weight,
         )
         try:
             # aclosing: the generator is closed in the task that iterated it,

@@ -298,6 +298,15 @@ class AuditSettings(BaseModel):
     # queries lagging by as much). 0 sends at once.
     sink_linger_seconds: float = Field(default=1.0, ge=0, le=60)
     sinks: list[AuditSinkSettings] = Field(default_factory=list)
+    # Refusals (401, 403, 404, 422, 429, ...): the first of a (caller, route, status, reason)
+    # is written at once, repeats within this window are counted into one event at its end,
+    # so a flood of forged credentials cannot fill the disk. 0 writes every refusal.
+    refusal_aggregation_seconds: float = Field(default=10.0, ge=0, le=3600)
+    # A signed checkpoint of the chain's head (kept in the store and written to the chain)
+    # after this many events or this many seconds, whichever comes first: what
+    # `inferctl audit verify --checkpoints` needs to see a cut tail.
+    checkpoint_every_events: int = Field(default=1000, ge=1, le=1_000_000)
+    checkpoint_interval_seconds: float = Field(default=60.0, gt=0, le=86400)
 
 
 class InputLimitSettings(BaseModel):

@@ -26,6 +26,8 @@ from policy.audit import (
     SpoolSettings,
     SyslogSink,
 )
+from policy.audit.checkpoint import CHECKPOINT_PURPOSE, Checkpointer, CheckpointSigner
+from policy.audit.refusals import RefusalAggregator
 from policy.guardrails import GuardrailResolver
 from policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter, RedisBackend
 
@@ -52,6 +54,10 @@ class TrafficPolicy:
     sinks: list[Sink]
     wait_durable: bool
     sink_linger_seconds: float = 0.0
+    refusal_aggregation_seconds: float = 10.0
+    checkpoint_signer: CheckpointSigner | None = None  # None: no checkpoints
+    checkpoint_every_events: int = 1000
+    checkpoint_interval_seconds: float = 60.0
     # Opened by start(): the spool takes a lock on its directory, so an app
     # that is built but never started holds none.
     audit_trail: AuditTrail | None = None
@@ -89,13 +95,24 @@ class TrafficPolicy:
             sinks=sinks,
             wait_durable=audit.wait_durable,
             sink_linger_seconds=audit.sink_linger_seconds,
+            refusal_aggregation_seconds=audit.refusal_aggregation_seconds,
+            checkpoint_signer=CheckpointSigner(store.derive_secret(CHECKPOINT_PURPOSE)),
+            checkpoint_every_events=audit.checkpoint_every_events,
+            checkpoint_interval_seconds=audit.checkpoint_interval_seconds,
         )
 
     async def start(self) -> AuditTrail:
         spool = await asyncio.to_thread(Spool.open, self.spool_settings)
+        checkpointer = None
+        if self.checkpoint_signer is not None:
+            checkpointer = Checkpointer(
+                spool, self.checkpoint_signer, every_events=self.checkpoint_every_events,
+                every_seconds=self.checkpoint_interval_seconds, keep=self.audit_store.add_checkpoint,
+            )  # fmt: skip
         self.audit_trail = AuditTrail(
-            spool, self.sinks, wait_durable=self.wait_durable, linger_seconds=self.sink_linger_seconds
-        ).start()
+            spool, self.sinks, wait_durable=self.wait_durable, linger_seconds=self.sink_linger_seconds,
+            refusals=RefusalAggregator(self.refusal_aggregation_seconds), checkpointer=checkpointer,
+        ).start()  # fmt: skip
         self.retention.start()
         await self.limiter.start()
         return self.audit_trail

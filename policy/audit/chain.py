@@ -129,6 +129,8 @@ class VerifyReport:
     chains: tuple[ChainSummary, ...]
     duplicates: int  # identical re-deliveries skipped (files from at-least-once sinks)
     problem: Problem | None
+    watched: Mapping[str, str] = field(default_factory=dict)  # chain -> hash of its record at the watched seq
+    checkpoint: Any = None  # the signed checkpoint the tail was checked against (policy.audit.checkpoint)
 
     @property
     def ok(self) -> bool:
@@ -148,22 +150,27 @@ class _ChainState:
     seen: dict[int, str] = field(default_factory=dict)
 
 
-def verify_lines(lines: Iterable[tuple[str, bytes | str]], *, allow_duplicates: bool = False) -> VerifyReport:
+def verify_lines(
+    lines: Iterable[tuple[str, bytes | str]], *, allow_duplicates: bool = False, watch: Mapping[str, int] | None = None
+) -> VerifyReport:
     """Check every chain in ``(location, line)`` pairs; stops at the first bad record.
 
     ``allow_duplicates`` skips a record identical (same chain, seq and hash) to
     one already seen: what an at-least-once sink leaves after a redelivery.
-    A spool never holds duplicates, so there it is off.
+    A spool never holds duplicates, so there it is off. ``watch`` names a seq
+    per chain (a checkpoint's) whose record's hash the report keeps.
     """
     chains: dict[str, _ChainState] = {}
     duplicates = 0
+    watch = watch or {}
+    watched: dict[str, str] = {}
 
     def report(problem: Problem | None) -> VerifyReport:
         summaries = tuple(
             ChainSummary(name, s.first_seq, s.next_seq - 1, s.last_hash, s.records, s.first_seq != 0)
             for name, s in sorted(chains.items())
         )
-        return VerifyReport(summaries, duplicates, problem)
+        return VerifyReport(summaries, duplicates, problem, watched)
 
     for location, line in lines:
         try:
@@ -171,6 +178,8 @@ def verify_lines(lines: Iterable[tuple[str, bytes | str]], *, allow_duplicates: 
         except ValueError as exc:
             return report(Problem(location, str(exc)))
         chain, seq, prev, digest = record["chain"], record["seq"], record["prev"], record["hash"]
+        if watch.get(chain) == seq:
+            watched[chain] = digest  # a record refused below ends verification anyway
         state = chains.get(chain)
         if state is None:
             if seq == 0 and prev != GENESIS:

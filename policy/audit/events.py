@@ -28,7 +28,7 @@ from typing import Any, Final
 from policy.audit.errors import InvalidAuditEvent
 from policy.ids import random_id
 
-KINDS: Final = ("api", "admin")
+KINDS: Final = ("api", "admin", "checkpoint")  # checkpoint: a signed chain head (policy.audit.checkpoint)
 DECISIONS: Final = ("allow", "deny", "error")
 STAGES: Final = ("input", "output")
 _MAX_TEXT = 255
@@ -259,11 +259,13 @@ def api_event(
     completion: str | None = None,
     findings: Sequence[Finding] = (),
     reasons: Sequence[str] = (),
+    kind: str = "api",
     **fields: Any,
 ) -> AuditEvent:
-    """An event for one tenant API call; ``prompt``/``completion`` become hashes (and redacted text in debug).
+    """An event for one API call; ``prompt``/``completion`` become hashes (and redacted text in debug).
 
-    ``fields`` are ``AuditEvent``'s other fields (request_id, tenant_id, ...).
+    ``fields`` are ``AuditEvent``'s other fields (request_id, tenant_id, ...);
+    ``kind`` is "admin" for a refused call of the admin API.
     """
     if (prompt is not None or completion is not None) and digester is None:
         raise InvalidAuditEvent("prompt and completion need a ContentDigester: raw text is never audited as is")
@@ -276,7 +278,7 @@ def api_event(
             "completion_text": digester.kept_text(completion),
         }
     return AuditEvent(
-        kind="api", decision=decision, findings=tuple(findings), reasons=tuple(reasons), **content, **fields
+        kind=kind, decision=decision, findings=tuple(findings), reasons=tuple(reasons), **content, **fields
     )
 
 
@@ -303,6 +305,11 @@ def admin_event(
         detail=detail,
         **fields,
     )
+
+
+def checkpoint_event(checkpoint: Mapping[str, Any]) -> AuditEvent:
+    """The chain's own record of a signed checkpoint (``Checkpoint.to_json()``), for the sinks."""
+    return AuditEvent(kind="checkpoint", decision="allow", action="checkpoint", detail=checkpoint)
 
 
 def _text(value: object, param: str) -> str:

@@ -477,6 +477,12 @@ class Spool:
         with self._state:
             return self._durable
 
+    def durable_head(self) -> tuple[int, str]:
+        """The seq and hash of the last durable record (-1 and the genesis hash when there is none)."""
+        with self._state:
+            next_seq, digest = self._durable_head
+        return next_seq - 1, digest
+
     def wait_beyond(self, cursor: Cursor, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for durable records after ``cursor``; whether there are some."""
         deadline = time.monotonic() + timeout

@@ -27,14 +27,16 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from policy.audit.checkpoint import Checkpoint
 from policy.audit.delivery import Worker
 from policy.audit.events import DECISIONS, KINDS, AuditEvent
 from policy.audit.errors import InvalidAuditEvent
 from policy.audit.spool import SpooledRecord
 from policy.errors import StoreUnavailable, ValidationFailed
+from policy.ids import random_id
 from policy.store.config import StoreSettings
 from policy.store.db import create_store_engine
-from policy.store.models import AuditEventRow
+from policy.store.models import AuditCheckpointRow, AuditEventRow
 from policy.store.pagination import paginate
 from policy.store.records import Page
 
@@ -156,6 +158,28 @@ class AuditStore:
             query = query.where(AuditEventRow.kind == kind)
         with self._session(write=False) as session:
             return paginate(session, query, AuditEventRow.at, AuditEventRow.id, limit, after, _record)
+
+    # -- checkpoints
+
+    def add_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Keep a signed chain head (idempotent on chain and seq)."""
+        with self._session(write=True) as session:
+            present = session.scalar(select(AuditCheckpointRow.id).where(
+                AuditCheckpointRow.chain_id == checkpoint.chain, AuditCheckpointRow.seq == checkpoint.seq))  # fmt: skip
+            if present is None:
+                session.add(AuditCheckpointRow(id=random_id("acp", 20), chain_id=checkpoint.chain,
+                                               seq=checkpoint.seq, hash=checkpoint.hash, at=checkpoint.at,
+                                               signature=checkpoint.sig))  # fmt: skip
+
+    def latest_checkpoint(self, chain_id: str) -> Checkpoint | None:
+        """The checkpoint of ``chain_id`` covering the most records, or None."""
+        query = (select(AuditCheckpointRow).where(AuditCheckpointRow.chain_id == chain_id)
+                 .order_by(AuditCheckpointRow.seq.desc()).limit(1))  # fmt: skip
+        with self._session(write=False) as session:
+            row = session.scalar(query)
+        if row is None:
+            return None
+        return Checkpoint(row.chain_id, row.seq, row.hash, row.at, row.signature)
 
     # -- retention
 

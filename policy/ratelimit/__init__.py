@@ -19,10 +19,12 @@ from policy.ratelimit.headers import RateLimitInfo, Usage
 from policy.ratelimit.limiter import Admission, Denial, FixedLimits, Handle, LimitSource, RateLimiter
 from policy.ratelimit.memory import MemoryBackend
 from policy.ratelimit.resolver import (
+    DEFAULT_SCHEDULING,
     UNLIMITED,
     EffectiveLimits,
     Limits,
     PolicyResolver,
+    Scheduling,
     compile_policies,
     effective_limits,
 )
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from policy.ratelimit.redis_backend import RedisBackend
 
 __all__ = [
+    "DEFAULT_SCHEDULING",
     "KINDS",
     "UNLIMITED",
     "Admission",
@@ -54,6 +57,7 @@ __all__ = [
     "RateLimiter",
     "RateLimiterUnavailable",
     "RedisBackend",
+    "Scheduling",
     "TokensRateLimited",
     "Usage",
     "compile_policies",

@@ -6,8 +6,18 @@ A ``rate_limit`` policy::
      "requests_per_minute": 600,        # each limit: a positive integer, null for
      "tokens_per_minute": 200000,       #   "unlimited here", absent for "inherit"
      "concurrent_requests": 20,
-     "per_key": {"requests_per_minute": 60}}   # the default for each key (or OIDC
+     "per_key": {"requests_per_minute": 60},   # the default for each key (or OIDC
                                                # subject) of the tenant; scope tenant only
+     "min_priority": -5,                # the request priorities allowed (lower is
+     "max_priority": 100,               #   more important; default 0 to 1000)
+     "weight": 2}                       # the tenant's share of the engine's batch when
+                                        #   tenants compete (default 1); scope tenant only
+
+The scheduling fields (``SCHEDULING_FIELDS``) may be a policy's only fields. By
+default a caller may only make its requests less important than the default
+(``priority`` 0 to ``PRIORITY_LIMIT``); ``min_priority`` below 0 lets it outrank
+other callers. A request that gives no priority gets 0, or ``min_priority`` if
+that is above 0.
 
 A ``quota`` policy (UTC calendar periods)::
 
@@ -53,6 +63,13 @@ SCOPES: Final = ("tenant", "key")
 MAX_LIMIT: Final = 10**12
 MAX_PRINCIPAL = 300
 
+MIN_PRIORITY: Final = "min_priority"
+MAX_PRIORITY: Final = "max_priority"
+WEIGHT: Final = "weight"
+SCHEDULING_FIELDS: Final = (MIN_PRIORITY, MAX_PRIORITY, WEIGHT)
+PRIORITY_LIMIT: Final = 1000  # priorities and their bounds lie within +-this
+WEIGHT_RANGE: Final = (0.01, 1000.0)
+
 
 @dataclass(frozen=True, slots=True)
 class LimitPolicy:
@@ -66,6 +83,7 @@ class LimitPolicy:
     principal: str | None = None
     limits: Mapping[str, int | None] = field(default_factory=dict)
     per_key: Mapping[str, int | None] = field(default_factory=dict)
+    scheduling: Mapping[str, int | float] = field(default_factory=dict)  # by SCHEDULING_FIELDS name
 
 
 def parse_spec(kind: str, spec: Mapping[str, Any], *, is_global: bool = False) -> LimitPolicy:
@@ -79,11 +97,13 @@ def parse_spec(kind: str, spec: Mapping[str, Any], *, is_global: bool = False) -
     if not isinstance(spec, Mapping):
         raise ValidationFailed("spec must be a JSON object", param="spec")
     common = {"scope", "principal", "per_key"}
+    scheduling: dict[str, int | float] = {}
     if kind == RATE_LIMIT:
-        _no_unknown(spec, common | set(RATE_FIELDS), "spec")
+        _no_unknown(spec, common | set(RATE_FIELDS) | set(SCHEDULING_FIELDS), "spec")
         scope, principal = _scope(spec, is_global)
         limits = _limits(spec, RATE_FIELDS, "spec")
         per_key = _per_key(spec, scope, RATE_FIELDS)
+        scheduling = _scheduling(spec, scope)
     else:
         _no_unknown(spec, common | {"period", "tokens"}, "spec")
         scope, principal = _scope(spec, is_global)
@@ -91,10 +111,11 @@ def parse_spec(kind: str, spec: Mapping[str, Any], *, is_global: bool = False) -
         limits = {target: lim for lim in _limits(spec, ("tokens",), "spec").values()}
         per_key = {target: lim for lim in _per_key(spec, scope, ("tokens",)).values()}
 
-    if not limits and not per_key:
-        names = ", ".join(("tokens", "per_key") if kind == QUOTA else (*RATE_FIELDS, "per_key"))
+    if not limits and not per_key and not scheduling:
+        names = ", ".join(("tokens", "per_key") if kind == QUOTA else (*RATE_FIELDS, "per_key", *SCHEDULING_FIELDS))
         raise ValidationFailed(f"spec sets no limit; give at least one of {names}", param="spec")
-    return LimitPolicy(scope, principal, MappingProxyType(limits), MappingProxyType(per_key))
+    return LimitPolicy(scope, principal, MappingProxyType(limits), MappingProxyType(per_key),
+                       MappingProxyType(scheduling))  # fmt: skip
 
 
 def _no_unknown(values: Mapping[str, Any], allowed: set[str], param: str) -> None:
@@ -162,3 +183,35 @@ def _limits(values: Mapping[str, Any], names: tuple[str, ...], param: str) -> di
             )
         out[name] = value
     return out
+
+
+def _scheduling(spec: Mapping[str, Any], scope: str) -> dict[str, int | float]:
+    """A rate_limit spec's priority bounds and weight, each checked by its own rule."""
+    out: dict[str, int | float] = {}
+    for name in (MIN_PRIORITY, MAX_PRIORITY):
+        if name in spec:
+            out[name] = _priority_bound(spec[name], f"spec.{name}")
+    if out.get(MIN_PRIORITY, -PRIORITY_LIMIT) > out.get(MAX_PRIORITY, PRIORITY_LIMIT):
+        raise ValidationFailed("spec.min_priority must not be above spec.max_priority", param="spec.min_priority")
+    if WEIGHT in spec:
+        out[WEIGHT] = _weight(spec[WEIGHT], scope)
+    return out
+
+
+def _priority_bound(value: Any, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -PRIORITY_LIMIT <= value <= PRIORITY_LIMIT:
+        raise ValidationFailed(
+            f"{param} must be an integer from {-PRIORITY_LIMIT} to {PRIORITY_LIMIT} (lower is more important)",
+            param=param,
+        )
+    return value
+
+
+def _weight(value: Any, scope: str) -> float:
+    # The engine shares its batch between tenants, not keys: a key's weight would mean nothing.
+    if scope != "tenant":
+        raise ValidationFailed("spec.weight is a tenant's share: only for scope 'tenant'", param="spec.weight")
+    low, high = WEIGHT_RANGE
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValidationFailed(f"spec.weight must be a number from {low} to {high:g}", param="spec.weight")
+    return float(value)

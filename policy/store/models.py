@@ -228,3 +228,21 @@ def encrypted_models() -> list[type[Base]]:
     so that key rotation cannot miss a table added later."""
     models = (mapper.class_ for mapper in Base.registry.mappers)
     return sorted((m for m in models if secret_columns(m)), key=lambda m: m.__tablename__)
+
+
+class AuditCheckpointRow(Base):
+    """A signed head of one replica's audit chain (``policy.audit.checkpoint``), kept outside its spool.
+
+    ``inferctl audit verify --spool DIR --checkpoints`` compares the spool's tail with the latest
+    row of its chain, so deleting the last records of a spool shows. No foreign key, like the events.
+    """
+
+    __tablename__ = "audit_checkpoints"
+    __table_args__ = (UniqueConstraint("chain_id", "seq"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    chain_id: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int] = mapped_column(BigInteger)  # the last record covered
+    hash: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    signature: Mapped[str] = mapped_column(String(64))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from policy.ratelimit import EffectiveLimits, Limits, PolicyResolver, effective_limits
+from policy.ratelimit import DEFAULT_SCHEDULING, EffectiveLimits, Limits, PolicyResolver, Scheduling, effective_limits
 
 from ratelimit_helpers import PrincipalFactory
 from policy.store import PolicyRecord, PolicyStore
@@ -75,6 +75,26 @@ def test_key_over_tenant_over_global(make_principal: PrincipalFactory) -> None:
         Limits(requests_per_minute=100, tokens_per_minute=10_000, tokens_per_month=1_000_000),
         Limits(requests_per_minute=10, tokens_per_month=50_000),
     )
+
+
+def test_scheduling_key_over_tenant_over_global_and_weight_per_tenant(make_principal: PrincipalFactory) -> None:
+    records = [
+        record(None, "rate_limit", {"max_priority": 50, "weight": 3}, name="g"),
+        record("ten_a", "rate_limit", {"min_priority": 2, "weight": 2}, name="t1"),
+        record("ten_a", "rate_limit", {"min_priority": 4, "weight": 5}, name="t2"),  # the strictest of a level wins
+        record("ten_a", "rate_limit", {"scope": "key", "principal": "key_vip", "min_priority": -10}, name="k"),
+        record("ten_a", "rate_limit", {"scope": "key", "principal": "key_low", "max_priority": 1}, name="x"),
+    ]
+    assert effective_limits(records, make_principal("ten_a", "key_1")).scheduling == Scheduling(4, 50, 2.0)
+    assert effective_limits(records, make_principal("ten_a", "key_vip")).scheduling == Scheduling(-10, 50, 2.0)
+    # crossed bounds from two levels: min_priority wins
+    low = effective_limits(records, make_principal("ten_a", "key_low")).scheduling
+    assert low == Scheduling(4, 4, 2.0) and low.default_priority == 4
+    assert effective_limits(records, make_principal("ten_b", "key_1")).scheduling == Scheduling(0, 50, 3.0)
+    # nothing set: only priorities 0..1000, weight 1
+    assert effective_limits([], make_principal("ten_b", "key_1")).scheduling == DEFAULT_SCHEDULING
+    assert DEFAULT_SCHEDULING.allows(0) and DEFAULT_SCHEDULING.allows(1000)
+    assert not DEFAULT_SCHEDULING.allows(-1) and not DEFAULT_SCHEDULING.allows(1001)
 
 
 def test_the_strictest_of_one_level_wins_and_nothing_means_unlimited(make_principal: PrincipalFactory) -> None:

@@ -88,7 +88,28 @@ INVALID: list[tuple[str, Any, bool, str]] = [
     ("quota", {"period": "day", "requests_per_minute": 5}, False, "spec.requests_per_minute"),
     ("quota", {"period": "day", "per_key": {"tokens": -1}}, False, "spec.per_key.tokens"),
     ("quota", {"period": "day", "per_key": {"period": "month"}}, False, "spec.per_key.period"),
+    # scheduling: priority bounds and the tenant's weight
+    ("rate_limit", {"min_priority": 1.5}, False, "spec.min_priority"),
+    ("rate_limit", {"min_priority": True}, False, "spec.min_priority"),
+    ("rate_limit", {"max_priority": 1001}, False, "spec.max_priority"),
+    ("rate_limit", {"min_priority": -1001}, False, "spec.min_priority"),
+    ("rate_limit", {"min_priority": 5, "max_priority": 4}, False, "spec.min_priority"),
+    ("rate_limit", {"weight": 0}, False, "spec.weight"),
+    ("rate_limit", {"weight": float("nan")}, False, "spec.weight"),
+    ("rate_limit", {"weight": "2"}, False, "spec.weight"),
+    ("rate_limit", {"weight": 1001}, False, "spec.weight"),
+    ("rate_limit", {"scope": "key", "principal": "key_1", "weight": 2}, False, "spec.weight"),
+    ("rate_limit", {"per_key": {"weight": 2}}, False, "spec.per_key.weight"),
+    ("quota", {"period": "day", "tokens": 5, "max_priority": 3}, False, "spec.max_priority"),
 ]
+
+
+def test_scheduling_fields_alone_make_a_policy() -> None:
+    policy = parse_spec("rate_limit", {"min_priority": -5, "max_priority": 10, "weight": 2.5})
+    assert dict(policy.scheduling) == {"min_priority": -5, "max_priority": 10, "weight": 2.5}
+    assert not policy.limits and not policy.per_key
+    key = parse_spec("rate_limit", {"scope": "key", "principal": "key_1", "min_priority": -1})
+    assert dict(key.scheduling) == {"min_priority": -1}
 
 
 @pytest.mark.parametrize(("kind", "spec", "is_global", "param"), INVALID)
