@@ -90,7 +90,7 @@ class GuardrailCreate(BaseModel):
         description="Platform admins: the tenant (absent: the caller's; null: a global policy)",
     )
     name: str = Field(min_length=1, max_length=200)
-    spec: dict[str, Any] = Field(description="See policy.guardrails.spec: direction, blocklist, pii, opa")
+    spec: dict[str, Any] = Field(description="See policy.guardrails.spec: direction, blocklist, pii, opa, decode")
     sensitive_spec: dict[str, Any] | None = Field(
         default=None, description="Write-only, stored encrypted: confidential blocklist rules, opa_token"
     )

@@ -1,21 +1,26 @@
-"""Text normalisation for matching, with a map back to the original text.
+"""Text normalisation for matching (the *skeleton*), with a map back to the original text.
 
-Rules and detectors match on a *normalised* copy of the text, so that trivial
-obfuscation does not slip through:
+Rules and detectors match on a normalised copy of the text, so that obfuscation
+does not slip through:
 
 * Unicode NFKC (fullwidth ``ｓｋｉ`` -> ``ski``, ligature ``ﬁ`` -> ``fi``,
-  superscripts, circled letters, ...), then case folding (``SKI``, ``ß`` -> ``ss``);
+  superscripts, circled letters, ...), combining marks removed (``skí`` ->
+  ``ski``), case folding (``SKI``, ``ß`` -> ``ss``), and look-alikes folded per
+  Unicode's confusables table and small capitals (``ѕкі``'s ``ѕ``, ``ʙᴀᴅ``:
+  ``confusables``), repeated until nothing changes;
 * removal of format characters (category Cf: zero-width space/joiners, soft
   hyphen, word joiner, BOM, tag characters), the other default-ignorable code
   points (variation selectors, combining grapheme joiner, Hangul fillers) and
   control characters (Cc) that are not whitespace;
-* every run of whitespace collapsed to one space.
+* every run of whitespace collapsed to one space;
+* a word spelled out letter by letter joined (``b a d``, ``b-a-d`` -> ``bad``:
+  ``_SPELLED``).
 
-What it does not undo (documented limits): look-alike letters from other scripts
-(Cyrillic ``а`` for Latin ``a``), accents (``skí`` stays ``skí``), leetspeak
-(``sk1``), and separators inserted between letters (``s.k.i``, ``s k i``);
-write a regex rule for those. Removing zero-width characters also joins words
-that a script separates only with them (Thai, Khmer).
+What it does not undo (documented limits, docs/security.md): leetspeak and ASCII
+substitutions (``sk1``, ``$ki``), which only a regex rule can catch; Greek
+capitals whose small letter looks different (case folding comes first). Removing
+zero-width characters also joins words that a script separates only with them
+(Thai, Khmer).
 
 A redaction must replace the right span of the *original* text, so each
 normalised character remembers the original span it came from
