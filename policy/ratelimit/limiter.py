@@ -66,7 +66,7 @@ from policy.ratelimit.checks import (
 )
 from policy.ratelimit.errors import QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
 from policy.ratelimit.headers import RateLimitInfo, Usage, duration, retry_after_seconds, tightest
-from policy.ratelimit.resolver import EffectiveLimits, Limits
+from policy.ratelimit.resolver import EffectiveLimits, Limits, Scheduling
 from policy.rbac import Principal
 
 log = logging.getLogger("inferflux.policy.ratelimit")
@@ -291,6 +291,10 @@ class RateLimiter:
         await self.backend.close()
 
     # -- the request path
+
+    async def scheduling_for(self, principal: Principal) -> Scheduling:
+        """The priority bounds and weight the caller's traffic policy gives it (the same source as its limits)."""
+        return (await self.limits.limits_for(principal)).scheduling
 
     async def check_and_reserve(
         self, principal: Principal, *, prompt_tokens: int, max_tokens: int | None = None
