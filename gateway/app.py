@@ -5,6 +5,7 @@ Middleware order, outermost first::
     RequestContextMiddleware   request id, the context later layers fill in
     AuditMiddleware            one audit event per /v1 call, on disk before the answer
     MetricsMiddleware          status and latency per route template
+    ServiceGate                503 while draining, or while the audit spool cannot take events
     AuthMiddleware             401 unless the credentials prove a principal
     BodyLimitMiddleware        413 before a large body is read
     BodyDeadlineMiddleware     408 when the body is not in within input_limits.body_timeout_seconds
@@ -37,6 +38,8 @@ from gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payl
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
 from gateway import log_redaction
 from gateway.audit import AuditMiddleware
+from gateway.drain import Drain
+from gateway.gate import AuditHealth, ServiceGate
 from gateway.middleware import BodyLimitMiddleware
 from gateway.slowclients import BodyDeadlineMiddleware
 from gateway.traffic import TrafficPolicy
@@ -47,6 +50,7 @@ from gateway.routes import admin, health, openai
 from gateway.settings import Settings
 from policy.errors import ApiError
 from policy.rbac import Scope
+from policy.snapshot import StoreSnapshot
 from policy.store import PolicyStore
 
 log = logging.getLogger("inferflux.gateway")
@@ -114,23 +118,31 @@ def create_app(
             cache_ttl=auth.cache_ttl_seconds,
             poll_interval=auth.revocation_poll_seconds,
             flush_interval=auth.last_used_flush_seconds,
+            snapshot=StoreSnapshot(settings.store.stale_seconds),
         )
+    # One clock for every cache of store decisions: how long they may serve while the store is down.
+    snapshot = authenticator.snapshot
     metrics = GatewayMetrics(manager)
     if traffic is None:
-        traffic = TrafficPolicy.build(settings, store, on_limiter_failure=metrics.observe_limiter_failure)
+        traffic = TrafficPolicy.build(
+            settings, store, on_limiter_failure=metrics.observe_limiter_failure, snapshot=snapshot
+        )
     model_admin = ModelAdmin(
         manager, store, settings, configured_models if configured_models is not None else {m.name for m in manager}
     )
 
+    audit_health = AuditHealth()
+    _watch(metrics, snapshot, audit_health)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        app.state.draining = False
+        app.state.drain = Drain()  # one per run: its events belong to this loop
         await authenticator.start()
-        app.state.audit_trail = await traffic.start()
+        app.state.audit_trail = audit_health.trail = await traffic.start()
         try:
             yield
         finally:
-            app.state.draining = True
+            app.state.drain.draining = True
             await model_admin.aclose()
             await traffic.close()
             await authenticator.stop()
@@ -152,6 +164,7 @@ def create_app(
         Middleware(RequestContextMiddleware),
         Middleware(AuditMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),
+        Middleware(ServiceGate, exempt=PUBLIC_PATHS, audit=audit_health),
         Middleware(AuthMiddleware, authenticator=authenticator, public_paths=PUBLIC_PATHS),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
         Middleware(BodyDeadlineMiddleware, seconds=settings.input_limits.body_timeout_seconds),
@@ -179,5 +192,21 @@ def create_app(
     app.state.audit_store = traffic.audit_store
     app.state.audit_trail = None  # set when the app starts (the spool locks its directory)
     app.state.traffic_tasks = set()  # rate-limit settlements in flight
-    app.state.draining = False
+    app.state.drain = Drain()
+    app.state.snapshot = snapshot
+    app.state.audit_health = audit_health
     return app
+
+
+def _watch(metrics: GatewayMetrics, snapshot: StoreSnapshot, audit: AuditHealth) -> None:
+    """Gauges for the degraded modes: how stale the policy decisions are, how the audit spool's disk is."""
+    metrics.gauge("inferflux_policy_snapshot_age_seconds",
+                  "Seconds since the policy store was last read successfully", lambda: snapshot.age)
+    metrics.gauge("inferflux_policy_serving_stale",
+                  "1 while the store is unreachable and cached decisions serve (store.stale_seconds)",
+                  lambda: float(snapshot.serving_stale))
+    metrics.gauge("inferflux_audit_spool_free_bytes",
+                  "Free bytes on the audit spool's file system", audit.free_bytes)
+    metrics.gauge("inferflux_audit_spool_healthy",
+                  "0 while new work is refused because the audit spool cannot take events",
+                  lambda: float(audit.reason() is None))  # fmt: skip

@@ -7,8 +7,9 @@ outside everything else, so refused calls (401, 403, 429) are recorded too.
 A response that is one body (every JSON answer) is held until its event is
 written to the spool (and fsynced, with ``audit.wait_durable``); if the spool refuses the event, the client gets 503
 instead of an answer with no record. A stream is recorded when it ends, just
-before its last (empty) body message: its status went out with the first
-byte, so a spool failure then can only be logged. A client that leaves first
+before its last body message (which carries its ``[DONE]``): its status went
+out with the first byte, so a spool failure then ends the stream with an error
+event instead (and ``gateway.gate`` refuses new streams while the spool fails). A client that leaves first
 gets its event recorded without waiting.
 
 Refusals (every 4xx answer) are recorded on every route but the probes, the
@@ -39,6 +40,7 @@ from gateway.context import get_context
 from gateway.errors import render_error
 from gateway.log_redaction import redact
 from gateway.metrics import _KNOWN_METHODS, CLIENT_CLOSED_STATUS, route_template
+from gateway.streaming import sse_error_end
 from policy.audit import AuditEvent, AuditUnavailable, Finding, api_event
 from policy.authn.apikeys import parse_key
 
@@ -86,6 +88,8 @@ class AuditMiddleware:
                         await error(scope, receive, send)
                         return
                     await send(start)
+                elif refused is not None:  # a stream: it ends in error, not with a bare [DONE], when not on record
+                    message = {**message, "body": sse_error_end(refused)}
             await send(message)
 
         try:

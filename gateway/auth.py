@@ -47,6 +47,7 @@ from policy.errors import (
     StoreUnavailable,
 )
 from policy.rbac import Principal, Role, effective_models
+from policy.snapshot import StoreSnapshot
 from policy.store import PolicyStore, TenantRecord
 
 log = logging.getLogger("inferflux.gateway.auth")
@@ -88,10 +89,14 @@ class _TTLCache:
         if item is None:
             return None
         expires, value = item
-        if self._clock() >= expires:
-            del self._data[key]
-            return None
-        return value
+        # An expired entry stays (until evicted or cleared): it is the stale
+        # snapshot served while the store is unreachable (``stale``).
+        return None if self._clock() >= expires else value
+
+    def stale(self, key: bytes) -> Any | None:
+        """The entry, expired or not: still what the store said at its last successful poll."""
+        item = self._data.get(key)
+        return None if item is None else item[1]
 
     def put(self, key: bytes, value: Any, ttl: float) -> None:
         if ttl <= 0:
@@ -147,8 +152,11 @@ class Authenticator:
         max_entries: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        snapshot: StoreSnapshot | None = None,
     ) -> None:
         self.store = store
+        # Shared with the limit and guardrail resolvers: how old the cached decisions are.
+        self.snapshot = snapshot if snapshot is not None else StoreSnapshot()
         self.verifier = verifier if verifier is not None else OidcVerifier(())
         self.cache_ttl = cache_ttl
         self.negative_ttl = negative_ttl
@@ -197,7 +205,12 @@ class Authenticator:
 
     async def refresh(self, force: bool = False) -> bool:
         """Drop cached decisions if the store changed since the last look; True if it did."""
-        version = await call_store(self.store.policy_version)
+        try:
+            version = await call_store(self.store.policy_version)
+        except StoreUnavailable:
+            self.snapshot.failed()
+            raise
+        self.snapshot.fresh()
         if not force and version == self._version:
             return False
         try:
@@ -227,7 +240,9 @@ class Authenticator:
         token = self._credential(authorization, api_key)
         digest = _digest(token)
         principal = self._cache.get(digest)
-        if principal is not None and (principal.expires_at is None or principal.expires_at > self._wall()):
+        if principal is not None and self._unexpired(principal):
+            if self.snapshot.expired:  # even a fresh entry: nothing from the store is trusted past the window
+                raise StoreUnavailable("The policy store has been unavailable too long; retry shortly")
             self._note_use(principal)
             return principal
         rejected = self._rejected.get(digest)
@@ -241,6 +256,8 @@ class Authenticator:
                 principal = await self._from_jwt(token)
             else:
                 raise AuthenticationError("The credential is neither an API key nor a JWT", code="invalid_credentials")
+        except StoreUnavailable:
+            return self._from_snapshot(digest)
         except (AuthenticationError, PermissionDenied) as exc:
             if generation == self._generation:
                 self._rejected.put(digest, exc, self.negative_ttl)
@@ -250,6 +267,21 @@ class Authenticator:
         # cached past the change, or it would outlive the revocation bound.
         if generation == self._generation:
             self._cache.put(digest, principal, self._ttl(principal))
+        self._note_use(principal)
+        return principal
+
+    def _unexpired(self, principal: Principal) -> bool:
+        return principal.expires_at is None or principal.expires_at > self._wall()
+
+    def _from_snapshot(self, digest: bytes) -> Principal:
+        """The store is unreachable: the last decision it allowed for this credential, within the stale window.
+
+        A credential never seen (or refused) has no snapshot and gets the 503.
+        """
+        self.snapshot.failed()
+        principal = self._cache.stale(digest)
+        if principal is None or not self._unexpired(principal) or not self.snapshot.may_serve_stale():
+            raise StoreUnavailable("The policy store is unavailable; retry shortly")
         self._note_use(principal)
         return principal
 

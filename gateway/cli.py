@@ -72,9 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     # Imported here: loading pulls in the engine and backends, which --help and
     # the client commands do not need.
-    import uvicorn
-
     from backends.base import BackendError
+    from gateway import drain
     from gateway.app import create_app
     from gateway.slowclients import server_options
     from gateway.models import ModelManager, engine_config_from, load_served_model
@@ -114,16 +113,16 @@ def _serve(args: argparse.Namespace) -> int:
     # The app closes the store at shutdown: uvicorn re-raises the signal that
     # stopped it, so nothing after uvicorn.run() is sure to run.
     app = create_app(settings, manager, store=store, owns_store=True, configured_models=configured)
-    uvicorn.run(
+    drain.serve(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         log_config=log_redaction.log_config(),
+        # SIGTERM: readiness fails, new requests get 503, requests in flight get this long.
+        grace=settings.server.shutdown_grace_seconds,
         # Slow clients: header and keep-alive deadlines (the body's is a middleware of the app).
         **server_options(settings.input_limits),
-        # Let running streams finish briefly, but never hang a shutdown on one.
-        timeout_graceful_shutdown=10,
     )
     return EXIT_OK
 

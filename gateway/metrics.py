@@ -87,6 +87,16 @@ class EngineStatsCollector(Collector):
         yield from (metric for metric, _ in families)
 
 
+class _ReadGauge(Collector):
+    """One unlabelled gauge whose value is read when scraped."""
+
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._doc, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self._name, self._doc, value=float(self._read()))
+
+
 class GatewayMetrics:
     def __init__(self, manager: ModelManager | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -136,6 +146,10 @@ class GatewayMetrics:
         )
         if manager is not None:
             self.registry.register(EngineStatsCollector(manager))
+
+    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """A gauge read at scrape time, for state kept elsewhere (the store snapshot's age, the spool's disk)."""
+        self.registry.register(_ReadGauge(name, documentation, read))
 
     def observe_limiter_failure(self, operation: str) -> None:
         self.ratelimit_backend_failures.labels(operation).inc()

@@ -42,6 +42,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       url: postgresql://inferflux@db/inferflux   # default: SQLite at <data_dir>/policy.db
       key_file: /run/secrets/store.key   # or passphrase; neither: <data_dir>/store.key, made on first start
       auto_migrate: true    # false: refuse to start on an outdated schema ('inferctl db upgrade')
+      stale_seconds: 300    # store unreachable: cached decisions serve this long, then 503
     auth:
       cache_ttl_seconds: 30         # longest a cached authentication decision lives
       revocation_poll_seconds: 1    # how often the store is checked for revocations and role changes
@@ -51,10 +52,13 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       redis_url: redis://127.0.0.1:6379/0
       fail_open: false      # Redis unreachable: false -> 503, true -> admit and count the failure
       completion_estimate: 256   # tokens reserved for a request that sets no max_tokens
+    server:
+      shutdown_grace_seconds: 20   # SIGTERM: in-flight requests get this long, then streams end with an error
     audit:
       spool_dir: <data_dir>/audit   # one per replica; events are on disk here before a response
       retention_days: 90    # rows older than this leave the audit_events table
       debug_content: false  # true: events carry the (redacted) prompt and completion text
+      min_free_bytes: 32MiB # less free beside the spool: new work gets 503, /readyz fails
       sinks:                # each delivers the spool at least once, with its own cursor
         - {type: file, path: /var/log/inferflux/audit.jsonl}
         - {type: syslog, host: siem.example.com, port: 6514, transport: tls, ca_file: /etc/ssl/siem.pem}
@@ -297,6 +301,10 @@ class AuditSettings(BaseModel):
     # for the CPU, at the cost of that much delivery delay (and of admin audit
     # queries lagging by as much). 0 sends at once.
     sink_linger_seconds: float = Field(default=1.0, ge=0, le=60)
+    # Below this much free space where the spool lives, new work (generation,
+    # admin changes) is refused with 503 and /readyz fails, while the events of
+    # the work in flight still fit on the disk (0: off; a full disk still fails closed).
+    min_free_bytes: Annotated[int, BeforeValidator(parse_size), Field(ge=0)] = 32 * 1024 * 1024
     sinks: list[AuditSinkSettings] = Field(default_factory=list)
     # Refusals (401, 403, 404, 422, 429, ...): the first of a (caller, route, status, reason)
     # is written at once, repeats within this window are counted into one event at its end,
@@ -307,6 +315,19 @@ class AuditSettings(BaseModel):
     # `inferctl audit verify --checkpoints` needs to see a cut tail.
     checkpoint_every_events: int = Field(default=1000, ge=1, le=1_000_000)
     checkpoint_interval_seconds: float = Field(default=60.0, gt=0, le=86400)
+
+
+class ServerSettings(BaseModel):
+    """How ``inferctl serve`` stops (``gateway.drain``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # On SIGTERM /readyz fails and new requests get 503 at once; requests in
+    # flight get this long to finish, then streams end with an error event and
+    # [DONE]. Keep it below the orchestrator's own limit (Kubernetes:
+    # terminationGracePeriodSeconds, 30 s by default): the process exits a few
+    # seconds after it.
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=3600)
 
 
 class InputLimitSettings(BaseModel):
@@ -399,6 +420,7 @@ class Settings(BaseModel):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     audit: AuditSettings = Field(default_factory=AuditSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
 
     @field_validator("data_dir", mode="before")

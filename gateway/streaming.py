@@ -6,6 +6,14 @@ than spec 2.4 (newer ones are expected to raise on ``send``, which happens
 only when the next token arrives, and never while a request waits in the
 engine's queue). Both helpers here watch ``receive`` for ``http.disconnect``
 explicitly and cancel the work as soon as it arrives.
+
+They also end the work when a draining server's grace is over (``stop``, the
+``gateway.drain`` deadline): a stream then ends with an error event and
+``[DONE]`` rather than a cut connection, a JSON request with 503.
+
+A stream's ``[DONE]`` goes out in its last message, which the audit layer holds
+until the call's event is written: a client that got ``[DONE]`` without an
+error before it got an answer that is on record.
 """
 
 from __future__ import annotations
@@ -17,6 +25,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
+
+from gateway.context import get_context
+from gateway.drain import INTERRUPTED_REASON, ShuttingDown, drain_of
+from gateway.errors import error_body
+from policy.errors import ApiError
 
 log = logging.getLogger("inferflux.gateway.streaming")
 
@@ -34,24 +47,35 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-async def run_until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """Await ``work``; cancel it and raise ClientDisconnected if the client leaves first.
+async def run_until_disconnect(receive: Receive, work: Awaitable[T], stop: asyncio.Event | None = None) -> T:
+    """Await ``work``; cancel it and raise ClientDisconnected if the client leaves first,
+    or ShuttingDown (503) if ``stop`` is set first (a drain's grace is over).
 
     Call only after the request body has been read, since this consumes
     ``receive``.
     """
     task: asyncio.Future[T] = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+    stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    waiting = {task, watcher} if stopper is None else {task, watcher, stopper}
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
-        raise ClientDisconnected()
+        if watcher.done():
+            raise ClientDisconnected()
+        raise ShuttingDown("The server shut down before the answer was complete; retry on another replica")
     finally:
-        for pending in (task, watcher):
+        for pending in waiting:
             if not pending.done():
                 pending.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
+        await asyncio.gather(*waiting, return_exceptions=True)
+
+
+def drain_deadline(scope: Scope) -> asyncio.Event | None:
+    """The event set when a draining server's grace is over (None for an app without a drain)."""
+    drain = drain_of(scope.get("app"))
+    return drain.deadline if drain is not None else None
 
 
 def sse_event(payload: dict[str, Any] | str) -> bytes:
@@ -60,6 +84,11 @@ def sse_event(payload: dict[str, Any] | str) -> bytes:
 
 
 SSE_DONE = sse_event("[DONE]")
+
+
+def sse_error_end(exc: ApiError) -> bytes:
+    """How a stream whose headers are gone ends in error: the error as an event, then [DONE] (as OpenAI does)."""
+    return sse_event(error_body(exc)) + SSE_DONE
 
 
 class SSEResponse:
@@ -83,12 +112,22 @@ class SSEResponse:
         }
 
     async def _pump(self, send: Send) -> None:
+        end = b""
         async for chunk in self.body:
+            if chunk == SSE_DONE:  # held for the last message: [DONE] only once the call is on record
+                end = chunk
+                continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         # The stream is complete: close it (usage settled) before the last
         # message, which the audit layer holds until the call is on record.
         await self._close()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": end, "more_body": False})
+
+    async def _end_early(self) -> None:
+        aclose = getattr(self.body, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        await self._close()
 
     async def _close(self) -> None:
         on_close, self.on_close = self.on_close, None
@@ -104,10 +143,16 @@ class SSEResponse:
             }
         )
         try:
-            await run_until_disconnect(receive, self._pump(send))
+            await run_until_disconnect(receive, self._pump(send), drain_deadline(scope))
         except (ClientDisconnected, OSError):
             # OSError: a spec-2.4 server reports the disconnect on send.
             log.debug("client disconnected mid-stream")
+        except ShuttingDown as exc:
+            # The drain's grace is over: abort and settle first, then end the stream
+            # in error (the audit layer records the call, interrupted, before it goes out).
+            get_context(scope).reasons.append(INTERRUPTED_REASON)
+            await self._end_early()
+            await send({"type": "http.response.body", "body": sse_error_end(exc), "more_body": False})
         finally:
             aclose = getattr(self.body, "aclose", None)
             if aclose is not None:

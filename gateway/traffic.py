@@ -30,6 +30,7 @@ from policy.audit.checkpoint import CHECKPOINT_PURPOSE, Checkpointer, Checkpoint
 from policy.audit.refusals import RefusalAggregator
 from policy.guardrails import GuardrailResolver
 from policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter, RedisBackend
+from policy.snapshot import StoreSnapshot
 
 if TYPE_CHECKING:
     from policy.audit.delivery import Sink
@@ -63,8 +64,13 @@ class TrafficPolicy:
     audit_trail: AuditTrail | None = None
 
     @classmethod
-    def build(cls, settings: Settings, store: PolicyStore, *, on_limiter_failure: Any = None) -> TrafficPolicy:
+    def build(
+        cls, settings: Settings, store: PolicyStore, *, on_limiter_failure: Any = None,
+        snapshot: StoreSnapshot | None = None,
+    ) -> TrafficPolicy:
         poll = settings.auth.revocation_poll_seconds
+        if snapshot is None:
+            snapshot = StoreSnapshot(settings.store.stale_seconds)
         rl = settings.ratelimit
         backend: Any
         if rl.backend == "redis":
@@ -73,7 +79,7 @@ class TrafficPolicy:
             backend = MemoryBackend(settings.data_dir / "ratelimit")
         limiter = RateLimiter(
             backend,
-            PolicyResolver(store, poll_interval=poll),
+            PolicyResolver(store, poll_interval=poll, snapshot=snapshot),
             completion_estimate=rl.completion_estimate,
             fail_open=rl.fail_open,
             on_failure=on_limiter_failure,
@@ -84,13 +90,14 @@ class TrafficPolicy:
         digester = ContentDigester(store.derive_secret(AUDIT_CONTENT_PURPOSE), debug=audit.debug_content)
         return cls(
             limiter=limiter,
-            guardrails=GuardrailResolver(store, poll_seconds=poll),
+            guardrails=GuardrailResolver(store, poll_seconds=poll, snapshot=snapshot),
             audit_store=audit_store,
             digester=digester,
             retention=Retention(audit_store, audit.retention_days),
             spool_settings=SpoolSettings(
                 audit.spool_dir or settings.data_dir / "audit", chain_id=audit.chain_id,
                 sync_interval_seconds=0.0 if audit.wait_durable else audit.fsync_interval_seconds,
+                min_free_bytes=audit.min_free_bytes,
             ),
             sinks=sinks,
             wait_durable=audit.wait_durable,

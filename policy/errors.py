@@ -104,6 +104,10 @@ class StoreUnavailable(PolicyError):
     error_type = "server_error"
     default_code = "policy_store_unavailable"
 
+    def __init__(self, message: str, *, code: str | None = None, retry_after: int = 1) -> None:
+        # Retryable: the store is usually back within seconds (a failover, a restart).
+        super().__init__(message, code=code, headers={"retry-after": str(retry_after)})
+
 
 class StoreConfigError(Exception):
     """The store cannot be opened as configured (wrong or missing key, bad URL).

@@ -1,8 +1,17 @@
 """Liveness and readiness probes.
 
-``/livez`` answers whenever the event loop runs a handler at all; ``/readyz``
-says whether this replica should get traffic: every configured model loaded,
-its engine running, and the app not shutting down.
+``/readyz`` says whether this replica can serve new work now; 503 with the
+reasons when it cannot: a configured model not loaded or its engine not
+running, the server draining, the policy store unreachable for longer than
+``store.stale_seconds``, the rate-limit backend down while limits fail closed,
+or the audit spool unable to take events (failing, behind, disk below
+``audit.min_free_bytes``). An orchestrator takes the replica out of rotation
+and puts it back when the reasons clear.
+
+``/livez`` says whether the process should be restarted: 503 when an engine
+thread has died (not when it was stopped by a shutdown). Everything else a
+restart would not cure (a store or disk outage) is readiness, not liveness. A
+wedged event loop cannot answer at all, which the probe's timeout catches.
 """
 
 from __future__ import annotations
@@ -14,7 +23,21 @@ from starlette.routing import BaseRoute, Route
 from gateway.models import ModelManager
 
 
+def _draining(request: Request) -> bool:
+    drain = getattr(request.app.state, "drain", None)
+    return drain is not None and drain.draining
+
+
+def _dead_engines(request: Request) -> list[str]:
+    manager: ModelManager = request.app.state.manager
+    return [model.name for model in manager if not model.engine.is_running]
+
+
 async def livez(request: Request) -> Response:
+    dead = [] if _draining(request) else _dead_engines(request)
+    if dead:
+        reasons = [f"the engine of model {name!r} has stopped" for name in dead]
+        return JSONResponse({"status": "unavailable", "reasons": reasons}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
@@ -23,16 +46,26 @@ def not_ready_reasons(request: Request) -> list[str]:
     reasons = [f"model {name!r} is not loaded" for name in manager.missing()]
     if not len(manager):
         reasons.append("no model is loaded")
-    for model in manager:
-        if not model.engine.is_running:
-            reasons.append(f"the engine of model {model.name!r} is not running")
-    if getattr(request.app.state, "draining", False):
+    reasons += [f"the engine of model {name!r} is not running" for name in _dead_engines(request)]
+    if _draining(request):
         reasons.append("the server is shutting down")
+    snapshot = getattr(request.app.state, "snapshot", None)
+    if snapshot is not None and snapshot.expired:
+        reasons.append(f"the policy store has been unreachable for {snapshot.age:.0f} s "
+                       f"(cached decisions serve for {snapshot.stale_seconds:.0f} s)")  # fmt: skip
+    audit = getattr(request.app.state, "audit_health", None)
+    spool_reason = audit.reason() if audit is not None else None
+    if spool_reason is not None:
+        reasons.append(f"the audit spool cannot take events ({spool_reason})")
     return reasons
 
 
 async def readyz(request: Request) -> Response:
     reasons = not_ready_reasons(request)
+    limiter = getattr(request.app.state, "limiter", None)
+    down = await limiter.unavailable() if limiter is not None else None
+    if down is not None:
+        reasons.append(f"the rate-limit backend is unreachable and limits fail closed ({down})")
     if reasons:
         return JSONResponse({"status": "unavailable", "reasons": reasons}, status_code=503)
     return JSONResponse({"status": "ok"})

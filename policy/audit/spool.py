@@ -64,6 +64,11 @@ log = logging.getLogger("inferflux.policy.audit")
 SEGMENT_SUFFIX: Final = ".jsonl"
 _SEGMENT_NAME = re.compile(r"^(\d{12})\.jsonl$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# After a failed write or fsync the spool reports itself failing this long
+# (``health``), so new work is refused; then the next event probes the disk again.
+FAILURE_HOLD_SECONDS: Final = 2.0
+# The free space of the spool's file system is read at most this often.
+FREE_CHECK_SECONDS: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -108,8 +113,13 @@ class SpoolSettings:
     # interval gathered, so a steady trickle of events wakes the syncer (whose
     # GIL round trips slow the request path) once per interval, not per event.
     sync_interval_seconds: float = 0.0
+    # Below this much free space on the spool's file system ``health`` says
+    # "disk_low", so the gateway refuses new work while events still fit (0: off).
+    min_free_bytes: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.min_free_bytes, bool) or not isinstance(self.min_free_bytes, int) or self.min_free_bytes < 0:
+            raise SpoolConfigError("audit spool min_free_bytes must be a non-negative integer")
         for name in ("segment_bytes", "max_pending"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -238,6 +248,8 @@ class Spool:
         self._pending = 0
         self._closed = False
         self._events = self._batches = self._fsyncs = self._failed = 0
+        self._failed_at = self._ok_at = float("-inf")  # monotonic: the last failed / successful write
+        self._free, self._free_at = 0, float("-inf")
         self._listeners: list[Callable[[Sequence[SpooledRecord]], None]] = []
         segments = _list_segments(self._segments_dir)
         self._segments: list[int] = segments or [1]
@@ -332,6 +344,8 @@ class Spool:
             log.error("audit spool: an event could not be written: %s", failed)
             with self._state:
                 self._failed += 1
+                if isinstance(failed, OSError):  # the disk, not the event
+                    self._failed_at = time.monotonic()
             receipt._resolve(None, AuditUnavailable("The audit spool could not store the event; retry shortly"))
         return receipt
 
@@ -347,6 +361,8 @@ class Spool:
                 pass
             return exc
         self._written = Cursor(start.segment, start.offset + len(line) + 1)
+        if self._failed_at > self._ok_at:  # a write after a failure: the disk takes events again
+            self._ok_at = time.monotonic()
         self._unsynced.append((SpooledRecord(line, record, self._written), receipt))
         self._next_seq, self._last_hash = record["seq"] + 1, record["hash"]
         return None
@@ -424,6 +440,7 @@ class Spool:
             self._next_seq, self._last_hash = self._durable_head
             self._pending -= len(failed)
             self._failed += len(failed)
+            self._failed_at = time.monotonic()
         _resolve_all([receipt for _, receipt in failed], [None] * len(failed), error)
 
     def _rotate(self) -> None:
@@ -455,6 +472,40 @@ class Spool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def health(self) -> str | None:
+        """Why the spool should not be given new work now, or None.
+
+        "closed", "behind" (``max_pending`` events wait for their fsync),
+        "failing" (a write or fsync failed in the last ``FAILURE_HOLD_SECONDS``
+        and none has succeeded since) or "disk_low" (less than
+        ``min_free_bytes`` free). The gateway checks it before it starts work
+        whose answer will need an event (a stream, an admin change), since a
+        stream's status is sent before its event can be written.
+        """
+        now = time.monotonic()
+        with self._state:
+            if self._closed:
+                return "closed"
+            if self._pending >= self.settings.max_pending:
+                return "behind"
+            if self._failed_at > self._ok_at and now - self._failed_at < FAILURE_HOLD_SECONDS:
+                return "failing"
+        if self.settings.min_free_bytes and self.free_bytes() < self.settings.min_free_bytes:
+            return "disk_low"
+        return None
+
+    def free_bytes(self) -> int:
+        """Bytes free for this process on the spool's file system (read at most every ``FREE_CHECK_SECONDS``)."""
+        now = time.monotonic()
+        if now - self._free_at >= FREE_CHECK_SECONDS:
+            try:
+                stat = os.statvfs(self._segments_dir)
+                self._free = stat.f_bavail * stat.f_frsize
+            except OSError:
+                self._free = 0
+            self._free_at = now
+        return self._free
 
     @property
     def closed(self) -> bool:

@@ -9,6 +9,10 @@ An embedded OPA policy whose Rego and query did not change is not recompiled.
 A global policy's embedded Rego is evaluated inline (``policy.guardrails.opa``):
 only platform admins write global policies, so it is the operator's own code.
 
+While the store is unreachable the compiled guardrails keep serving for the
+shared stale window (``policy.snapshot``); a tenant never compiled, or any
+tenant once the window has passed, gets ``StoreUnavailable`` (503).
+
 A stored policy that no longer validates or compiles fails closed: its tenant's
 requests get ``GuardrailMisconfigured`` (503 ``policy_unusable``, naming the
 policy and its id) until it is fixed or deleted, and the log names it too.
@@ -24,11 +28,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from policy.errors import ValidationFailed
+from policy.errors import StoreUnavailable, ValidationFailed
 from policy.guardrails.engine import Guardrails
 from policy.guardrails.errors import GuardrailMisconfigured
 from policy.guardrails.opa import EmbeddedRego, PolicyEngine, build_engine
 from policy.guardrails.spec import KIND, GuardrailSpec, OpaSettings, parse_spec
+from policy.snapshot import StoreSnapshot
 
 if TYPE_CHECKING:
     from policy.store import PolicyRecord, PolicyStore
@@ -49,9 +54,15 @@ class GuardrailResolver:
     """``resolve(tenant_id)`` -> the tenant's compiled ``Guardrails``, refreshed when the store's version moves."""
 
     def __init__(
-        self, store: PolicyStore, *, poll_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic
+        self,
+        store: PolicyStore,
+        *,
+        poll_seconds: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        snapshot: StoreSnapshot | None = None,
     ) -> None:
         self._store = store
+        self.snapshot = snapshot if snapshot is not None else StoreSnapshot()
         self._poll = poll_seconds
         self._clock = clock
         self._lock = threading.Lock()
@@ -69,8 +80,16 @@ class GuardrailResolver:
 
     def _current_version(self) -> int:
         now = self._clock()
-        if self._version is None or now - self._checked_at >= self._poll:
-            version = self._store.policy_version()
+        if self._version is None or now - self._checked_at >= self._poll or self.snapshot.expired:
+            try:
+                version = self._store.policy_version()
+            except StoreUnavailable:
+                self.snapshot.failed()
+                if self._version is None or not self.snapshot.may_serve_stale():
+                    raise
+                self._checked_at = now  # one attempt per poll interval; the others serve the snapshot
+                return self._version
+            self.snapshot.fresh()
             with self._lock:
                 if version != self._version:
                     self._cache.clear()
@@ -81,7 +100,7 @@ class GuardrailResolver:
 
     def cached(self, tenant_id: str | None) -> Guardrails | None:
         """The tenant's guardrails if cached and the version need not be read yet; never touches the store."""
-        if self._version is None or self._clock() - self._checked_at >= self._poll:
+        if self._version is None or self._clock() - self._checked_at >= self._poll or self.snapshot.expired:
             return None
         return self._cache.get(tenant_id)
 

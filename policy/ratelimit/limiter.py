@@ -66,7 +66,7 @@ from policy.ratelimit.checks import (
 )
 from policy.ratelimit.errors import QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
 from policy.ratelimit.headers import RateLimitInfo, Usage, duration, retry_after_seconds, tightest
-from policy.ratelimit.resolver import EffectiveLimits, Limits, Scheduling
+from policy.ratelimit.resolver import EffectiveLimits, Limits
 from policy.rbac import Principal
 
 log = logging.getLogger("inferflux.policy.ratelimit")
@@ -289,6 +289,17 @@ class RateLimiter:
         await stop(self._renewer)
         self._renewer = None
         await self.backend.close()
+
+    async def unavailable(self) -> str | None:
+        """Why requests would be refused for want of the backend (fail-closed and it does not answer), or None."""
+        ping = getattr(self.backend, "ping", None)
+        if self.fail_open or ping is None:
+            return None
+        try:
+            await ping()
+        except BackendUnavailable as exc:
+            return str(exc)
+        return None
 
     # -- the request path
 

@@ -284,6 +284,13 @@ class RedisBackend:
     async def start(self) -> None:
         """Nothing to start: the client connects on first use."""
 
+    async def ping(self) -> None:
+        """BackendUnavailable unless Redis answers now (for readiness)."""
+        try:
+            await self.client.ping()
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            raise BackendUnavailable(f"Redis: {exc}") from None
+
     async def close(self) -> None:
         if self._owns_client:
             await self.client.aclose()

@@ -55,6 +55,10 @@ class StoreSettings(BaseModel):
     pool_recycle_seconds: int = Field(default=1800, ge=-1)
     # SQLite: how long a writer waits for another's lock before giving up.
     sqlite_busy_timeout_ms: int = Field(default=5000, ge=0)
+    # While the store is unreachable, decisions already cached (keys, roles, limits,
+    # guardrails) keep serving for this long after its last successful read
+    # (policy.snapshot); then requests needing the store get 503 and /readyz fails.
+    stale_seconds: float = Field(default=300.0, ge=0, le=86400)
 
     @field_validator("url")
     @classmethod
