@@ -50,7 +50,7 @@ from gateway.streaming import (
 )
 from policy.errors import ApiError
 from policy.guardrails import Guardrails, OpaDecision, opa_input, request_texts, with_texts
-from policy.ratelimit import Admission, Denial
+from policy.ratelimit import Admission, Denial, Scheduling
 from policy.rbac import Scope
 
 # -- request plumbing ---------------------------------------------------------
@@ -292,12 +292,32 @@ async def _reserve(request: Request, plan: Plan) -> Admission:
     return result
 
 
+async def _scheduling(request: Request, req: ChatCompletionRequest | CompletionRequest) -> tuple[int, float]:
+    """The request's engine priority, within the bounds the caller's traffic policy
+    allows (400 ``priority`` outside them), and its tenant's weight.
+
+    Without bounds any caller could outrank, and preempt, every other tenant's
+    requests; by default a caller may only make its own less important.
+    """
+    bounds: Scheduling = await request.app.state.limiter.scheduling_for(principal_of(request))
+    if "priority" not in req.model_fields_set:
+        return bounds.default_priority, bounds.weight
+    if not bounds.allows(req.priority):
+        raise InvalidRequest(
+            f"priority must be from {bounds.min_priority} to {bounds.max_priority} for this caller "
+            "(lower is more important)",
+            param="priority",
+        )
+    return req.priority, bounds.weight
+
+
 def _generation(
     request: Request,
     plan: Plan,
     req: ChatCompletionRequest | CompletionRequest,
     guards: Guardrails,
     admission: Admission,
+    scheduling: tuple[int, float],
 ) -> Generation:
     metrics = _metrics(request)
     model = plan.served.name
@@ -316,10 +336,13 @@ def _generation(
         settling.add(task)
         task.add_done_callback(settling.discard)
 
+    priority, weight = scheduling
     gen = Generation(
         plan.served,
         plan.choices,
-        priority=req.priority,
+        priority=priority,
+        tenant=principal_of(request).tenant_id,
+        weight=weight,
         param_names=_param_names(req),
         started=ctx.started,
         on_first_token=lambda seconds: metrics.ttft.labels(model).observe(seconds),
@@ -363,6 +386,7 @@ async def _stream_or_collect(
     render: Renderer,
     guards: Guardrails,
 ) -> Response:
+    scheduling = await _scheduling(request, req)
     try:
         _admit(request, plan)
         admission = await _reserve(request, plan)
@@ -374,7 +398,7 @@ async def _stream_or_collect(
     try:
         if document is not None and guards.inline_engines:
             _refuse_if_denied(request, guards.authorize_inline(document))  # before the engine gets it
-        gen = _generation(request, plan, req, guards, admission)
+        gen = _generation(request, plan, req, guards, admission, scheduling)
         # The engine starts, the awaited policies decide while it works, and none of
         # its output goes out before they allow.
         gen.start()

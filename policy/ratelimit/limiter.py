@@ -66,7 +66,7 @@ from policy.ratelimit.checks import (
 )
 from policy.ratelimit.errors import QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
 from policy.ratelimit.headers import RateLimitInfo, Usage, duration, retry_after_seconds, tightest
-from policy.ratelimit.resolver import EffectiveLimits, Limits
+from policy.ratelimit.resolver import EffectiveLimits, Limits, Scheduling
 from policy.rbac import Principal
 
 log = logging.getLogger("inferflux.policy.ratelimit")

@@ -12,6 +12,12 @@ A limit absent at one level is inherited from the next; null stops the search
 (unlimited). Several policies setting the same limit at the same level: the
 strictest number wins. Disabled policies count for nothing.
 
+The scheduling fields resolve the same way into ``Scheduling``: the priority
+bounds from the caller's key-scoped policies, else the tenant's, else the global
+ones; the weight from the tenant's, else the global ones. The strictest wins
+within a level: the highest ``min_priority``, the lowest ``max_priority`` and
+``weight``. Should the bounds cross (levels set one each), ``min_priority`` wins.
+
 ``PolicyResolver`` caches the compiled policies per tenant and drops them
 when the store's ``policy_version`` moves, so an edit takes effect on every
 replica within about one poll interval, without a restart. While the store is
@@ -30,7 +36,16 @@ from typing import TYPE_CHECKING
 
 from policy.bounded import remember
 from policy.errors import StoreUnavailable, ValidationFailed
-from policy.ratelimit.spec import KINDS, LIMIT_FIELDS, LimitPolicy, parse_spec
+from policy.ratelimit.spec import (
+    KINDS,
+    LIMIT_FIELDS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    PRIORITY_LIMIT,
+    WEIGHT,
+    LimitPolicy,
+    parse_spec,
+)
 from policy.rbac import Principal
 from policy.snapshot import StoreSnapshot
 
@@ -59,11 +74,33 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class Scheduling:
+    """How the engine may rank a caller's requests: the priorities it may ask
+    for (lower is more important) and its tenant's share of the batch."""
+
+    min_priority: int = 0
+    max_priority: int = PRIORITY_LIMIT
+    weight: float = 1.0
+
+    def allows(self, priority: int) -> bool:
+        return self.min_priority <= priority <= self.max_priority
+
+    @property
+    def default_priority(self) -> int:
+        """The priority of a request that asks for none: 0 where allowed, else the nearest bound."""
+        return min(max(0, self.min_priority), self.max_priority)
+
+
+DEFAULT_SCHEDULING = Scheduling()
+
+
+@dataclass(frozen=True, slots=True)
 class EffectiveLimits:
-    """What applies to one request: the tenant's shared counters and the caller's own."""
+    """What applies to one request: the tenant's shared counters and the caller's own, and its scheduling."""
 
     tenant: Limits = Limits()
     key: Limits = Limits()
+    scheduling: Scheduling = DEFAULT_SCHEDULING
 
     @property
     def unlimited(self) -> bool:
@@ -90,6 +127,25 @@ def _resolve(levels: Sequence[Sequence[Mapping[str, int | None]]]) -> Limits:
     return Limits(**values)
 
 
+# How several policies at one level combine each scheduling field: the strictest wins.
+_STRICTEST = {MIN_PRIORITY: max, MAX_PRIORITY: min, WEIGHT: min}
+
+
+def _resolve_scheduling(levels: Sequence[Sequence[Mapping[str, int | float]]]) -> Scheduling:
+    values: dict[str, int | float] = {}
+    for name, strictest in _STRICTEST.items():
+        for level in levels:
+            found = [given[name] for given in level if name in given]
+            if found:
+                values[name] = strictest(found)
+                break
+    if not values:
+        return DEFAULT_SCHEDULING
+    low = int(values.get(MIN_PRIORITY, DEFAULT_SCHEDULING.min_priority))
+    high = max(low, int(values.get(MAX_PRIORITY, DEFAULT_SCHEDULING.max_priority)))  # crossed: min wins
+    return Scheduling(low, high, float(values.get(WEIGHT, DEFAULT_SCHEDULING.weight)))
+
+
 class TenantLimits:
     """One tenant's policies (its own and the global ones), compiled for quick lookups."""
 
@@ -98,19 +154,21 @@ class TenantLimits:
         own = [p for p in tenant if p.scope == "tenant"]
         self.tenant = _resolve([[p.limits for p in own], [p.limits for p in global_]])
         self._defaults = [[p.per_key for p in own], [p.per_key for p in global_]]
-        self._by_principal: dict[str, list[Mapping[str, int | None]]] = {}
+        self._scheduling = [[p.scheduling for p in own], [p.scheduling for p in global_]]
+        self._by_principal: dict[str, list[LimitPolicy]] = {}
         for policy in tenant:
             if policy.scope == "key" and policy.principal is not None:
-                self._by_principal.setdefault(policy.principal, []).append(policy.limits)
+                self._by_principal.setdefault(policy.principal, []).append(policy)
         # Resolved per caller on first sight: the same callers come back on every request.
         self._subjects: dict[frozenset[str], EffectiveLimits] = {}
 
     def for_subject(self, ids: frozenset[str]) -> EffectiveLimits:
         found = self._subjects.get(ids)
         if found is None:
-            own = [limits for name in ids for limits in self._by_principal.get(name, ())]
-            found = remember(self._subjects, ids, EffectiveLimits(self.tenant, _resolve([own, *self._defaults])),
-                             MAX_SUBJECTS)
+            own = [policy for name in ids for policy in self._by_principal.get(name, ())]
+            limits = _resolve([[p.limits for p in own], *self._defaults])
+            scheduling = _resolve_scheduling([[p.scheduling for p in own], *self._scheduling])
+            found = remember(self._subjects, ids, EffectiveLimits(self.tenant, limits, scheduling), MAX_SUBJECTS)
         return found
 
 
