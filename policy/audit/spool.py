@@ -58,6 +58,7 @@ from typing import Any, Final
 from policy.audit.chain import GENESIS, canonical_json, sealed_line
 from policy.audit.errors import AuditUnavailable, SpoolConfigError
 from policy.audit.events import AuditEvent
+from policy.fileio import fsync_dir, remove_temporaries, whole_lines_length, write_all, write_atomically
 
 log = logging.getLogger("inferflux.policy.audit")
 
@@ -285,6 +286,9 @@ class Spool:
                 ) from None
             raise SpoolConfigError(f"cannot lock the audit spool {directory}: {exc.strerror}") from None
         try:
+            # Only the lock holder writes here, so every temporary file is one a killed writer left.
+            for place in (directory, directory / "cursors"):
+                remove_temporaries(place)
             return cls(settings, _chain_id(directory, settings.chain_id), lock_fd)
         except OSError as exc:
             os.close(lock_fd)
@@ -299,12 +303,12 @@ class Spool:
         path = self._segment_path(newest)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         size = os.fstat(self._fd).st_size
-        good = _complete_length(path, size)
+        good = whole_lines_length(path, size)
         if good != size:
             log.warning("audit spool: cut %d bytes of a torn record off %s", size - good, path.name)
             os.ftruncate(self._fd, good)
         os.fsync(self._fd)
-        _fsync_dir(self._segments_dir)
+        fsync_dir(self._segments_dir)
         self._durable = Cursor(newest, good)
         for number in reversed(self._segments):
             head = _last_record(self._segment_path(number))
@@ -448,7 +452,7 @@ class Spool:
         os.fsync(self._fd)
         number = self._segments[-1] + 1
         fd = os.open(self._segment_path(number), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
-        _fsync_dir(self._segments_dir)
+        fsync_dir(self._segments_dir)
         old, self._fd = self._fd, fd
         os.close(old)
         self._segments.append(number)
@@ -595,17 +599,11 @@ class Spool:
             return None
 
     def save_cursor(self, name: str, cursor: Cursor) -> None:
-        """Persist ``cursor`` atomically: a crash leaves the old or the new one, never a torn one."""
-        path = self._cursor_path(name)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            write_all(fd, canonical_json({"segment": cursor.segment, "offset": cursor.offset}))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(self._cursors_dir)
+        """Persist ``cursor`` atomically: a crash leaves the old or the new one, never a torn one.
+
+        On a full disk it raises and leaves no temporary file behind.
+        """
+        write_atomically(self._cursor_path(name), canonical_json({"segment": cursor.segment, "offset": cursor.offset}))
 
     def forget_sink(self, name: str) -> None:
         """Drop a sink that is no longer configured, so it stops holding segments back."""
@@ -632,7 +630,7 @@ class Spool:
                 pass
             removed.append(number)
         if removed:
-            _fsync_dir(self._segments_dir)
+            fsync_dir(self._segments_dir)
             with self._state:
                 self._segments = [n for n in self._segments if n not in removed]
         return len(removed)
@@ -685,29 +683,8 @@ def _chain_id(directory: Path, wanted: str | None) -> str:
         return existing
     host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "gateway"
     chain = wanted or f"{host}-{secrets.token_hex(4)}"
-    tmp = directory / ".chain.tmp"
-    tmp.write_text(chain + "\n")
-    os.replace(tmp, path)
-    _fsync_dir(directory)
+    write_atomically(path, (chain + "\n").encode())  # fsynced: an empty chain file would stop every start
     return chain
-
-
-def _complete_length(path: Path, size: int) -> int:
-    """The length of ``path`` up to and including its last newline."""
-    if size == 0:
-        return 0
-    with path.open("rb") as f:
-        block = 64 * 1024
-        end = size
-        while end > 0:
-            start = max(0, end - block)
-            f.seek(start)
-            chunk = f.read(end - start)
-            cut = chunk.rfind(b"\n")
-            if cut >= 0:
-                return start + cut + 1
-            end = start
-    return 0
 
 
 def _last_record(path: Path) -> dict[str, Any] | None:
@@ -753,22 +730,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """``os.write`` until all of ``data`` is written (a write may be partial)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fields(settings: SpoolSettings) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from policy.fileio import remove_temporaries, write_atomically
 from policy.ratelimit.background import every, stop
 from policy.ratelimit.checks import (
     CONCURRENCY_RETRY_MS,
@@ -64,6 +65,8 @@ class MemoryBackend:
         self._task: asyncio.Task[None] | None = None
         self._path = None if state_dir is None else Path(state_dir) / STATE_FILE
         if self._path is not None:
+            # One replica per state directory (this backend is single-replica), so any temporary is a dead writer's.
+            remove_temporaries(self._path.parent, self._path.name)
             self._load(self._path)
 
     # -- lifecycle
@@ -218,7 +221,9 @@ class MemoryBackend:
                 snapshot = {key: list(entry) for key, entry in self._quotas.items()}
                 self._dirty = False
             try:
-                _write_atomically(self._path, {"version": FORMAT_VERSION, "quotas": snapshot})
+                self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                data = json.dumps({"version": FORMAT_VERSION, "quotas": snapshot}, separators=(",", ":"))
+                write_atomically(self._path, data.encode("utf-8"))
             except OSError:
                 with self._lock:
                     self._dirty = True  # try again next time
@@ -243,18 +248,3 @@ class MemoryBackend:
             os.replace(path, aside)
             log.error("rate-limit quota usage in %s is unreadable (%s); moved to %s, starting at 0", path, exc, aside)
             self._quotas.clear()
-
-
-def _write_atomically(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(data, out, separators=(",", ":"))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself must survive a crash
-    finally:
-        os.close(directory)

@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
 from policy.errors import StoreConfigError
+from policy.fileio import write_atomically
 
 FORMAT = 1
 KEY_BYTES = 32
@@ -253,30 +254,6 @@ def read_key_file(path: Path) -> KeyFile:
         return KeyFile.from_json(handle.read(), path)
 
 
-def _write_temp(path: Path, text: str) -> Path:
-    """Write ``text`` to a fresh 0600 file beside ``path`` and return its name."""
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # whatever the umask says
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        temp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    return temp
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def create_key_file(path: Path, content: KeyFile) -> None:
     """Create ``path`` holding ``content``; FileExistsError if it exists.
 
@@ -284,20 +261,9 @@ def create_key_file(path: Path, content: KeyFile) -> None:
     place, so nobody ever reads a half-written key file and two processes
     creating it at once cannot both win.
     """
-    temp = _write_temp(path, content.to_json())
-    try:
-        os.link(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
-    _sync_dir(path.parent)
+    write_atomically(path, content.to_json().encode("utf-8"), exclusive=True)
 
 
 def replace_key_file(path: Path, content: KeyFile) -> None:
     """Atomically replace ``path``: readers see the old file or the new one, never a mix."""
-    temp = _write_temp(path, content.to_json())
-    try:
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    _sync_dir(path.parent)
+    write_atomically(path, content.to_json().encode("utf-8"))

@@ -29,6 +29,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from policy.errors import StoreConfigError
+from policy.fileio import remove_temporaries
 from policy.store.config import StoreSettings
 from policy.store.crypto import (
     DecryptionError,
@@ -52,6 +53,8 @@ log = logging.getLogger("inferflux.policy.store")
 DEFAULT_KEY_FILE = "store.key"
 ACTIVE = "key.active"
 _CANARY_PLAINTEXT = b"inferflux policy store key canary"
+# A temporary key file older than this was left by a writer that died; younger ones may be in use.
+KEY_TEMPORARY_AGE_SECONDS = 60.0
 # How soon a failed reload may be tried again for the same missing version.
 _RELOAD_BACKOFF_SECONDS = 1.0
 _meta = Base.metadata.tables[StoreMeta.__tablename__]
@@ -195,6 +198,9 @@ class KeyManager:
     ) -> KeyManager:
         """Load and check the keys; on a store that has none yet, set them up (generating a key file)."""
         source = resolve_source(settings, data_dir)
+        key_file = source.path if isinstance(source, KeyFileSource) else data_dir / DEFAULT_KEY_FILE
+        # What a writer killed mid-write left; another process may be writing it now (a rotation), not for a minute.
+        remove_temporaries(key_file.parent, key_file.name, older_than=KEY_TEMPORARY_AGE_SECONDS)
         with sessions() as session:
             state = read_key_state(session)
         if state.active is None and source is None:

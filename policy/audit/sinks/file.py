@@ -1,6 +1,8 @@
 """The JSON-lines file sink: the spooled lines as they are, so ``inferctl audit verify --file`` checks them.
 
-Each batch is written and fsynced before it counts as delivered. The file
+Each batch is written and fsynced before it counts as delivered; a batch that
+fails part-way (a full disk) or a torn tail found on opening (a crash) is cut
+back to the last whole line, so the file always verifies. The file
 rotates by size: ``audit.jsonl`` becomes ``audit.jsonl.1`` (and ``.1`` becomes
 ``.2``, ...), keeping ``backups`` old files.
 """
@@ -11,7 +13,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from policy.audit.spool import SpooledRecord, write_all
+from policy.audit.spool import SpooledRecord
+from policy.fileio import fsync_dir, whole_lines_length, write_all
 
 
 class FileSink:
@@ -34,13 +37,24 @@ class FileSink:
         if os.fstat(fd).st_size >= self._max_bytes:
             self._rotate()
             fd = self._open()
-        write_all(fd, b"".join(r.line + b"\n" for r in records))
-        os.fsync(fd)
+        start = os.fstat(fd).st_size
+        try:
+            write_all(fd, b"".join(r.line + b"\n" for r in records))
+            os.fsync(fd)
+        except OSError:
+            # A full disk wrote part of the batch: cut it off, or the retry would follow half a line.
+            os.ftruncate(fd, start)
+            raise
 
     def _open(self) -> int:
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            size = os.fstat(fd).st_size
+            whole = whole_lines_length(self.path, size)
+            if whole != size:  # the torn tail of a batch a killed gateway was writing; it is delivered again
+                os.ftruncate(fd, whole)
+            self._fd = fd
         return self._fd
 
     def _rotate(self) -> None:
@@ -53,6 +67,7 @@ class FileSink:
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{n + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        fsync_dir(self.path.parent)  # the renames, before the new file's records count as delivered
 
     def rotated_files(self) -> list[Path]:
         """The current file and its backups, oldest first."""
