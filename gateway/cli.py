@@ -680,6 +680,10 @@ def build_parser() -> argparse.ArgumentParser:
         action_parser.add_argument("--json", action="store_true", help="print the raw response")
     keys.set_defaults(handler=_keys)
 
+    from gateway.cli_idps import add_idps_parser  # it uses this module's client helpers
+
+    add_idps_parser(sub)
+
     complete = sub.add_parser("complete", help="complete a prompt on a running server")
     complete.add_argument("prompt", help="the text to continue")
     _add_client_options(complete)
