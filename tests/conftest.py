@@ -22,6 +22,9 @@ if not torch.cuda.is_available():
 # Test helpers shared across test packages (the loopback identity provider, ...).
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
+# Fails the run if a secret the suite created (keys, tokens, client secrets) shows in a log record.
+pytest_plugins = ["secret_watch"]
+
 from servers import start_uvicorn, stop_uvicorn  # noqa: E402
 from services import service_unavailable  # noqa: E402
 

@@ -330,8 +330,8 @@ def test_changes_are_recorded_in_their_tenants_audit_only(world: World) -> None:
     client.delete(f"{t}/role-bindings/{binding['id']}", headers=world.acme_admin)
     client.patch(t, json={"display_name": "ACME Corp"}, headers=world.admin)
     client.put(f"{t}/models", json={"allowed_models": None}, headers=world.admin)
-    # Not recorded: a refusal, a read, and a change at the platform level.
-    client.post(f"{t}/keys", json={"name": "x", "role": "platform-admin"}, headers=world.acme_admin)
+    # Recorded as a refusal (issue 18), not as a change; not recorded: a read, and a change at the platform level.
+    refused = client.post(f"{t}/keys", json={"name": "x", "role": "platform-admin"}, headers=world.acme_admin)
     client.get(f"{t}/keys", headers=world.acme_admin)
     platform_level = {"name": "plat", "issuer": "https://plat.example.com", "audience": "a"}
     client.post("/admin/v1/oidc-providers", json=platform_level, headers=world.admin)
@@ -339,9 +339,13 @@ def test_changes_are_recorded_in_their_tenants_audit_only(world: World) -> None:
     events = eventually(
         lambda: [e for e in client.get(audit_url, params={"limit": 200}, headers=world.acme_admin).json()["data"]
                  if e["id"] not in before],
-        lambda new: len(new) >= 7,
+        lambda new: len(new) >= 8,
     )
     me, admin = world.acme_admin_subject, world.admin_subject
+    refusals = [e for e in events if e["decision"] != "allow"]
+    assert [(e["route"], e["status"], e["principal"], e["reasons"]) for e in refusals] == [
+        ("POST /admin/v1/tenants/{tenant_id}/keys", refused.status_code, me, [refused.json()["error"]["code"]])]
+    events = [e for e in events if e["decision"] == "allow"]
     assert [(e["action"], e["target_id"], e["principal"]) for e in events] == [
         ("key.create", key["id"], me),
         ("key.rotate", key["id"], me),
@@ -355,7 +359,8 @@ def test_changes_are_recorded_in_their_tenants_audit_only(world: World) -> None:
                for e in events)
     assert events[1]["detail"]["new_key"] == rotated["id"]
     # The platform admin sees the same log; globex's is untouched, and its admin cannot read acme's.
-    assert client.get(audit_url, params={"limit": 200}, headers=world.admin).json()["data"][-len(events):] == events
+    seen_by_admin = client.get(audit_url, params={"limit": 200}, headers=world.admin).json()["data"]
+    assert [e for e in seen_by_admin if e["decision"] == "allow"][-len(events):] == events
     globex_after = client.get(
         f"/admin/v1/tenants/{world.globex.id}/audit", params={"limit": 200}, headers=world.globex_admin
     ).json()["data"]
