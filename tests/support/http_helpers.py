@@ -18,3 +18,18 @@ def error_of(response: Any) -> dict[str, Any]:
 def bearer(key: str) -> dict[str, str]:
     """Headers that present ``key`` as a bearer token."""
     return {"authorization": f"Bearer {key}"}
+
+
+def assert_same_answer(seen: Any, absent: Any, replace: dict[str, str]) -> None:
+    """Two answers that differ in nothing but what ``replace`` maps (real -> missing), headers included
+    (but the request id): what tells an existing object of another tenant from a missing one."""
+    assert seen.status_code == absent.status_code, (seen.text, absent.text)
+    text = seen.text
+    for real, missing in replace.items():
+        text = text.replace(real, missing)
+    assert text == absent.text
+
+    def headers(r: Any) -> dict[str, str]:
+        return {k: v for k, v in r.headers.items() if k != "x-request-id"}
+
+    assert headers(seen) == headers(absent)
