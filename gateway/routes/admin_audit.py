@@ -9,7 +9,7 @@
 
 Queries take ``since`` and ``until`` (RFC 3339 with a time zone; ``since <= at
 < until``), ``principal``, ``decision`` (allow | deny | error), ``kind``
-(api | admin), ``limit`` and ``after``; anything else is refused, since a
+(api | admin | checkpoint: the chain's signed heads), ``limit`` and ``after``; anything else is refused, since a
 misspelt filter would silently widen the answer. They are served from the
 ``audit_events`` table, which an indexer sink fills from the spool a moment
 after each event is durable, so an event just recorded may take a moment to
@@ -58,7 +58,7 @@ _FILTER_DOCS = (
     query_param("until", _DATE_TIME, "Events before this time (RFC 3339, with a time zone)"),
     query_param("principal", {"type": "string", "maxLength": _MAX_TEXT}, "Who made the call: key:<prefix>, oidc:..."),
     query_param("decision", {"type": "string", "enum": list(DECISIONS)}, "The call's outcome"),
-    query_param("kind", {"type": "string", "enum": list(KINDS)}, "Tenant API calls or admin actions"),
+    query_param("kind", {"type": "string", "enum": list(KINDS)}, "Tenant API calls, admin actions (refused calls of the admin API too), or signed chain checkpoints"),
 )
 _TENANT_DOC = query_param(
     "tenant_id", {"type": "string"}, "Platform admins: this tenant's events only; others may name only their own"
