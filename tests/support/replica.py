@@ -19,7 +19,7 @@ class Replica:
 
     def __init__(
         self, name: str, data_dir: Path, env: dict[str, str], log: Path, extra_args: list[str] | None = None,
-        port: int | None = None,
+        port: int | None = None, program: list[str] | None = None,
     ) -> None:  # fmt: skip
         if port is None:
             sock = free_loopback_socket()
@@ -30,7 +30,7 @@ class Replica:
         self.name = name
         self.log = log
         argv = [
-            sys.executable, "-m", "gateway.cli", "serve",
+            *(program or [sys.executable, "-m", "gateway.cli"]), "serve",
             "--port", str(self.port), "--data-dir", str(data_dir),
             "--dtype", "float32", "--kv-cache-bytes", "32MiB", "--log-level", "warning",
             *(extra_args or []),
