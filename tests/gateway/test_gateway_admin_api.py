@@ -66,7 +66,7 @@ def test_load_serve_default_persist_and_unload_a_model(world: dict[str, Any]) ->
     body = {"name": "second", "path": default_model_path(), "dtype": "float32", "aliases": ["twin"]}
 
     # Not for a tenant admin; validation before anything starts.
-    assert client.post("/admin/v1/models", headers=world["tenant_admin"], json=body).status_code == 403
+    assert client.post("/admin/v1/models", headers=world["tenant_admin"], json=body).status_code == 404  # platform-only
     bad_path = client.post("/admin/v1/models", headers=admin, json={**body, "path": "/no/such/model.gguf"})
     assert bad_path.status_code == 422 and bad_path.json()["error"]["param"] == "path"
     taken = client.post("/admin/v1/models", headers=admin, json={**body, "name": "smollm2-135m-instruct"})
