@@ -46,7 +46,6 @@ log = logging.getLogger("inferflux.policy.audit")
 
 CHECKPOINT_VERSION: Final = 1
 CHECKPOINT_PURPOSE: Final = "audit-checkpoint"  # PolicyStore.derive_secret's purpose for the signing key
-_HEX = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,26 +63,6 @@ class Checkpoint:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.body(), "sig": self.sig}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Checkpoint:
-        """A checkpoint read back (its signature not yet checked); ValueError if it is not one."""
-        if not isinstance(data, Mapping) or data.get("v") != CHECKPOINT_VERSION:
-            raise ValueError(f"not an audit checkpoint of version {CHECKPOINT_VERSION}")
-        chain, seq, digest, sig = data.get("chain"), data.get("seq"), data.get("hash"), data.get("sig")
-        if not isinstance(chain, str) or not chain:
-            raise ValueError("the checkpoint names no chain")
-        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-            raise ValueError("the checkpoint has no valid seq")
-        if not _is_hex(digest, 64) or not _is_hex(sig, 64):
-            raise ValueError("the checkpoint's hash or signature is not 64 hex digits")
-        try:
-            at = datetime.fromisoformat(str(data.get("at")).replace("Z", "+00:00"))
-        except ValueError:
-            raise ValueError("the checkpoint's time is not ISO 8601") from None
-        if at.tzinfo is None:
-            raise ValueError("the checkpoint's time has no time zone")
-        return cls(chain, seq, digest, at, sig)
 
     def describe(self) -> str:
         return f"checkpoint of {self.body()['at']} (chain {self.chain}, seq {self.seq})"
@@ -140,10 +119,6 @@ def check_tail(
                        f"{checkpoint.describe()} covers (the chain was rewritten)", checkpoint.chain,
                        checkpoint.seq)  # fmt: skip
     return None
-
-
-def _is_hex(value: object, length: int) -> bool:
-    return isinstance(value, str) and len(value) == length and set(value) <= _HEX
 
 
 class Checkpointer:

@@ -26,6 +26,7 @@ measured, more on slow ones), which is why it is an option.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -103,6 +104,10 @@ class AuditTrail:
             except AuditUnavailable as exc:
                 log.error("aggregated audit refusals (%s) not recorded: %s", event.detail, exc.message)
         if self.checkpointer is not None:
+            if final:  # the last checkpoint covers everything written: let the syncer make it durable first
+                deadline = time.monotonic() + 5.0
+                while self.spool.stats.pending and time.monotonic() < deadline:
+                    time.sleep(0.005)
             self.checkpointer.run_once(force=final)
 
     def subscribe(self, tenant: str | None) -> Subscription:

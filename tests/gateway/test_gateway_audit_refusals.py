@@ -124,3 +124,28 @@ def test_a_refusal_on_a_long_path_is_recorded_by_its_template(world: tuple[Seede
     events = spool_events(spool_dir)
     assert {e["route"] for e in events} >= {"GET /v1/models/{model_id:path}", "GET unmatched"}
     assert pasted not in json.dumps(events)
+
+
+def test_the_app_checkpoints_its_chain_into_the_store(make_app: Any, tmp_path: Path) -> None:
+    """The served trail signs its head (here at shutdown) into the store; the CLI's check then finds a cut."""
+    from policy.audit.checkpoint import CHECKPOINT_PURPOSE, CheckpointSigner
+    from policy.audit.cli import spool_chain_id
+
+    seeded = seed_store(tmp_path)
+    try:
+        app = make_app(seeded.store, data_dir=tmp_path / "app")
+        with TestClient(app) as client:
+            for _ in range(3):
+                assert client.get("/v1/models", headers=seeded.admin).status_code == 200
+        spool_dir = tmp_path / "app" / "audit"
+        checkpoint = app.state.audit_store.latest_checkpoint(spool_chain_id(spool_dir))
+        signer = CheckpointSigner(seeded.store.derive_secret(CHECKPOINT_PURPOSE))
+        assert checkpoint is not None and checkpoint.seq == 2 and signer.valid(checkpoint)
+        assert verify_spool(spool_dir, checkpoint=checkpoint, signer=signer).ok
+        assert spool_events(spool_dir)[-1]["kind"] == "checkpoint"
+        segment = sorted((spool_dir / "segments").glob("*.jsonl"))[-1]
+        segment.write_bytes(b"".join(segment.read_bytes().splitlines(keepends=True)[:-2]))
+        problem = verify_spool(spool_dir, checkpoint=checkpoint, signer=signer).problem
+        assert problem is not None and "1 records missing after seq 1" in str(problem)
+    finally:
+        seeded.store.close()

@@ -67,7 +67,7 @@ def test_an_intact_spool_reaches_its_checkpoint(
     write_with_checkpoint(tmp_path / "spool", store)
     code, out = verify_cli(tmp_path / "spool", data_dir, store_settings, monkeypatch, capsys)
     assert code == 0, out
-    assert f"tail reaches the signed checkpoint" in out and f"seq {EVENTS - 1})" in out
+    assert "tail reaches the signed checkpoint" in out and f"seq {EVENTS - 1})" in out
 
 
 @pytest.mark.parametrize("cut", [1, 5])
