@@ -272,3 +272,68 @@ def stream_chat_with_id(url: str, key: str, complete: list[str], *, max_tokens: 
     if response.status_code == 200 and lines[-1:] == ["[DONE]"] and not any('"error"' in x for x in lines):
         complete.append(response.headers["x-request-id"])
     return response.status_code, lines
+
+
+# -- a drain on SIGTERM -----------------------------------------------------------
+
+
+def test_sigterm_drains_ready_first_then_ends_streams_cleanly(tmp_path: Path) -> None:
+    import signal
+    import threading
+
+    from policy.authn.apikeys import generate_key
+    from replica import Replica
+
+    grace = 3.0
+    key = generate_key().token
+    config = tmp_path / "config.yaml"
+    config.write_text(f"server:\n  shutdown_grace_seconds: {grace}\n")
+    env = {**os.environ, "INFERFLUX_BOOTSTRAP_ADMIN_KEY": key}
+    env.pop("INFERFLUX_STORE_URL", None)
+    server = Replica("drained", tmp_path / "data", env, tmp_path / "serve.log",
+                     ["--config", str(config), "--kv-cache-bytes", "64MiB"])  # room for two long streams
+    streams: list[list[str]] = [[], []]
+    ids: list[str] = ["", ""]
+    started = threading.Barrier(3)
+
+    def long_stream(slot: int) -> None:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a very long story"}],
+                "max_tokens": 600, "stream": True, "temperature": 0}  # fmt: skip
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=bearer(key),
+                          timeout=60) as response:  # fmt: skip
+            assert response.status_code == 200, response.read()
+            ids[slot] = response.headers["x-request-id"]
+            lines = (line[len("data: "):] for line in response.iter_lines() if line.startswith("data: "))
+            streams[slot].append(next(lines))
+            started.wait(timeout=60)
+            streams[slot].extend(lines)
+
+    try:
+        server.wait_ready()
+        workers = [threading.Thread(target=long_stream, args=(i,), daemon=True) for i in range(2)]
+        for worker in workers:
+            worker.start()
+        started.wait(timeout=120)  # both streams are producing tokens
+        server.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        time.sleep(0.3)
+        status, reasons = readiness(server.url)
+        assert status == 503 and "the server is shutting down" in reasons, reasons
+        assert_503_retry(chat(server.url, key), "server_shutting_down")  # new work: refused, not queued
+        for worker in workers:
+            worker.join(timeout=grace + 15)
+        code = server.proc.wait(timeout=grace + 15)
+        took = time.monotonic() - signalled
+    finally:
+        server.stop()
+    log = server.output()
+    assert code in (0, -signal.SIGTERM), log
+    assert grace - 0.5 <= took <= grace + 8, took  # ended by the grace, exited a few seconds after it
+    for lines in streams:  # every stream ends with an error event and [DONE], never a cut connection
+        assert lines[-1] == "[DONE]", lines[-3:]
+        assert json.loads(lines[-2])["error"]["code"] == "server_shutting_down", lines[-3:]
+    assert "Traceback" not in log and " 500" not in log, log
+    events = {e["request_id"]: e for e in spooled(tmp_path / "data" / "audit")}
+    for request_id in ids:
+        event = events[request_id]
+        assert event["status"] == 200 and "interrupted: the server shut down" in event["reasons"], event
