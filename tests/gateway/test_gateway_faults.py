@@ -141,6 +141,61 @@ def test_store_outage_serves_cached_decisions_for_the_stale_window_only(
         store.close()
 
 
+# -- Redis (rate-limit counters) ----------------------------------------------------
+
+
+def start_redis(port: int, where: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(where)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    import redis
+
+    client = redis.Redis(port=port, socket_connect_timeout=0.2)
+    assert wait_until(lambda: _pings(client), timeout=10), "redis-server did not start"
+    return proc
+
+
+def _pings(client: Any) -> bool:
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+
+
+def test_redis_outage_with_fail_closed_limits_is_not_ready(served_model: Any, tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        service_unavailable("no redis-server binary", "Redis outage")
+    from policy.store import PolicyStore, StoreSettings
+
+    sock = free_loopback_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    redis_proc = start_redis(port, tmp_path)
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    store.ensure_bootstrap_admin()
+    tenant = store.create_tenant("acme")
+    _, key = store.create_api_key(tenant.id, "app", "member")
+    store.create_policy(tenant.id, "rate_limit", "rl", {"scope": "tenant", "requests_per_minute": 1000})
+    app = serving(served_model, store, data_dir=tmp_path / "app",
+                  ratelimit={"backend": "redis", "redis_url": f"redis://127.0.0.1:{port}/0"})  # fmt: skip
+    server, thread, http_sock, url = start_uvicorn(app)
+    try:
+        assert readiness(url) == (200, []) and chat(url, key).status_code == 200
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)
+        status, reasons = readiness(url)
+        assert status == 503 and any("rate-limit backend" in r for r in reasons), reasons
+        assert_503_retry(chat(url, key), "rate_limiter_unavailable")
+        redis_proc = start_redis(port, tmp_path)
+        assert wait_until(lambda: readiness(url)[0] == 200, timeout=10)
+        assert wait_until(lambda: chat(url, key).status_code == 200, timeout=10)
+    finally:
+        stop_uvicorn(server, thread, http_sock)
+        store.close()
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)
+
+
 # -- the audit spool's disk -------------------------------------------------------
 
 
