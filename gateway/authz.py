@@ -40,7 +40,9 @@ def refuse_outside_tenant(request: Request, principal: Principal) -> None:
     """404 for a request that names a tenant other than the caller's (in the path or the
     ``tenant_id`` query), for anyone but a platform admin: the same answer whether that
     tenant exists or not, and before any scope is checked, so no 403 tells that it does."""
-    named = request.path_params.get("tenant_id") or request.query_params.get("tenant_id")
+    named = request.path_params.get("tenant_id")
+    if named is None and request.url.path.startswith("/admin/"):  # the OpenAI routes take no tenant
+        named = request.query_params.get("tenant_id")
     if named is not None:
         principal.require_tenant(named)
 
