@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.guardrails import Guardrails, normalize
+from policy.errors import ValidationFailed
+from policy.guardrails import Guardrails, normalize, parse_spec
 
 SPEC = {
     "blocklist": [{"id": "bad", "literal": "badword"}, {"id": "ski", "literal": "ski"}],
@@ -193,3 +194,11 @@ def test_long_texts_take_the_prefilter() -> None:
     long = "word " * 100
     assert normalize(long + "s k i").text.endswith("ski")
     assert normalize(long + "ski").text.endswith("ski")
+
+
+@pytest.mark.parametrize("value", ["base64", ["rot13"], [1], {"base64": True}])
+def test_decode_takes_only_a_list_of_known_encodings(value: object) -> None:
+    with pytest.raises(ValidationFailed) as refused:
+        parse_spec({"decode": value})
+    assert refused.value.param == "spec.decode"
+    assert parse_spec({"decode": ["hex", "base64", "hex"]}).decode == ("hex", "base64")
