@@ -8,6 +8,7 @@ what the server does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -19,6 +20,7 @@ from starlette.routing import BaseRoute, Route
 F = TypeVar("F", bound=Callable[..., Any])
 
 DOC_ATTR = "openapi_doc"
+_CONVERTOR = re.compile(r"{(\w+):\w+}")
 _REF = "#/components/schemas/{model}"
 
 
@@ -27,16 +29,21 @@ def document(
     *,
     tag: str,
     body: type[BaseModel] | None = None,
+    body_required: bool = True,
     status: int = 200,
     paginated: bool = False,
     streams: bool = False,
     query: Iterable[dict[str, Any]] = (),
 ) -> Callable[[F], F]:
-    """Mark an endpoint with its documentation; ``query``: its query parameters (``query_param``)."""
+    """Mark an endpoint with its documentation; ``query``: its query parameters (``query_param``).
+
+    Every POST, PUT and PATCH names its ``body`` (an action without fields takes ``NoBody``, optional),
+    so that clients and fuzzers know what it reads (a test checks).
+    """
 
     def mark(endpoint: F) -> F:
-        doc = {"summary": summary, "tag": tag, "body": body, "status": status, "paginated": paginated,
-               "streams": streams, "query": tuple(query)}  # fmt: skip
+        doc = {"summary": summary, "tag": tag, "body": body, "body_required": body_required, "status": status,
+               "paginated": paginated, "streams": streams, "query": tuple(query)}  # fmt: skip
         setattr(endpoint, DOC_ATTR, doc)
         return endpoint
 
@@ -106,7 +113,7 @@ def _operation(route: Route, method: str, schemas: dict[str, Any]) -> dict[str, 
             schemas[name] = sub
         schemas[body.__name__] = schema
         op["requestBody"] = {
-            "required": True,
+            "required": doc.get("body_required", True),
             "content": {"application/json": {"schema": {"$ref": _REF.format(model=body.__name__)}}},
         }
     success: dict[str, Any] = {"description": "Success"}
@@ -130,14 +137,20 @@ def _operation(route: Route, method: str, schemas: dict[str, Any]) -> dict[str, 
     return op
 
 
+def openapi_path(path: str) -> str:
+    """A route's path as OpenAPI writes it: ``/v1/models/{model_id:path}`` -> ``/v1/models/{model_id}``."""
+    return _CONVERTOR.sub(r"{\1}", path)
+
+
 def build_openapi(routes: Iterable[BaseRoute], *, title: str, version: str) -> dict[str, Any]:
     schemas: dict[str, Any] = {"Error": _ERROR_SCHEMA}
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
         if not isinstance(route, Route) or not route.methods:
             continue
+        path = openapi_path(route.path)
         for method in sorted(route.methods - {"HEAD"}):
-            paths.setdefault(route.path, {})[method.lower()] = _operation(route, method, schemas)
+            paths.setdefault(path, {})[method.lower()] = _operation(route, method, schemas)
     return {
         "openapi": "3.1.0",
         "info": {

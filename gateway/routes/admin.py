@@ -97,6 +97,12 @@ class KeyCreate(BaseModel):
         return _check_role(value)
 
 
+class NoBody(BaseModel):
+    """The body of an action that takes no fields: none, or ``{}``."""
+
+    model_config = _BODY
+
+
 class KeyRotate(BaseModel):
     model_config = _BODY
     grace_seconds: int = Field(default=3600, ge=0, le=30 * 86400, description="How long the old key keeps working")
@@ -230,6 +236,11 @@ async def _body(request: Request, model: type[M]) -> M:
         if first.get("type") == "extra_forbidden":
             message = "unknown field"
         raise ValidationFailed(f"{param}: {message}" if param else message, param=param) from None
+
+
+async def _optional_body(request: Request, model: type[M]) -> M:
+    """``_body`` for a body that may be left out (then the model's defaults)."""
+    return await _body(request, model) if (await request.body()).strip() else model()
 
 
 def _page_args(request: Request) -> tuple[int, str | None]:
@@ -457,10 +468,12 @@ async def get_key(request: Request) -> Response:
     return _ok(_key(await call_store(_store(request).get_api_key, tenant_id, request.path_params["key_id"])))
 
 
-@document("Revoke an API key (effective on every replica within seconds)", tag="keys")
+@document("Revoke an API key (effective on every replica within seconds)", tag="keys", body=NoBody,
+          body_required=False)  # fmt: skip
 @requires(Scope.ADMIN_TENANT)
 async def revoke_key(request: Request) -> Response:
     principal, tenant_id = await _tenant_in_scope(request)
+    await _optional_body(request, NoBody)
     key_id = request.path_params["key_id"]
     existing = await call_store(_store(request).get_api_key, tenant_id, key_id)
     # As for rotation: a tenant admin of the platform tenant must not be able
@@ -472,11 +485,12 @@ async def revoke_key(request: Request) -> Response:
     return _ok(_key(record))
 
 
-@document("Rotate an API key: a new key now, the old one expires after a grace period", tag="keys", body=KeyRotate, status=201)
+@document("Rotate an API key: a new key now, the old one expires after a grace period", tag="keys", body=KeyRotate,
+          body_required=False, status=201)  # fmt: skip
 @requires(Scope.ADMIN_TENANT)
 async def rotate_key(request: Request) -> Response:
     principal, tenant_id = await _tenant_in_scope(request)
-    body = await _body(request, KeyRotate) if await request.body() else KeyRotate()
+    body = await _optional_body(request, KeyRotate)
     key_id = request.path_params["key_id"]
     old = await call_store(_store(request).get_api_key, tenant_id, key_id)
     if not principal.may_grant(old.role):
@@ -703,10 +717,11 @@ async def unload_model(request: Request) -> Response:
     return Response(status_code=204)
 
 
-@document("Make a model the default", tag="models")
+@document("Make a model the default", tag="models", body=NoBody, body_required=False)
 @requires(Scope.ADMIN_PLATFORM)
 async def set_default_model(request: Request) -> Response:
     principal = principal_of(request)
+    await _optional_body(request, NoBody)
     name = request.path_params["name"]
     status = await request.app.state.model_admin.set_default(name)
     await _audit(request, principal, "model.default", None, "model", name)
