@@ -167,6 +167,12 @@ def make_app(served_model: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
+def app_for_model() -> Any:
+    """``app_for_model(model, store, **settings)``: like ``make_app``, for a model other than the session's."""
+    return build_app
+
+
+@pytest.fixture(scope="session")
 def live_server(served_model: object, gateway_store: Any, admin_key: str) -> Iterator[str]:
     """The gateway serving ``served_model`` over a real socket; yields its base URL.
 

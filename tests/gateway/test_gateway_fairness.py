@@ -24,6 +24,7 @@ from gateway.settings import DEFAULT_MODEL_NAME
 from http_helpers import bearer, error_of
 from policy.store import PolicyStore, StoreSettings
 from servers import start_uvicorn, stop_uvicorn
+from streams import SEATS, first_token_at
 
 MODEL = DEFAULT_MODEL_NAME
 POLL = 0.05
@@ -84,47 +85,18 @@ def test_a_traffic_policy_sets_the_bounds(world: World) -> None:
 
 # -- a flood from one tenant, over a real socket ----------------------------------------------
 
-FLOOD = 24  # tenant a's streams, all sent at once
-SEATS = 4  # the engine's max_num_seqs here: a's flood queues 20 deep
-
-
-@pytest.fixture(scope="module")
-def small_batch_model() -> Iterator[Any]:
-    from backends.base import ModelSpec
-    from backends.engine import EngineConfig
-    from backends.models import default_model_path
-
-    from gateway.models import load_served_model
-
-    spec = ModelSpec(name=MODEL, path=default_model_path(), dtype="float32")
-    model = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=32 * 1024 * 1024, max_num_seqs=SEATS))
-    yield model
-    model.shutdown()
-
-
-async def _first_token_at(client: httpx.AsyncClient, key: str, max_tokens: int, stamps: dict[str, float],
-                          name: str) -> None:  # fmt: skip
-    """Stream a completion; note when its first token arrived."""
-    body = {"model": MODEL, "prompt": f"Write about {name}.", "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
-    async with client.stream("POST", "/v1/completions", json=body, headers=bearer(key)) as response:
-        assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if line.startswith("data: {") and name not in stamps:
-                stamps[name] = time.monotonic()
+FLOOD = 24  # tenant a's streams, all sent at once (the engine seats SEATS: the flood queues)
 
 
 def test_a_flood_does_not_queue_another_tenants_requests(
-    small_batch_model: Any, tmp_path: Path, make_app: Any
+    small_batch_model: Any, tmp_path: Path, app_for_model: Any
 ) -> None:
-    from conftest import build_app
-
     store = PolicyStore.open(StoreSettings(), tmp_path)
     flooder = store.create_tenant("flooder")
     flood_key = store.create_api_key(flooder.id, "k", "member")[1]
     polite = store.create_tenant("polite")
     polite_key = store.create_api_key(polite.id, "k", "member")[1]
-    server, thread, sock, url = start_uvicorn(build_app(small_batch_model, store, data_dir=str(tmp_path / "app")))
+    server, thread, sock, url = start_uvicorn(app_for_model(small_batch_model, store, data_dir=str(tmp_path / "app")))
     engine = small_batch_model.engine
 
     async def scenario() -> list[tuple[int, int]]:
@@ -132,7 +104,7 @@ def test_a_flood_does_not_queue_another_tenants_requests(
         overtaken: list[tuple[int, int]] = []  # per b request: (a's requests queued when it was sent, of those served first)
         limits = httpx.Limits(max_connections=FLOOD + 4)
         async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-            flood = [asyncio.ensure_future(_first_token_at(client, flood_key, 16, stamps, f"a{i}"))
+            flood = [asyncio.ensure_future(first_token_at(client, flood_key, 16, stamps, f"a{i}"))
                      for i in range(FLOOD)]  # fmt: skip
             deadline = time.monotonic() + 60
             while engine.stats().num_waiting < 2 * SEATS:  # a's flood is queued behind a full batch
@@ -142,7 +114,7 @@ def test_a_flood_does_not_queue_another_tenants_requests(
                 if engine.stats().num_waiting < 2 * SEATS:
                     break  # the flood has mostly been served
                 queued = {f"a{i}" for i in range(FLOOD)} - set(stamps)
-                await _first_token_at(client, polite_key, 2, stamps, f"b{b}")
+                await first_token_at(client, polite_key, 2, stamps, f"b{b}")
                 first = stamps[f"b{b}"]
                 overtaken.append((len(queued), sum(1 for a in queued if a in stamps and stamps[a] < first)))
             await asyncio.gather(*flood)

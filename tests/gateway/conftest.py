@@ -1,0 +1,26 @@
+"""Fixtures shared by the gateway tests beyond the session's (tests/conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from streams import SEATS
+
+
+@pytest.fixture(scope="session")
+def small_batch_model() -> Iterator[Any]:
+    """The default model with a batch of ``SEATS`` sequences, for tests where a flood must queue."""
+    from backends.base import ModelSpec
+    from backends.engine import EngineConfig
+    from backends.models import default_model_path
+
+    from gateway.models import load_served_model
+    from gateway.settings import DEFAULT_MODEL_NAME
+
+    spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype="float32")
+    model = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=32 * 1024 * 1024, max_num_seqs=SEATS))
+    yield model
+    model.shutdown()
