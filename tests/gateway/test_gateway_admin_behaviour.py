@@ -215,7 +215,8 @@ def test_bodies_that_are_not_json_objects_are_400(world: World, content: bytes) 
         "/admin/v1/tenants", content=content, headers={**world.admin, "content-type": "application/json"}
     )
     assert response.status_code == 400, response.text
-    assert error_of(response)["code"] == "invalid_json"
+    # Nesting past the interpreter's recursion limit is refused before the syntax error is found.
+    assert error_of(response)["code"] == ("json_too_deep" if content.startswith(b"[[") else "invalid_json")
 
 
 WEIRD: list[Any] = [
