@@ -12,6 +12,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
     dtype: auto             # default for models that name none: auto | float32 | bfloat16
     max_body_bytes: 4MiB
     max_queued_sequences: 256   # per model; beyond it requests get 503 + Retry-After
+    max_queued_sequences_per_tenant: 128   # per model and tenant; beyond it 429 tenant_queue_full
     input_limits:           # gateway.jsonbody, gateway.slowclients; breaches are 400s naming the field
       json_max_depth: 32    # nesting of arrays and objects
       json_max_integer_digits: 64
@@ -80,6 +81,7 @@ Environment variables (each sets the key beside it):
     INFERFLUX_KV_CACHE_BYTES         engine.kv_cache_bytes
     INFERFLUX_MAX_BODY_BYTES         max_body_bytes
     INFERFLUX_MAX_QUEUED_SEQUENCES   max_queued_sequences
+    INFERFLUX_MAX_QUEUED_SEQUENCES_PER_TENANT   max_queued_sequences_per_tenant
     INFERFLUX_STORE_URL              store.url
     INFERFLUX_STORE_KEY_FILE         store.key_file
     INFERFLUX_STORE_PASSPHRASE       store.passphrase
@@ -413,6 +415,9 @@ class Settings(BaseModel):
     # Per model: a request that would make more sequences wait than this gets
     # 503 with Retry-After instead of joining an ever-longer queue.
     max_queued_sequences: int = Field(default=256, ge=1)
+    # Of those, what one tenant may hold: its flood queues no deeper than this, so the rest of
+    # the queue stays open to the other tenants (the scheduler then shares the batch fairly).
+    max_queued_sequences_per_tenant: int = Field(default=128, ge=1)
     input_limits: InputLimitSettings = Field(default_factory=InputLimitSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: list[ModelEntry] = Field(default_factory=list)
@@ -486,6 +491,7 @@ ENV_KEYS: dict[str, str] = {
     "INFERFLUX_KV_CACHE_BYTES": "engine.kv_cache_bytes",
     "INFERFLUX_MAX_BODY_BYTES": "max_body_bytes",
     "INFERFLUX_MAX_QUEUED_SEQUENCES": "max_queued_sequences",
+    "INFERFLUX_MAX_QUEUED_SEQUENCES_PER_TENANT": "max_queued_sequences_per_tenant",
     "INFERFLUX_STORE_URL": "store.url",
     "INFERFLUX_STORE_KEY_FILE": "store.key_file",
     "INFERFLUX_STORE_PASSPHRASE": "store.passphrase",

@@ -284,6 +284,7 @@ class LLMEngine:
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
+            waiting_per_tenant=dict(self.scheduler.queued),
             num_blocks_used=bm.num_used_blocks,
             num_blocks_free=bm.num_free_blocks,
             num_blocks_total=bm.num_blocks,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class EngineStats:
     num_swap_outs: int = 0  # preemptions that parked KV instead of dropping it, total
     num_swapped_out_blocks: int = 0  # KV blocks written to swap space, total
     num_swapped_in_blocks: int = 0  # KV blocks read back from swap space, total
+    waiting_per_tenant: dict[str | None, int] = field(default_factory=dict)  # of num_waiting, by tenant
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -138,6 +138,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swap_outs = 0
         self.seats: Counter[str | None] = Counter()  # running sequences per tenant (no zero counts)
+        # Waiting sequences per tenant: the gateway reads it from its own thread (one dict lookup,
+        # atomic under the GIL) to keep one tenant from filling the whole queue.
+        self.queued: Counter[str | None] = Counter()
         self._admissions = 0
         self._last_turn: dict[str | None, int] = {}  # tenant -> when it was last admitted (_admissions)
 
@@ -147,6 +150,13 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         bisect.insort(self.waiting, seq, key=_key)
+        self.queued[seq.tenant] += 1
+
+    def _leave_waiting(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        self.queued[seq.tenant] -= 1
+        if not self.queued[seq.tenant]:
+            del self.queued[seq.tenant]
 
     def abort(self, seq: Sequence) -> None:
         """Drop ``seq`` wherever it is and free its blocks."""
@@ -154,7 +164,7 @@ class Scheduler:
             self._leave_running(seq)
             self.block_manager.free(seq)
         elif seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
+            self._leave_waiting(seq)
         elif seq.status is SequenceStatus.SWAPPED:
             self.swapped.remove(seq)
             self.block_manager.free_swap(seq)
@@ -217,7 +227,7 @@ class Scheduler:
                     # a sequence scheduled above was preempted to make room: give back its budget
                     del scheduled[entry.seq.seq_id]
                     budget += entry.num_tokens
-                self.waiting.remove(seq)
+                self._leave_waiting(seq)
                 self.block_manager.allocate(seq)
             self._join_running(seq)
             n = min(seq.num_uncomputed_tokens, budget)

@@ -25,6 +25,7 @@ from gateway.errors import (
     GatewayError,
     InvalidRequest,
     ModelNotFound,
+    RateLimited,
     UnsupportedMediaType,
     error_body,
 )
@@ -188,13 +189,22 @@ def _max_tokens_param(req: ChatCompletionRequest | CompletionRequest) -> str:
 
 
 def _admit(request: Request, plan: Plan) -> None:
-    """Refuse work the engine would only queue behind too much else."""
-    limit: int = request.app.state.settings.max_queued_sequences
-    waiting = plan.served.engine.stats().num_waiting
-    if waiting + len(plan.choices) > limit:
+    """Refuse work the engine would only queue behind too much else, and a tenant's
+    work beyond its share of the queue (its own flood is its own 429, not everyone's 503)."""
+    settings = request.app.state.settings
+    stats = plan.served.engine.stats()
+    if stats.num_waiting + len(plan.choices) > settings.max_queued_sequences:
         raise EngineOverloaded(
-            f"The model {plan.served.name!r} has {waiting} sequences waiting already; retry later",
+            f"The model {plan.served.name!r} has {stats.num_waiting} sequences waiting already; retry later",
             retry_after=1,
+        )
+    mine = stats.waiting_per_tenant.get(principal_of(request).tenant_id, 0)
+    if mine + len(plan.choices) > settings.max_queued_sequences_per_tenant:
+        raise RateLimited(
+            f"Your tenant has {mine} sequences waiting for the model {plan.served.name!r} already, "
+            f"its share of the queue is {settings.max_queued_sequences_per_tenant}; retry later",
+            retry_after=1,
+            code="tenant_queue_full",
         )
 
 

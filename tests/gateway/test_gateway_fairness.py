@@ -129,3 +129,41 @@ def test_a_flood_does_not_queue_another_tenants_requests(
     for queued, served_first in overtaken:
         # FIFO would serve every one of them first; seats freed in b's step may go to some beside b
         assert queued >= 2 * SEATS and served_first < SEATS, overtaken
+
+
+def test_a_tenant_queues_no_deeper_than_its_share(small_batch_model: Any, tmp_path: Path, app_for_model: Any) -> None:
+    """A flood fills its tenant's share of the queue and gets 429 beyond it; the rest stays open to others."""
+    share = 3
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    keys = {}
+    for name in ("flooder", "polite"):
+        keys[name] = store.create_api_key(store.create_tenant(name).id, "k", "member")[1]
+    flooder_id = store.get_tenant_by_name("flooder").id
+    app = app_for_model(small_batch_model, store, data_dir=str(tmp_path / "app"), max_queued_sequences_per_tenant=share)
+    server, thread, sock, url = start_uvicorn(app)
+    engine = small_batch_model.engine
+
+    async def scenario() -> tuple[httpx.Response, dict[str, float]]:
+        stamps: dict[str, float] = {}
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=16)) as client:
+            flood = [asyncio.ensure_future(first_token_at(client, keys["flooder"], 48, stamps, f"a{i}"))
+                     for i in range(SEATS + share)]  # fmt: skip
+            deadline = time.monotonic() + 60
+            while engine.stats().waiting_per_tenant.get(flooder_id, 0) < share:
+                assert time.monotonic() < deadline, "the flood never filled its share"
+                await asyncio.sleep(0.01)
+            body = {"model": MODEL, "prompt": "one more", "max_tokens": 1}
+            refused = await client.post("/v1/completions", json=body, headers=bearer(keys["flooder"]))
+            await first_token_at(client, keys["polite"], 1, stamps, "b")  # asserts its 200
+            await asyncio.gather(*flood)
+        return refused, stamps
+
+    try:
+        refused, stamps = asyncio.run(scenario())
+    finally:
+        stop_uvicorn(server, thread, sock)
+        store.close()
+    assert refused.status_code == 429, refused.text
+    assert error_of(refused)["code"] == "tenant_queue_full"
+    assert refused.headers["retry-after"] == "1"
+    assert len(stamps) == SEATS + share + 1  # every admitted stream, and the other tenant's, was served

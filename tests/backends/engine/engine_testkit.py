@@ -298,6 +298,8 @@ def check_scheduler_invariants(sched: Scheduler, seqs) -> None:
         raise AssertionError("more running sequences than max_num_seqs")
     if sched.seats != Counter(s.tenant for s in running):
         raise AssertionError(f"seats per tenant {dict(sched.seats)} do not count the running sequences")
+    if sched.queued != Counter(s.tenant for s in waiting):
+        raise AssertionError(f"queued per tenant {dict(sched.queued)} do not count the waiting sequences")
     for lst in (running, waiting, swapped):
         keys = [s.sort_key for s in lst]
         if keys != sorted(keys):
