@@ -109,6 +109,15 @@ class StoreUnavailable(PolicyError):
         super().__init__(message, code=code, headers={"retry-after": str(retry_after)})
 
 
+class PolicyUnusable(PolicyError):
+    """503: a stored policy cannot be used (written by an older version, or edited in the database),
+    so the requests it governs are refused (fail closed); the message names the policy and its id."""
+
+    status_code = 503
+    error_type = "server_error"
+    default_code = "policy_unusable"
+
+
 class StoreConfigError(Exception):
     """The store cannot be opened as configured (wrong or missing key, bad URL).
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from policy.errors import PermissionDenied, PolicyError
+from policy.errors import PermissionDenied, PolicyError, PolicyUnusable
 
 if TYPE_CHECKING:
     from policy.guardrails.findings import Finding
@@ -60,10 +60,5 @@ class PolicyEngineUnavailable(PolicyError):
     default_code = "policy_engine_unavailable"
 
 
-class GuardrailMisconfigured(PolicyError):
-    """503: a stored guardrail policy cannot be used (written by an older version, or edited in the database),
-    so its tenant's requests are refused (fail closed); the message names the policy and its id."""
-
-    status_code = 503
-    error_type = "server_error"
-    default_code = "policy_unusable"
+class GuardrailMisconfigured(PolicyUnusable):
+    """503: a stored guardrail policy cannot be used, so its tenant's requests are refused."""

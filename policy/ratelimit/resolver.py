@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from policy.bounded import remember
-from policy.errors import StoreUnavailable, ValidationFailed
+from policy.errors import PolicyUnusable, StoreUnavailable, ValidationFailed
 from policy.ratelimit.spec import (
     KINDS,
     LIMIT_FIELDS,
@@ -149,8 +149,11 @@ def _resolve_scheduling(levels: Sequence[Sequence[Mapping[str, int | float]]]) -
 class TenantLimits:
     """One tenant's policies (its own and the global ones), compiled for quick lookups."""
 
-    def __init__(self, tenant: Iterable[LimitPolicy], global_: Iterable[LimitPolicy]) -> None:
+    def __init__(
+        self, tenant: Iterable[LimitPolicy], global_: Iterable[LimitPolicy], unusable: str | None = None
+    ) -> None:
         tenant, global_ = list(tenant), list(global_)
+        self.unusable = unusable  # why a stored policy of this tenant's view cannot be used, if one cannot
         own = [p for p in tenant if p.scope == "tenant"]
         self.tenant = _resolve([[p.limits for p in own], [p.limits for p in global_]])
         self._defaults = [[p.per_key for p in own], [p.per_key for p in global_]]
@@ -163,6 +166,8 @@ class TenantLimits:
         self._subjects: dict[frozenset[str], EffectiveLimits] = {}
 
     def for_subject(self, ids: frozenset[str]) -> EffectiveLimits:
+        if self.unusable is not None:
+            raise PolicyUnusable(self.unusable)
         found = self._subjects.get(ids)
         if found is None:
             own = [policy for name in ids for policy in self._by_principal.get(name, ())]
@@ -175,21 +180,28 @@ class TenantLimits:
 def compile_policies(records: Iterable[PolicyRecord], tenant_id: str) -> TenantLimits:
     """Compile ``tenant_id``'s view of ``records`` (others' records are ignored).
 
-    A stored spec that does not validate (written around the admin API) is
-    skipped with an error in the log rather than failing every request.
+    A stored spec that does not validate (written around the admin API, or by an
+    older version) fails closed: the tenant's requests are refused with 503
+    ``policy_unusable`` naming it, rather than running without the limit it was
+    meant to set, until an admin fixes or deletes it (the admin API still lists it).
     """
     tenant: list[LimitPolicy] = []
     global_: list[LimitPolicy] = []
+    unusable: str | None = None
     for record in records:
         if not record.enabled or record.kind not in KINDS or record.tenant_id not in (tenant_id, None):
             continue
         try:
             policy = parse_spec(record.kind, record.spec, is_global=record.tenant_id is None)
         except ValidationFailed as exc:
-            log.error("ignoring %s policy %s (%s): %s", record.kind, record.id, record.name, exc.message)
+            log.error("cannot use %s policy %s (%s): %s", record.kind, record.id, record.name, exc.message)
+            unusable = unusable or (
+                f"The {record.kind} policy {record.name!r} ({record.id}) cannot be used: {exc.message}; "
+                "an admin must fix or delete it"
+            )
             continue
         (global_ if record.tenant_id is None else tenant).append(policy)
-    return TenantLimits(tenant, global_)
+    return TenantLimits(tenant, global_, unusable)
 
 
 def effective_limits(records: Iterable[PolicyRecord], principal: Principal) -> EffectiveLimits:

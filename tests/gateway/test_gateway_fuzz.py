@@ -43,7 +43,7 @@ ROLES = ("platform-admin", "tenant-admin", "member", "viewer")
 # $INFERFLUX_FUZZ_SCALE (default 1) multiplies the examples: 0.05 for a quick look, 10 for a long hunt.
 SCALE = float(os.environ.get("INFERFLUX_FUZZ_SCALE", "1"))
 SCHEMA_EXAMPLES = max(1, round(40 * SCALE))  # per operation; 51 operations
-BODY_EXAMPLES = max(1, round(3000 * SCALE))  # hostile bodies over every operation that reads one
+BODY_EXAMPLES = max(1, round(3400 * SCALE))  # hostile bodies over every operation that reads one (also the margin over MIN_CASES)
 GENERATION_EXAMPLES = max(1, round(200 * SCALE))  # hostile generation requests (the model runs)
 MIN_CASES = round(5000 * min(SCALE, 1))
 

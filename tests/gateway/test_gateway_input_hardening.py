@@ -243,6 +243,35 @@ def test_a_stored_policy_that_cannot_be_used_is_a_503_and_stays_manageable(world
     assert chat_status(world, world.member).status_code == 200
 
 
+async def _refresh_limits(world: World) -> None:
+    await world.app.state.limiter.limits.refresh(force=True)  # as a replica would at its next poll
+
+
+def test_a_stored_limit_that_cannot_be_used_fails_closed_and_stays_manageable(world: World) -> None:
+    client, acme = world.client, world.acme
+    made = client.post(f"/admin/v1/tenants/{acme.id}/policies", headers=world.admin,
+                       json={"kind": "rate_limit", "name": "legacy", "spec": {"requests_per_minute": 10**6}})  # fmt: skip
+    assert made.status_code == 201, made.text
+    policy_id = made.json()["id"]
+    with world.store.engine.begin() as connection:
+        connection.execute(text("UPDATE policies SET spec = :spec WHERE id = :id"),
+                           {"spec": '{"requests_per_minute": -3}', "id": policy_id})  # fmt: skip
+    world.client.portal.call(_refresh_limits, world)
+
+    refused = chat_status(world, world.member)
+    assert refused.status_code == 503, refused.text  # not served without the limit it was meant to set
+    error = error_of(refused)
+    assert error["code"] == "policy_unusable" and policy_id in error["message"], error
+    assert chat_status(world, world.other_member).status_code == 200  # another tenant is not affected
+
+    one = f"/admin/v1/tenants/{acme.id}/policies/{policy_id}"
+    for headers in (world.acme_admin, world.admin):
+        assert client.get(one, headers=headers).status_code == 200
+    assert client.delete(one, headers=world.admin).status_code == 204
+    world.client.portal.call(_refresh_limits, world)
+    assert chat_status(world, world.member).status_code == 200
+
+
 # -- stop sequences -------------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from policy.ratelimit import DEFAULT_SCHEDULING, EffectiveLimits, Limits, PolicyResolver, Scheduling, effective_limits
+from policy.errors import PolicyUnusable
 
 from ratelimit_helpers import PrincipalFactory
 from policy.store import PolicyRecord, PolicyStore
@@ -110,17 +111,23 @@ def test_the_strictest_of_one_level_wins_and_nothing_means_unlimited(make_princi
     assert effective_limits([], make_principal()).unlimited
 
 
-def test_an_invalid_stored_spec_is_skipped_and_logged(
+def test_an_invalid_stored_spec_fails_closed_naming_it(
     make_principal: PrincipalFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Written around the admin API (or by an older version): running without the limit it was
+    # meant to set would fail open, so the tenant's requests are refused until an admin fixes it.
     records = [
         record("ten_a", "rate_limit", {"requests_per_minut": 5}, name="typo"),
         record("ten_a", "quota", {"period": "day", "tokens": 9}),
     ]
     with caplog.at_level(logging.ERROR, logger="inferflux.policy.ratelimit"):
-        limits = effective_limits(records, make_principal())
-    assert limits.tenant == Limits(tokens_per_day=9)
-    assert "pol_typo" in caplog.text and "requests_per_minut" in caplog.text
+        with pytest.raises(PolicyUnusable) as refused:
+            effective_limits(records, make_principal())
+    assert refused.value.status_code == 503 and refused.value.code == "policy_unusable"
+    assert "pol_typo" in refused.value.message and "requests_per_minut" in refused.value.message
+    assert "pol_typo" in caplog.text
+    other_tenant = effective_limits(records, make_principal("ten_b", "key_9"))
+    assert other_tenant.unlimited  # another tenant's broken policy is not its problem
 
 
 class Ticks:
