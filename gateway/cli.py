@@ -177,6 +177,7 @@ def _announce_admin_key(key: str) -> None:
 
 # -- the policy store -----------------------------------------------------------
 
+
 def _audit_checkpoint(args: argparse.Namespace, chain_id: str) -> tuple[Any, Any]:
     """``audit verify --checkpoints``: the latest signed checkpoint of ``chain_id`` in the configured store,
     and the signer (its key derived from the store's secret) that checks it. OSError if the store cannot be read."""
@@ -196,6 +197,7 @@ def _audit_checkpoint(args: argparse.Namespace, chain_id: str) -> tuple[Any, Any
             store.close()
     except (ConfigError, StoreConfigError, SQLAlchemyError, PolicyError) as exc:
         raise OSError(f"the policy store: {getattr(exc, 'orig', None) or exc}") from None
+
 
 
 def _store_command(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

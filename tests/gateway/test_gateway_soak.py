@@ -20,10 +20,15 @@ from policy.authn.apikeys import generate_key
 STREAMS = 36  # per storm
 STORMS = 4  # after the warm-up
 MiB = 1024 * 1024
-# Storm to storm the RSS of a warm gateway moves by well under 1 MiB
-# (docs/benchmarks.md); a leak of 16 KiB per aborted stream would add 1 MiB
-# per storm, 3 MiB over the measured storms. About 40 s on two idle cores.
-MAX_GROWTH = 3 * MiB
+# A warm gateway's RSS still creeps up by 0.3-1.8 MiB a storm for several storms
+# (thread stacks come and go, the allocator settles) before it levels off: 10
+# storms measured 1100.9, 1101.9, 1103.7, 1104.0, 1104.3, 1106.0, 1106.5, 1106.5,
+# 1105.0 MiB. The leak issue 24 found, ~0.1 MiB per aborted stream, adds ~3.5 MiB
+# every storm here: 14 MiB over the measured storms, and never a small step. So:
+# at most 6 MiB over the measured storms, and not every step over 1 MiB. About 15 s
+# on two idle cores.
+MAX_GROWTH = 6 * MiB
+LEAK_STEP = 1 * MiB
 
 
 def test_rss_levels_off_under_storms_of_abandoned_streams(tmp_path: Path) -> None:
@@ -41,7 +46,7 @@ def test_rss_levels_off_under_storms_of_abandoned_streams(tmp_path: Path) -> Non
         assert answered >= STREAMS, f"too few streams were answered to measure anything: {answered}"
         growth = rss[-1] - rss[1]  # the first storm warms up (threads, caches, the allocator's arenas)
         steps = [b - a for a, b in zip(rss[1:], rss[2:], strict=False)]
-        assert growth < MAX_GROWTH and not all(step > MiB // 4 for step in steps), (
+        assert growth < MAX_GROWTH and not all(step > LEAK_STEP for step in steps), (
             f"RSS after each storm (MiB): {[round(r / MiB, 1) for r in rss]}"
         )
     finally:
