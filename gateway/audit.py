@@ -41,7 +41,7 @@ from gateway.errors import render_error
 from gateway.log_redaction import redact
 from gateway.metrics import _KNOWN_METHODS, CLIENT_CLOSED_STATUS, route_template
 from gateway.streaming import sse_error_end
-from policy.audit import AuditEvent, AuditUnavailable, Finding, api_event
+from policy.audit import AuditEvent, AuditUnavailable, Finding, admin_event, api_event
 from policy.authn.apikeys import parse_key
 
 log = logging.getLogger(__name__)
@@ -264,3 +264,42 @@ def _claim(claims: dict[str, Any], name: str) -> str:
 def _client(scope: Scope) -> str:
     client = scope.get("client")
     return str(client[0])[:64] if client else "unknown"
+
+
+# -- admin changes: the attempt before the change -------------------------------------------
+
+CHANGE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def changes_admin_state(request: Any) -> bool:
+    return request.method in CHANGE_METHODS and request.url.path.startswith("/admin/")
+
+
+async def record_attempt(request: Any, principal: Any) -> None:
+    """Put an authorised admin change's attempt on the trail before the change is made.
+
+    The change's own event (``gateway.routes.admin._audit``) can only be written after
+    the change, so a spool that fails in between would leave a change nobody audited.
+    With its attempt written first, a change and a record of it go together or neither
+    happens: a spool that cannot take the attempt refuses the change (503, nothing
+    changed), and one that fails afterwards still holds the attempt, which names the
+    caller, the route and the request id of the change it could not record.
+    """
+    ctx = get_context(request)
+    event = admin_event(
+        principal=principal.subject,
+        action="attempt",
+        target_kind="route",
+        # The tenant whose state it would change, as its outcome's event names it; else the caller's.
+        tenant_id=request.path_params.get("tenant_id") or principal.tenant_id,
+        key_id=principal.key_id,
+        request_id=ctx.request_id,
+        route=f"{request.method} {route_template(request.scope)}",
+    )
+    try:
+        await request.app.state.audit_trail.record(event)
+    except AuditUnavailable as exc:
+        raise AuditUnavailable(
+            f"Nothing was changed: the audit trail cannot record the change ({exc.message}); retry shortly",
+            headers={"retry-after": "1"},
+        ) from None

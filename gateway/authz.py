@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.context import get_context
+from gateway.audit import changes_admin_state, record_attempt
 from policy.errors import AuthenticationError, NotFound
 from policy.rbac import Principal, Scope
 
@@ -63,6 +64,8 @@ def requires(scope: Scope) -> Callable[[Endpoint], Endpoint]:
             refuse_outside_tenant(request, principal)
             refuse_platform_route(request, principal, scope)
             principal.require(scope)
+            if changes_admin_state(request):
+                await record_attempt(request, principal)
             return await endpoint(request)
 
         setattr(guarded, SCOPE_ATTR, scope)

@@ -274,8 +274,9 @@ async def _audit(
     this one drops its cached decisions (authentication, limits, guardrails)
     at once, so a client that revoked a key or lowered a limit here never
     finds the old state still in force here. The event is durable (fsynced)
-    when this returns; a trail that cannot take it answers 503, saying that
-    the change was made but is not on record (and the log says which).
+    when this returns. Its attempt is already on the trail (``gateway.audit.record_attempt``,
+    before the change); a trail that fails in between answers 503, saying that the
+    change was made and only its attempt is on record (and the log says which).
     """
     state = request.app.state
     await state.authenticator.refresh(force=True)
@@ -300,7 +301,8 @@ async def _audit(
         log.error("admin change %s of %s %s by %s made but not audited: %s",
                   action, kind, target, principal.subject, exc.message)  # fmt: skip
         raise AuditUnavailable(
-            f"The change was made, but the audit trail could not record it ({exc.message}); tell an operator"
+            f"The change was made and its attempt is on the audit trail (request {event.request_id}), but not its "
+            f"outcome ({exc.message}); tell an operator"
         ) from None
 
 

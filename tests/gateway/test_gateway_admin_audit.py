@@ -88,8 +88,13 @@ def test_admin_actions_are_on_the_trail_and_the_chain_verifies(world: World) -> 
 
     request_ids = [r.headers["x-request-id"] for r in responses]
     events = wait_indexed(world.app, lambda es: set(request_ids) <= {e["request_id"] for e in es})
-    ours = sorted((e for e in events if e["request_id"] in request_ids),
+    ours = sorted((e for e in events if e["request_id"] in request_ids and e["action"] != "attempt"),
                   key=lambda e: request_ids.index(e["request_id"]))  # fmt: skip
+    # Each change's attempt went on the trail before the change (gateway.audit.record_attempt).
+    attempts = [e for e in events if e["request_id"] in request_ids and e["action"] == "attempt"]
+    assert sorted(e["request_id"] for e in attempts) == sorted(request_ids)
+    assert [e["principal"] for e in sorted(attempts, key=lambda e: request_ids.index(e["request_id"]))] == [
+        world.acme_admin_subject, world.acme_admin_subject, world.admin_subject, world.admin_subject]
     assert [(e["action"], e["tenant_id"], e["principal"], e["target_id"]) for e in ours] == [
         ("key.create", acme.id, world.acme_admin_subject, created.json()["id"]),
         ("key.revoke", acme.id, world.acme_admin_subject, created.json()["id"]),
@@ -300,6 +305,10 @@ def test_the_stream_delivers_events_caused_after_subscribing(world: World, live:
                           headers=world.acme_admin)  # fmt: skip
         assert theirs.status_code == ours.status_code == 201
         got = read_events(lines, lambda record: record["event"]["target_id"] == ours.json()["id"])
+    attempts = [record["event"] for _, record in got if record["event"]["action"] == "attempt"]
+    if who == "tenant-admin":  # globex's admin's attempt, like its change, is not in acme's scope
+        assert [e["tenant_id"] for e in attempts] == [acme.id], attempts
+    got = [(name, record) for name, record in got if record["event"]["action"] != "attempt"]
     names = {name for name, _ in got}
     assert names == {"audit"}
     targets = [record["event"]["target_id"] for _, record in got]
@@ -347,3 +356,41 @@ def test_a_change_the_trail_cannot_record_is_refused_before_it_is_made(
         assert error_of(response)["code"] == "audit_unavailable"
         assert response.headers["retry-after"]
     assert not any(k.name == "unaudited" for k in world.store.list_api_keys(world.acme.id, limit=200).items)
+
+
+def spooled_events(data_dir: Path) -> list[dict[str, Any]]:
+    """Every event in the spool segments under ``data_dir`` (the audit trail's own files)."""
+    events = []
+    for path in sorted(data_dir.rglob("*")):
+        if path.is_file() and path.suffix in (".log", ".jsonl", ""):
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("{") and '"event"' in line:
+                    events.append(json.loads(line)["event"])
+    return events
+
+
+def test_a_change_the_trail_fails_to_record_afterwards_still_has_its_attempt_on_record(
+    world: World, make_app: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The spool's disk fails between the change and its event (injected at the store call):
+    # the change is made, and the attempt written before it names the caller and the request.
+    app = make_app(world.store, data_dir=tmp_path)
+    create = world.store.create_api_key
+
+    def create_then_the_disk_fails(*args: Any, **kwargs: Any) -> Any:
+        made = create(*args, **kwargs)
+        app.state.audit_trail.spool.close()
+        return made
+
+    monkeypatch.setattr(world.store, "create_api_key", create_then_the_disk_fails)
+    with TestClient(app) as client:
+        response = client.post(f"/admin/v1/tenants/{world.acme.id}/keys", json={"name": "half", "role": "viewer"},
+                               headers=world.acme_admin)  # fmt: skip
+    assert response.status_code == 503, response.text
+    assert "attempt is on the audit trail" in error_of(response)["message"]
+    assert any(k.name == "half" for k in world.store.list_api_keys(world.acme.id, limit=200).items)
+    request_id = response.headers["x-request-id"]
+    attempts = [e for e in spooled_events(tmp_path) if e.get("action") == "attempt" and e.get("request_id") == request_id]
+    assert len(attempts) == 1, spooled_events(tmp_path)
+    assert attempts[0]["principal"] == world.acme_admin_subject
+    assert attempts[0]["route"] == "POST /admin/v1/tenants/{tenant_id}/keys"

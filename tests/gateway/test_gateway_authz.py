@@ -619,7 +619,10 @@ def test_another_tenants_objects_answer_like_missing_ones(world: World) -> None:
     assert store.policy_version() == version_before
     spool = world.app.state.audit_trail.spool
     records = [json.loads(line) for path in spool.segment_paths() for line in path.read_bytes().splitlines()]
-    since = [r["event"] for r in records if r["seq"] >= audited_before and r["event"]["kind"] != "checkpoint"]
+    # (An attempt, written before a change that a handler then refuses, records no change: see gateway.audit.
+    # A count of repeated refusals may be flushed now for refusals made before this test: not ours either.)
+    since = [r["event"] for r in records if r["seq"] >= audited_before and r["event"]["kind"] != "checkpoint"
+             and r["event"].get("action") != "attempt" and not (r["event"].get("detail") or {}).get("aggregated")]
     assert since and all(e["decision"] == "deny" and e["status"] in (403, 404) for e in since), since
     assert store.get_policy(world.globex.id, policy.id).enabled is True
     assert store.get_policy(world.globex.id, guardrail.id).enabled is True
