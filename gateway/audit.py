@@ -275,6 +275,17 @@ def changes_admin_state(request: Any) -> bool:
     return request.method in CHANGE_METHODS and request.url.path.startswith("/admin/")
 
 
+def _attempted_tenant(request: Any, principal: Any) -> str:
+    """The tenant whose state the change would touch, as its outcome's event names it; else the caller's.
+
+    Only a path value that can be a tenant id: a platform admin may send any text there (the
+    route answers 404 for it), and the attempt must be recordable whatever was sent."""
+    named = request.path_params.get("tenant_id")
+    if isinstance(named, str) and 1 <= len(named) <= 64 and named.isascii() and named.isprintable():
+        return named
+    return str(principal.tenant_id)
+
+
 async def record_attempt(request: Any, principal: Any) -> None:
     """Put an authorised admin change's attempt on the trail before the change is made.
 
@@ -290,8 +301,7 @@ async def record_attempt(request: Any, principal: Any) -> None:
         principal=principal.subject,
         action="attempt",
         target_kind="route",
-        # The tenant whose state it would change, as its outcome's event names it; else the caller's.
-        tenant_id=request.path_params.get("tenant_id") or principal.tenant_id,
+        tenant_id=_attempted_tenant(request, principal),
         key_id=principal.key_id,
         request_id=ctx.request_id,
         route=f"{request.method} {route_template(request.scope)}",
