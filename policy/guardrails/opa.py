@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from policy.errors import ValidationFailed
@@ -49,8 +49,11 @@ from policy.guardrails.errors import PolicyDenied, PolicyEngineUnavailable
 from policy.guardrails.findings import Finding
 from policy.guardrails.opa_cache import DecisionCache, cacheable_fields
 from policy.guardrails.rego_input import expressions, query, rego_input
-from policy.guardrails.spec import OpaSettings
 from policy.rbac import Principal
+
+if TYPE_CHECKING:
+    # A type only: spec imports this module to compile a policy's Rego when it is written.
+    from policy.guardrails.spec import OpaSettings
 
 log = logging.getLogger("inferflux.guardrails.opa")
 
