@@ -1,59 +1,41 @@
-"""Vectorised numpy dequantisation of ggml tensor types.
+"""Dequantisation of ggml tensor types: the ``gguf`` package's dequantisers, and ours where faster.
+
+``gguf.quants.dequantize`` (the package that also reads the file) decodes every type we
+accept. For some types a vectorised kernel of ours below is kept because it is faster:
+``benchmarks/bench_dequant.py`` times each one against gguf's in the same process, and a
+kernel stays only for a type where it wins (numbers in docs/benchmarks.md, "Dequantisation").
+The tests check every path, ours and gguf's, against gguf's decoding bit for bit.
 
 Block layouts follow ggml (``ggml-common.h``); every block starts or ends with float16
-scales, and weights are little-endian. Each kernel turns a 2-D ``uint8`` array of whole
-blocks into float32 values, block by block, writing into a preallocated output.
-
-Work is done in chunks of blocks so the temporaries of one chunk stay in cache: on a
-memory-bound box that is what keeps the whole 135M default model under a second.
+scales, and weights are little-endian. Our kernels turn a 2-D ``uint8`` array of whole
+blocks into float32 values, block by block, writing into a preallocated output, in chunks
+of blocks so the temporaries of one chunk stay in cache: on a memory-bound box that is
+what keeps the whole 135M default model under a second.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Callable
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
 
+QType = GGMLQuantizationType
 
-class GGMLType(IntEnum):
-    """ggml tensor type ids, as stored in a GGUF tensor header."""
-
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    BF16 = 30
-
-
-QK_K = 256  # elements in a k-quant super-block
-
-# type -> (elements per block, bytes per block)
-BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
-    GGMLType.F32: (1, 4),
-    GGMLType.F16: (1, 2),
-    GGMLType.BF16: (1, 2),
-    GGMLType.Q4_0: (32, 2 + 16),
-    GGMLType.Q4_1: (32, 2 + 2 + 16),
-    GGMLType.Q5_0: (32, 2 + 4 + 16),
-    GGMLType.Q5_1: (32, 2 + 2 + 4 + 16),
-    GGMLType.Q8_0: (32, 2 + 32),
-    GGMLType.Q4_K: (QK_K, 2 + 2 + 12 + QK_K // 2),
-    GGMLType.Q5_K: (QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
-    GGMLType.Q6_K: (QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
-}
+# The types a model may be stored in: the ones the tests cover. gguf decodes more (Q2_K,
+# Q3_K, the IQ types, ...); adding one here takes a test case and nothing else.
+SUPPORTED_TYPES: frozenset[QType] = frozenset({
+    QType.F32, QType.F16, QType.BF16,
+    QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q5_1, QType.Q8_0,
+    QType.Q4_K, QType.Q5_K, QType.Q6_K,
+})
 
 _CHUNK_ELEMENTS = 1 << 16  # 256 KiB of float32 output per chunk
 
 
 class UnsupportedQuantType(ValueError):
-    """The tensor is stored in a ggml type we have no dequantiser for."""
+    """The tensor is stored in a ggml type we do not load."""
 
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
@@ -172,38 +154,47 @@ def _q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     np.multiply(q.reshape(n, 16, 16), scale[:, :, None], out=out.reshape(n, 16, 16))
 
 
-_KERNELS: dict[GGMLType, Callable[[np.ndarray, np.ndarray], None]] = {
-    GGMLType.Q4_0: _q4_0,
-    GGMLType.Q4_1: _q4_1,
-    GGMLType.Q5_0: _q5_0,
-    GGMLType.Q5_1: _q5_1,
-    GGMLType.Q8_0: _q8_0,
-    GGMLType.Q4_K: _q4_k,
-    GGMLType.Q5_K: _q5_k,
-    GGMLType.Q6_K: _q6_k,
+def _bf16(blocks: np.ndarray, out: np.ndarray) -> None:
+    # bfloat16 is the top half of a float32, so widening is exact.
+    wide = blocks.view(np.uint16).astype(np.uint32)
+    wide <<= 16
+    out[...] = wide.view(np.float32)
+
+
+# Our kernels, by type: each one is here because bench_dequant.py measured it faster than
+# gguf's for its type (docs/benchmarks.md, "Dequantisation").
+OWN_PATHS: dict[QType, Callable[[np.ndarray, np.ndarray], None]] = {
+    QType.BF16: _bf16,
+    QType.Q4_0: _q4_0,
+    QType.Q4_1: _q4_1,
+    QType.Q5_0: _q5_0,
+    QType.Q5_1: _q5_1,
+    QType.Q8_0: _q8_0,
+    QType.Q4_K: _q4_k,
+    QType.Q5_K: _q5_k,
+    QType.Q6_K: _q6_k,
 }
 
-SUPPORTED_TYPES: frozenset[GGMLType] = frozenset(BLOCK_SIZES)
 
-
-def ggml_type(type_id: int) -> GGMLType:
-    """The ``GGMLType`` for a raw id, or ``UnsupportedQuantType`` naming it."""
+def ggml_type(type_id: int) -> QType:
+    """The ``GGMLQuantizationType`` for a raw id, or ``UnsupportedQuantType`` naming it."""
     try:
-        return GGMLType(int(type_id))
+        qtype = QType(int(type_id))
     except ValueError:
-        try:  # name it if gguf knows it, for a friendlier message
-            from gguf import GGMLQuantizationType
-
-            name = GGMLQuantizationType(int(type_id)).name
-        except (ImportError, ValueError):
-            name = f"type id {int(type_id)}"
-        supported = ", ".join(t.name for t in BLOCK_SIZES)
-        raise UnsupportedQuantType(f"ggml tensor type {name} is not supported (supported: {supported})") from None
+        raise UnsupportedQuantType(_unsupported(f"type id {int(type_id)}")) from None
+    if qtype not in SUPPORTED_TYPES:
+        raise UnsupportedQuantType(_unsupported(qtype.name))
+    return qtype
 
 
-def nbytes(qtype: GGMLType, n_elements: int) -> int:
+def _unsupported(name: str) -> str:
+    supported = ", ".join(t.name for t in sorted(SUPPORTED_TYPES))
+    return f"ggml tensor type {name} is not supported (supported: {supported})"
+
+
+def nbytes(qtype: QType, n_elements: int) -> int:
     """Bytes ``n_elements`` of ``qtype`` take; ``n_elements`` must be whole blocks."""
-    block_elems, block_bytes = BLOCK_SIZES[qtype]
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
     if n_elements % block_elems:
         raise ValueError(f"{n_elements} elements is not a whole number of {qtype.name} blocks of {block_elems}")
     return n_elements // block_elems * block_bytes
@@ -222,21 +213,22 @@ def dequantize(raw: np.ndarray, qtype: int, shape: tuple[int, ...], *, keep_f16:
     expected = nbytes(qtype, n_elements)
     if data.size != expected:
         raise ValueError(f"{qtype.name} tensor of shape {shape} needs {expected} bytes, got {data.size}")
-    if qtype == GGMLType.F32:
-        return data.view(np.float32).reshape(shape).copy()
-    if qtype == GGMLType.F16:
-        half = data.view(np.float16).reshape(shape)
-        return half.copy() if keep_f16 else half.astype(np.float32)
-    if qtype == GGMLType.BF16:
-        # bfloat16 is the top half of a float32, so widening is exact.
-        wide = data.view(np.uint16).astype(np.uint32)
-        wide <<= 16
-        return wide.view(np.float32).reshape(shape)
-
-    block_elems, block_bytes = BLOCK_SIZES[qtype]
+    if qtype == QType.F16 and keep_f16:
+        return data.view(np.float16).reshape(shape).copy()
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    kernel = OWN_PATHS.get(qtype)
+    if kernel is None:
+        if n_elements == 0:  # no rows to hand gguf
+            return np.empty(shape, dtype=np.float32)
+        # gguf works through a tensor in groups of rows, so it gets the tensor's rows.
+        row_elems = shape[-1] if shape and shape[-1] % block_elems == 0 else n_elements
+        rows = data.reshape(-1, row_elems // block_elems * block_bytes)
+        values = np.asarray(gguf_dequantize(rows, qtype), dtype=np.float32)
+        if np.may_share_memory(values, data):  # gguf hands F32 back as a view of its input
+            values = values.copy()
+        return values.reshape(shape)
     blocks = data.reshape(-1, block_bytes)
     out = np.empty((blocks.shape[0], block_elems), dtype=np.float32)
-    kernel = _KERNELS[qtype]
     step = max(1, _CHUNK_ELEMENTS // block_elems)
     for start in range(0, blocks.shape[0], step):
         kernel(blocks[start : start + step], out[start : start + step])
