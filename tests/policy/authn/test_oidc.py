@@ -209,6 +209,18 @@ async def test_leeway_accepts_token_expired_moments_ago(
         await strict.aclose()
 
 
+async def test_time_claim_boundaries(idp: LoopbackIdP, verifier: OidcVerifier, clock: FakeClock) -> None:
+    # "exp" is the moment on or after which a token is refused (RFC 7519 4.1.4), "nbf" and "iat"
+    # may be at most the leeway (30 s) ahead; joserfc's registry reads "exp" so from 1.8 on.
+    clock.now = 1_700_000_000.0
+    now = 1_700_000_000
+    await rejected(verifier, idp.mint(idp.claims(now - 300, exp=now - 30), kid=RSA_KID), "token_expired")
+    await verifier.verify(idp.mint(idp.claims(now - 300, exp=now - 29), kid=RSA_KID))
+    await verifier.verify(idp.mint(idp.claims(now, nbf=now + 30, iat=now + 30), kid=RSA_KID))
+    await rejected(verifier, idp.mint(idp.claims(now, nbf=now + 31), kid=RSA_KID), "token_not_yet_valid")
+    await rejected(verifier, idp.mint(idp.claims(now, iat=now + 31), kid=RSA_KID), "token_issued_in_future")
+
+
 async def test_expiry_follows_the_clock(idp: LoopbackIdP, verifier: OidcVerifier, clock: FakeClock) -> None:
     token = idp.mint(idp.claims(clock.now), kid=RSA_KID)  # exp = now + 300
     await verifier.verify(token)
@@ -230,6 +242,26 @@ async def test_issued_in_the_future(idp: LoopbackIdP, verifier: OidcVerifier, cl
 
 async def test_non_numeric_time_claim(idp: LoopbackIdP, verifier: OidcVerifier, clock: FakeClock) -> None:
     await rejected(verifier, idp.mint(idp.claims(clock.now, exp="tomorrow"), kid=RSA_KID), "invalid_claim")
+    await rejected(verifier, idp.mint(idp.claims(clock.now, nbf=True), kid=RSA_KID), "invalid_claim")
+
+
+@pytest.mark.parametrize("claim", ["exp", "nbf", "iat"])
+async def test_time_claim_too_large_for_a_float_is_refused(
+    idp: LoopbackIdP, verifier: OidcVerifier, clock: FakeClock, claim: str
+) -> None:
+    # A JSON integer of 400 digits is a number, but no time: refused, not an OverflowError (a 500).
+    await rejected(verifier, idp.mint(idp.claims(clock.now, **{claim: 10**400}), kid=RSA_KID), "invalid_claim")
+
+
+async def test_claims_are_judged_in_a_fixed_order(idp: LoopbackIdP, verifier: OidcVerifier, clock: FakeClock) -> None:
+    # Whatever order the IdP writes them in: issuer, audience, subject, exp, nbf, iat.
+    late = int(clock.now) + 120
+    await rejected(verifier, idp.mint({**idp.claims(clock.now, iat=late, nbf=late, sub=""), "aud": "x"},
+                                      kid=RSA_KID), "invalid_audience")
+    await rejected(verifier, idp.mint(idp.claims(clock.now, iat=late, nbf=late, exp="x"), kid=RSA_KID), "invalid_claim")
+    await rejected(verifier, idp.mint(idp.claims(clock.now, iat=late, nbf=late), kid=RSA_KID), "token_not_yet_valid")
+    # Registered claims this service does not use are not judged.
+    assert (await verifier.verify(idp.mint(idp.claims(clock.now, jti=5), kid=RSA_KID))).subject == "user-1"
 
 
 # -- issuer and audience ------------------------------------------------------------
