@@ -45,6 +45,10 @@ from typing import Any, Callable
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from policy.fileio import write_atomically  # noqa: E402
+
 DEFAULT_LLAMA_SERVER = Path(
     os.environ.get("INFERFLUX_CACHE", str(Path.home() / ".cache" / "inferflux"))
 ) / "llama.cpp" / "build" / "bin" / "llama-server"
@@ -980,11 +984,9 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarize(results, levels, list(labels))
         report = method_text(meta) + "\n\n" + markdown_table(summary, levels, labels) + "\n"
         if args.json:  # also written after every level, so a killed run keeps what it measured
-            tmp = args.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"meta": meta, "summary": summary, "runs": results, "discarded": discarded,
-                           "markdown": report, "complete": final}, f, indent=2, default=str)
-            os.replace(tmp, args.json)
+            document = {"meta": meta, "summary": summary, "runs": results, "discarded": discarded,
+                        "markdown": report, "complete": final}
+            write_atomically(Path(args.json), json.dumps(document, indent=2, default=str).encode())
         return report
 
     def on_signal(signum: int, _frame: Any) -> None:

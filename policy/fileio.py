@@ -10,10 +10,10 @@ removed when anything fails (a full disk, a failed fsync); one left by a
 process killed mid-write is removed by ``remove_temporaries`` at the next start.
 
 Used for the key file (``policy.store.crypto``), the audit spool's cursors and
-chain id (``policy.audit.spool``) and the in-process limiter's quota usage
-(``policy.ratelimit.memory``). The append-only files (spool segments, the file
-sink) are not replaced but cut back to their last whole line
-(``whole_lines_length``) after a torn write.
+chain id (``policy.audit.spool``), the in-process limiter's quota usage
+(``policy.ratelimit.memory``) and ``benchmarks/bench_serving.py``'s results.
+The append-only files (spool segments, the file sink) are not replaced but
+cut back to their last whole line (``whole_lines_length``) after a torn write.
 """
 
 from __future__ import annotations
