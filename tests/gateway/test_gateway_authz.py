@@ -35,7 +35,6 @@ from gateway.settings import DEFAULT_MODEL_NAME
 from policy.errors import ValidationFailed
 from policy.rbac import ROLE_SCOPES, Scope
 from policy.store import PolicyStore, StoreSettings
-from policy.store import repository as store_module
 from http_helpers import assert_same_answer, bearer, error_of
 
 MODEL = DEFAULT_MODEL_NAME
@@ -464,8 +463,8 @@ class Clock:
 def clocked(world: World, make_app: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, Clock]]:
     """A second app on the world's store whose clocks (the store's and the authenticator's) can be moved."""
     clock = Clock()
-    real_now = store_module._now
-    monkeypatch.setattr(store_module, "_now", lambda: real_now() + timedelta(seconds=clock.offset))
+    real_now = world.store._now
+    monkeypatch.setattr(world.store, "_now", lambda: real_now() + timedelta(seconds=clock.offset))
     authenticator = Authenticator(world.store, wall_clock=clock.wall)
     with TestClient(make_app(world.store, authenticator)) as client:
         yield client, clock

@@ -52,9 +52,9 @@ def _record_keys() -> None:
         return key
 
     apikeys.generate_key = generate_key  # type: ignore[assignment]
-    repository = sys.modules.get("policy.store.repository")  # imported already: its own name too
-    if repository is not None:
-        repository.generate_key = generate_key  # type: ignore[attr-defined]
+    api_keys = sys.modules.get("policy.store.repos.api_keys")  # imported already: its own name too
+    if api_keys is not None:
+        api_keys.generate_key = generate_key  # type: ignore[attr-defined]
 
 
 def _record_tokens() -> None:

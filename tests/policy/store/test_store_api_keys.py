@@ -65,7 +65,7 @@ def test_a_prefix_miss_still_computes_an_hmac(store: PolicyStore, monkeypatch: p
         compared.append(stored)
         return real(pepper, token, stored)
 
-    monkeypatch.setattr("policy.store.repository.verify_key", spy)
+    monkeypatch.setattr("policy.store.repos.api_keys.verify_key", spy)
     assert store.find_api_key(apikeys.generate_key().token) is None
     assert compared == [apikeys.DUMMY_HASH]
 

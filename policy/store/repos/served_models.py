@@ -1,0 +1,134 @@
+"""Served models: the platform's registry of models loaded at every start (no tenant owns one).
+
+A model's name and aliases share one namespace across all models, and at most
+one model is the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from policy.errors import Conflict, NotFound, ValidationFailed
+from policy.store import validate
+from policy.store.models import ServedModel
+from policy.store.records import ServedModelRecord
+from policy.store.repos.base import UNSET, Repository, Unset, flush_or_conflict, get_row
+from policy.store.repos.mapper import RecordMapper
+from policy.store.types import new_id
+
+SERVED_MODEL = RecordMapper(ServedModel, ServedModelRecord, aliases=tuple)
+
+
+class ServedModelRepository(Repository):
+    def create_served_model(
+        self,
+        name: str,
+        path: str,
+        backend: str = "cpu",
+        dtype: str = "auto",
+        aliases: Sequence[str] = (),
+        is_default: bool = False,
+    ) -> ServedModelRecord:
+        validate.text(name, "name", 200)
+        alias_list = validate.strings(aliases, "aliases")
+        now = self._now()
+        row = ServedModel(
+            id=new_id("mdl"),
+            name=name,
+            path=validate.text(path, "path", 4096),
+            backend=validate.text(backend, "backend", 64),
+            dtype=validate.text(dtype, "dtype", 16),
+            aliases=alias_list,
+            is_default=validate.boolean(is_default, "is_default"),
+            created_at=now,
+            updated_at=now,
+        )
+        with self._write() as session:
+            _check_model_names_free(session, [name, *alias_list], exclude_id=None)
+            if row.is_default:
+                session.execute(update(ServedModel).values(is_default=False))
+            session.add(row)
+            flush_or_conflict(session, f"A model named '{name}' is already registered")
+            return self._record(SERVED_MODEL, row)
+
+    def get_served_model(self, model_id: str) -> ServedModelRecord:
+        with self._read() as session:
+            return self._record(SERVED_MODEL, get_row(session, ServedModel, model_id, "model"))
+
+    def get_served_model_by_name(self, name: str) -> ServedModelRecord:
+        with self._read() as session:
+            return self._record(SERVED_MODEL, _model_named(session, name))
+
+    def list_served_models(self) -> list[ServedModelRecord]:
+        """Every registered model, oldest first: the registry is small and read whole at start-up."""
+        with self._read() as session:
+            rows = session.scalars(select(ServedModel).order_by(ServedModel.created_at, ServedModel.id)).all()
+            return [self._record(SERVED_MODEL, row) for row in rows]
+
+    def update_served_model(
+        self,
+        model_id: str,
+        *,
+        path: str | Unset = UNSET,
+        backend: str | Unset = UNSET,
+        dtype: str | Unset = UNSET,
+        aliases: Sequence[str] | Unset = UNSET,
+        is_default: bool | Unset = UNSET,
+    ) -> ServedModelRecord:
+        with self._write() as session:
+            row = get_row(session, ServedModel, model_id, "model")
+            if not isinstance(path, Unset):
+                row.path = validate.text(path, "path", 4096)
+            if not isinstance(backend, Unset):
+                row.backend = validate.text(backend, "backend", 64)
+            if not isinstance(dtype, Unset):
+                row.dtype = validate.text(dtype, "dtype", 16)
+            if not isinstance(aliases, Unset):
+                row.aliases = validate.strings(aliases, "aliases")
+                _check_model_names_free(session, [row.name, *row.aliases], exclude_id=row.id)
+            if not isinstance(is_default, Unset):
+                if validate.boolean(is_default, "is_default"):
+                    _clear_default(session, except_id=row.id)
+                row.is_default = is_default
+            row.updated_at = self._now()
+            return self._record(SERVED_MODEL, row)
+
+    def set_default_served_model(self, name: str) -> ServedModelRecord:
+        """Make ``name`` the one default model (the others lose the mark)."""
+        with self._write() as session:
+            row = _model_named(session, name)
+            _clear_default(session, except_id=row.id)
+            row.is_default = True
+            row.updated_at = self._now()
+            return self._record(SERVED_MODEL, row)
+
+    def delete_served_model(self, model_id: str) -> None:
+        with self._write() as session:
+            session.delete(get_row(session, ServedModel, model_id, "model"))
+
+
+def _model_named(session: Session, name: str) -> ServedModel:
+    row = session.scalar(select(ServedModel).where(ServedModel.name == name))
+    if row is None:
+        raise NotFound(f"No model '{name}'")
+    return row
+
+
+def _clear_default(session: Session, *, except_id: str) -> None:
+    session.execute(update(ServedModel).where(ServedModel.id != except_id).values(is_default=False))
+
+
+def _check_model_names_free(session: Session, names: Sequence[str], *, exclude_id: str | None) -> None:
+    wanted = set(names)
+    if len(wanted) != len(names):
+        raise ValidationFailed("a model's name and aliases must differ from each other", param="aliases")
+    query = select(ServedModel)
+    if exclude_id is not None:
+        query = query.where(ServedModel.id != exclude_id)
+    for other in session.scalars(query):
+        taken = wanted & {other.name, *other.aliases}
+        if taken:
+            raise Conflict(f"The model name or alias '{sorted(taken)[0]}' is taken by the model '{other.name}'")
