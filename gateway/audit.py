@@ -289,7 +289,7 @@ def _attempted_tenant(request: Any, principal: Any) -> str:
 async def record_attempt(request: Any, principal: Any) -> None:
     """Put an authorised admin change's attempt on the trail before the change is made.
 
-    The change's own event (``gateway.routes.admin._audit``) can only be written after
+    The change's own event (``gateway.routes.admin.common.record_change``) can only be written after
     the change, so a spool that fails in between would leave a change nobody audited.
     With its attempt written first, a change and a record of it go together or neither
     happens: a spool that cannot take the attempt refuses the change (503, nothing

@@ -45,10 +45,6 @@ KNOWN_UPWARD: tuple[tuple[str, str], ...] = (
     ("kernels", "backends.base"),
 )
 KNOWN_CYCLES: tuple[frozenset[str], ...] = (
-    # gateway/routes/admin.py is a helper library and a resource module at once: admin_audit and
-    # admin_policies import its private names and it imports them back lazily. Goes away with
-    # gateway/routes/admin/, a module per resource over a public helper module (issue 19, point 2).
-    frozenset({"gateway.routes.admin", "gateway.routes.admin_audit", "gateway.routes.admin_policies"}),
     # gateway/cli.py imports cli_idps lazily for its subcommand, and cli_idps imports cli's helpers.
     # Goes away with gateway/cli/ split by audience (issue 19, point 2).
     frozenset({"gateway.cli", "gateway.cli_idps"}),

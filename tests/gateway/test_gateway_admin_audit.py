@@ -332,7 +332,7 @@ def test_a_bounded_stream_ends_by_itself(world: World, live: tuple[Any, str]) ->
 
 
 def test_an_idle_stream_sends_heartbeats(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.routes import admin_audit
+    from gateway.routes.admin import audit as admin_audit
 
     monkeypatch.setattr(admin_audit, "HEARTBEAT_SECONDS", 0.05)
     response = world.client.get("/admin/v1/audit/stream", params={"max_seconds": "0.5"}, headers=world.acme_admin)

@@ -20,8 +20,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from backends.models import default_model_path
-from gateway.routes import admin as admin_routes
-from gateway.routes import admin_policies
+from gateway.routes.admin.guardrails import GuardrailCreate, GuardrailUpdate
+from gateway.routes.admin.idps import OidcProviderCreate, OidcProviderUpdate
+from gateway.routes.admin.keys import KeyCreate
+from gateway.routes.admin.models import ModelLoadRequest
+from gateway.routes.admin.policies import TrafficPolicyCreate, TrafficPolicyUpdate
+from gateway.routes.admin.role_bindings import RoleBindingCreate
+from gateway.routes.admin.tenants import ModelAllowList, TenantCreate, TenantUpdate
 from gateway.settings import DEFAULT_MODEL_NAME
 from policy.audit import admin_event
 from admin_seed import Seeded, seed_store
@@ -232,22 +237,22 @@ def test_no_value_in_any_admin_body_is_a_500(world: World) -> None:
     limit = world.store.create_policy(tenant.id, "rate_limit", "fuzz", {"requests_per_minute": 10**9})
     guard = world.store.create_policy(tenant.id, "guardrail", "fuzz", {"blocklist": [{"literal": "zzfuzzzz"}]})
     targets: list[tuple[str, str, type[Any], dict[str, Any]]] = [
-        ("POST", "/admin/v1/tenants", admin_routes.TenantCreate, {"name": "fz-{i}"}),
-        ("PATCH", t, admin_routes.TenantUpdate, {}),
-        ("PUT", f"{t}/models", admin_routes.ModelAllowList, {"allowed_models": None}),
-        ("POST", f"{t}/keys", admin_routes.KeyCreate, {"name": "k", "role": "member"}),
-        ("POST", f"{t}/role-bindings", admin_routes.RoleBindingCreate,
+        ("POST", "/admin/v1/tenants", TenantCreate, {"name": "fz-{i}"}),
+        ("PATCH", t, TenantUpdate, {}),
+        ("PUT", f"{t}/models", ModelAllowList, {"allowed_models": None}),
+        ("POST", f"{t}/keys", KeyCreate, {"name": "k", "role": "member"}),
+        ("POST", f"{t}/role-bindings", RoleBindingCreate,
          {"provider_id": provider.id, "kind": "subject", "subject": "s{i}", "role": "member"}),
-        ("POST", "/admin/v1/oidc-providers", admin_routes.OidcProviderCreate,
+        ("POST", "/admin/v1/oidc-providers", OidcProviderCreate,
          {"name": "fz-{i}", "issuer": "https://fz-{i}.example.com", "audience": "a"}),
-        ("PATCH", f"/admin/v1/oidc-providers/{provider.id}", admin_routes.OidcProviderUpdate, {}),
-        ("POST", "/admin/v1/models", admin_routes.ModelLoadRequest, {"name": "fz-{i}", "path": "/nonexistent"}),
-        ("POST", f"{t}/policies", admin_policies.TrafficPolicyCreate,
+        ("PATCH", f"/admin/v1/oidc-providers/{provider.id}", OidcProviderUpdate, {}),
+        ("POST", "/admin/v1/models", ModelLoadRequest, {"name": "fz-{i}", "path": "/nonexistent"}),
+        ("POST", f"{t}/policies", TrafficPolicyCreate,
          {"kind": "rate_limit", "name": "p", "spec": {"requests_per_minute": 10**9}}),
-        ("PATCH", f"{t}/policies/{limit.id}", admin_policies.TrafficPolicyUpdate, {}),
-        ("POST", "/admin/v1/guardrails", admin_policies.GuardrailCreate,
+        ("PATCH", f"{t}/policies/{limit.id}", TrafficPolicyUpdate, {}),
+        ("POST", "/admin/v1/guardrails", GuardrailCreate,
          {"tenant_id": tenant.id, "name": "g", "spec": {}}),
-        ("PATCH", f"/admin/v1/guardrails/{guard.id}?tenant_id={tenant.id}", admin_policies.GuardrailUpdate, {}),
+        ("PATCH", f"/admin/v1/guardrails/{guard.id}?tenant_id={tenant.id}", GuardrailUpdate, {}),
     ]
     failures = []
     n = 0

@@ -35,7 +35,7 @@ from starlette.routing import BaseRoute, Route
 from gateway.auth import call_store
 from gateway.authz import principal_of, requires
 from gateway.openapi import document, query_param
-from gateway.routes.admin import PREFIX, _ok, _page, _page_args, _tenant_in_scope
+from gateway.routes.admin.common import PREFIX, TENANT_PREFIX, ok, page_args, render_page, tenant_in_scope
 from gateway.streaming import SSEResponse
 from policy.audit.events import DECISIONS, KINDS
 from policy.audit.store import AuditRecord
@@ -130,11 +130,11 @@ def _item(record: AuditRecord) -> dict[str, Any]:
 
 
 async def _query(request: Request, tenant_id: str | None) -> Response:
-    limit, after = _page_args(request)
+    limit, after = page_args(request)
     page = await call_store(
         request.app.state.audit_store.query, tenant_id=tenant_id, limit=limit, after=after, **_filters(request)
     )
-    return _ok(_page(page, _item))
+    return ok(render_page(page, _item))
 
 
 @document("A tenant's audit events (filters: since, until, principal, decision, kind)", tag="audit", paginated=True,
@@ -142,7 +142,7 @@ async def _query(request: Request, tenant_id: str | None) -> Response:
 @requires(Scope.ADMIN_TENANT)
 async def list_tenant_audit(request: Request) -> Response:
     _only(request, _PAGE_PARAMS | _FILTERS)
-    _, tenant_id = await _tenant_in_scope(request)
+    _, tenant_id = await tenant_in_scope(request)
     return await _query(request, tenant_id)
 
 
@@ -215,9 +215,9 @@ async def _events(subscription: Subscription, max_seconds: float | None) -> Asyn
             await asyncio.gather(pending, return_exceptions=True)
 
 
-def routes(tenant_prefix: str) -> list[BaseRoute]:
+def routes() -> list[BaseRoute]:
     return [
-        Route(tenant_prefix + "/audit", list_tenant_audit, methods=["GET"]),
+        Route(TENANT_PREFIX + "/audit", list_tenant_audit, methods=["GET"]),
         Route(PREFIX + "/audit", list_audit, methods=["GET"]),
         Route(PREFIX + "/audit/stream", stream_audit, methods=["GET"]),
     ]

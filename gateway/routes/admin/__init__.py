@@ -1,0 +1,42 @@
+"""The admin REST API under ``/admin/v1``, a module per resource over ``common``.
+
+Scopes: ``admin:platform`` for tenants and models; ``admin:tenant`` for
+what lives inside one tenant (keys, role bindings, its identity providers,
+its model allow-list, its audit log). A tenant admin naming another tenant,
+or an object of another tenant, gets 404: the answer never tells whether it
+exists; a platform-only route answers it as a route that does not exist
+(``gateway.authz``).
+
+Every change is recorded as an admin event on the tamper-evident audit trail
+(``policy.audit``), durable before the response is sent, and is effective on
+this replica at once (``common.record_change`` drops the cached decisions)
+and on the others within their poll interval. Lists are paginated with
+``limit`` (1-200, default 50) and the opaque ``after`` cursor of the previous
+page's ``next_cursor``.
+
+The resources: ``whoami``, ``tenants`` (and their model allow-lists),
+``keys``, ``role_bindings``, ``idps`` (OIDC providers), ``models`` (served
+models), ``policies`` (rate limits and quotas), ``guardrails``, ``audit``
+(the log and its live tail). ``routes()`` serves them all, in this order.
+"""
+
+from __future__ import annotations
+
+from starlette.routing import BaseRoute
+
+from gateway.routes.admin import audit, guardrails, idps, keys, models, policies, role_bindings, tenants, whoami
+
+
+def routes() -> list[BaseRoute]:
+    """Every admin route, in the order the route table and the OpenAPI document list them."""
+    return [
+        *whoami.routes(),
+        *tenants.routes(),
+        *keys.routes(),
+        *role_bindings.routes(),
+        *idps.routes(),
+        *models.routes(),
+        *policies.routes(),
+        *guardrails.routes(),
+        *audit.routes(),
+    ]

@@ -1,0 +1,87 @@
+"""Served models (``admin:platform``): load in the background, watch the progress, unload, pick the default.
+
+The work is ``gateway.model_admin.ModelAdmin``'s; these routes parse, check
+and record it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.authz import principal_of, requires
+from gateway.openapi import document
+from gateway.routes.admin.common import BODY, PREFIX, NoBody, ok, parse_body, parse_optional_body, record_change
+from policy.rbac import Scope
+
+
+class ModelLoadRequest(BaseModel):
+    model_config = BODY
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+    path: str = Field(min_length=1, description="A GGUF file or a safetensors directory on the server")
+    backend: str | None = Field(default=None, description="Registered backend name; default from settings")
+    dtype: str | None = Field(default=None, pattern=r"^(auto|float32|bfloat16)$")
+    aliases: list[str] = Field(default_factory=list)
+    default: bool = False
+
+
+@document("Served and loading models, with status", tag="models")
+@requires(Scope.ADMIN_PLATFORM)
+async def list_models(request: Request) -> Response:
+    admin = request.app.state.model_admin
+    return ok({"object": "list", "data": admin.describe_all()})
+
+
+@document("Load a model in the background (progress at GET /admin/v1/models/{name})", tag="models",
+          body=ModelLoadRequest, status=202)  # fmt: skip
+@requires(Scope.ADMIN_PLATFORM)
+async def load_model(request: Request) -> Response:
+    principal = principal_of(request)
+    body = await parse_body(request, ModelLoadRequest)
+    admin = request.app.state.model_admin
+    status = await admin.load(
+        name=body.name, path=body.path, backend=body.backend, dtype=body.dtype, aliases=body.aliases, default=body.default
+    )
+    await record_change(request, principal, "model.load", None, "model", body.name, path=body.path,
+                        backend=status["backend"])  # fmt: skip
+    return ok(status, 202)
+
+
+@document("A model's status and load progress", tag="models")
+@requires(Scope.ADMIN_PLATFORM)
+async def get_model(request: Request) -> Response:
+    return ok(request.app.state.model_admin.describe(request.path_params["name"]))
+
+
+@document("Unload a model and forget it", tag="models", status=204)
+@requires(Scope.ADMIN_PLATFORM)
+async def unload_model(request: Request) -> Response:
+    principal = principal_of(request)
+    name = request.path_params["name"]
+    await request.app.state.model_admin.unload(name)
+    await record_change(request, principal, "model.unload", None, "model", name)
+    return Response(status_code=204)
+
+
+@document("Make a model the default", tag="models", body=NoBody, body_required=False)
+@requires(Scope.ADMIN_PLATFORM)
+async def set_default_model(request: Request) -> Response:
+    principal = principal_of(request)
+    await parse_optional_body(request, NoBody)
+    name = request.path_params["name"]
+    status = await request.app.state.model_admin.set_default(name)
+    await record_change(request, principal, "model.default", None, "model", name)
+    return ok(status)
+
+
+def routes() -> list[BaseRoute]:
+    m = PREFIX + "/models"
+    return [
+        Route(m, list_models, methods=["GET"]),
+        Route(m, load_model, methods=["POST"]),
+        Route(m + "/{name}", get_model, methods=["GET"]),
+        Route(m + "/{name}", unload_model, methods=["DELETE"]),
+        Route(m + "/{name}/default", set_default_model, methods=["POST"]),
+    ]
