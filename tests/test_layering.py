@@ -44,11 +44,7 @@ KNOWN_UPWARD: tuple[tuple[str, str], ...] = (
     # backends.base.BackendError; kernels/ is to get an error type of its own (issue 19, point 4).
     ("kernels", "backends.base"),
 )
-KNOWN_CYCLES: tuple[frozenset[str], ...] = (
-    # gateway/cli.py imports cli_idps lazily for its subcommand, and cli_idps imports cli's helpers.
-    # Goes away with gateway/cli/ split by audience (issue 19, point 2).
-    frozenset({"gateway.cli", "gateway.cli_idps"}),
-)
+KNOWN_CYCLES: tuple[frozenset[str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``inferctl audit verify``: check the hash chains of a spool or of delivered JSON-lines files.
 
-``gateway/cli.py`` registers it with ``add_audit_parser(subparsers, ...)``.
+``gateway/cli/store.py`` registers it with ``add_audit_parser(subparsers, ...)``.
 Exit status 0 when every chain verifies, 1 when one does not (the first bad
 record is named) or a spool's tail is shorter than its latest signed
 checkpoint (``--checkpoints``: how many records are missing is said), 2 when

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway.cli import EXIT_OK, ClientError, _add_client_options, _admin_call, _list_all, _show
+from gateway.cli.client import add_client_options, admin_call, list_all, show
+from gateway.cli.common import EXIT_OK, ClientError
 
 _COLUMNS = ("id", "name", "tenant_id", "tenant_ids", "allow_platform", "issuer", "audience", "enabled")
 _PATH = "/oidc-providers"
@@ -56,14 +57,14 @@ def _create_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def _idps(args: argparse.Namespace) -> int:
     if args.action == "list":
-        return _show(args, _list_all(args, _PATH), _COLUMNS)
+        return show(args, list_all(args, _PATH), _COLUMNS)
     if args.action == "create":
-        return _show(args, _admin_call(args, "POST", _PATH, _create_body(args)), _COLUMNS)
+        return show(args, admin_call(args, "POST", _PATH, _create_body(args)), _COLUMNS)
     if args.action == "show":
-        return _show(args, _admin_call(args, "GET", f"{_PATH}/{args.provider}"), _COLUMNS)
+        return show(args, admin_call(args, "GET", f"{_PATH}/{args.provider}"), _COLUMNS)
     if args.action == "update":
-        return _show(args, _admin_call(args, "PATCH", f"{_PATH}/{args.provider}", _settings(args)), _COLUMNS)
-    _admin_call(args, "DELETE", f"{_PATH}/{args.provider}")
+        return show(args, admin_call(args, "PATCH", f"{_PATH}/{args.provider}", _settings(args)), _COLUMNS)
+    admin_call(args, "DELETE", f"{_PATH}/{args.provider}")
     print(f"deleted identity provider {args.provider} and its role bindings")
     return EXIT_OK
 
@@ -86,7 +87,7 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
                          help="stop accepting its tokens (every replica within seconds)")  # fmt: skip
 
 
-def add_idps_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add ``idps list|create|show|update|delete`` to ``inferctl``'s subcommands."""
     idps = subparsers.add_parser(
         "idps",
@@ -110,7 +111,7 @@ def add_idps_parser(subparsers: Any) -> argparse.ArgumentParser:
     update.add_argument("provider", help="provider id (idp_...)")
     _add_settings(update)
     for parser in actions.choices.values():
-        _add_client_options(parser)
+        add_client_options(parser)
         parser.add_argument("--json", action="store_true", help="print the raw response")
     idps.set_defaults(handler=_idps)
     return idps

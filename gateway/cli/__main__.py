@@ -1,0 +1,7 @@
+"""``python -m gateway.cli``: ``inferctl`` without the installed script."""
+
+import sys
+
+from gateway.cli import main
+
+sys.exit(main())

@@ -1,0 +1,125 @@
+"""Client commands of the OpenAI-compatible API: ``inferctl models``, ``complete`` and ``chat``.
+
+A streamed answer is read with ``httpx-sse`` (the server's ``data:`` events,
+up to ``data: [DONE]``); an error the server sends in the stream, after its
+200, ends the command with that error's message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from httpx_sse import EventSource, SSEError, connect_sse
+
+from gateway.cli.client import add_client_options, connect, raise_for_error
+from gateway.cli.common import EXIT_OK, ClientError
+
+# (a choice of the answer, whether it is the whole answer rather than a stream's chunk) -> its text
+TextOf = Callable[[dict[str, Any], bool], str]
+
+
+def _models(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        response = client.get("/v1/models")
+        raise_for_error(response)
+        data = response.json()["data"]
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return EXIT_OK
+    for model in data:
+        aliases = ", ".join(model.get("aliases") or [])
+        print(f"{model['id']}" + (f"  (aliases: {aliases})" if aliases else ""))
+    return EXIT_OK
+
+
+def _payloads(events: EventSource) -> Iterator[dict[str, Any]]:
+    """The JSON payloads of a generation's stream, until ``[DONE]``; ClientError for an error in it."""
+    try:
+        for event in events.iter_sse():
+            if event.data == "[DONE]":
+                return
+            payload = json.loads(event.data)
+            if "error" in payload:
+                raise ClientError(payload["error"].get("message", "error in stream"))
+            yield payload
+    except SSEError as exc:  # a 2xx answer that is not an event stream
+        raise ClientError(str(exc)) from None
+
+
+def _generate(args: argparse.Namespace, path: str, body: dict[str, Any], text_of: TextOf) -> int:
+    model = args.model
+    with connect(args) as client:
+        if model is None:
+            response = client.get("/v1/models")
+            raise_for_error(response)
+            models = response.json()["data"]
+            if not models:
+                raise ClientError("the server serves no model")
+            model = models[0]["id"]
+        body = {**body, "model": model, "max_tokens": args.max_tokens, "stream": not args.no_stream}
+        if args.temperature is not None:
+            body["temperature"] = args.temperature
+        if args.no_stream:
+            response = client.post(path, json=body)
+            raise_for_error(response)
+            print(text_of(response.json()["choices"][0], True))
+            return EXIT_OK
+        with connect_sse(client, "POST", path, json=body) as events:
+            raise_for_error(events.response)
+            for payload in _payloads(events):
+                for choice in payload.get("choices", []):
+                    print(text_of(choice, False), end="", flush=True)
+        print()
+    return EXIT_OK
+
+
+def _complete(args: argparse.Namespace) -> int:
+    def text_of(choice: dict[str, Any], full: bool) -> str:
+        return str(choice.get("text") or "")
+
+    return _generate(args, "/v1/completions", {"prompt": args.prompt}, text_of)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": args.message})
+
+    def text_of(choice: dict[str, Any], full: bool) -> str:
+        part = choice.get("message" if full else "delta") or {}
+        return str(part.get("content") or "")
+
+    return _generate(args, "/v1/chat/completions", {"messages": messages}, text_of)
+
+
+def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model id (default: the first model the server lists)")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, help="sampling temperature, 0 for greedy (default: the server's)")
+    parser.add_argument("--no-stream", action="store_true", help="wait for the whole answer instead of streaming it")
+
+
+def add_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``models`` to ``inferctl``'s commands."""
+    models = sub.add_parser("models", help="list the models a running server serves")
+    add_client_options(models)
+    models.add_argument("--json", action="store_true", help="print the raw model objects")
+    models.set_defaults(handler=_models)
+
+
+def add_generation_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``complete`` and ``chat`` to ``inferctl``'s commands."""
+    complete = sub.add_parser("complete", help="complete a prompt on a running server")
+    complete.add_argument("prompt", help="the text to continue")
+    add_client_options(complete)
+    _add_generation_options(complete)
+    complete.set_defaults(handler=_complete)
+
+    chat = sub.add_parser("chat", help="send one chat message to a running server")
+    chat.add_argument("message", help="the user message")
+    chat.add_argument("--system", help="a system prompt")
+    add_client_options(chat)
+    _add_generation_options(chat)
+    chat.set_defaults(handler=_chat)

@@ -1,0 +1,230 @@
+"""The operator's commands: ``inferctl serve`` (load the models, serve the API) and ``inferctl backends``.
+
+The engine, the backends and the store are imported when ``serve`` runs, not
+when this module is: ``--help`` and the client commands do not need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, print_error
+from gateway.settings import ConfigError, ensure_data_dir, load_settings
+from policy.errors import StoreConfigError
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(
+            args.config,
+            overrides={
+                "host": args.host,
+                "port": args.port,
+                "data_dir": args.data_dir,
+                "log_level": args.log_level,
+                "backend": args.backend,
+                "dtype": args.dtype,
+                "model": args.model,
+                "model_name": args.model_name,
+                "engine.kv_cache_bytes": args.kv_cache_bytes,
+                "max_body_bytes": args.max_body_bytes,
+            },
+        )
+        ensure_data_dir(settings.data_dir)
+    except ConfigError as exc:
+        print_error(str(exc))
+        return EXIT_USAGE
+    except OSError as exc:
+        print_error(f"cannot create the data directory: {exc}")
+        return EXIT_FAILURE
+
+    level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gateway import log_redaction
+
+    log_redaction.install()  # no credential reaches a log line (the access log prints query strings)
+
+    # Imported here: loading pulls in the engine and backends, which --help and
+    # the client commands do not need.
+    from backends.base import BackendError
+    from gateway import drain
+    from gateway.app import create_app
+    from gateway.slowclients import server_options
+    from gateway.models import ModelManager, engine_config_from, load_served_model
+
+    from gateway.model_admin import ModelAdmin
+    from policy.store import PolicyStore
+
+    # The store first: a wrong key or an unreachable database should fail in
+    # a second, not after the models have loaded.
+    try:
+        store = PolicyStore.open(settings.store, settings.data_dir)
+        admin_key = store.ensure_bootstrap_admin(os.environ.get("INFERFLUX_BOOTSTRAP_ADMIN_KEY"))
+    except StoreConfigError as exc:
+        print_error(str(exc))
+        return EXIT_FAILURE
+    except Exception as exc:  # the driver's: connection refused, authentication failed, ...
+        print_error(f"cannot open the policy store: {getattr(exc, 'orig', None) or exc}")
+        return EXIT_FAILURE
+    if admin_key is not None:
+        _announce_admin_key(admin_key)
+
+    specs = settings.model_specs()
+    manager = ModelManager(expected=[spec.name for spec, _ in specs])
+    for spec, backend in specs:
+        try:
+            config = engine_config_from(settings.engine, settings.model_speculative(spec.name))
+            manager.add(load_served_model(spec, backend, config, priority=settings.runtime.backend_priority))
+        except (BackendError, OSError, ValueError) as exc:
+            print_error(f"cannot load model {spec.name!r} ({spec.path}) on backend {backend!r}: {exc}")
+            manager.shutdown()
+            store.close()
+            return EXIT_FAILURE
+    configured = {spec.name for spec, _ in specs}
+    # Models loaded over the admin API before the restart; one that fails to load is logged and skipped.
+    ModelAdmin(manager, store, settings, configured).restore()
+
+    # The app closes the store at shutdown: uvicorn re-raises the signal that
+    # stopped it, so nothing after uvicorn.run() is sure to run.
+    app = create_app(settings, manager, store=store, owns_store=True, configured_models=configured)
+    drain.serve(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=log_redaction.log_config(),
+        # SIGTERM: readiness fails, new requests get 503, requests in flight get this long.
+        grace=settings.server.shutdown_grace_seconds,
+        # Slow clients: header and keep-alive deadlines (the body's is a middleware of the app).
+        **server_options(settings.input_limits),
+    )
+    return EXIT_OK
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from backends import registry
+    from backends.base import BackendError
+
+    priority = load_settings(args.config).runtime.backend_priority
+    try:
+        chain = registry.configured_priority(priority)
+        statuses = registry.statuses(priority=chain)
+    except BackendError as exc:  # a malformed INFERFLUX_BACKEND_PRIORITY
+        raise ConfigError(str(exc)) from None
+    # The chain's first available backend: the one 'serve' takes for "auto".
+    chosen = next((s.name for s in statuses if s.name in chain and s.available), None)
+    if args.json:
+        print(json.dumps({
+            "backends": [{**vars(s), "priority": chain.index(s.name) + 1 if s.name in chain else None}
+                         for s in statuses],
+            "priority": list(chain),
+            "auto": chosen,
+        }, indent=2))
+        return EXIT_OK
+    rows = [("BACKEND", "PRIORITY", "AVAILABLE", "PROVIDED BY", "REASON")]
+    for s in statuses:
+        available = "yes" if s.available else ("blocked" if not s.allowed else "no")
+        rank = str(chain.index(s.name) + 1) if s.name in chain else "-"
+        rows.append((s.name, rank, available, s.provider or "-", s.reason or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4])
+    print(f"\nauto: {chosen or 'nothing in the priority chain can run here'} (priority: {', '.join(chain)})")
+    return EXIT_OK
+
+
+def _announce_admin_key(key: str) -> None:
+    """The generated platform-admin key, on stderr, once: it is stored only as a hash."""
+    bar = "=" * 72
+    print(
+        f"{bar}\n"
+        "A platform-admin API key was created for this new policy store. It is shown\n"
+        "only now; keep it somewhere safe (set INFERFLUX_BOOTSTRAP_ADMIN_KEY before the\n"
+        "first start to choose it yourself):\n\n"
+        f"    {key}\n\n"
+        "Use it as 'Authorization: Bearer <key>' (or INFERFLUX_API_KEY for inferctl).\n"
+        f"{bar}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``serve`` and ``backends`` to ``inferctl``'s commands."""
+    serve = sub.add_parser(
+        "serve",
+        help="load the models and serve the OpenAI-compatible API",
+        description=(
+            "Load the configured models and serve the OpenAI-compatible API. Settings come from "
+            "the flags, then INFERFLUX_* environment variables, then the YAML config file, then "
+            "defaults. Without a model, the bundled SmolLM2-135M-Instruct is served as "
+            "'smollm2-135m-instruct'."
+        ),
+    )
+    serve.add_argument("--config", metavar="FILE", help="YAML settings file (env: INFERFLUX_CONFIG)")
+    serve.add_argument(
+        "--model",
+        metavar="PATH",
+        help="serve this one model, a GGUF file or a safetensors directory, instead of the "
+        "configured list (env: INFERFLUX_MODEL)",
+    )
+    serve.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="the model id clients send for --model (default: derived from the file name; "
+        "env: INFERFLUX_MODEL_NAME)",
+    )
+    serve.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="backend for models that do not name one: auto, or a name 'inferctl backends' lists "
+        "(default: auto, the first available of runtime.backend_priority / INFERFLUX_BACKEND_PRIORITY, "
+        "by default cuda, metal, cpu, mlx; env: INFERFLUX_BACKEND)",
+    )
+    serve.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        help="weight and activation dtype for models that do not name one (default: auto; env: INFERFLUX_DTYPE)",
+    )
+    serve.add_argument("--host", help="address to listen on (default: 127.0.0.1; env: INFERFLUX_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (default: 8080; env: INFERFLUX_PORT)")
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="state directory, created mode 0700 (default: $XDG_DATA_HOME/inferflux or "
+        "~/.local/share/inferflux; env: INFERFLUX_DATA_DIR)",
+    )
+    serve.add_argument(
+        "--kv-cache-bytes",
+        metavar="SIZE",
+        help="memory for each model's KV cache, e.g. 512MiB (default: the engine's; env: INFERFLUX_KV_CACHE_BYTES)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        metavar="SIZE",
+        help="largest accepted request body, e.g. 4MiB (default: 4MiB; env: INFERFLUX_MAX_BODY_BYTES)",
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="log verbosity (default: info; env: INFERFLUX_LOG_LEVEL)",
+    )
+    serve.set_defaults(handler=_serve)
+
+    backends = sub.add_parser(
+        "backends",
+        help="list the installed backends, whether each can run here and why not",
+        description=(
+            "List every backend registered under the 'inferflux.backends' entry point group (and every "
+            "name in the priority chain), whether it is allowed (INFERFLUX_BACKENDS_ALLOWED) and available "
+            "here, and the reason when it is not; then which backend 'auto' picks. Needs no server."
+        ),
+    )
+    backends.add_argument("--config", metavar="FILE", help="YAML settings file, for runtime.backend_priority "
+                          "(env: INFERFLUX_CONFIG)")
+    backends.add_argument("--json", action="store_true", help="print the statuses as JSON")
+    backends.set_defaults(handler=_backends)
