@@ -21,12 +21,10 @@ only hand-off is the fsync's answer. A ``write`` to the page cache blocks only
 when the kernel throttles dirty pages, which a disk too slow for the audit
 load would cause under either design.
 
-Layout of the spool directory (one per replica; its chain id is its own)::
-
-    chain               the chain id, written once
-    lock                flock'ed by the one process writing here
-    segments/000000000001.jsonl, ...   records, one JSON line each
-    cursors/<sink>.json the next position each sink will deliver
+The spool's directory (segments, chain id, sink cursors) is described, read
+and written by ``policy.audit.spool_files``; receipts are
+``policy.audit.spool_receipts``. This module is the live writer: the chain's
+head, what is written and what is durable, the syncer, health.
 
 Segments rotate by size when the syncer finds the current one full (the old
 one is fsynced before any line goes to the new one). On open a torn tail (bytes after
@@ -39,15 +37,8 @@ deleted only when every sink's cursor is past it and it is older than
 
 from __future__ import annotations
 
-import asyncio
-import errno
-import fcntl
-import json
 import logging
 import os
-import re
-import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,51 +46,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from policy.audit.chain import GENESIS, canonical_json, sealed_line
+from policy.audit.chain import GENESIS, sealed_line
 from policy.audit.errors import AuditUnavailable, SpoolConfigError
 from policy.audit.events import AuditEvent
-from policy.fileio import fsync_dir, remove_temporaries, whole_lines_length, write_all, write_atomically
+from policy.audit.spool_files import (
+    NAME,
+    SEGMENT_SUFFIX,
+    Cursor,
+    CursorFiles,
+    SpooledRecord,
+    last_record,
+    list_segments,
+    lock_directory,
+    read_chain_id,
+    read_segments,
+    segment_files,
+    segment_path,
+)
+from policy.audit.spool_receipts import Receipt, resolve_receipts
+from policy.fileio import fsync_dir, remove_temporaries, whole_lines_length, write_all
+
+# Cursor, Receipt, SpooledRecord, segment_files and SEGMENT_SUFFIX were first defined here; importers keep them.
+__all__ = ["FAILURE_HOLD_SECONDS", "FREE_CHECK_SECONDS", "SEGMENT_SUFFIX", "Cursor", "Receipt", "Spool",
+           "SpoolSettings", "SpoolStats", "SpooledRecord", "segment_files"]
 
 log = logging.getLogger("inferflux.policy.audit")
-
-SEGMENT_SUFFIX: Final = ".jsonl"
-_SEGMENT_NAME = re.compile(r"^(\d{12})\.jsonl$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # After a failed write or fsync the spool reports itself failing this long
 # (``health``), so new work is refused; then the next event probes the disk again.
 FAILURE_HOLD_SECONDS: Final = 2.0
 # The free space of the spool's file system is read at most this often.
 FREE_CHECK_SECONDS: Final = 0.25
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Cursor:
-    """A position in the spool: a segment number and a byte offset in it."""
-
-    segment: int
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class SpooledRecord:
-    """One durable record as a sink sees it: the exact line (no newline) and its parsed JSON."""
-
-    line: bytes
-    record: dict[str, Any]
-    cursor: Cursor  # the position just after this record
-
-    @property
-    def event(self) -> dict[str, Any]:
-        event = self.record.get("event")
-        return event if isinstance(event, dict) else {}
-
-    @property
-    def chain(self) -> str | None:
-        return self.record.get("chain")
-
-    @property
-    def seq(self) -> int | None:
-        return self.record.get("seq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +105,7 @@ class SpoolSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
                 raise SpoolConfigError(f"audit spool {name} must be a non-negative number")
-        if self.chain_id is not None and not _NAME.match(self.chain_id):
+        if self.chain_id is not None and not NAME.match(self.chain_id):
             raise SpoolConfigError("audit chain_id must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'")
 
 
@@ -142,95 +118,6 @@ class SpoolStats:
     failed: int  # events refused by a failed write
 
 
-class Receipt:
-    """The acknowledgement of one appended event: resolves once it is durable (fsynced), or failed.
-
-    ``wait()`` from a thread, ``await receipt`` from asyncio. A failed receipt
-    raises ``AuditUnavailable``. One is made per request, and most are never
-    waited for: the event a waiting thread blocks on is made only when one does.
-    """
-
-    __slots__ = ("event_id", "seq", "_done", "_error", "_lock", "_waiters", "_event")
-
-    def __init__(self, event_id: str) -> None:
-        self.event_id = event_id
-        self.seq: int | None = None
-        self._done = False
-        self._error: AuditUnavailable | None = None
-        self._lock = threading.Lock()
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._event: threading.Event | None = None  # for threads in wait()
-
-    def done(self) -> bool:
-        return self._done
-
-    def raise_if_failed(self) -> None:
-        """AuditUnavailable if the event is already known lost (its write failed); never waits."""
-        if self._done and self._error is not None:
-            raise self._error
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once durable, False on timeout; raises AuditUnavailable if the write failed."""
-        with self._lock:
-            if not self._done and self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        if event is not None and not event.wait(timeout):
-            return False
-        if self._error is not None:
-            raise self._error
-        return True
-
-    async def durable(self) -> None:
-        with self._lock:
-            if not self._done:
-                loop = asyncio.get_running_loop()
-                future: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, future))
-            else:
-                future = None  # type: ignore[assignment]
-        if future is not None:
-            await future
-        if self._error is not None:
-            raise self._error
-
-    def __await__(self) -> Any:
-        return self.durable().__await__()
-
-    def _resolve(self, seq: int | None, error: AuditUnavailable | None) -> None:
-        _resolve_all([self], [seq], error)
-
-    def _settle(self, seq: int | None, error: AuditUnavailable | None) -> list[tuple[Any, Any]]:
-        """Resolve, waking waiting threads but not event loops; the loops' waiters to wake."""
-        with self._lock:
-            self.seq, self._error = seq, error
-            self._done = True
-            waiters, self._waiters = self._waiters, []
-            event = self._event
-        if event is not None:
-            event.set()
-        return waiters
-
-
-def _resolve_all(receipts: Sequence[Receipt], seqs: Sequence[int | None], error: AuditUnavailable | None) -> None:
-    """Resolve ``receipts``, waking each waiting event loop once for all of its receipts."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-    for receipt, seq in zip(receipts, seqs, strict=True):
-        for loop, future in receipt._settle(seq, error):
-            by_loop.setdefault(loop, []).append(future)
-    for loop, futures in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_finish, futures)
-        except RuntimeError:  # that loop is closed: nobody is waiting any more
-            pass
-
-
-def _finish(futures: list[asyncio.Future[None]]) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_result(None)
-
-
 class Spool:
     """One replica's audit spool. ``Spool.open(settings)``; ``append`` events; ``close`` at shutdown."""
 
@@ -240,7 +127,7 @@ class Spool:
         self.chain_id = chain_id
         self._dir = settings.directory
         self._segments_dir = self._dir / "segments"
-        self._cursors_dir = self._dir / "cursors"
+        self._cursors = CursorFiles(self._dir / "cursors")
         self._lock_fd = lock_fd
         lock = threading.Lock()  # guards the fields below, the chain's head and the file
         self._state = threading.Condition(lock)  # notified when data becomes durable
@@ -252,7 +139,7 @@ class Spool:
         self._failed_at = self._ok_at = float("-inf")  # monotonic: the last failed / successful write
         self._free, self._free_at = 0, float("-inf")
         self._listeners: list[Callable[[Sequence[SpooledRecord]], None]] = []
-        segments = _list_segments(self._segments_dir)
+        segments = list_segments(self._segments_dir)
         self._segments: list[int] = segments or [1]
         self._next_seq, self._last_hash = 0, GENESIS
         self._fd = -1
@@ -270,26 +157,12 @@ class Spool:
         """Open (creating if needed) the spool; SpoolConfigError if it cannot be used."""
         directory = Path(settings.directory).expanduser()
         settings = SpoolSettings(**{**_fields(settings), "directory": directory})
-        try:
-            for path in (directory, directory / "segments", directory / "cursors"):
-                path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            lock_fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise SpoolConfigError(f"cannot use the audit spool directory {directory}: {exc.strerror}") from None
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(lock_fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise SpoolConfigError(
-                    f"the audit spool {directory} is in use by another process; each replica needs its own"
-                ) from None
-            raise SpoolConfigError(f"cannot lock the audit spool {directory}: {exc.strerror}") from None
+        lock_fd = lock_directory(directory)
         try:
             # Only the lock holder writes here, so every temporary file is one a killed writer left.
             for place in (directory, directory / "cursors"):
                 remove_temporaries(place)
-            return cls(settings, _chain_id(directory, settings.chain_id), lock_fd)
+            return cls(settings, read_chain_id(directory, settings.chain_id), lock_fd)
         except OSError as exc:
             os.close(lock_fd)
             raise SpoolConfigError(f"cannot open the audit spool {directory}: {exc}") from None
@@ -311,7 +184,7 @@ class Spool:
         fsync_dir(self._segments_dir)
         self._durable = Cursor(newest, good)
         for number in reversed(self._segments):
-            head = _last_record(self._segment_path(number))
+            head = last_record(self._segment_path(number))
             if head is not None:
                 self._next_seq, self._last_hash = head["seq"] + 1, head["hash"]
                 break
@@ -350,7 +223,7 @@ class Spool:
                 self._failed += 1
                 if isinstance(failed, OSError):  # the disk, not the event
                     self._failed_at = time.monotonic()
-            receipt._resolve(None, AuditUnavailable("The audit spool could not store the event; retry shortly"))
+            resolve_receipts([receipt], [None], AuditUnavailable("The audit spool could not store the event; retry shortly"))
         return receipt
 
     def _write(self, line: bytes, record: dict[str, Any], receipt: Receipt) -> OSError | None:
@@ -415,7 +288,7 @@ class Spool:
             self._fsyncs += 1
             self._state.notify_all()
             listeners = list(self._listeners)
-        _resolve_all([receipt for _, receipt in batch], [record.seq for record, _ in batch], None)
+        resolve_receipts([receipt for _, receipt in batch], [record.seq for record, _ in batch], None)
         records = [record for record, _ in batch]
         for listener in listeners:
             try:
@@ -445,7 +318,7 @@ class Spool:
             self._pending -= len(failed)
             self._failed += len(failed)
             self._failed_at = time.monotonic()
-        _resolve_all([receipt for _, receipt in failed], [None] * len(failed), error)
+        resolve_receipts([receipt for _, receipt in failed], [None] * len(failed), error)
 
     def _rotate(self) -> None:
         """Start the next segment (the lock held): the current one is made durable and closed first."""
@@ -555,25 +428,7 @@ class Spool:
             self.wait_beyond(cursor, wait)
         with self._state:
             durable, segments = self._durable, list(self._segments)
-        while cursor < durable:
-            if cursor.segment not in segments:
-                later = [n for n in segments if n > cursor.segment]
-                if not later:
-                    break
-                log.warning("audit spool: segment %d is gone; a reader skips to %d", cursor.segment, later[0])
-                cursor = Cursor(later[0], 0)
-                continue
-            path = self._segment_path(cursor.segment)
-            end = durable.offset if cursor.segment == durable.segment else _size(path)
-            if cursor.offset < end:
-                records = _read_records(path, cursor, end, max_records)
-                if records:
-                    return records, records[-1].cursor
-            following = [n for n in segments if n > cursor.segment]
-            if not following:
-                break
-            cursor = Cursor(following[0], 0)
-        return [], cursor
+        return read_segments(self._segments_dir, segments, durable, cursor, max_records)
 
     # -- sink cursors and pruning
 
@@ -587,31 +442,20 @@ class Spool:
         return cursor
 
     def load_cursor(self, name: str) -> Cursor | None:
-        path = self._cursor_path(name)
-        try:
-            data = json.loads(path.read_bytes())
-            return Cursor(int(data["segment"]), int(data["offset"]))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            # Re-delivering is safe (at-least-once); skipping is not: start over from the oldest segment.
-            log.error("audit spool: cursor of sink %s is unreadable (%s); it restarts at the oldest segment", name, exc)
-            return None
+        """The sink's saved cursor; None when it has none, or (logged) an unreadable one."""
+        return self._cursors.load(name)
 
     def save_cursor(self, name: str, cursor: Cursor) -> None:
-        """Persist ``cursor`` atomically: a crash leaves the old or the new one, never a torn one.
-
-        On a full disk it raises and leaves no temporary file behind.
-        """
-        write_atomically(self._cursor_path(name), canonical_json({"segment": cursor.segment, "offset": cursor.offset}))
+        """Persist ``cursor`` atomically (see ``CursorFiles.save``)."""
+        self._cursors.save(name, cursor)
 
     def forget_sink(self, name: str) -> None:
         """Drop a sink that is no longer configured, so it stops holding segments back."""
-        self._cursor_path(name).unlink(missing_ok=True)
+        self._cursors.forget(name)
 
     def prune(self, now: float | None = None) -> int:
         """Delete segments every sink has delivered (and older than ``retain_seconds``); returns how many."""
-        cursors = [self.load_cursor(p.stem) for p in self._cursors_dir.glob("*.json")]
+        cursors = self._cursors.load_all()
         if not cursors or any(c is None for c in cursors):
             return 0  # no sink has delivered anything, or one must start over: keep everything
         horizon = min(c for c in cursors if c is not None).segment
@@ -640,96 +484,7 @@ class Spool:
             return [self._segment_path(n) for n in self._segments]
 
     def _segment_path(self, number: int) -> Path:
-        return self._segments_dir / f"{number:012d}{SEGMENT_SUFFIX}"
-
-    def _cursor_path(self, name: str) -> Path:
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError("a sink name must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'")
-        return self._cursors_dir / f"{name}.json"
-
-
-# -- files ----------------------------------------------------------------------
-
-
-def segment_files(directory: Path) -> list[Path]:
-    """A spool directory's segments, oldest first (for verification; takes no lock)."""
-    segments = Path(directory) / "segments"
-    return [segments / f"{n:012d}{SEGMENT_SUFFIX}" for n in _list_segments(segments)]
-
-
-def _list_segments(directory: Path) -> list[int]:
-    numbers = []
-    for path in directory.iterdir() if directory.is_dir() else ():
-        match = _SEGMENT_NAME.match(path.name)
-        if match:
-            numbers.append(int(match.group(1)))
-    return sorted(numbers)
-
-
-def _chain_id(directory: Path, wanted: str | None) -> str:
-    path = directory / "chain"
-    try:
-        existing = path.read_text().strip()
-    except FileNotFoundError:
-        existing = None
-    if existing is not None:
-        if not _NAME.match(existing):
-            raise SpoolConfigError(f"{path} does not hold a valid chain id")
-        if wanted is not None and wanted != existing:
-            raise SpoolConfigError(
-                f"the audit spool {directory} belongs to chain {existing!r}, not {wanted!r}; "
-                "use another directory for another chain"
-            )
-        return existing
-    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "gateway"
-    chain = wanted or f"{host}-{secrets.token_hex(4)}"
-    write_atomically(path, (chain + "\n").encode())  # fsynced: an empty chain file would stop every start
-    return chain
-
-
-def _last_record(path: Path) -> dict[str, Any] | None:
-    """The last line of ``path`` that reads as a record with a seq and hash (the chain's head)."""
-    try:
-        lines = path.read_bytes().splitlines()
-    except FileNotFoundError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict) and isinstance(record.get("seq"), int) and isinstance(record.get("hash"), str):
-            return record
-        log.error("audit spool: %s ends with an unreadable record; the chain continues from an earlier one", path.name)
-    return None
-
-
-def _read_records(path: Path, cursor: Cursor, end: int, max_records: int) -> list[SpooledRecord]:
-    records: list[SpooledRecord] = []
-    with path.open("rb") as f:
-        f.seek(cursor.offset)
-        offset = cursor.offset
-        while offset < end and len(records) < max_records:
-            line = f.readline(end - offset)
-            if not line.endswith(b"\n"):
-                break  # cannot happen below the durable mark, but never hand out half a line
-            offset += len(line)
-            line = line[:-1]
-            try:
-                parsed = json.loads(line)
-            except ValueError:
-                parsed = None
-            # A damaged line is still delivered as it is: verification, not delivery, judges it.
-            record = parsed if isinstance(parsed, dict) else {}
-            records.append(SpooledRecord(line, record, Cursor(cursor.segment, offset)))
-    return records
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
+        return segment_path(self._segments_dir, number)
 
 
 def _fields(settings: SpoolSettings) -> dict[str, Any]:
