@@ -24,8 +24,9 @@ Names are imported on first use, so ``inferctl --help`` does not load them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from policy.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from policy.audit.chain import Problem, VerifyReport, verify_lines
@@ -48,31 +49,26 @@ if TYPE_CHECKING:
     from policy.audit.tail import Dropped, LiveTail, Subscription, sse_message
     from policy.audit.trail import AuditTrail
 
-_EXPORTS = {
-    **dict.fromkeys(("Problem", "VerifyReport", "verify_lines"), "policy.audit.chain"),
-    **dict.fromkeys(("add_audit_parser", "verify_files", "verify_spool"), "policy.audit.cli"),
-    **dict.fromkeys(("Backoff", "Delivery", "Sink"), "policy.audit.delivery"),
-    **dict.fromkeys(
-        ("AuditUnavailable", "InvalidAuditEvent", "SinkError", "SpoolConfigError", "TooManySubscriptions"),
-        "policy.audit.errors",
-    ),
-    **dict.fromkeys(("AuditEvent", "ContentDigester", "Finding", "admin_event", "api_event"), "policy.audit.events"),
-    "FileSink": "policy.audit.sinks.file",
-    "HttpSink": "policy.audit.sinks.http",
-    "SyslogSink": "policy.audit.sinks.syslog",
-    **dict.fromkeys(("Cursor", "Receipt", "Spool", "SpooledRecord", "SpoolSettings"), "policy.audit.spool"),
-    **dict.fromkeys(("AuditRecord", "AuditStore", "IndexerSink", "Retention"), "policy.audit.store"),
-    **dict.fromkeys(("Dropped", "LiveTail", "Subscription", "sse_message"), "policy.audit.tail"),
-    "AuditTrail": "policy.audit.trail",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'policy.audit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "policy.audit.chain": ("Problem", "VerifyReport", "verify_lines"),
+        "policy.audit.cli": ("add_audit_parser", "verify_files", "verify_spool"),
+        "policy.audit.delivery": ("Backoff", "Delivery", "Sink"),
+        "policy.audit.errors": (
+            "AuditUnavailable",
+            "InvalidAuditEvent",
+            "SinkError",
+            "SpoolConfigError",
+            "TooManySubscriptions",
+        ),
+        "policy.audit.events": ("AuditEvent", "ContentDigester", "Finding", "admin_event", "api_event"),
+        "policy.audit.sinks.file": ("FileSink",),
+        "policy.audit.sinks.http": ("HttpSink",),
+        "policy.audit.sinks.syslog": ("SyslogSink",),
+        "policy.audit.spool": ("Cursor", "Receipt", "Spool", "SpooledRecord", "SpoolSettings"),
+        "policy.audit.store": ("AuditRecord", "AuditStore", "IndexerSink", "Retention"),
+        "policy.audit.tail": ("Dropped", "LiveTail", "Subscription", "sse_message"),
+        "policy.audit.trail": ("AuditTrail",),
+    },
+)

@@ -11,8 +11,9 @@ loading SQLAlchemy and Alembic.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from policy.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from policy.store.config import StoreSettings
@@ -30,13 +31,12 @@ if TYPE_CHECKING:
     )
     from policy.store.repository import PLATFORM_TENANT, UNSET, PolicyStore
 
-_EXPORTS = {
-    "StoreSettings": "policy.store.config",
-    "PolicyStore": "policy.store.repository",
-    "PLATFORM_TENANT": "policy.store.repository",
-    "UNSET": "policy.store.repository",
-    **dict.fromkeys(
-        (
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "policy.store.config": ("StoreSettings",),
+        "policy.store.repository": ("PLATFORM_TENANT", "UNSET", "PolicyStore"),
+        "policy.store.records": (
             "AdminEventRecord",
             "ApiKeyRecord",
             "CredentialRecord",
@@ -48,32 +48,5 @@ _EXPORTS = {
             "ServedModelRecord",
             "TenantRecord",
         ),
-        "policy.store.records",
-    ),
-}
-
-__all__ = [
-    "PLATFORM_TENANT",
-    "UNSET",
-    "AdminEventRecord",
-    "ApiKeyRecord",
-    "CredentialRecord",
-    "OidcProviderRecord",
-    "Page",
-    "PolicyRecord",
-    "PolicyStore",
-    "RoleBindingRecord",
-    "RotationReport",
-    "ServedModelRecord",
-    "StoreSettings",
-    "TenantRecord",
-]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'policy.store' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    },
+)
