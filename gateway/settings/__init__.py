@@ -1,0 +1,145 @@
+"""Server settings: defaults < YAML file < environment < command-line flags.
+
+YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
+
+    host: 127.0.0.1
+    port: 8080
+    data_dir: ~/.local/share/inferflux
+    log_level: info
+    backend: auto           # default for models that name none: auto (the priority chain) or a backend name
+    runtime:
+      backend_priority: [cuda, metal, cpu, mlx]   # the chain 'auto' walks (default: backends.registry.default_priority)
+    dtype: auto             # default for models that name none: auto | float32 | bfloat16
+    max_body_bytes: 4MiB
+    max_queued_sequences: 256   # per model; beyond it requests get 503 + Retry-After
+    max_queued_sequences_per_tenant: 128   # per model and tenant; beyond it 429 tenant_queue_full
+    input_limits:           # gateway.jsonbody, gateway.slowclients; breaches are 400s naming the field
+      json_max_depth: 32    # nesting of arrays and objects
+      json_max_integer_digits: 64
+      json_max_string_length: 1048576   # characters, each string
+      json_max_array_length: 131072
+      json_max_object_keys: 1000
+      stop_max_sequences: 16
+      stop_max_bytes: 512   # each stop sequence, in UTF-8
+      header_timeout_seconds: 10   # a connection's request headers must arrive within this
+      body_timeout_seconds: 30     # and its body within this after them (else 408, closed)
+      keep_alive_timeout_seconds: 5   # an idle keep-alive connection is closed after this
+    engine:                 # backends.engine.EngineConfig; omitted keys keep its defaults
+      kv_cache_bytes: 512MiB
+      block_size: 16
+      max_num_seqs: 64
+      max_num_batched_tokens: 512
+      max_model_len: 8192   # may only lower the model's context length
+      preemption_mode: swap # recompute (default) | swap: park preempted KV instead of dropping it
+      swap_space_bytes: 4GiB  # default: the KV cache's size
+      swap_dir: /var/lib/inferflux/swap   # unset: swap to host memory
+    models:
+      - name: smollm2-135m-instruct
+        path: /path/to/model.gguf
+        backend: cpu        # optional
+        dtype: float32      # optional
+        aliases: [smollm2]
+    store:                  # the policy store (policy.store.StoreSettings)
+      url: postgresql://inferflux@db/inferflux   # default: SQLite at <data_dir>/policy.db
+      key_file: /run/secrets/store.key   # or passphrase; neither: <data_dir>/store.key, made on first start
+      auto_migrate: true    # false: refuse to start on an outdated schema ('inferctl db upgrade')
+      stale_seconds: 300    # store unreachable: cached decisions serve this long, then 503
+    auth:
+      cache_ttl_seconds: 30         # longest a cached authentication decision lives
+      revocation_poll_seconds: 1    # how often the store is checked for revocations and role changes
+      last_used_flush_seconds: 5    # how often API keys' last-used times are written
+    ratelimit:              # the limits themselves are policies in the store (admin API)
+      backend: memory       # memory (one replica) | redis (limits shared by every replica)
+      redis_url: redis://127.0.0.1:6379/0
+      fail_open: false      # Redis unreachable: false -> 503, true -> admit and count the failure
+      completion_estimate: 256   # tokens reserved for a request that sets no max_tokens
+    server:
+      shutdown_grace_seconds: 20   # SIGTERM: in-flight requests get this long, then streams end with an error
+    audit:
+      spool_dir: <data_dir>/audit   # one per replica; events are on disk here before a response
+      retention_days: 90    # rows older than this leave the audit_events table
+      debug_content: false  # true: events carry the (redacted) prompt and completion text
+      min_free_bytes: 32MiB # less free beside the spool: new work gets 503, /readyz fails
+      sinks:                # each delivers the spool at least once, with its own cursor
+        - {type: file, path: /var/log/inferflux/audit.jsonl}
+        - {type: syslog, host: siem.example.com, port: 6514, transport: tls, ca_file: /etc/ssl/siem.pem}
+        - {type: http, url: https://splunk:8088/services/collector/event, format: splunk_hec,
+           token_env: SPLUNK_HEC_TOKEN}
+
+Environment variables (each sets the key beside it):
+
+    INFERFLUX_CONFIG                 the YAML file itself
+    INFERFLUX_HOST                   host
+    INFERFLUX_PORT                   port
+    INFERFLUX_DATA_DIR               data_dir
+    INFERFLUX_LOG_LEVEL              log_level
+    INFERFLUX_BACKEND                backend
+    INFERFLUX_BACKEND_PRIORITY       runtime.backend_priority (comma separated)
+    INFERFLUX_DTYPE                  dtype
+    INFERFLUX_MODEL                  serve this one model (a path) instead of ``models``
+    INFERFLUX_MODEL_NAME             the id clients use for INFERFLUX_MODEL
+    INFERFLUX_KV_CACHE_BYTES         engine.kv_cache_bytes
+    INFERFLUX_MAX_BODY_BYTES         max_body_bytes
+    INFERFLUX_MAX_QUEUED_SEQUENCES   max_queued_sequences
+    INFERFLUX_MAX_QUEUED_SEQUENCES_PER_TENANT   max_queued_sequences_per_tenant
+    INFERFLUX_STORE_URL              store.url
+    INFERFLUX_STORE_KEY_FILE         store.key_file
+    INFERFLUX_STORE_PASSPHRASE       store.passphrase
+    INFERFLUX_RATELIMIT_BACKEND      ratelimit.backend
+    INFERFLUX_REDIS_URL              ratelimit.redis_url
+
+The top-level ``backend`` and ``dtype`` are defaults: a model entry in the
+file that names its own keeps it, whatever the environment or flags say.
+Sizes accept plain bytes or a unit: ``64MiB``, ``2GiB`` (powers of 1024) or
+``4M``, ``1.5GB`` (powers of 1000).
+Without any ``models`` the default SmolLM2 is served as
+``smollm2-135m-instruct``.
+
+The package: ``sections`` (a pydantic model per section above, and the size
+and name types they share), ``schema`` (``Settings``, the top-level keys),
+``loading`` (``load_settings``: the layers, ``ENV_KEYS``, ``ConfigError``).
+"""
+
+from gateway.settings.loading import ENV_KEYS, ConfigError, ensure_data_dir, load_settings
+from gateway.settings.schema import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_NAME, Settings, default_data_dir
+from gateway.settings.sections import (
+    AuditSettings,
+    AuditSinkSettings,
+    AuthSettings,
+    ByteSize,
+    Dtype,
+    EngineSettings,
+    InputLimitSettings,
+    LogLevel,
+    ModelEntry,
+    RateLimitSettings,
+    RuntimeSettings,
+    ServerSettings,
+    SpeculativeSettings,
+    parse_size,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MODEL_NAME",
+    "ENV_KEYS",
+    "AuditSettings",
+    "AuditSinkSettings",
+    "AuthSettings",
+    "ByteSize",
+    "ConfigError",
+    "Dtype",
+    "EngineSettings",
+    "InputLimitSettings",
+    "LogLevel",
+    "ModelEntry",
+    "RateLimitSettings",
+    "RuntimeSettings",
+    "ServerSettings",
+    "Settings",
+    "SpeculativeSettings",
+    "default_data_dir",
+    "ensure_data_dir",
+    "load_settings",
+    "parse_size",
+]

@@ -1,0 +1,112 @@
+"""The settings as one object: the top-level keys, and the sections (``gateway.settings.sections``) under them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from backends.base import ModelSpec
+from gateway.settings.sections import (
+    AuditSettings,
+    AuthSettings,
+    ByteSize,
+    Dtype,
+    EngineSettings,
+    InputLimitSettings,
+    LogLevel,
+    ModelEntry,
+    RateLimitSettings,
+    RuntimeSettings,
+    ServerSettings,
+    SpeculativeSettings,
+)
+from policy.store.config import StoreSettings
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
+    xdg = (os.environ if env is None else env).get("XDG_DATA_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "share"
+    return base / "inferflux"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    data_dir: Path = Field(default_factory=default_data_dir)
+    log_level: LogLevel = "info"
+    # "auto": the first available backend of runtime.backend_priority (see backends.registry).
+    backend: str = Field(default="auto", min_length=1)
+    dtype: Dtype = "auto"
+    max_body_bytes: ByteSize = DEFAULT_MAX_BODY_BYTES
+    # Per model: a request that would make more sequences wait than this gets
+    # 503 with Retry-After instead of joining an ever-longer queue.
+    max_queued_sequences: int = Field(default=256, ge=1)
+    # Of those, what one tenant may hold: its flood queues no deeper than this, so the rest of
+    # the queue stays open to the other tenants (the scheduler then shares the batch fairly).
+    max_queued_sequences_per_tenant: int = Field(default=128, ge=1)
+    input_limits: InputLimitSettings = Field(default_factory=InputLimitSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    models: list[ModelEntry] = Field(default_factory=list)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _expand(cls, value: Any) -> Any:
+        return Path(value).expanduser() if isinstance(value, str | Path) else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("models")
+    @classmethod
+    def _unique(cls, models: list[ModelEntry]) -> list[ModelEntry]:
+        seen: set[str] = set()
+        for entry in models:
+            for key in (entry.name, *entry.aliases):
+                if key in seen:
+                    raise ValueError(f"model name or alias {key!r} appears twice")
+                seen.add(key)
+        return models
+
+    def model_specs(self) -> list[tuple[ModelSpec, str]]:
+        """Each model to serve with its backend name; the default SmolLM2 if none is configured."""
+        entries = self.models or [ModelEntry(name=DEFAULT_MODEL_NAME, path=default_model_path(), aliases=["smollm2"])]
+        return [
+            (
+                ModelSpec(
+                    name=e.name,
+                    path=e.path,
+                    dtype=e.dtype or self.dtype,
+                    aliases=tuple(e.aliases),
+                ),
+                e.backend or self.backend,
+            )
+            for e in entries
+        ]
+
+    def model_speculative(self, name: str) -> SpeculativeSettings | None:
+        """The ``speculative`` section of the configured model ``name`` (None: it sets none)."""
+        return next((e.speculative for e in self.models if e.name == name), None)
+
+
+def default_model_path() -> str:
+    """The default SmolLM2's GGUF file (imported on use: settings load without the model package)."""
+    from backends.models import default_model_path as packaged
+
+    return packaged()
