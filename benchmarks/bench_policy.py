@@ -44,7 +44,7 @@ each round's ``on`` median is compared with the same round's ``off`` median:
 *added* at p50 is the median over rounds of those paired differences; p99 is
 over every request of a variant. Generation also varies from request to
 request, so each request's *gateway time* is reported too: its end-to-end
-latency minus the time it spent inside the engine (from ``engine.generate``
+latency minus the time it spent inside the engine (from ``engine.stream``
 being called to its last output, timed by a wrapper around the shared
 engine). Throughput: requests/s with ``--concurrency`` clients in flight over
 ``--throughput-requests`` requests, alternating, for ``--throughput-rounds``
@@ -156,13 +156,13 @@ class NoTraffic:
 
 
 class EngineClock:
-    """Wraps ``engine.generate`` to time each call from start to its last output."""
+    """Wraps ``engine.stream`` (what the gateway calls) to time each call from start to its last output."""
 
     def __init__(self, engine: Any) -> None:
         self.seconds: list[float] = []
-        inner = engine.generate
+        inner = engine.stream
 
-        async def generate(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        async def stream(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
             start = time.perf_counter()
             try:
                 async for output in inner(*args, **kwargs):
@@ -170,12 +170,12 @@ class EngineClock:
             finally:
                 self.seconds.append(time.perf_counter() - start)
 
-        engine.generate = generate
+        engine.stream = stream
 
 
-async def stand_in_generate(request_id: str, prompt_token_ids: Any, *_: Any, **__: Any) -> AsyncIterator[Any]:
+async def stand_in_stream(request: Any) -> AsyncIterator[Any]:
     """One finished output at once: the engine's answer without the engine."""
-    yield RequestOutput(request_id, [42], " the", True, "length", len(list(prompt_token_ids)), 1)
+    yield RequestOutput(request.request_id, [42], " the", True, "length", len(request.prompt), 1)
 
 
 def body_for(headers: dict[str, str]) -> dict[str, Any]:
@@ -326,7 +326,7 @@ def setup(dtype: str, *, stand_in_engine: bool = False) -> Setup:
     spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype=dtype)
     served = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=64 * 1024 * 1024))
     if stand_in_engine:
-        served.engine.generate = stand_in_generate  # type: ignore[method-assign]
+        served.engine.stream = stand_in_stream  # type: ignore[method-assign]
     manager = ModelManager(expected=[served.name])
     manager.add(served)
     principal = Principal(tenant_id=tenant.id, tenant_name="bench", subject="key:bench", kind="api_key",

@@ -5,10 +5,11 @@ Method
 ------
 The apps of ``bench_policy.py`` (same model, store, policies and request:
 ``off`` and ``on``), driven in-process, one request at a time, alternating.
-Wrappers around the gateway's own steps (``gateway.routes.openai``'s input
-guardrails, planning, rate-limit reservation, OPA decision and collection;
+Wrappers around the gateway's own steps (``gateway.request_policy``'s input
+guardrails, rate-limit reservation and OPA decision; ``gateway.plan``'s
+tokenising and planning; the route's collection;
 the audit middleware's event building and durable wait; the spool's write and
-its syncer's fsync; the engine's ``generate``) stamp ``time.perf_counter()``
+its syncer's fsync; the engine's ``stream``) stamp ``time.perf_counter()``
 the first time each step is reached. Per request, the stamps are sorted and
 each gap between consecutive ones is a segment; the report is each segment's
 median over the requests, for both variants. The wrappers cost a few
@@ -47,6 +48,7 @@ from bench_policy import body_for, setup  # noqa: E402  (this folder is on sys.p
 
 import gateway.audit as gateway_audit  # noqa: E402
 import gateway.routes.openai as openai_routes  # noqa: E402
+from gateway.request_policy import RequestPolicy  # noqa: E402
 import policy.audit.spool as spool_module  # noqa: E402
 
 _stamps: dict[str, float] = {}
@@ -84,13 +86,13 @@ def around(owner: Any, name: str, before: str | None, after: str | None) -> None
 
 
 def instrument(engine: Any) -> None:
-    around(openai_routes, "_guard_input", "handler", "input guardrails")
-    around(openai_routes, "_plan", "tokenized", "planned")
-    around(openai_routes, "_reserve", None, "limits reserved")
-    around(openai_routes, "_opa_document", "OPA: document", None)
-    around(openai_routes, "_refuse_if_denied", None, "OPA allowed")
-    around(openai_routes, "_authorized", None, "OPA allowed")  # off: no policy; on: the global one was inline
-    around(openai_routes, "_collect", None, "collected")
+    around(RequestPolicy, "screen", "handler", "input guardrails")
+    around(RequestPolicy, "place", None, "placed")
+    around(openai_routes, "plan_completion", None, "planned")
+    around(RequestPolicy, "_reserve", None, "limits reserved")
+    around(RequestPolicy, "_opa_document", "OPA: document", None)
+    around(RequestPolicy, "_refuse_if_denied", None, "OPA allowed")
+    around(openai_routes, "collect", None, "collected")
     around(gateway_audit, "build_event", "audit: build", "audit: built")
     around(gateway_audit.AuditMiddleware, "_record", None, "audit: durable")
     around(spool_module, "write_all", "audit: write", "audit: written")
@@ -105,16 +107,16 @@ def instrument(engine: Any) -> None:
             stamp("audit: fsynced")
 
     os.fsync = fsync  # type: ignore[assignment]
-    generate = engine.generate
+    stream = engine.stream
 
     async def timed(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         stamp("engine: called")
-        async for output in generate(*args, **kwargs):
+        async for output in stream(*args, **kwargs):
             stamp("engine: first output")
             yield output
         stamp("engine: done")
 
-    engine.generate = timed
+    engine.stream = timed
 
 
 def fsync_probe(pause: float, n: int = 60) -> float:

@@ -42,6 +42,7 @@ from gateway.drain import Drain
 from gateway.gate import AuditHealth, ServiceGate
 from gateway.middleware import BodyLimitMiddleware
 from gateway.slowclients import BodyDeadlineMiddleware
+from gateway.state import GatewayState
 from gateway.traffic import TrafficPolicy
 from gateway.model_admin import ModelAdmin
 from gateway.models import _VERSION, ModelManager
@@ -180,21 +181,21 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.manager = manager
-    app.state.metrics = metrics
-    app.state.store = store
-    app.state.authenticator = authenticator
-    app.state.model_admin = model_admin
-    app.state.traffic = traffic
-    app.state.limiter = traffic.limiter
-    app.state.guardrails = traffic.guardrails
-    app.state.audit_store = traffic.audit_store
-    app.state.audit_trail = None  # set when the app starts (the spool locks its directory)
-    app.state.traffic_tasks = set()  # rate-limit settlements in flight
-    app.state.drain = Drain()
-    app.state.snapshot = snapshot
-    app.state.audit_health = audit_health
+    app.state = GatewayState(
+        settings=settings,
+        manager=manager,
+        metrics=metrics,
+        store=store,
+        authenticator=authenticator,
+        model_admin=model_admin,
+        traffic=traffic,
+        snapshot=snapshot,
+        audit_health=audit_health,
+        drain=Drain(),
+        json_limits=settings.input_limits.json_limits(),
+        store_json_limits=settings.input_limits.json_limits(allow_nul=False),
+        stop_limits=settings.input_limits.stop_limits(),
+    )
     return app
 
 

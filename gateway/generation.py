@@ -34,7 +34,7 @@ from gateway.errors import (
 )
 
 if TYPE_CHECKING:
-    from backends.engine import RequestOutput, SamplingParams
+    from backends.engine import EngineRequest, RequestOutput
 
     from gateway.models import ServedModel
     from policy.guardrails import OutputStream
@@ -46,9 +46,7 @@ log = logging.getLogger("inferflux.gateway.generation")
 class ChoiceSpec:
     index: int
     prompt_index: int
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    request_id: str
+    request: EngineRequest  # checked by the engine (``gateway.plan``), run as it is
 
 
 @dataclass
@@ -94,7 +92,9 @@ class Generation:
     """Async iterator of ``ChoiceEvent``; use ``async with`` or call ``close``.
 
     Engine failures are raised as GatewayErrors. ``on_first_token`` is called
-    once, with the seconds since ``started``, when the first token arrives.
+    once, with the seconds since ``started``, when the first token arrives;
+    ``on_close`` with the generation when it closes (its usage, findings and
+    texts final).
     """
 
     def __init__(
@@ -102,23 +102,15 @@ class Generation:
         served: ServedModel,
         choices: list[ChoiceSpec],
         *,
-        priority: int = 0,
         started: float | None = None,
         on_first_token: Callable[[float], None] | None = None,
-        on_close: Callable[[Usage], None] | None = None,
+        on_close: Callable[[Generation], None] | None = None,
         param_names: dict[str, str] | None = None,
         output_check: Callable[[], OutputStream] | None = None,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        weight: float = 1.0,
     ) -> None:
         self.served = served
-        self.cache_salt = cache_salt
-        self.tenant = tenant  # the engine's fair-share key and weight (backends.engine.scheduler)
-        self.weight = weight
         self.choices = choices
         self._by_index = {c.index: c for c in choices}
-        self.priority = priority
         self.param_names = param_names or {}
         self.usage = Usage()
         self._started = time.perf_counter() if started is None else started
@@ -147,14 +139,11 @@ class Generation:
         if self._tasks:
             return
         for choice in self.choices:
-            self._tasks.append(asyncio.create_task(self._run(choice), name=f"generate-{choice.request_id}"))
+            self._tasks.append(asyncio.create_task(self._run(choice), name=f"generate-{choice.request.request_id}"))
         self._task_of = {c.index: t for c, t in zip(self.choices, self._tasks)}
 
     async def _run(self, choice: ChoiceSpec) -> None:
-        stream = self.served.engine.generate(
-            choice.request_id, choice.prompt_token_ids, choice.params, priority=self.priority,
-            cache_salt=self.cache_salt, tenant=self.tenant, weight=self.weight,
-        )
+        stream = self.served.engine.stream(choice.request)
         try:
             # aclosing: the generator is closed in the task that iterated it,
             # also when that task is cancelled, so the engine aborts the sequence.
@@ -237,7 +226,7 @@ class Generation:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("generation task failed", exc_info=result)
         if report and self._on_close is not None:
-            self._on_close(self.usage)
+            self._on_close(self)
 
 
 def engine_error_to_gateway(exc: BaseException, *, param_names: dict[str, str] | None = None) -> GatewayError:

@@ -23,6 +23,7 @@ from .errors import (
 )
 from .llm_engine import DEFAULT_KV_CACHE_BYTES, EngineConfig, LLMEngine
 from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .request import EngineRequest
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -39,6 +40,7 @@ __all__ = [
     "EngineConfig",
     "EngineConfigError",
     "EngineDeadError",
+    "EngineRequest",
     "EngineError",
     "EngineStats",
     "EngineStepError",

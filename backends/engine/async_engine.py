@@ -7,8 +7,9 @@ Threading rules:
   thread sleeps on that condition when it has nothing to do.
 * Outputs travel back through one ``asyncio.Queue`` per request, filled with
   ``loop.call_soon_threadsafe`` (one call per event loop per step).
-* ``generate`` validates the request in the caller's thread first, so a bad
-  request raises before anything is queued, on the first ``__anext__``.
+* A request is checked once, in the caller's thread, by ``make_request``
+  (``generate`` calls it), so a bad request raises before anything is queued;
+  ``stream`` and the engine thread trust the ``EngineRequest`` it returns.
 * When a consumer stops iterating (``aclose()``, task cancellation, client
   disconnect) its request is aborted and its KV blocks freed.
 * When a step raises, every request in flight fails with ``EngineStepError``
@@ -20,6 +21,7 @@ Threading rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterable
@@ -29,7 +31,7 @@ from typing import Any
 from .errors import DuplicateRequestError, EngineDeadError, EngineStepError
 from .llm_engine import LLMEngine
 from .outputs import EngineStats, RequestOutput
-from .sampling_params import SamplingParams
+from .request import EngineRequest
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +46,7 @@ class _Stream:
 @dataclass
 class _Add:
     stream: _Stream
-    prompt: list[int]
-    params: SamplingParams
-    priority: int
-    cache_salt: str | None = None
-    tenant: str | None = None
-    weight: float = 1.0
+    request: EngineRequest
 
 
 @dataclass
@@ -125,26 +122,32 @@ class AsyncEngine:
 
     # -- the API used by the gateway (asyncio thread)
 
+    def make_request(self, request_id: str, prompt_token_ids: Iterable[int], *args: Any, **kwargs: Any) -> EngineRequest:
+        """The checked request ``stream`` takes: ``LLMEngine.make_request``'s arguments and errors. Any thread."""
+        return self.engine.make_request(request_id, prompt_token_ids, *args, **kwargs)
+
     async def generate(
-        self,
-        request_id: str,
-        prompt_token_ids: Iterable[int],
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        weight: float = 1.0,
+        self, request_id: str, prompt_token_ids: Iterable[int], *args: Any, **kwargs: Any
     ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs (deltas); the last one has ``finished=True``.
+        """``stream`` of ``make_request``'s request (same arguments): check and run in one call.
 
-        ``cache_salt``: the request's prefix-cache namespace; ``tenant`` and
-        ``weight``: its fair-share key and weight (``LLMEngine.add_request``).
-
-        Raises ``InvalidRequestError`` subclasses for a bad request,
-        ``EngineStepError`` if a step failed while it ran, ``EngineDeadError``
-        if the engine is shut down.
+        Raises ``InvalidRequestError`` subclasses for a bad request (on the
+        first ``__anext__``), and what ``stream`` raises.
         """
-        prompt, params, _ = self.engine.validate_request(prompt_token_ids, params, priority, weight)
+        request = self.make_request(request_id, prompt_token_ids, *args, **kwargs)
+        # aclosing: a consumer that stops early closes the inner stream now,
+        # which aborts the request, rather than whenever it is collected.
+        async with contextlib.aclosing(self.stream(request)) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def stream(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Run a checked request and stream its outputs (deltas); the last one has ``finished=True``.
+
+        Raises ``DuplicateRequestError`` for an id in flight, ``EngineStepError``
+        if a step failed while it ran, ``EngineDeadError`` if the engine is shut down.
+        """
+        request_id = request.request_id
         stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             self._check_alive()
@@ -154,7 +157,7 @@ class AsyncEngine:
         done = False
         try:
             self.start()
-            self._submit(_Add(stream, prompt, params, priority, cache_salt, tenant, weight))
+            self._submit(_Add(stream, request))
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -221,10 +224,7 @@ class AsyncEngine:
         for cmd in commands:
             if isinstance(cmd, _Add):
                 try:
-                    self.engine.add_request(
-                        cmd.stream.request_id, cmd.prompt, cmd.params, cmd.priority, cache_salt=cmd.cache_salt,
-                        tenant=cmd.tenant, weight=cmd.weight,
-                    )
+                    self.engine.add(cmd.request)
                 except Exception as exc:
                     outbox.put(cmd.stream, exc)
                 else:

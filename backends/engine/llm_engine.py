@@ -1,8 +1,9 @@
 """The synchronous engine: schedule -> forward -> sample -> detokenize.
 
 Not thread-safe: one thread owns an ``LLMEngine`` (``AsyncEngine`` runs it on
-its own thread). ``validate_request`` is the exception: it reads only
-configuration and may be called from any thread.
+its own thread). ``make_request`` is the exception: it reads only
+configuration and may be called from any thread; the ``EngineRequest`` it
+returns is checked once and trusted by ``add`` (``backends.engine.request``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .errors import (
     PromptTooLongError,
 )
 from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .request import EngineRequest
 from .sampler import SampleResult, Sampler
 from .sampling_params import SamplingParams
 from .scheduler import PREEMPTION_MODES, ScheduledSeq, Scheduler, SchedulerOutput
@@ -140,18 +142,22 @@ class LLMEngine:
 
     # -- requests
 
-    def validate_request(
+    def make_request(
         self,
+        request_id: str,
         prompt_token_ids: Iterable[int],
         params: SamplingParams | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
+        tenant: str | None = None,
         weight: float = 1.0,
-    ) -> tuple[list[int], SamplingParams, int]:
+    ) -> EngineRequest:
         """Check a request against the model and the cache without queueing it.
 
-        Returns ``(prompt, params, max_tokens)`` with ``max_tokens`` resolved
-        (``params.max_tokens=None`` becomes "until the context or the cache is
-        full"). Raises an ``InvalidRequestError`` subclass. Thread-safe.
+        Returns the ``EngineRequest`` that ``add`` (and ``AsyncEngine.stream``)
+        trust, with ``max_tokens`` resolved (``params.max_tokens=None`` becomes
+        "until the context or the cache is full"). Raises an
+        ``InvalidRequestError`` subclass. Thread-safe.
         """
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -161,22 +167,34 @@ class LLMEngine:
             raise InvalidRequestError(f"priority must be an integer, got {priority!r}", param="priority")
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
             raise InvalidRequestError(f"weight must be a positive number, got {weight!r}", param="weight")
+        for name, value in (("cache_salt", cache_salt), ("tenant", tenant)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
+        prompt = self._checked_prompt(prompt_token_ids)
+        max_tokens = self._fitted_max_tokens(len(prompt), params.max_tokens)
+        return EngineRequest(
+            request_id, prompt, params, max_tokens, priority=priority, cache_salt=cache_salt, tenant=tenant,
+            weight=float(weight), engine_id=id(self),
+        )
 
+    def _checked_prompt(self, prompt_token_ids: Iterable[int]) -> list[int]:
         try:
             prompt = [operator.index(t) for t in prompt_token_ids]
         except TypeError:
             raise InvalidPromptError("prompt token ids must be integers") from None
-        n = len(prompt)
-        if n == 0:
+        if not prompt:
             raise EmptyPromptError()
         lo, hi = min(prompt), max(prompt)
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi
             raise InvalidPromptError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return prompt
 
-        if params.max_tokens is None:
-            if n >= self.max_model_len:
-                raise PromptTooLongError(n, None, self.max_model_len)
+    def _fitted_max_tokens(self, n: int, requested: int | None) -> int:
+        """``requested`` (or, for None, as many as fit), checked against the context and the KV cache."""
+        if n >= self.max_model_len:  # the prompt alone leaves no room, whatever was asked for
+            raise PromptTooLongError(n, None, self.max_model_len)
+        if requested is None:
             # The last sampled token is never fed back, so n + max_tokens - 1
             # positions need KV.
             cache_tokens = self.num_blocks * self.block_size
@@ -184,13 +202,13 @@ class LLMEngine:
             if max_tokens < 1:
                 raise CacheCapacityError(n, blocks_for(n, self.block_size), self.num_blocks, self.block_size)
         else:
-            max_tokens = params.max_tokens
+            max_tokens = requested
             if n + max_tokens > self.max_model_len:
                 raise PromptTooLongError(n, max_tokens, self.max_model_len)
         needed = n + max_tokens - 1
         if blocks_for(needed, self.block_size) > self.num_blocks:
             raise CacheCapacityError(needed, blocks_for(needed, self.block_size), self.num_blocks, self.block_size)
-        return prompt, params, max_tokens
+        return max_tokens
 
     def add_request(
         self,
@@ -202,7 +220,7 @@ class LLMEngine:
         tenant: str | None = None,
         weight: float = 1.0,
     ) -> None:
-        """Queue a request; it joins the running batch at the next step.
+        """Check and queue a request; it joins the running batch at the next step.
 
         ``cache_salt``: the prefix-cache namespace of the request (a tenant id,
         say): it reuses cached KV only of requests with the same salt.
@@ -217,18 +235,23 @@ class LLMEngine:
         """
         if request_id in self._requests:
             raise DuplicateRequestError(request_id)
-        prompt, params, max_tokens = self.validate_request(prompt_token_ids, params, priority, weight)
-        for name, value in (("cache_salt", cache_salt), ("tenant", tenant)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
+        self.add(self.make_request(request_id, prompt_token_ids, params, priority, cache_salt, tenant, weight))
+
+    def add(self, request: EngineRequest) -> None:
+        """Queue a request ``make_request`` checked (on this engine); only its id's uniqueness is checked here."""
+        if request.engine_id != id(self):
+            raise InvalidRequestError("the request was checked by another engine", param=None)
+        if request.request_id in self._requests:
+            raise DuplicateRequestError(request.request_id)
         seq_id = self._next_seq_id
         self._next_seq_id += 1
         seq = Sequence(
-            seq_id, request_id, prompt, params, max_tokens=max_tokens, priority=priority, arrival=seq_id,
-            cache_salt=cache_salt, tenant=tenant, weight=float(weight),
+            seq_id, request.request_id, request.prompt, request.params, max_tokens=request.max_tokens,
+            priority=request.priority, arrival=seq_id, cache_salt=request.cache_salt, tenant=request.tenant,
+            weight=request.weight,
         )
-        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt, params, self.eos_token_ids)
-        self._requests[request_id] = seq
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt, request.params, self.eos_token_ids)
+        self._requests[request.request_id] = seq
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

@@ -300,8 +300,8 @@ def test_a_global_policy_decides_inline_before_the_engine_gets_the_request(
         world.store.create_policy(tenant_id, "rate_limit", "limits", limits)
     engine = world.app.state.manager.get(MODEL).engine
     calls: list[int] = []
-    generate = engine.generate
-    monkeypatch.setattr(engine, "generate", lambda *a, **k: (calls.append(1), generate(*a, **k))[1])
+    stream = engine.stream  # what the gateway runs a checked request with
+    monkeypatch.setattr(engine, "stream", lambda *a, **k: (calls.append(1), stream(*a, **k))[1])
     spec = {"opa": {"engine": "embedded", "rego": GLOBAL_DENY.replace("TENANT", tenant.name)}}
     policy = world.store.create_policy(None, "guardrail", "closed", spec)
     try:

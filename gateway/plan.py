@@ -1,0 +1,154 @@
+"""What a parsed generation request asks of the engine: its prompts, tokenised, and one checked engine request per choice.
+
+The gateway validates the API's own rules here (how many choices, which
+speculative methods a model allows); everything the engine has a rule for
+(sampling ranges, the prompt's tokens, the fit in the context and the KV
+cache) is checked once, by the engine's ``make_request``, whose errors are
+renamed to the API's parameter names. The ``EngineRequest``s a ``Plan`` holds
+are what the engine runs, unchecked from then on.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from backends.engine import EngineRequest, InvalidRequestError, SamplingParams
+from backends.models import ChatTemplateError
+
+from gateway.errors import InvalidRequest
+from gateway.generation import ChoiceSpec, engine_error_to_gateway
+from gateway.models import ServedModel
+from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, sampling_kwargs
+
+GenerationRequest = ChatCompletionRequest | CompletionRequest
+
+
+@dataclass
+class PreparedPrompt:
+    token_ids: list[int]
+    text: str | None = None  # for echo; decoded lazily when only ids were given
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the engine files a request: its priority, fair-share key and weight, and prefix-cache namespace."""
+
+    priority: int = 0
+    tenant: str | None = None
+    weight: float = 1.0
+    cache_salt: str | None = None
+
+
+@dataclass
+class Plan:
+    """What a validated request asks of the engine."""
+
+    served: ServedModel
+    prompts: list[PreparedPrompt]
+    choices: list[ChoiceSpec]
+    completion_id: str
+    param_names: dict[str, str]  # the engine's parameter names as this API spells them
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens the engine reads, each choice counted (what rate limits reserve)."""
+        return sum(len(c.request.prompt) for c in self.choices)
+
+    @property
+    def requested_completion_tokens(self) -> int | None:
+        """The completion tokens the request may use at most; None when a choice did not say."""
+        limits = [c.request.params.max_tokens for c in self.choices]
+        return None if any(m is None for m in limits) else sum(m for m in limits if m is not None)
+
+
+def plan_chat(served: ServedModel, req: ChatCompletionRequest, placement: Placement) -> Plan:
+    return _plan(served, req, [PreparedPrompt(encode_chat(served, req))], placement, prefix="chatcmpl")
+
+
+def plan_completion(served: ServedModel, req: CompletionRequest, placement: Placement) -> Plan:
+    return _plan(served, req, encode_prompts(served, req), placement, prefix="cmpl")
+
+
+def encode_chat(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
+    try:
+        text = served.tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise InvalidRequest(f"The messages cannot be rendered with this model's chat template: {exc}", param="messages") from None
+    # The template already wrote the special tokens (BOS, turn markers) as
+    # text; letting the tokenizer add its own would double them.
+    return served.tokenizer.encode(text, add_special_tokens=False)
+
+
+def encode_prompts(served: ServedModel, req: CompletionRequest) -> list[PreparedPrompt]:
+    raw = req.prompts()
+    if len(raw) > MAX_CHOICES:
+        raise InvalidRequest(f"At most {MAX_CHOICES} prompts are allowed per request", param="prompt")
+    # Token ids go to the engine as given: its check (in _plan) names a bad one.
+    return [PreparedPrompt(served.tokenizer.encode(p), text=p) if isinstance(p, str) else PreparedPrompt(list(p))
+            for p in raw]  # fmt: skip
+
+
+def param_names(req: GenerationRequest) -> dict[str, str]:
+    """Engine parameter names that the API spells differently."""
+    if isinstance(req, CompletionRequest):
+        return {"top_logprobs": "logprobs"}
+    return {"max_tokens": max_tokens_param(req), "prompt": "messages"}
+
+
+def max_tokens_param(req: GenerationRequest) -> str:
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
+def _plan(
+    served: ServedModel, req: GenerationRequest, prompts: list[PreparedPrompt], placement: Placement, *, prefix: str
+) -> Plan:
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise InvalidRequest(
+            f"{len(prompts)} prompts x n={req.n} exceeds the limit of {MAX_CHOICES} choices per request",
+            param="n",
+        )
+    _check_speculative(served, req)
+    names = param_names(req)
+    completion_id = f"{prefix}-{secrets.token_hex(12)}"
+    choices: list[ChoiceSpec] = []
+    for p_index, prompt in enumerate(prompts):
+        # A bad prompt among several is named by its index.
+        prompt_names = names if len(prompts) == 1 else {**names, "prompt": f"prompt[{p_index}]"}
+        for sample in range(req.n):
+            index = p_index * req.n + sample
+            # max_tokens None: until the context or the KV cache is full (the engine resolves it).
+            kwargs = sampling_kwargs(req, max_tokens=req.requested_max_tokens, num_logprobs=req.num_logprobs,
+                                     seed_offset=index)  # fmt: skip
+            request = _engine_request(served, f"{completion_id}-{index}", prompt.token_ids, kwargs, placement,
+                                      prompt_names)  # fmt: skip
+            choices.append(ChoiceSpec(index=index, prompt_index=p_index, request=request))
+    return Plan(served=served, prompts=prompts, choices=choices, completion_id=completion_id, param_names=names)
+
+
+def _engine_request(
+    served: ServedModel, request_id: str, prompt: list[int], kwargs: dict[str, object], placement: Placement,
+    names: dict[str, str],
+) -> EngineRequest:
+    try:
+        return served.engine.make_request(
+            request_id, prompt, SamplingParams(**kwargs), placement.priority,  # type: ignore[arg-type]
+            cache_salt=placement.cache_salt, tenant=placement.tenant, weight=placement.weight,
+        )
+    except InvalidRequestError as exc:
+        raise engine_error_to_gateway(exc, param_names=names) from None
+
+
+def _check_speculative(served: ServedModel, req: GenerationRequest) -> None:
+    wanted, configured = req.speculative, served.speculative
+    if wanted is None or wanted.k == 0:
+        return
+    if configured is None:
+        raise InvalidRequest(f"speculative decoding is not enabled for the model {served.name!r}", param="speculative")
+    if wanted.method is not None and wanted.method != configured.method:
+        raise InvalidRequest(f"speculative decoding by {wanted.method} is not enabled for the model "
+                             f"{served.name!r} (it uses {configured.method})", param="speculative")

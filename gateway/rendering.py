@@ -1,0 +1,243 @@
+"""How engine outputs become OpenAI response objects: whole answers and SSE streams.
+
+A ``Renderer`` knows one API's shapes (chat completions, text completions);
+``collect`` and ``sse_body`` are the two ways a ``Generation`` is answered.
+Nothing here decides anything: the request's policy has run before the first
+output reaches a renderer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from backends.engine import RequestOutput, TokenLogprob
+
+from gateway.errors import GatewayError, error_body
+from gateway.generation import ChoiceEvent, Generation, Usage
+from gateway.streaming import SSE_DONE, sse_event
+
+if TYPE_CHECKING:
+    from gateway.plan import Plan
+
+
+async def collect(gen: Generation) -> dict[int, list[RequestOutput]]:
+    """Every choice's outputs, for a whole (non-streamed) answer."""
+    outputs: dict[int, list[RequestOutput]] = {c.index: [] for c in gen.choices}
+    async for event in gen:
+        outputs[event.index].append(event.output)
+    return outputs
+
+
+class Renderer(Protocol):
+    """Turns engine outputs into one API's response objects."""
+
+    def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]: ...
+
+    def stream_start(self) -> list[dict[str, Any]]: ...
+
+    def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None: ...
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]: ...
+
+
+def _is_empty(out: RequestOutput) -> bool:
+    # The engine may hold back text (an incomplete UTF-8 sequence, a possible
+    # stop string); a chunk with nothing in it is noise for clients.
+    return not out.new_text and not out.finished and not out.logprobs
+
+
+async def sse_body(
+    gen: Generation, first: ChoiceEvent | None, render: Renderer, include_usage: bool
+) -> AsyncIterator[bytes]:
+    for chunk in render.stream_start():
+        yield sse_event(chunk)
+    try:
+        if first is not None:
+            chunk = render.stream_event(first, include_usage)
+            if chunk is not None:
+                yield sse_event(chunk)
+            async for event in gen:
+                chunk = render.stream_event(event, include_usage)
+                if chunk is not None:
+                    yield sse_event(chunk)
+    except GatewayError as exc:
+        # Headers are gone already; the error travels in the stream, as OpenAI does.
+        yield sse_event(error_body(exc))
+        yield SSE_DONE
+        return
+    if include_usage:
+        yield sse_event(render.usage_chunk(gen.usage))
+    yield SSE_DONE
+
+
+def _finish_reason(outputs: list[RequestOutput]) -> str | None:
+    return outputs[-1].finish_reason if outputs and outputs[-1].finished else None
+
+
+class ChatRenderer:
+    def __init__(self, plan: Plan, logprobs: bool) -> None:
+        self.plan = plan
+        self.served = plan.served
+        self.logprobs = logprobs
+
+    def _header(self, obj: str) -> dict[str, Any]:
+        return {
+            "id": self.plan.completion_id,
+            "object": obj,
+            "created": self.plan.created,
+            "model": self.served.name,
+            "system_fingerprint": self.served.system_fingerprint,
+        }
+
+    @staticmethod
+    def _logprob_entry(lp: TokenLogprob) -> dict[str, Any]:
+        return {
+            "token": lp.token,
+            "logprob": float(lp.logprob),
+            "bytes": list(lp.token.encode("utf-8")),
+            "top_logprobs": [
+                {"token": token, "logprob": float(value), "bytes": list(token.encode("utf-8"))}
+                for _id, token, value in lp.top
+            ],
+        }
+
+    def _logprobs(self, outputs: list[RequestOutput]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        return {"content": [self._logprob_entry(lp) for out in outputs for lp in (out.logprobs or [])]}
+
+    def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
+        choices = [
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": "".join(o.new_text for o in outs)},
+                "logprobs": self._logprobs(outs),
+                "finish_reason": _finish_reason(outs),
+            }
+            for index, outs in sorted(outputs.items())
+        ]
+        return {**self._header("chat.completion"), "choices": choices, "usage": usage.to_dict()}
+
+    def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, Any]:
+        chunk = {**self._header("chat.completion.chunk"), "choices": choices}
+        if include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def stream_start(self) -> list[dict[str, Any]]:
+        # The role comes first, alone, as OpenAI sends it.
+        return [
+            self._chunk(
+                [{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+                include_usage=False,
+            )
+            for c in self.plan.choices
+        ]
+
+    def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None:
+        out = event.output
+        if _is_empty(out):
+            return None
+        delta: dict[str, Any] = {"content": out.new_text} if out.new_text or not out.finished else {}
+        choice = {
+            "index": event.index,
+            "delta": delta,
+            "logprobs": self._logprobs([out]),
+            "finish_reason": out.finish_reason if out.finished else None,
+        }
+        return self._chunk([choice], include_usage)
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self._header("chat.completion.chunk"), "choices": [], "usage": usage.to_dict()}
+
+
+class CompletionRenderer:
+    def __init__(self, plan: Plan, logprobs: int | None, echo: bool) -> None:
+        self.plan = plan
+        self.served = plan.served
+        self.logprobs = logprobs
+        self.echo = echo
+        self._offsets: dict[int, int] = {}
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "id": self.plan.completion_id,
+            "object": "text_completion",
+            "created": self.plan.created,
+            "model": self.served.name,
+            "system_fingerprint": self.served.system_fingerprint,
+        }
+
+    def _prompt_text(self, index: int) -> str:
+        prompt = self.plan.prompts[self.plan.choices[index].prompt_index]
+        if prompt.text is None:
+            prompt.text = self.served.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
+        return prompt.text
+
+    def _logprobs(self, index: int, outputs: list[RequestOutput]) -> dict[str, Any] | None:
+        if self.logprobs is None:
+            return None
+        tokens: list[str] = []
+        token_logprobs: list[float] = []
+        top: list[dict[str, float]] = []
+        offsets: list[int] = []
+        offset = self._offsets.get(index, 0)
+        for out in outputs:
+            for lp in out.logprobs or []:
+                tokens.append(lp.token)
+                token_logprobs.append(float(lp.logprob))
+                top.append({token: float(value) for _id, token, value in lp.top})
+                offsets.append(offset)
+                offset += len(lp.token)
+        self._offsets[index] = offset
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
+        choices = []
+        for index, outs in sorted(outputs.items()):
+            text = "".join(o.new_text for o in outs)
+            if self.echo:
+                text = self._prompt_text(index) + text
+            choices.append(
+                {
+                    "index": index,
+                    "text": text,
+                    "logprobs": self._logprobs(index, outs),
+                    "finish_reason": _finish_reason(outs),
+                }
+            )
+        return {**self._header(), "choices": choices, "usage": usage.to_dict()}
+
+    def stream_start(self) -> list[dict[str, Any]]:
+        if not self.echo:
+            return []
+        return [
+            {
+                **self._header(),
+                "choices": [{"index": c.index, "text": self._prompt_text(c.index), "logprobs": None, "finish_reason": None}],
+            }
+            for c in self.plan.choices
+        ]
+
+    def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None:
+        out = event.output
+        if _is_empty(out):
+            return None
+        chunk: dict[str, Any] = {
+            **self._header(),
+            "choices": [
+                {
+                    "index": event.index,
+                    "text": out.new_text,
+                    "logprobs": self._logprobs(event.index, [out]),
+                    "finish_reason": out.finish_reason if out.finished else None,
+                }
+            ],
+        }
+        if include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self._header(), "choices": [], "usage": usage.to_dict()}
