@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gateway.errors import InvalidRequest, UnsupportedParameter
+from gateway.validation_errors import first_error
 
 MAX_N = 8
 MAX_CHOICES = 16
@@ -289,41 +290,19 @@ class CompletionRequest(_SamplingRequest):
 # -- parsing ------------------------------------------------------------------
 
 
-def _param_from_loc(loc: tuple[int | str, ...]) -> str | None:
-    """``("messages", 0, "content")`` -> ``"messages[0].content"``.
-
-    Pydantic puts union-member tags (``"str"``, ``"list[str]"``,
-    ``"function-after[...]"``) into the location; they are not parameters.
-    """
-    out = ""
-    for item in loc:
-        if isinstance(item, int):
-            out += f"[{item}]"
-        elif "[" in item or item in {"str", "int", "float", "bool", "list", "dict", "none"}:
-            continue
-        else:
-            out += f".{item}" if out else item
-    return out or None
-
-
 def parse_request(
     model_cls: type[_SamplingRequest], data: dict[str, Any], stop_limits: StopLimits = DEFAULT_STOP_LIMITS
 ) -> Any:
     try:
         return model_cls.model_validate(data, context={"stop_limits": stop_limits})
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        first = errors[0]
-        cause = first.get("ctx", {}).get("error")
+        first = first_error(exc)
+        cause = first.cause  # a validator's own refusal of a known OpenAI parameter keeps its code
         if isinstance(cause, _Unsupported):
             if cause.code is None:
                 raise InvalidRequest(cause.message, param=cause.param) from None
             raise UnsupportedParameter(cause.message, param=cause.param, code=cause.code) from None
-        param = _param_from_loc(tuple(first.get("loc", ())))
-        message = first.get("msg", "invalid value")
-        if message.startswith("Value error, "):
-            message = message[len("Value error, ") :]
-        raise InvalidRequest(f"{param}: {message}" if param else message, param=param) from None
+        raise InvalidRequest(first.line(), param=first.path) from None
 
 
 # -- engine parameters --------------------------------------------------------
