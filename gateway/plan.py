@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from backends.engine import EngineRequest, InvalidRequestError, SamplingParams
 from backends.models import ChatTemplateError
@@ -131,12 +132,12 @@ def _plan(
 
 
 def _engine_request(
-    served: ServedModel, request_id: str, prompt: list[int], kwargs: dict[str, object], placement: Placement,
+    served: ServedModel, request_id: str, prompt: list[int], kwargs: dict[str, Any], placement: Placement,
     names: dict[str, str],
 ) -> EngineRequest:
     try:
         return served.engine.make_request(
-            request_id, prompt, SamplingParams(**kwargs), placement.priority,  # type: ignore[arg-type]
+            request_id, prompt, SamplingParams(**kwargs), placement.priority,
             cache_salt=placement.cache_salt, tenant=placement.tenant, weight=placement.weight,
         )
     except InvalidRequestError as exc:

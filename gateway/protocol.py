@@ -84,7 +84,7 @@ class _SamplingRequest(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool = False
-    # Lower is more important; bounded per caller by its traffic policy (gateway.routes.openai._scheduling).
+    # Lower is more important; bounded per caller by its traffic policy (gateway.request_policy.RequestPolicy.place).
     priority: int = Field(default=0, description="Engine priority: lower is more important. By default a caller "
                           "may ask for 0 to 1000; its traffic policy's min_priority/max_priority can widen that")
     speculative: SpeculativeRequest | None = None

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from gateway.validation_errors import first_error
 from gateway.settings.schema import DEFAULT_MODEL_NAME, Settings, default_data_dir, default_model_path
 
 log = logging.getLogger("inferflux.gateway.settings")
@@ -89,13 +90,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _loc_to_key(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for item in loc:
-        out += f"[{item}]" if isinstance(item, int) else (f".{item}" if out else str(item))
-    return out
-
-
 def load_settings(
     config_file: str | os.PathLike[str] | None = None,
     *,
@@ -140,16 +134,10 @@ def load_settings(
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        loc = tuple(first.get("loc", ()))
-        key = _loc_to_key(loc) or "(top level)"
-        source = sources.get(key) or (sources.get(str(loc[0])) if loc else None) or "defaults"
-        message = first.get("msg", "invalid value")
-        if message.startswith("Value error, "):
-            message = message[len("Value error, ") :]
-        if first.get("type") == "extra_forbidden":
-            message = "unknown setting"
-        raise ConfigError(f"invalid setting {key!r} (from {source}): {message}") from None
+        first = first_error(exc, unknown="unknown setting")
+        key = first.path or "(top level)"
+        source = sources.get(key) or (sources.get(str(first.loc[0])) if first.loc else None) or "defaults"
+        raise ConfigError(f"invalid setting {key!r} (from {source}): {first.message}") from None
 
 
 def ensure_data_dir(path: Path) -> Path:

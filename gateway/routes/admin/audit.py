@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.state import state_of
 from gateway.auth import call_store
 from gateway.authz import principal_of, requires
 from gateway.openapi import document, query_param
@@ -132,7 +133,7 @@ def _item(record: AuditRecord) -> dict[str, Any]:
 async def _query(request: Request, tenant_id: str | None) -> Response:
     limit, after = page_args(request)
     page = await call_store(
-        request.app.state.audit_store.query, tenant_id=tenant_id, limit=limit, after=after, **_filters(request)
+        state_of(request).audit_store.query, tenant_id=tenant_id, limit=limit, after=after, **_filters(request)
     )
     return ok(render_page(page, _item))
 
@@ -162,7 +163,7 @@ async def stream_audit(request: Request) -> Response:
     principal = principal_of(request)
     tenant_id = _scope_tenant(request, principal)
     max_seconds = _max_seconds(request)
-    subscription = request.app.state.audit_trail.subscribe(tenant_id)
+    subscription = state_of(request).audit_trail.subscribe(tenant_id)
 
     async def close() -> None:
         subscription.close()

@@ -24,6 +24,8 @@ from gateway.authz import principal_of
 from gateway.context import get_context
 from gateway.jsonbody import decode_json_body
 from gateway.metrics import route_template
+from gateway.state import state_of
+from gateway.validation_errors import first_error
 from policy.audit.errors import AuditUnavailable
 from policy.audit.events import admin_event
 from policy.errors import ValidationFailed
@@ -59,7 +61,7 @@ def check_role(value: str) -> str:
 
 
 def store_of(request: Request) -> PolicyStore:
-    return request.app.state.store  # type: ignore[no-any-return]
+    return state_of(request).store
 
 
 # -- answers -------------------------------------------------------------------
@@ -104,18 +106,13 @@ def ok(body: Any, status: int = 200) -> JSONResponse:
 
 async def parse_body(request: Request, model: type[M]) -> M:
     """The body decoded with the input limits and validated as ``model`` (400 naming the first bad field)."""
-    # allow_nul=False: the store keeps these strings, and PostgreSQL's text refuses U+0000.
-    limits = request.app.state.settings.input_limits.json_limits(allow_nul=False)
-    data = decode_json_body(await request.body(), limits)
+    # No U+0000 (store_json_limits): the store keeps these strings, and PostgreSQL's text refuses it.
+    data = decode_json_body(await request.body(), state_of(request).store_json_limits)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        param = ".".join(str(p) for p in first.get("loc", ())) or None
-        message = first.get("msg", "invalid value").removeprefix("Value error, ")
-        if first.get("type") == "extra_forbidden":
-            message = "unknown field"
-        raise ValidationFailed(f"{param}: {message}" if param else message, param=param) from None
+        first = first_error(exc)
+        raise ValidationFailed(first.line(), param=first.path) from None
 
 
 async def parse_optional_body(request: Request, model: type[M]) -> M:
@@ -161,7 +158,7 @@ def check_models_known(
     """Refuse names of models that do not exist, or that are not among ``usable`` (None: any)."""
     if names is None:
         return
-    manager = request.app.state.manager
+    manager = state_of(request).manager
     known = {m.name for m in manager} | set(manager.loading())
     if usable is not None:
         # A model outside the tenant's allow-list is answered like a missing
@@ -188,7 +185,7 @@ async def record_change(
     before the change); a trail that fails in between answers 503, saying that the
     change was made and only its attempt is on record (and the log says which).
     """
-    state = request.app.state
+    state = state_of(request)
     await state.authenticator.refresh(force=True)
     limits = getattr(state.limiter, "limits", None)
     if isinstance(limits, PolicyResolver):

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.state import state_of
 from gateway.authz import principal_of, requires
 from gateway.openapi import document
 from gateway.routes.admin.common import BODY, PREFIX, NoBody, ok, parse_body, parse_optional_body, record_change
@@ -30,7 +31,7 @@ class ModelLoadRequest(BaseModel):
 @document("Served and loading models, with status", tag="models")
 @requires(Scope.ADMIN_PLATFORM)
 async def list_models(request: Request) -> Response:
-    admin = request.app.state.model_admin
+    admin = state_of(request).model_admin
     return ok({"object": "list", "data": admin.describe_all()})
 
 
@@ -40,7 +41,7 @@ async def list_models(request: Request) -> Response:
 async def load_model(request: Request) -> Response:
     principal = principal_of(request)
     body = await parse_body(request, ModelLoadRequest)
-    admin = request.app.state.model_admin
+    admin = state_of(request).model_admin
     status = await admin.load(
         name=body.name, path=body.path, backend=body.backend, dtype=body.dtype, aliases=body.aliases, default=body.default
     )
@@ -52,7 +53,7 @@ async def load_model(request: Request) -> Response:
 @document("A model's status and load progress", tag="models")
 @requires(Scope.ADMIN_PLATFORM)
 async def get_model(request: Request) -> Response:
-    return ok(request.app.state.model_admin.describe(request.path_params["name"]))
+    return ok(state_of(request).model_admin.describe(request.path_params["name"]))
 
 
 @document("Unload a model and forget it", tag="models", status=204)
@@ -60,7 +61,7 @@ async def get_model(request: Request) -> Response:
 async def unload_model(request: Request) -> Response:
     principal = principal_of(request)
     name = request.path_params["name"]
-    await request.app.state.model_admin.unload(name)
+    await state_of(request).model_admin.unload(name)
     await record_change(request, principal, "model.unload", None, "model", name)
     return Response(status_code=204)
 
@@ -71,7 +72,7 @@ async def set_default_model(request: Request) -> Response:
     principal = principal_of(request)
     await parse_optional_body(request, NoBody)
     name = request.path_params["name"]
-    status = await request.app.state.model_admin.set_default(name)
+    status = await state_of(request).model_admin.set_default(name)
     await record_change(request, principal, "model.default", None, "model", name)
     return ok(status)
 
