@@ -36,6 +36,12 @@ from policy.rbac import Scope
 
 Req = TypeVar("Req", ChatCompletionRequest, CompletionRequest)
 
+# A body this small is templated and tokenised on the event loop: a few hundred
+# microseconds at most, less than a hop to the thread pool and back costs on a
+# busy machine (measured: benchmarks/bench_policy.py); a larger one is planned
+# on the pool so that it cannot stall every other request.
+INLINE_PLAN_BYTES = 1024
+
 
 async def read_json(request: Request) -> dict[str, Any]:
     content_type = request.headers.get("content-type")
@@ -86,7 +92,11 @@ async def _generate(
     body = await policy.screen(await read_json(request))
     req = parse_request(kind, body, state_of(request).stop_limits)
     served = _resolve(request, req.model)
-    plan = await run_in_threadpool(plan_for, served, req, await policy.place(req))
+    placement = await policy.place(req)
+    if len(await request.body()) <= INLINE_PLAN_BYTES:
+        plan = plan_for(served, req, placement)
+    else:
+        plan = await run_in_threadpool(plan_for, served, req, placement)
     return await _answer(request, policy, plan, req, render_for(plan, req))
 
 
