@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence, TypeVar
 
 from backends.base import Batch, BackendError, choose_dtype
 from backends.cpu.backend import CPUBackend, resolve_dtype
+from kernels.errors import KernelError
 
 if TYPE_CHECKING:
     import torch
@@ -115,7 +116,11 @@ class DeviceRunner(CPUBackend):
         return ids, tensors_to(meta, self.device), logits_index
 
     def forward(self, batch: Batch) -> Any:
-        return super().forward(batch).cpu()  # the engine samples on the host
+        try:
+            return super().forward(batch).cpu()  # the engine samples on the host
+        except KernelError as exc:  # where a step crosses into the kernel set: the backend's error
+            raise BackendError(f"{self.name} backend, {self.kernels.__name__}: {exc}",
+                               {"kernels": self.kernels.__name__}) from exc
 
     # -- swap (backends.base) ---------------------------------------------------------
 

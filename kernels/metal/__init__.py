@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from backends.base import BackendError
+from kernels.contracts import check_paged_attention, check_store_kv
+from kernels.errors import KernelError
 from kernels.reference import add_rms_norm, apply_rope, apply_rope_interleaved, causal_attention, rms_norm, silu_and_mul
 
 __all__ = [
@@ -74,7 +75,7 @@ def library(source: str, dtype: torch.dtype) -> Any:
             try:
                 _libraries[key] = torch.mps.compile_shader(f"#define ELEM_T {MSL_TYPES[dtype]}\n{text}")
             except Exception as exc:  # compile errors surface as RuntimeError from the Metal compiler
-                raise BackendError(f"cannot compile {source} for {dtype} with torch.mps: {exc}") from exc
+                raise KernelError(f"cannot compile {source} for {dtype} with torch.mps: {exc}") from exc
         return _libraries[key]
 
 
@@ -121,19 +122,11 @@ def paged_attention_launch(
     scale: float,
 ) -> Launch:
     """The dispatch of paged_attention.metal: one threadgroup per (query row, head)."""
-    _check_caches("paged_attention", k_cache, v_cache, q)
-    if q.dim() != 4:
-        raise BackendError(f"paged_attention: q must be [num_seqs, q_len, heads, head_dim], got {tuple(q.shape)}")
-    num_seqs, q_len, heads, head_dim = q.shape
-    kv_heads, num_blocks, block_size, cache_dim = k_cache.shape
-    if cache_dim != head_dim or heads % kv_heads:
-        raise BackendError(f"paged_attention: q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)}")
-    if head_dim > SIMD_WIDTH * DIMS_PER_THREAD:
-        raise BackendError(f"paged_attention: head_dim {head_dim} is over the shader's {SIMD_WIDTH * DIMS_PER_THREAD}")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise BackendError(f"paged_attention: block_tables {tuple(block_tables.shape)} for {num_seqs} sequences")
-    if context_lens.shape != (num_seqs,) or query_start.shape != (num_seqs,):
-        raise BackendError(f"paged_attention: context_lens and query_start must both be [{num_seqs}]")
+    shape = check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start)
+    _check_contiguous("paged_attention", k_cache, v_cache)
+    if shape.head_dim > SIMD_WIDTH * DIMS_PER_THREAD:
+        raise KernelError(f"paged_attention: head_dim {shape.head_dim} is over the shader's "
+                          f"{SIMD_WIDTH * DIMS_PER_THREAD}")
     values = {
         "q": q.contiguous(),
         "k_cache": k_cache,
@@ -143,30 +136,27 @@ def paged_attention_launch(
         "query_start": _int32(query_start),
         "out": torch.empty(q.shape, dtype=q.dtype, device=q.device),
         "scale": float(scale),
-        "q_len": q_len,
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "block_size": block_size,
-        "num_blocks": num_blocks,
-        "max_blocks": block_tables.shape[1],
+        "q_len": shape.q_len,
+        "heads": shape.heads,
+        "kv_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "block_size": shape.block_size,
+        "num_blocks": shape.num_blocks,
+        "max_blocks": shape.max_blocks,
     }
     args = tuple(values[name] for name in PAGED_ATTENTION_PARAMS)
     return Launch("paged_attention.metal", "paged_attention", q.dtype, args,
-                  threads=(SIMD_WIDTH, heads, num_seqs * q_len), group_size=(SIMD_WIDTH, 1, 1))
+                  threads=(SIMD_WIDTH, shape.heads, shape.num_seqs * shape.q_len), group_size=(SIMD_WIDTH, 1, 1))
 
 
 def store_kv_launch(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor
 ) -> Launch:
     """The dispatch of kv_store.metal: one thread per (dimension, KV head, token)."""
-    _check_caches("store_kv", k_cache, v_cache, k, v)
+    check_store_kv(k_cache, v_cache, k, v, slots)
+    _check_contiguous("store_kv", k_cache, v_cache)
     kv_heads, num_blocks, block_size, head_dim = k_cache.shape
     tokens = slots.shape[0]
-    expected = (tokens, kv_heads, head_dim)
-    if slots.dim() != 1 or tuple(k.shape) != expected or tuple(v.shape) != expected:
-        raise BackendError(f"store_kv: k {tuple(k.shape)}, v {tuple(v.shape)}, slots {tuple(slots.shape)} "
-                           f"do not fit caches {tuple(k_cache.shape)}")
     values = {
         "k_cache": k_cache,
         "v_cache": v_cache,
@@ -183,16 +173,10 @@ def store_kv_launch(
                   threads=(head_dim, kv_heads, tokens), group_size=(min(head_dim, MAX_STORE_GROUP), 1, 1))
 
 
-def _check_caches(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor, *others: torch.Tensor) -> None:
-    # The shaders index flat buffers: caches must be contiguous, and one dtype serves all.
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise BackendError(f"{name}: caches must be two alike [kv_heads, num_blocks, block_size, head_dim] tensors")
+def _check_contiguous(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    # The shaders index the caches as flat buffers.
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise BackendError(f"{name}: the caches must be contiguous")
-    dtypes = {t.dtype for t in (k_cache, v_cache, *others)}
-    if len(dtypes) != 1 or k_cache.dtype not in MSL_TYPES:
-        got = ", ".join(sorted(map(str, dtypes)))
-        raise BackendError(f"{name}: tensors must share one of float32, float16, bfloat16, got {got}")
+        raise KernelError(f"{name}: the caches must be contiguous")
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:

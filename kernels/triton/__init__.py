@@ -15,9 +15,10 @@ its counterpart in ``kernels.reference``, which is also the test oracle.
   flash attention on the GPU) - no Triton kernel of ours would beat it.
 
 All arithmetic is float32 with one rounding to the activation dtype at the end.
-Wrappers check shapes, dtypes and devices and raise ``BackendError``; index values
-(slots, block tables) are trusted, since checking them would synchronise with the
-device every layer.
+Wrappers check shapes, dtypes and devices (``kernels.contracts`` for the checks every
+kernel set shares) and raise ``kernels.errors.KernelError``; index values (slots,
+block tables) are trusted, since checking them would synchronise with the device
+every layer.
 
 To run the kernels on the CPU (tests, no GPU), set ``TRITON_INTERPRET=1`` before this
 package is first imported: Triton decides at definition time whether a kernel is

@@ -1,8 +1,8 @@
-"""Argument checks shared by the Triton kernel wrappers.
+"""What the Triton kernel wrappers share: the device check, tile sizes, strides.
 
-Checks read only shapes, dtypes and devices (host-side metadata): checking index
-*values* (slots, block tables) would cost a device synchronisation per layer, so
-those are trusted to come from the engine's block manager.
+The checks every kernel set shares (dtypes, and the shapes of paged attention and KV
+stores) are in ``kernels.contracts``. Checks read only host-side metadata; index
+*values* (slots, block tables) are trusted, as ``kernels.contracts`` says why.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import os
 import torch
 import triton
 
-from backends.base import BackendError
-
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from kernels.errors import KernelError
 
 # Triton makes a kernel compiled or interpreted when @triton.jit runs, which is when
 # this package is imported (this module first): later changes of TRITON_INTERPRET
@@ -37,22 +35,20 @@ def check_device(name: str, *tensors: torch.Tensor) -> None:
     device = tensors[0].device
     for t in tensors[1:]:
         if t.device != device:
-            raise BackendError(f"{name}: tensors are on different devices ({device} and {t.device})")
+            raise KernelError(f"{name}: tensors are on different devices ({device} and {t.device})")
     if device.type == "cpu" and not interpreting():
-        raise BackendError(
+        raise KernelError(
             f"{name}: the Triton kernels need a CUDA or ROCm device; to run them on the CPU (slowly, "
             "for tests) set TRITON_INTERPRET=1 before kernels.triton is first imported"
         )
 
 
-def check_float(name: str, *tensors: torch.Tensor) -> None:
-    """Same floating dtype everywhere, one the kernels are written for."""
-    dtype = tensors[0].dtype
-    if dtype not in FLOAT_DTYPES:
-        raise BackendError(f"{name}: unsupported dtype {dtype} (float32, float16 or bfloat16)")
-    for t in tensors[1:]:
-        if t.dtype != dtype:
-            raise BackendError(f"{name}: tensors must share a dtype ({dtype} and {t.dtype})")
+def check_cache_strides(name: str, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """The kernels address both caches with one set of strides and read head_dim rows whole."""
+    if k_cache.stride() != v_cache.stride():
+        raise KernelError(f"{name}: the caches' strides differ ({k_cache.stride()} and {v_cache.stride()})")
+    if k_cache.stride(-1) != 1:
+        raise KernelError(f"{name}: the caches' head_dim axis must be contiguous")
 
 
 def block(n: int, least: int = 1) -> int:

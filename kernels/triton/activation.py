@@ -6,9 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.base import BackendError
+from kernels.contracts import check_float
+from kernels.errors import KernelError
 
-from ._common import check_device, check_float, unit_last_stride
+from ._common import check_device, unit_last_stride
 
 BLOCK = 1024
 
@@ -29,7 +30,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     check_device("silu_and_mul", gate_up)
     check_float("silu_and_mul", gate_up)
     if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
-        raise BackendError(f"silu_and_mul: last axis of {tuple(gate_up.shape)} is not even")
+        raise KernelError(f"silu_and_mul: last axis of {tuple(gate_up.shape)} is not even")
     inter = gate_up.shape[-1] // 2
     out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
     if out.numel() == 0:

@@ -37,6 +37,9 @@ class Variant:
     dtype: str  # Triton's name for the activation dtype: bf16, fp16, fp32
     constexprs: dict[str, Any]
     options: dict[str, int] = field(default_factory=lambda: {"num_warps": 4})
+    # --quick compiles the first variant of each kernel, and those marked: a second code path
+    # of one kernel (a constexpr flag that changes what it does, not only its tiles).
+    quick: bool = False
 
     @property
     def label(self) -> str:
@@ -54,8 +57,10 @@ def variants() -> list[Variant]:
 
     hidden = _common.block(4096)
     out = [
-        Variant("norm", "_rms_norm_kernel", "bf16", {"BLOCK_D": hidden}, {"num_warps": _num_warps(hidden)}),
-        Variant("norm", "_add_rms_norm_kernel", "bf16", {"BLOCK_D": hidden}, {"num_warps": _num_warps(hidden)}),
+        Variant("norm", "_rms_norm_kernel", "bf16", {"BLOCK_D": hidden, "ADD_RESIDUAL": False},
+                {"num_warps": _num_warps(hidden)}),
+        Variant("norm", "_rms_norm_kernel", "bf16", {"BLOCK_D": hidden, "ADD_RESIDUAL": True},
+                {"num_warps": _num_warps(hidden)}, quick=True),
         Variant("rope", "_rope_kernel", "bf16", {"INTERLEAVED": False, "BLOCK_H": 64, "BLOCK_HALF": 64}),
         Variant("rope", "_rope_kernel", "bf16", {"INTERLEAVED": True, "BLOCK_H": 64, "BLOCK_HALF": 64}),
         Variant("activation", "_silu_and_mul_kernel", "bf16", {"BLOCK": BLOCK}),
@@ -104,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", action="append", help=f"cuda:<sm> or hip:<gfx> (default: {DEFAULT_TARGETS})")
     parser.add_argument("--quick", action="store_true",
-                        help="one configuration per kernel (paged attention: bf16 decode) instead of all")
+                        help="one configuration per kernel (paged attention: bf16 decode; the norm with "
+                             "and without the residual add) instead of all")
     args = parser.parse_args(argv)
 
     import triton
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         target = parse_target(spec)
         todo = variants()
         if args.quick:
-            todo = [v for i, v in enumerate(todo) if all(w.kernel != v.kernel for w in todo[:i])]
+            todo = [v for i, v in enumerate(todo) if v.quick or all(w.kernel != v.kernel for w in todo[:i])]
         for v in todo:
             fn = getattr(importlib.import_module(f"{__package__}.{v.module}"), v.kernel)
             source = ASTSource(fn=fn, signature=signature(fn, v.dtype, v.constexprs), constexprs=v.constexprs)

@@ -6,9 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.base import BackendError
+from kernels.contracts import check_store_kv
 
-from ._common import block, check_device, check_float, unit_last_stride
+from ._common import block, check_cache_strides, check_device, unit_last_stride
 
 
 @triton.jit
@@ -44,24 +44,10 @@ def store_kv(
     layer); a negative slot is skipped, so padded batches can name no slot.
     """
     check_device("store_kv", k_cache, v_cache, k, v, slots)
-    check_float("store_kv", k_cache, v_cache, k, v)
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
-        raise BackendError(
-            f"store_kv: caches must be two alike [kv_heads, num_blocks, block_size, head_dim] tensors, "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    if k_cache.stride(-1) != 1:
-        raise BackendError("store_kv: the caches' head_dim axis must be contiguous")
+    check_store_kv(k_cache, v_cache, k, v, slots)
+    check_cache_strides("store_kv", k_cache, v_cache)
     kv_heads, _, block_size, head_dim = k_cache.shape
     T = slots.shape[0]
-    expected = (T, kv_heads, head_dim)
-    if slots.dim() != 1 or tuple(k.shape) != expected or tuple(v.shape) != expected:
-        raise BackendError(
-            f"store_kv: k {tuple(k.shape)}, v {tuple(v.shape)} and slots {tuple(slots.shape)} "
-            f"do not match {expected} for this cache"
-        )
-    if slots.dtype not in (torch.int32, torch.int64):
-        raise BackendError(f"store_kv: slots must be int32 or int64, got {slots.dtype}")
     if T == 0:
         return
     k, v, slots = unit_last_stride(k), unit_last_stride(v), slots.contiguous()

@@ -6,17 +6,19 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.base import BackendError
+from kernels.contracts import check_float
+from kernels.errors import KernelError
 
-from ._common import block, check_device, check_float, unit_last_stride
+from ._common import block, check_device, unit_last_stride
 
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, w_ptr, out_ptr,
-    rows_inner, stride_xa, stride_xb,
+    x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr,
+    rows_inner, stride_xa, stride_xb, stride_ra, stride_rb,
     D, eps,
     BLOCK_D: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr,
 ):
     # Rows are addressed as (outer, inner) so a [tokens, heads, head_dim] slice of a
     # fused projection (q-norm, k-norm) is read in place, without a copy.
@@ -26,33 +28,16 @@ def _rms_norm_kernel(
     offs = tl.arange(0, BLOCK_D)
     mask = offs < D
     x = tl.load(x_ptr + a.to(tl.int64) * stride_xa + b * stride_xb + offs, mask=mask, other=0.0).to(tl.float32)
+    if ADD_RESIDUAL:  # r_ptr and res_out_ptr are read and written only here
+        r = tl.load(r_ptr + a.to(tl.int64) * stride_ra + b * stride_rb + offs, mask=mask, other=0.0).to(tl.float32)
+        # The new residual is rounded to the activation dtype before it is normalised,
+        # as the unfused reference (an add in that dtype, then the norm) does.
+        s = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row.to(tl.int64) * D + offs, s, mask=mask)
+        x = s.to(tl.float32)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     tl.store(out_ptr + row.to(tl.int64) * D + offs, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _add_rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr,
-    rows_inner, stride_xa, stride_xb, stride_ra, stride_rb,
-    D, eps,
-    BLOCK_D: tl.constexpr,
-):
-    row = tl.program_id(0)
-    a = row // rows_inner
-    b = row % rows_inner
-    offs = tl.arange(0, BLOCK_D)
-    mask = offs < D
-    x = tl.load(x_ptr + a.to(tl.int64) * stride_xa + b * stride_xb + offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + a.to(tl.int64) * stride_ra + b * stride_rb + offs, mask=mask, other=0.0).to(tl.float32)
-    # The new residual is rounded to the activation dtype before it is normalised,
-    # as the unfused reference (an add in that dtype, then the norm) does.
-    s = (x + r).to(res_out_ptr.dtype.element_ty)
-    tl.store(res_out_ptr + row.to(tl.int64) * D + offs, s, mask=mask)
-    s = s.to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / D + eps)
-    tl.store(out_ptr + row.to(tl.int64) * D + offs, (s * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int, int]:
@@ -76,10 +61,10 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:
     check_float(name, x)
     check_float(name, weight)  # any float dtype: it is read as float32, as the reference reads it
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise BackendError(f"{name}: weight of shape {tuple(weight.shape)} for rows of {x.shape[-1]}")
+        raise KernelError(f"{name}: weight of shape {tuple(weight.shape)} for rows of {x.shape[-1]}")
     weight_stride = weight.stride(0) if weight.numel() > 1 else 1
     if weight_stride != 1:
-        raise BackendError(f"{name}: weight must be contiguous")
+        raise KernelError(f"{name}: weight must be contiguous")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -91,7 +76,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     src, outer, inner, sa, sb = _rows(x)
     D = x.shape[-1]
     bd = block(D)
-    _rms_norm_kernel[(outer * inner,)](src, weight, out, inner, sa, sb, D, eps, BLOCK_D=bd, num_warps=_num_warps(bd))
+    _rms_norm_kernel[(outer * inner,)](
+        src, src, weight, out, out, inner, sa, sb, 0, 0, D, eps,
+        BLOCK_D=bd, ADD_RESIDUAL=False, num_warps=_num_warps(bd),
+    )
     return out
 
 
@@ -106,7 +94,7 @@ def add_rms_norm(
     check_device("add_rms_norm", x, residual)
     check_float("add_rms_norm", x, residual)
     if x.shape != residual.shape:
-        raise BackendError(f"add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ in shape")
+        raise KernelError(f"add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ in shape")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
@@ -115,8 +103,8 @@ def add_rms_norm(
     rs, _, _, sra, srb = _rows(residual)
     D = x.shape[-1]
     bd = block(D)
-    _add_rms_norm_kernel[(outer * inner,)](
+    _rms_norm_kernel[(outer * inner,)](
         xs, rs, weight, out, new_residual, inner, sxa, sxb, sra, srb, D, eps,
-        BLOCK_D=bd, num_warps=_num_warps(bd),
+        BLOCK_D=bd, ADD_RESIDUAL=True, num_warps=_num_warps(bd),
     )
     return out, new_residual

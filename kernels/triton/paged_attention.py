@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.base import BackendError
+from kernels.contracts import check_paged_attention
 
-from ._common import block, check_device, check_float, interpreting, unit_last_stride
+from ._common import block, check_cache_strides, check_device, interpreting, unit_last_stride
 
 LOG2E = math.log2(math.e)
 MAX_BLOCK_M = 64
@@ -157,49 +157,23 @@ def _paged_attention(
     block_n: int | None = None,
 ) -> torch.Tensor:
     """The launcher; ``block_n`` (context positions per step) is for tests and benchmarks."""
-    name = "paged_attention"
-    check_device(name, q, k_cache, v_cache, block_tables, context_lens, query_start)
-    check_float(name, q, k_cache, v_cache)
-    if q.dim() != 4:
-        raise BackendError(f"{name}: q must be [num_seqs, q_len, heads, head_dim], got {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
-        raise BackendError(
-            f"{name}: caches must be two alike [kv_heads, num_blocks, block_size, head_dim] tensors, "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    if k_cache.stride(-1) != 1:
-        raise BackendError(f"{name}: the caches' head_dim axis must be contiguous")
-    num_seqs, q_len, heads, head_dim = q.shape
-    kv_heads, _, block_size, cache_dim = k_cache.shape
-    if cache_dim != head_dim:
-        raise BackendError(f"{name}: q head_dim {head_dim} but cache head_dim {cache_dim}")
-    if heads % kv_heads:
-        raise BackendError(f"{name}: {heads} query heads is not a multiple of KV heads ({kv_heads})")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise BackendError(f"{name}: block_tables {tuple(block_tables.shape)} for {num_seqs} sequences")
-    if context_lens.shape != (num_seqs,) or query_start.shape != (num_seqs,):
-        raise BackendError(
-            f"{name}: context_lens {tuple(context_lens.shape)} and query_start {tuple(query_start.shape)} "
-            f"must both be [{num_seqs}]"
-        )
-    for t, what in ((block_tables, "block_tables"), (context_lens, "context_lens"), (query_start, "query_start")):
-        if t.dtype not in (torch.int32, torch.int64):
-            raise BackendError(f"{name}: {what} must be int32 or int64, got {t.dtype}")
-
+    check_device("paged_attention", q, k_cache, v_cache, block_tables, context_lens, query_start)
+    shape = check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start)
+    check_cache_strides("paged_attention", k_cache, v_cache)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.numel() == 0:
         return out
     q = unit_last_stride(q)
     block_tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     context_lens, query_start = context_lens.contiguous(), query_start.contiguous()
-    group = heads // kv_heads
+    num_seqs, q_len, group, head_dim = shape.num_seqs, shape.q_len, shape.group, shape.head_dim
     block_m, default_n, block_d = tile_sizes(q_len * group, head_dim, q.element_size())
     block_n = block_n or default_n
-    grid = (num_seqs, kv_heads, triton.cdiv(q_len * group, block_m))
+    grid = (num_seqs, shape.kv_heads, triton.cdiv(q_len * group, block_m))
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, block_tables, context_lens, query_start, out,
         scale * LOG2E,
-        q_len, group, head_dim, block_size,
+        q_len, group, head_dim, shape.block_size,
         q.stride(0), q.stride(1), q.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

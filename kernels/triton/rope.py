@@ -13,9 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from backends.base import BackendError
+from kernels.contracts import check_float
+from kernels.errors import KernelError
 
-from ._common import block, check_device, check_float, unit_last_stride
+from ._common import block, check_device, unit_last_stride
 
 
 @triton.jit
@@ -60,12 +61,12 @@ def _rope(name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
     check_float(name, x)
     check_float(name, cos, sin)
     if x.dim() != 3:
-        raise BackendError(f"{name}: x must be [tokens, heads, head_dim], got {tuple(x.shape)}")
+        raise KernelError(f"{name}: x must be [tokens, heads, head_dim], got {tuple(x.shape)}")
     T, H, D = x.shape
     if D % 2:
-        raise BackendError(f"{name}: head_dim {D} is odd")
+        raise KernelError(f"{name}: head_dim {D} is odd")
     if cos.shape != sin.shape or cos.shape[0] != T or cos.shape[-1] != D or cos.numel() != T * D:
-        raise BackendError(f"{name}: cos/sin of shape {tuple(cos.shape)} for x of shape {tuple(x.shape)}")
+        raise KernelError(f"{name}: cos/sin of shape {tuple(cos.shape)} for x of shape {tuple(x.shape)}")
     cos = cos.reshape(T, D)  # [T, 1, D] -> [T, D]: a view for the tables rope_cos_sin makes
     sin = sin.reshape(T, D)
     if cos.stride() != sin.stride() or cos.stride(-1) != 1:

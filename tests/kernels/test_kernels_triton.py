@@ -22,8 +22,8 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed (it ships for Linux only)")
 
 import kernels.triton as KT  # noqa: E402  (after conftest.py chose interpreter or GPU)
-from backends.base import BackendError  # noqa: E402
 from kernels import reference as R  # noqa: E402
+from kernels.errors import KernelError  # noqa: E402
 from kernels.triton import _common as kernels_common  # noqa: E402
 from kernels.triton.paged_attention import _paged_attention  # noqa: E402
 
@@ -370,25 +370,25 @@ def test_paged_attention_int32_indices() -> None:
 # --- argument errors ---------------------------------------------------------------
 
 
-def test_bad_arguments_raise_backend_errors() -> None:
+def test_bad_arguments_raise_kernel_errors() -> None:
     q, k_cache, v_cache, tables, lens, starts = dev(
         *attention_case(16, dtype=torch.float32, **ATTENTION_CASES["decode-gqa"])
     )
-    with pytest.raises(BackendError, match="not a multiple of KV heads"):
+    with pytest.raises(KernelError, match="not a multiple of KV heads"):
         KT.paged_attention(q[:, :, :5], k_cache, v_cache, tables, lens, starts, 0.1)
-    with pytest.raises(BackendError, match="share a dtype"):
+    with pytest.raises(KernelError, match="share a dtype"):
         KT.paged_attention(q.bfloat16(), k_cache, v_cache, tables, lens, starts, 0.1)
-    with pytest.raises(BackendError, match="block_tables"):
+    with pytest.raises(KernelError, match="block_tables"):
         KT.paged_attention(q, k_cache, v_cache, tables[:2], lens, starts, 0.1)
-    with pytest.raises(BackendError, match="int32 or int64"):
+    with pytest.raises(KernelError, match="int32 or int64"):
         KT.paged_attention(q, k_cache, v_cache, tables.float(), lens, starts, 0.1)
-    with pytest.raises(BackendError, match="do not match"):
+    with pytest.raises(KernelError, match="do not match"):
         KT.store_kv(k_cache, v_cache, q[:, 0, :2], q[:, 0, :2], torch.arange(3, device=DEVICE))
-    with pytest.raises(BackendError, match="weight of shape"):
+    with pytest.raises(KernelError, match="weight of shape"):
         KT.rms_norm(q, torch.ones(3, device=DEVICE), EPS)
-    with pytest.raises(BackendError, match="odd"):
+    with pytest.raises(KernelError, match="odd"):
         KT.apply_rope(torch.ones(2, 2, 5, device=DEVICE), *dev(torch.ones(2, 1, 5), torch.ones(2, 1, 5)))
-    with pytest.raises(BackendError, match="not even"):
+    with pytest.raises(KernelError, match="not even"):
         KT.silu_and_mul(torch.ones(2, 7, device=DEVICE))
 
 
@@ -396,7 +396,7 @@ def test_bad_arguments_raise_backend_errors() -> None:
 def test_cpu_tensors_without_the_interpreter_are_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     # As if kernels.triton had been imported without TRITON_INTERPRET=1.
     monkeypatch.setattr(kernels_common, "INTERPRETING", False)
-    with pytest.raises(BackendError, match="need a CUDA or ROCm device.*TRITON_INTERPRET=1"):
+    with pytest.raises(KernelError, match="need a CUDA or ROCm device.*TRITON_INTERPRET=1"):
         KT.rms_norm(torch.ones(2, 8), torch.ones(8), EPS)
 
 
@@ -416,7 +416,8 @@ def test_every_kernel_compiles_for_cuda_and_rocm_without_a_gpu() -> None:
     )
     report = proc.stdout + proc.stderr
     assert proc.returncode == 0, report
-    for kernel in ("_rms_norm_kernel", "_add_rms_norm_kernel", "_rope_kernel", "_silu_and_mul_kernel",
+    for kernel in ("_rms_norm_kernel[bf16; BLOCK_D=4096, ADD_RESIDUAL=False]",
+                   "_rms_norm_kernel[bf16; BLOCK_D=4096, ADD_RESIDUAL=True]", "_rope_kernel", "_silu_and_mul_kernel",
                    "_store_kv_kernel", "_paged_attention_kernel"):
         for target in ("cuda:90", "hip:gfx942"):
             assert any(line.startswith(f"ok   {target}") and kernel in line for line in report.splitlines()), (

@@ -24,6 +24,7 @@ from backends.cpu import CPUBackend
 from backends.cuda import CUDABackend
 from backends.cuda.backend import graph_batch_size, slot_runs
 from kernels import reference
+from kernels.errors import KernelError
 
 HAS_CUDA = torch.cuda.is_available()
 TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -262,6 +263,16 @@ def test_dtype_choice_and_device_checks():
         CUDABackend(device="cuda", kernels=reference)
     with pytest.raises(BackendError, match="before load"):
         runner.forward(Batch([sl("a", 0, 2)], BLOCK))
+
+
+def test_a_kernel_error_reaches_the_caller_as_a_backend_error(spec):
+    runner = make_runner(spec, "triton")
+    # Caches of another dtype than the activations: the Triton set refuses to store into them.
+    runner.kv_caches = [(k.half(), v.half()) for k, v in runner.kv_caches]
+    with pytest.raises(BackendError, match="kernels.triton: store_kv: tensors must share a dtype") as info:
+        runner.forward(Batch([sl("a", 0, 2)], BLOCK))
+    assert isinstance(info.value.__cause__, KernelError)
+    assert info.value.details == {"kernels": "kernels.triton"}
 
 
 def test_probe_says_why_it_cannot_run_here():

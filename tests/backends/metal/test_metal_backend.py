@@ -18,9 +18,10 @@ import pytest
 import torch
 
 import kernels.metal as KM
-from backends.base import Batch, BackendError, ModelSpec, SequenceSlice
+from backends.base import Batch, ModelSpec, SequenceSlice
 from backends.metal import MetalBackend
 from kernels import reference as R
+from kernels.errors import KernelError
 
 MPS_REASON = MetalBackend.probe()
 needs_mps = pytest.mark.skipif(MPS_REASON is not None, reason=f"needs macOS with an Apple GPU ({MPS_REASON})")
@@ -145,16 +146,16 @@ def test_store_kv_marshalling(dtype):
 
 def test_wrappers_refuse_what_the_shaders_cannot_do():
     q, k_cache, v_cache, tables, lens, starts = attention_inputs(torch.float32, head_dim=288)
-    with pytest.raises(BackendError, match="head_dim 288"):
+    with pytest.raises(KernelError, match="head_dim 288"):
         KM.paged_attention_launch(q, k_cache, v_cache, tables, lens, starts, 1.0)
     q, k_cache, v_cache, tables, lens, starts = attention_inputs(torch.float32)
-    with pytest.raises(BackendError, match="share one of"):
+    with pytest.raises(KernelError, match="share a dtype"):
         KM.paged_attention_launch(q.half(), k_cache, v_cache, tables, lens, starts, 1.0)
-    with pytest.raises(BackendError, match="contiguous"):
+    with pytest.raises(KernelError, match="contiguous"):
         KM.paged_attention_launch(q, k_cache.transpose(1, 2), v_cache.transpose(1, 2), tables, lens, starts, 1.0)
-    with pytest.raises(BackendError, match="block_tables"):
+    with pytest.raises(KernelError, match="block_tables"):
         KM.paged_attention_launch(q, k_cache, v_cache, tables[:2], lens, starts, 1.0)
-    with pytest.raises(BackendError, match="do not fit"):
+    with pytest.raises(KernelError, match="do not match"):
         KM.store_kv_launch(k_cache, v_cache, q[:, 0, :2], q[:, 0, :2], torch.tensor([0, 1]))
 
 
