@@ -207,7 +207,6 @@ class CPUBackend:
         norm and head: a self-draft. It shares the weights and gets a KV cache of
         its own from ``allocate_kv``."""
         import copy
-        import dataclasses
 
         model = self.model
         if model is None:
@@ -215,10 +214,7 @@ class CPUBackend:
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not 1 <= num_layers < model.cfg.num_layers:
             raise BackendError(f"a self-draft takes 1 to {model.cfg.num_layers - 1} of the model's layers, "
                                f"not {num_layers!r}")
-        with self._torch.device("meta"):
-            head = type(model)(dataclasses.replace(model.cfg, num_layers=num_layers), model.dtype, model.kernels)
-        # assign=True: the draft's parameters are the target's tensors, not copies.
-        head.load_state_dict(model.state_dict(), strict=False, assign=True)
+        head = model.truncated(num_layers)  # the draft's parameters are the target's tensors, not copies
         head.use_paged_attention(model.layers[0].attn.paged_attention)
         head.eval()
         draft = copy.copy(self)  # the same device, dtype and kernels

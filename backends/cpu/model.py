@@ -7,6 +7,7 @@ multi-token verification all take the same path.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from backends.models import layout
 from kernels import reference
 
 if TYPE_CHECKING:
@@ -208,54 +210,45 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
-        """Copy canonical (Hugging Face named) tensors in, fusing q/k/v and gate/up.
+        """Copy canonical (Hugging Face named) tensors in, fused as backends/models/layout.py says.
 
-        Tensors stream in one at a time; a fused destination is written once all of
-        its parts have arrived, so at most one layer's parts are held at once.
+        An optional bias the checkpoint carries becomes the projection's ``bias`` here
+        (``nn.Linear`` adds it from then on); one it lacks costs nothing. Raises
+        ``ValueError`` naming a tensor that is unknown, misshapen or missing.
         """
-        destinations = self._destinations()
-        owner = {name: i for i, (_, names) in enumerate(destinations) for name in names}
-        parts: dict[int, dict[str, torch.Tensor]] = {}
-        done: set[int] = set()
-        for name, array in tensors:
-            if name not in owner:
-                raise ValueError(f"unexpected tensor in model file: {name}")
-            i = owner[name]
-            got = parts.setdefault(i, {})
-            got[name] = torch.from_numpy(np.ascontiguousarray(array))
-            dst, names = destinations[i]
-            if len(got) == len(names):
-                src = torch.cat([got[n] for n in names], dim=0) if len(names) > 1 else got[names[0]]
-                if src.shape != dst.shape:
-                    raise ValueError(f"{names[0]}: shape {tuple(src.shape)} != expected {tuple(dst.shape)}")
+        for dest, array in layout.assemble(self.cfg, tensors):
+            owner, attr = self._slot(dest)
+            src = torch.from_numpy(np.ascontiguousarray(array))
+            dst = getattr(owner, attr)
+            if dst is None:  # an optional bias (the layout allows no other absent destination)
+                setattr(owner, attr, nn.Parameter(src.to(self.embed.weight.device, self.dtype)))
+            elif dst.shape != src.shape:
+                raise ValueError(f"{dest.names[0]}: shape {tuple(src.shape)} != expected {tuple(dst.shape)}")
+            else:
                 dst.copy_(src)
-                del parts[i]
-                done.add(i)
-        missing = [n for i, (_, names) in enumerate(destinations) if i not in done for n in names]
-        if missing:
-            raise ValueError(f"model file lacks tensors: {sorted(missing)[:8]}")
 
-    def _destinations(self) -> list[tuple[torch.Tensor, tuple[str, ...]]]:
-        """Each parameter with the canonical tensor names concatenated into it."""
-        out: list[tuple[torch.Tensor, tuple[str, ...]]] = [
-            (self.embed.weight, ("model.embed_tokens.weight",)),
-            (self.norm, ("model.norm.weight",)),
-        ]
-        if self.lm_head is not None:
-            out.append((self.lm_head.weight, ("lm_head.weight",)))
-        for i, layer in enumerate(self.layers):
-            p = f"model.layers.{i}."
-            a = layer.attn
-            qkv = ("q_proj", "k_proj", "v_proj")
-            out.append((a.qkv.weight, tuple(f"{p}self_attn.{n}.weight" for n in qkv)))
-            if a.qkv.bias is not None:
-                out.append((a.qkv.bias, tuple(f"{p}self_attn.{n}.bias" for n in qkv)))
-            out.append((a.o_proj.weight, (p + "self_attn.o_proj.weight",)))
-            if a.q_norm is not None:
-                out.append((a.q_norm, (p + "self_attn.q_norm.weight",)))
-                out.append((a.k_norm, (p + "self_attn.k_norm.weight",)))
-            out.append((layer.mlp.gate_up.weight, (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")))
-            out.append((layer.mlp.down.weight, (p + "mlp.down_proj.weight",)))
-            out.append((layer.input_norm, (p + "input_layernorm.weight",)))
-            out.append((layer.post_attention_norm, (p + "post_attention_layernorm.weight",)))
-        return out
+    def truncated(self, num_layers: int) -> Transformer:
+        """The first ``num_layers`` layers with this model's final norm and head (a
+        self-draft), sharing every weight, the optional biases this model has included."""
+        with torch.device("meta"):
+            head = type(self)(dataclasses.replace(self.cfg, num_layers=num_layers), self.dtype, self.kernels)
+        for dest in layout.destinations(head.cfg):
+            (owner, attr), (source, _) = head._slot(dest), self._slot(dest)
+            setattr(owner, attr, getattr(source, attr))
+        return head
+
+    def _slot(self, dest: layout.Destination) -> tuple[nn.Module, str]:
+        """The module and attribute that hold the weight ``dest`` of the layout."""
+        if dest.layer is None:
+            model_wide = {"embed": (self.embed, "weight"), "norm": (self, "norm"), "head": (self.lm_head, "weight")}
+            return model_wide[dest.role]
+        block = self.layers[dest.layer]
+        attn, mlp = block.attn, block.mlp
+        return {
+            "input_norm": (block, "input_norm"), "post_attention_norm": (block, "post_attention_norm"),
+            "qkv": (attn.qkv, "weight"), "qkv_bias": (attn.qkv, "bias"),
+            "o_proj": (attn.o_proj, "weight"), "o_proj_bias": (attn.o_proj, "bias"),
+            "q_norm": (attn, "q_norm"), "k_norm": (attn, "k_norm"),
+            "gate_up": (mlp.gate_up, "weight"), "gate_up_bias": (mlp.gate_up, "bias"),
+            "down": (mlp.down, "weight"), "down_bias": (mlp.down, "bias"),
+        }[dest.role]

@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from backends.mlx.metal_kernels import PagedDecodeAttention, metal_kernels_enabled
-from backends.models.layout import expected_tensors
+from backends.models import layout
 
 if TYPE_CHECKING:
     from backends.models import ModelConfig
@@ -69,18 +69,27 @@ class StepMetadata:
 
 @dataclass
 class Layer:
+    """One layer's weights, a field per role of backends/models/layout.py (None: a
+    weight this model, or this checkpoint, does not have)."""
+
     # Projections are stored transposed, [in, out], and contiguous: mlx's CPU gemm
     # ran 3-4x faster on a contiguous right operand than on the transposed view of
     # an [out, in] weight (measured on the 2-core CI machine, float32).
     qkv: mx.array  # q, k and v fused: [hidden, (heads + 2 * kv_heads) * head_dim]
-    qkv_bias: mx.array | None
     o_proj: mx.array
-    q_norm: mx.array | None
-    k_norm: mx.array | None
     gate_up: mx.array  # gate and up fused: [hidden, 2 * intermediate]
     down: mx.array
     input_norm: mx.array
     post_attention_norm: mx.array
+    q_norm: mx.array | None = None
+    k_norm: mx.array | None = None
+    qkv_bias: mx.array | None = None
+    o_proj_bias: mx.array | None = None
+    gate_up_bias: mx.array | None = None
+    down_bias: mx.array | None = None
+
+
+_LAYER_FIELDS = frozenset(Layer.__dataclass_fields__)
 
 
 class Transformer:
@@ -114,8 +123,8 @@ class Transformer:
             h = self._attention(layer, h, meta, k_cache, v_cache)
             residual = residual + h
             h = mx.fast.rms_norm(residual, layer.post_attention_norm, eps)
-            gate, up = mx.split(h @ layer.gate_up, 2, axis=-1)
-            x = (gate * mx.sigmoid(gate) * up) @ layer.down
+            gate, up = mx.split(_linear(h, layer.gate_up, layer.gate_up_bias), 2, axis=-1)
+            x = _linear(gate * mx.sigmoid(gate) * up, layer.down, layer.down_bias)
         # Only the rows whose logits were asked for go through the final norm and
         # the (large) output projection.
         h = mx.fast.rms_norm(residual[logits_rows] + x[logits_rows], self.norm, eps)
@@ -124,9 +133,7 @@ class Transformer:
     def _attention(self, w: Layer, x: mx.array, meta: StepMetadata, k_cache: mx.array, v_cache: mx.array) -> mx.array:
         cfg = self.cfg
         T, heads, kv_heads, dim = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        qkv = x @ w.qkv
-        if w.qkv_bias is not None:
-            qkv = qkv + w.qkv_bias
+        qkv = _linear(x, w.qkv, w.qkv_bias)
         q = qkv[:, : self.q_size].reshape(T, heads, dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(T, kv_heads, dim)
         v = qkv[:, self.q_size + self.kv_size :].reshape(T, kv_heads, dim)
@@ -162,7 +169,7 @@ class Transformer:
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
         if meta.row_order is not None:
             out = out[meta.row_order]
-        return out.reshape(T, self.q_size) @ w.o_proj
+        return _linear(out.reshape(T, self.q_size), w.o_proj, w.o_proj_bias)
 
     def _rope(self, x: mx.array, positions: mx.array) -> mx.array:
         """Rotate ``[T, heads, head_dim]`` tokens, each at its own position.
@@ -184,68 +191,35 @@ class Transformer:
     # -- weights -------------------------------------------------------------------
 
     def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
-        """Take canonical (Hugging Face named) tensors, fusing q/k/v and gate/up.
+        """Take canonical (Hugging Face named) tensors, fused as backends/models/layout.py says.
 
-        Tensors stream in one at a time; a fused weight is built once all of its
-        parts have arrived, so at most one layer's parts are held at once.
+        Tensors stream in one at a time and each weight is materialised as soon as its
+        parts are in, so at most about one layer's numpy parts are held at once. Raises
+        ``ValueError`` naming a tensor that is unknown, misshapen or missing.
         """
-        destinations = self._destinations()
-        owner = {name: key for key, names in destinations.items() for name in names}
-        required, optional = expected_tensors(self.cfg)
-        parts: dict[str, dict[str, np.ndarray]] = {}
         weights: dict[str, mx.array] = {}
-        for name, array in tensors:
-            if name in optional:  # o_proj / MLP biases: not built yet, as in the cpu backend
-                raise ValueError(f"tensor {name} is not supported by the mlx backend")
-            if name not in owner:
-                raise ValueError(f"unexpected tensor in model file: {name}")
-            if tuple(array.shape) != required[name]:
-                raise ValueError(f"{name}: shape {tuple(array.shape)} != expected {required[name]}")
-            key = owner[name]
-            got = parts.setdefault(key, {})
-            got[name] = array
-            names = destinations[key]
-            if len(got) == len(names):
-                fused = np.concatenate([got[n] for n in names], axis=0) if len(names) > 1 else got[names[0]]
-                if fused.ndim == 2 and key != "embed":  # projections are kept [in, out]
-                    fused = fused.T
-                weights[key] = mx.array(np.ascontiguousarray(fused)).astype(self.dtype)
-                mx.eval(weights[key])  # materialise now, so the numpy parts can go
-                del parts[key]
-        missing = sorted(n for key, names in destinations.items() if key not in weights for n in names)
-        if missing:
-            raise ValueError(f"model file lacks tensors: {missing[:8]}")
+        layers: list[dict[str, mx.array]] = [{} for _ in range(self.cfg.num_layers)]
+        for dest, array in layout.assemble(self.cfg, tensors):
+            if array.ndim == 2 and dest.role != "embed":  # projections are kept [in, out]
+                array = array.T
+            weight = mx.array(np.ascontiguousarray(array)).astype(self.dtype)
+            mx.eval(weight)  # materialise now, so the numpy parts can go
+            if dest.layer is None:
+                weights[dest.role] = weight
+            elif dest.role in _LAYER_FIELDS:
+                layers[dest.layer][dest.role] = weight
+            else:
+                raise ValueError(f"the mlx backend has no place for a layer's {dest.role} ({dest.names[0]})")
         self.embed, self.norm = weights["embed"], weights["norm"]
         self.head = weights["head"] if "head" in weights else mx.contiguous(self.embed.T)
         mx.eval(self.head)
-        for i in range(self.cfg.num_layers):
-            w = {name: weights.get(f"{i}.{name}") for name in Layer.__dataclass_fields__}
-            self.layers.append(Layer(**w))
+        self.layers = [Layer(**fields) for fields in layers]
 
-    def _destinations(self) -> dict[str, tuple[str, ...]]:
-        """Each weight's key with the canonical tensor names concatenated into it."""
-        cfg = self.cfg
-        out: dict[str, tuple[str, ...]] = {
-            "embed": ("model.embed_tokens.weight",),
-            "norm": ("model.norm.weight",),
-        }
-        if not cfg.tie_word_embeddings:
-            out["head"] = ("lm_head.weight",)
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            qkv = tuple(f"{p}self_attn.{n}_proj" for n in "qkv")
-            out[f"{i}.qkv"] = tuple(n + ".weight" for n in qkv)
-            if cfg.attention_bias:
-                out[f"{i}.qkv_bias"] = tuple(n + ".bias" for n in qkv)
-            out[f"{i}.o_proj"] = (p + "self_attn.o_proj.weight",)
-            if cfg.qk_norm:
-                out[f"{i}.q_norm"] = (p + "self_attn.q_norm.weight",)
-                out[f"{i}.k_norm"] = (p + "self_attn.k_norm.weight",)
-            out[f"{i}.gate_up"] = (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
-            out[f"{i}.down"] = (p + "mlp.down_proj.weight",)
-            out[f"{i}.input_norm"] = (p + "input_layernorm.weight",)
-            out[f"{i}.post_attention_norm"] = (p + "post_attention_layernorm.weight",)
-        return out
+
+def _linear(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array:
+    """``x @ weight`` (weights are stored ``[in, out]``), plus ``bias`` where the checkpoint has one."""
+    return x @ weight if bias is None else mx.addmm(bias, x, weight)
+
 
 def _gather(cache: mx.array, tables: mx.array) -> mx.array:
     """Whole blocks of ``tables`` ``[S, max_blocks]`` as ``[S, kv_heads, max_blocks * block_size, head_dim]``."""

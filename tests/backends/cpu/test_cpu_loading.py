@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,9 +46,30 @@ def test_a_missing_tensor_is_named(source):
 
 def test_an_unexpected_tensor_is_refused(source):
     tensors = list(source.tensors())
-    tensors.append(("model.layers.0.mlp.down_proj.bias", tensors[1][1]))
-    with pytest.raises(ValueError, match="unexpected tensor.*down_proj.bias"):
+    tensors.append(("model.layers.0.mlp.extra_proj.weight", tensors[1][1]))
+    with pytest.raises(ValueError, match="unexpected tensor.*extra_proj.weight"):
         _empty_model(source).load_weights(tensors)
+
+
+def test_a_misshapen_optional_bias_is_refused(source):
+    tensors = [*source.tensors(), ("model.layers.0.mlp.down_proj.bias", np.zeros(3, dtype=np.float32))]
+    with pytest.raises(ValueError, match=r"down_proj.bias: shape \(3,\) != expected \(576,\)"):
+        _empty_model(source).load_weights(tensors)
+
+
+def test_optional_biases_are_added_and_shared_by_a_self_draft(source):
+    """An optional bias a checkpoint has becomes the projection's bias (the forward adds
+    it); one it lacks stays None. A truncated copy shares every weight, biases included."""
+    bias = np.arange(576, dtype=np.float32)
+    model = _empty_model(source)
+    model.load_weights([*source.tensors(), ("model.layers.1.self_attn.o_proj.bias", bias)])
+    assert torch.equal(model.layers[1].attn.o_proj.bias, torch.from_numpy(bias))
+    assert model.layers[0].attn.o_proj.bias is None and model.layers[1].mlp.down.bias is None
+    draft = model.truncated(2)
+    assert len(draft.layers) == 2
+    assert draft.layers[1].attn.o_proj.bias is model.layers[1].attn.o_proj.bias
+    shared = {id(p) for p in model.parameters()}
+    assert all(id(p) in shared for p in draft.parameters())
 
 
 def test_a_bad_dtype_is_a_backend_error():

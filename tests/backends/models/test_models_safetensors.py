@@ -11,24 +11,20 @@ import numpy as np
 import pytest
 
 import models_testutil as util
+from tiny_checkpoints import tiny_hf_model
 from backends.models import ModelLoadError, open_model
 from backends.models.safetensors_loader import read_safetensors_header
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
-
 
 def _save_tiny(directory: Path, tokenizer, arch: str, *, dtype=None, shard: str | None = None,
                **config: Any) -> tuple[dict[str, np.ndarray], Any]:
     """A random tiny model of ``arch`` saved with save_pretrained, plus our GGUF-derived tokenizer."""
-    kwargs = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
-                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    cfg = getattr(transformers, _CLASSES[arch])(**{**kwargs, **config})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    sizes = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, max_position_embeddings=256)
+    model = tiny_hf_model(arch, **{**sizes, **config})
+    cfg = model.config
     if dtype is not None:
         model = model.to(dtype)
     save_kwargs = {"max_shard_size": shard} if shard else {}
