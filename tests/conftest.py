@@ -1,4 +1,6 @@
-"""Shared fixtures: the real default model on the CPU backend, a policy store, and a live gateway."""
+"""Shared fixtures (the real default model on the CPU backend, a policy store, and a live
+gateway) and the test tiers: which tests ``make test-fast`` leaves out, decided here from
+what each test uses (see ``tiers_of``)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+
+
+def _torch_sees_a_gpu() -> bool:
+    """``torch.cuda.is_available()``, without importing torch where no GPU device exists.
+
+    torch takes seconds to import; most tests never need it, so it is imported
+    only on a machine with an NVIDIA (or ROCm, or WSL) device node, where the
+    answer is not already known to be False.
+    """
+    if not any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
 
 # Without a GPU the Triton kernels (kernels.triton, the CUDA runner) run under
 # Triton's interpreter. It must be chosen before any @triton.jit kernel is
 # defined, so here, before any test module is collected.
-if not torch.cuda.is_available():
+if not _torch_sees_a_gpu():
     os.environ["TRITON_INTERPRET"] = "1"
 
 # Test helpers shared across test packages (the loopback identity provider, ...).
@@ -29,6 +45,57 @@ from servers import start_uvicorn, stop_uvicorn  # noqa: E402
 from services import service_unavailable  # noqa: E402
 
 DEFAULT_TEST_KV_CACHE_BYTES = 64 * 1024 * 1024
+
+# -- Test tiers ------------------------------------------------------------------
+# Four marks (registered in pyproject.toml) name what makes a test costly.
+# `make test-fast` runs the tests that carry none of them; `make test` and CI run
+# everything. The marks follow from what a test uses, decided here, so that a new
+# test lands in its tier without anyone marking it:
+#   model        loads the real SmolLM2 model (or transformers' copy of it) or runs a
+#                real engine: it uses one of MODEL_FIXTURES
+#   service      needs PostgreSQL, Redis or rsyslogd: it uses one of SERVICE_FIXTURES,
+#                or is the SERVICE_PARAMS case of a fixture parametrized over backends
+#   interpreter  runs Triton kernels under Triton's interpreter: INTERPRETER_PATHS
+#   slow         costly for another reason (subprocesses, real time, a compiler run):
+#                marked by hand
+# A test whose own code or module fixtures load the model, or start a service, is
+# marked by hand too (``@pytest.mark.model``, or ``pytestmark = pytest.mark.model``
+# in the module, with a comment saying why); a conftest fixture that loads the model
+# or reaches a service belongs in the sets below.
+
+MODEL_FIXTURES = frozenset({
+    "served_model", "small_batch_model", "live_server", "make_app", "app_for_model",  # this file, gateway/
+    "hf_causal_lm",  # backends/conftest.py
+    "backend_name", "loaded", "oracle_tokens",  # backends/conformance/ (every backend, the model or transformers)
+    "mlx_loaded", "cpu_loaded",  # backends/mlx/
+    "hf_state_dict", "hf_tokenizer",  # backends/models/
+})
+SERVICE_FIXTURES = frozenset({"pg_server", "redis_server", "rsyslog"})
+# (fixture, param) of fixtures that fetch a service's fixture by name (``request.getfixturevalue``).
+SERVICE_PARAMS = frozenset({("store_settings", "postgresql"), ("backend", "redis"), ("receiver_kind", "rsyslog-tcp")})
+INTERPRETER_PATHS = ("kernels/test_kernels_triton.py", "backends/cuda/")
+TESTS_DIR = Path(__file__).parent
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    """The tier marks ``item`` gets from the fixtures it uses, its parameters and its path."""
+    used = set(getattr(item, "fixturenames", ()))
+    params: dict[str, object] = getattr(getattr(item, "callspec", None), "params", {})
+    tiers = set()
+    if used & MODEL_FIXTURES:
+        tiers.add("model")
+    if used & SERVICE_FIXTURES or any(params.get(name) == value for name, value in SERVICE_PARAMS):
+        tiers.add("service")
+    if item.path.relative_to(TESTS_DIR).as_posix().startswith(INTERPRETER_PATHS):
+        tiers.add("interpreter")
+    return tiers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for tier in sorted(tiers_of(item)):
+            item.add_marker(tier)
+
 
 # PostgreSQL tests each get a schema of their own (``search_path`` set through
 # the connection's options) and drop it afterwards, so they leave nothing

@@ -210,6 +210,7 @@ def _inferctl_backends(site: Path, *args: str, **env: str) -> subprocess.Complet
                           text=True, timeout=60, env=environ, cwd=Path(__file__).parents[2])
 
 
+@pytest.mark.slow
 def test_inferctl_backends_lists_every_backend_with_its_reason(acme_site: Path) -> None:
     table = _inferctl_backends(acme_site)
     assert table.returncode == 0, table.stderr
@@ -232,6 +233,7 @@ def test_inferctl_backends_lists_every_backend_with_its_reason(acme_site: Path) 
         assert (b["reason"] is None) == b["available"], b
 
 
+@pytest.mark.slow
 def test_inferctl_backends_honours_the_allow_list(acme_site: Path) -> None:
     out = _inferctl_backends(acme_site, "--json", INFERFLUX_BACKENDS_ALLOWED="cpu",
                              INFERFLUX_BACKEND_PRIORITY="acme,cpu")
@@ -263,6 +265,7 @@ def test_backend_priority_setting_from_file_and_environment(tmp_path: Path) -> N
         load_settings(config, env={"INFERFLUX_BACKEND_PRIORITY": "auto"})
 
 
+@pytest.mark.model
 def test_serving_through_the_chain_records_the_backend_chosen(
     acme_site: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,12 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 from audit_support import Rsyslog, rsyslogd_path, wait_for
 from replica import Replica
 
 from policy.audit.chain import canonical_json, verify_lines
 from policy.audit.spool import segment_files
 from policy.authn.apikeys import generate_key
+
+# A real `inferctl serve` with the default model, and a real rsyslogd (the tiers: tests/conftest.py).
+pytestmark = [pytest.mark.model, pytest.mark.service]
 
 REPO = Path(__file__).resolve().parents[2]
 TOTAL, KILL_AFTER, CLIENTS = 1000, 400, 8

@@ -27,6 +27,9 @@ from pg_cluster import ThrowawayPostgres, server_bin, wait_until
 from servers import free_loopback_socket, start_uvicorn, stop_uvicorn
 from services import service_unavailable
 
+# Every test serves the default model; two also run a PostgreSQL or Redis of their own (the tiers: tests/conftest.py).
+pytestmark = pytest.mark.model
+
 MODEL = "smollm2-135m-instruct"
 
 
@@ -88,6 +91,7 @@ def throwaway_pg() -> Iterator[ThrowawayPostgres]:
         pg.remove()
 
 
+@pytest.mark.service
 def test_store_outage_serves_cached_decisions_for_the_stale_window_only(
     throwaway_pg: ThrowawayPostgres, served_model: Any, tmp_path: Path
 ) -> None:
@@ -162,6 +166,7 @@ def _pings(client: Any) -> bool:
         return False
 
 
+@pytest.mark.service
 def test_redis_outage_with_fail_closed_limits_is_not_ready(served_model: Any, tmp_path: Path) -> None:
     if shutil.which("redis-server") is None:
         service_unavailable("no redis-server binary", "Redis outage")

@@ -16,10 +16,14 @@ import re
 from pathlib import Path
 
 import httpx
+import pytest
 from idp import running_idp
 from replica import Replica
 
 from policy.authn.apikeys import generate_key
+
+# A real `inferctl serve` with the default model (the tiers: tests/conftest.py).
+pytestmark = pytest.mark.model
 
 _BANNER_KEY = re.compile(r"^\s+(ifx_[a-z2-7]{12}_[0-9A-Za-z]{43})\s*$", re.MULTILINE)
 

@@ -13,9 +13,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from soak import probe, start_gateway, storm, wait_idle
 
 from policy.authn.apikeys import generate_key
+
+# A served gateway of its own (default model) through several storms (the tiers: tests/conftest.py).
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 STREAMS = 36  # per storm
 STORMS = 4  # after the warm-up

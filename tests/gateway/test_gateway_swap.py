@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+# ``swapping_model`` loads the default model (the tiers: tests/conftest.py).
+pytestmark = pytest.mark.model
+
 PROMPTS = [
     "List five colours of the rainbow:",
     "Write the numbers from one to ten in words:",

@@ -17,6 +17,10 @@ from kernels import reference as R
 if shutil.which("c++") is None:  # pragma: no cover - every supported install has one
     pytest.skip("no C++ compiler on PATH: the CPU kernels cannot be built here", allow_module_level=True)
 
+# The first run on a machine compiles the kernel (~30 s; later runs load it from
+# torch's extension cache), too long for the fast tier (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def kernel() -> object:

@@ -219,6 +219,7 @@ def _check_files(directory: Path) -> None:
     assert quotas["version"] == 1
 
 
+@pytest.mark.slow
 def test_a_writer_killed_at_random_points_leaves_only_whole_files(tmp_path: Path) -> None:
     rng = random.Random(24)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), str(SUPPORT)])}

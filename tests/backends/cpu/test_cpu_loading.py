@@ -13,6 +13,9 @@ from backends.cpu import CPUBackend
 from backends.cpu.model import Transformer
 from backends.models import default_model_path, open_model
 
+# These load the default model's weights (the tiers: tests/conftest.py).
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def source():

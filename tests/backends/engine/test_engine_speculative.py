@@ -170,6 +170,7 @@ def chi_square_ok(counts: Counter, expected_p: np.ndarray, n: int) -> tuple[bool
     return stat < critical, stat, critical
 
 
+@pytest.mark.slow
 def test_sampled_tokens_follow_the_target_distribution() -> None:
     # Every token occurs once in the prompt, so whatever the first token is, the
     # second token's step carries a one-token draft (what followed it in the

@@ -137,6 +137,7 @@ def test_public_api():
         assert name in models.__all__ and hasattr(models, name)
 
 
+@pytest.mark.slow
 def test_no_torch_needed():
     """The package, a GGUF open, its tensors and tokenizer must work without importing torch."""
     code = (

@@ -106,6 +106,7 @@ def test_unsupported_type_is_named():
 
 @pytest.mark.parametrize("name", ["token_embd.weight", "blk.0.attn_q.weight", "blk.29.ffn_down.weight",
                                   "blk.3.attn_norm.weight"])
+@pytest.mark.model
 def test_default_model_tensors_match_gguf(default_model, name):
     t = default_model._tensors[name]
     shape = tuple(reversed([int(d) for d in t.shape]))
@@ -115,6 +116,7 @@ def test_default_model_tensors_match_gguf(default_model, name):
     )
 
 
+@pytest.mark.model
 def test_whole_default_model_dequantises_fast(default_model):
     # CPU time, not wall time, so a busy shared machine does not make this flaky; the bound
     # is loose but catches a fall back to per-block python (which takes minutes).

@@ -25,6 +25,9 @@ from policy.audit.cli import verify_spool
 from policy.audit.delivery import Delivery
 from policy.audit.spool import Spool, SpoolSettings, segment_files
 
+# A child process writing 1,000 events, killed with SIGKILL (the tiers: tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[3]
 CHILD = Path(__file__).with_name("audit_child.py")
 TOTAL, KILL_AFTER = 1000, 400

@@ -355,6 +355,7 @@ def test_embedded_decisions_queue_without_counting_against_the_timeout(
     assert all(d.allowed for d in decisions)
 
 
+@pytest.mark.slow
 def test_regopy_loads_after_the_native_libraries_it_must_follow() -> None:
     # regopy's library loaded before re2's or torch's corrupts the heap (an abort
     # at their load); load_regopy orders them. A fresh interpreter under glibc's
