@@ -63,14 +63,32 @@ async def test_bad_settle_counts_still_free_the_slot(
     assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Admission)
 
 
-async def test_running_requests_keep_their_slots(make_principal: PrincipalFactory) -> None:
-    # Real time: the background task renews every lease_seconds / 3.
-    limiter = RateLimiter(MemoryBackend(), FixedLimits(EffectiveLimits(ONE_AT_A_TIME)), lease_seconds=2.0)
+class RenewalsSeen(MemoryBackend):
+    """The memory backend, telling when the limiter's background task renewed leases."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewed = asyncio.Event()
+
+    async def renew(self, *args: Any) -> None:
+        await super().renew(*args)
+        self.renewed.set()
+
+
+async def test_running_requests_keep_their_slots(clock: FakeClock, make_principal: PrincipalFactory) -> None:
+    # The background task renews every lease_seconds / 3 of real time; leases are
+    # judged on the fake clock, moved on only after each renewal and by less than a
+    # lease, so the slot outlives several leases only if the task kept renewing it.
+    backend = RenewalsSeen()
+    limiter = RateLimiter(backend, FixedLimits(EffectiveLimits(ONE_AT_A_TIME)), lease_seconds=0.3, clock=clock)
     await limiter.start()
     try:
         admission = await limiter.check_and_reserve(make_principal(), prompt_tokens=1)
         assert isinstance(admission, Admission)
-        await asyncio.sleep(4.5)  # more than two leases
+        for _ in range(4):  # 0.8 s of the clock: more than two leases
+            backend.renewed.clear()
+            await asyncio.wait_for(backend.renewed.wait(), timeout=30)
+            clock.advance(0.2)
         assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Denial)
         await limiter.settle(admission.handle, prompt_tokens=1, completion_tokens=1)
         assert isinstance(await limiter.check_and_reserve(make_principal(), prompt_tokens=1), Admission)
