@@ -30,6 +30,9 @@ from policy.audit.spool import Spool
 from services import service_unavailable
 
 FAST = Backoff(initial=0.01, maximum=0.1)  # retries in tests: quick, still exponential with jitter
+# How long a test's Delivery waits on the spool for new records (0.5 s in service). stop()
+# waits out the wait in progress, so the default cost every test half a second.
+POLL = 0.05
 SECRET = b"audit-test-secret-0123456789abcdef"
 _counter = itertools.count()
 

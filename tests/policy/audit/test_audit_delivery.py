@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from audit_support import FAST, append_events, wait_for
+from audit_support import FAST, POLL, append_events, wait_for
 
 from policy.audit.cli import verify_files
 from policy.audit.delivery import Backoff, Delivery
@@ -40,7 +40,7 @@ class FlakySink:
 
 def test_file_sink_gets_every_line_verbatim(spool: Spool, tmp_path: Path) -> None:
     sink = FileSink(tmp_path / "out" / "audit.jsonl")
-    delivery = Delivery(spool, sink, backoff=FAST).start()
+    delivery = Delivery(spool, sink, backoff=FAST, poll_seconds=POLL).start()
     ids = append_events(spool, 40)
     assert delivery.wait_caught_up(15)
     delivery.stop()
@@ -54,7 +54,7 @@ def test_file_sink_gets_every_line_verbatim(spool: Spool, tmp_path: Path) -> Non
 
 def test_file_sink_rotates(spool: Spool, tmp_path: Path) -> None:
     sink = FileSink(tmp_path / "audit.jsonl", max_bytes=4000, backups=50)
-    delivery = Delivery(spool, sink, batch_size=3, backoff=FAST).start()
+    delivery = Delivery(spool, sink, batch_size=3, backoff=FAST, poll_seconds=POLL).start()
     append_events(spool, 30)
     assert delivery.wait_caught_up(15)
     delivery.stop()
@@ -67,7 +67,7 @@ def test_cursor_survives_restart_and_delivery_resumes(spool_dir: Path) -> None:
     settings = SpoolSettings(spool_dir, chain_id="gw-test")
     with Spool.open(settings) as spool:
         sink = FlakySink()
-        delivery = Delivery(spool, sink, backoff=FAST).start()
+        delivery = Delivery(spool, sink, backoff=FAST, poll_seconds=POLL).start()
         first = append_events(spool, 10)
         assert delivery.wait_caught_up(10)
         delivery.stop()
@@ -77,7 +77,7 @@ def test_cursor_survives_restart_and_delivery_resumes(spool_dir: Path) -> None:
     with Spool.open(settings) as spool:
         restarted = FlakySink()
         restarted.down.set()
-        delivery = Delivery(spool, restarted, backoff=FAST).start()
+        delivery = Delivery(spool, restarted, backoff=FAST, poll_seconds=POLL).start()
         wait_for(lambda: restarted.attempts >= 3, what="retries while the receiver is down")
         assert not delivery.caught_up() and delivery.stats.last_error == "SinkError: receiver down"
         restarted.down.clear()
@@ -89,7 +89,7 @@ def test_cursor_survives_restart_and_delivery_resumes(spool_dir: Path) -> None:
 def test_sinks_are_independent(spool: Spool) -> None:
     slow, fast = FlakySink("down"), FlakySink("up")
     slow.down.set()
-    deliveries = [Delivery(spool, s, backoff=FAST).start() for s in (slow, fast)]
+    deliveries = [Delivery(spool, s, backoff=FAST, poll_seconds=POLL).start() for s in (slow, fast)]
     ids = append_events(spool, 20)
     assert deliveries[1].wait_caught_up(10)
     assert [r.event["id"] for r in fast.received] == ids and slow.received == []
@@ -101,7 +101,9 @@ def test_segments_are_deleted_only_after_every_sink_delivered_them(spool_dir: Pa
     with Spool.open(SpoolSettings(spool_dir, segment_bytes=2500)) as spool:
         ahead, behind = FlakySink("ahead"), FlakySink("behind")
         behind.down.set()
-        deliveries = [Delivery(spool, s, batch_size=2, backoff=FAST).start() for s in (ahead, behind)]
+        deliveries = [
+            Delivery(spool, s, batch_size=2, backoff=FAST, poll_seconds=POLL).start() for s in (ahead, behind)
+        ]
         append_events(spool, 40, one_by_one=True)
         assert deliveries[0].wait_caught_up(10)
         assert spool.prune() == 0  # "behind" has delivered nothing: every segment stays
@@ -114,13 +116,14 @@ def test_segments_are_deleted_only_after_every_sink_delivered_them(spool_dir: Pa
         assert len(remaining) < total and remaining[-1].stat().st_size > 0
         for delivery in deliveries:
             delivery.stop()
-        later = Delivery(spool, FlakySink("late"), backoff=FAST)  # a new sink starts at the oldest segment left
+        # A new sink starts at the oldest segment left.
+        later = Delivery(spool, FlakySink("late"), backoff=FAST, poll_seconds=POLL)
         assert later.stats.cursor.segment == int(remaining[0].stem)
 
 
 def test_retention_keeps_delivered_segments_for_a_while(spool_dir: Path) -> None:
     with Spool.open(SpoolSettings(spool_dir, segment_bytes=2500, retain_seconds=3600)) as spool:
-        delivery = Delivery(spool, FlakySink(), backoff=FAST).start()
+        delivery = Delivery(spool, FlakySink(), backoff=FAST, poll_seconds=POLL).start()
         append_events(spool, 30, one_by_one=True)
         assert delivery.wait_caught_up(10)
         delivery.stop()
@@ -154,7 +157,10 @@ def test_linger_gathers_a_trickle_into_few_batches(spool: Spool) -> None:
     # 20 events, one every 10 ms: without a linger each is its own batch (a send,
     # a commit, a cursor write); with 0.5 s they go in one or two.
     sinks = {linger: FlakySink(f"linger-{linger}") for linger in (0.0, 0.5)}
-    deliveries = [Delivery(spool, sink, backoff=FAST, linger_seconds=linger).start() for linger, sink in sinks.items()]
+    deliveries = [
+        Delivery(spool, sink, backoff=FAST, poll_seconds=POLL, linger_seconds=linger).start()
+        for linger, sink in sinks.items()
+    ]
     ids = []
     for _ in range(20):
         ids += append_events(spool, 1)
@@ -169,7 +175,7 @@ def test_linger_gathers_a_trickle_into_few_batches(spool: Spool) -> None:
 
 def test_a_stop_during_the_linger_still_delivers(spool: Spool) -> None:
     sink = FlakySink()
-    delivery = Delivery(spool, sink, backoff=FAST, linger_seconds=30).start()
+    delivery = Delivery(spool, sink, backoff=FAST, poll_seconds=POLL, linger_seconds=30).start()
     ids = append_events(spool, 3)
     time.sleep(0.2)  # the delivery is lingering now
     start = time.monotonic()

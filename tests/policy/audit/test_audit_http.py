@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 
 import pytest
-from audit_support import FAST, HttpReceiver, append_events, wait_for
+from audit_support import FAST, POLL, HttpReceiver, append_events, wait_for
 
 from policy.audit.chain import verify_lines
 from policy.audit.delivery import Backoff, Delivery
@@ -22,7 +22,7 @@ def test_webhook_retries_with_backoff_until_accepted(
 ) -> None:
     receiver = http_receiver(fail_first=4).start()
     sink = HttpSink(receiver.url + "/hook", token=TOKEN)
-    delivery = Delivery(spool, sink, backoff=Backoff(initial=0.05, maximum=1.0)).start()
+    delivery = Delivery(spool, sink, backoff=Backoff(initial=0.05, maximum=1.0), poll_seconds=POLL).start()
     with caplog.at_level(logging.WARNING, "inferflux.policy.audit"):
         ids = append_events(spool, 25)
         assert delivery.wait_caught_up(20)
@@ -43,7 +43,7 @@ def test_webhook_retries_with_backoff_until_accepted(
 def test_splunk_hec_format(spool: Spool, http_receiver: Callable[..., HttpReceiver]) -> None:
     receiver = http_receiver().start()
     sink = HttpSink(receiver.url, format="splunk_hec", token=TOKEN)
-    delivery = Delivery(spool, sink, backoff=FAST).start()
+    delivery = Delivery(spool, sink, backoff=FAST, poll_seconds=POLL).start()
     ids = append_events(spool, 5)
     assert delivery.wait_caught_up(15)
     delivery.stop()
@@ -61,7 +61,7 @@ def test_splunk_hec_format(spool: Spool, http_receiver: Callable[..., HttpReceiv
 def test_a_receiver_that_is_down_then_comes_up(spool: Spool, http_receiver: Callable[..., HttpReceiver]) -> None:
     receiver = http_receiver()  # not started: connection refused
     sink = HttpSink(receiver.url, timeout=2)
-    delivery = Delivery(spool, sink, backoff=FAST).start()
+    delivery = Delivery(spool, sink, backoff=FAST, poll_seconds=POLL).start()
     ids = append_events(spool, 15)
     wait_for(lambda: delivery.stats.failures >= 3, what="failed attempts while the receiver is down")
     assert not delivery.caught_up()

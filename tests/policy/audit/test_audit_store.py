@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from audit_support import FAST, make_event, wait_for
+from audit_support import FAST, POLL, make_event, wait_for
 from sqlalchemy import inspect
 
 from policy.audit.chain import canonical_json, verify_lines
@@ -125,7 +125,7 @@ def test_retention_runs_periodically(spool: Spool, audit_store: AuditStore) -> N
 
 
 def test_the_indexer_is_fed_by_the_spool(spool: Spool, audit_store: AuditStore) -> None:
-    delivery = Delivery(spool, IndexerSink(audit_store), backoff=FAST).start()
+    delivery = Delivery(spool, IndexerSink(audit_store), backoff=FAST, poll_seconds=POLL).start()
     events = [make_event() for _ in range(12)]
     assert all(r.wait(10) for r in [spool.append(e) for e in events])
     assert delivery.wait_caught_up(15)

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from audit_support import FAST, Rsyslog, append_events, make_event, wait_for
+from audit_support import FAST, POLL, Rsyslog, append_events, make_event, wait_for
 
 from policy.audit.chain import verify_lines
 from policy.audit.delivery import Delivery
@@ -32,7 +32,7 @@ def sink_for(rsyslog: Rsyslog, transport: str, tmp_path: Path) -> SyslogSink:
 @pytest.mark.parametrize("transport", ["udp", "tcp", "tls"])
 def test_events_arrive_in_rsyslog(rsyslog: Rsyslog, spool: Spool, tmp_path: Path, transport: str) -> None:
     sink = sink_for(rsyslog, transport, tmp_path)
-    delivery = Delivery(spool, sink, backoff=FAST, batch_size=7).start()
+    delivery = Delivery(spool, sink, backoff=FAST, poll_seconds=POLL, batch_size=7).start()
     ids = append_events(spool, 30)
     assert delivery.wait_caught_up(15)
     wait_for(lambda: len(rsyslog.messages()) >= 30, what=f"30 messages over {transport}")
@@ -51,7 +51,7 @@ def test_events_arrive_in_rsyslog(rsyslog: Rsyslog, spool: Spool, tmp_path: Path
 def test_tls_refuses_a_receiver_it_cannot_verify(rsyslog: Rsyslog, spool: Spool, tmp_path: Path) -> None:
     assert rsyslog.tls_port is not None
     sink = SyslogSink("127.0.0.1", rsyslog.tls_port, transport="tls", server_name="localhost")  # system CAs only
-    delivery = Delivery(spool, sink, backoff=FAST).start()
+    delivery = Delivery(spool, sink, backoff=FAST, poll_seconds=POLL).start()
     append_events(spool, 3)
     wait_for(lambda: delivery.stats.failures >= 2, what="verification failures")
     delivery.stop()
@@ -61,7 +61,7 @@ def test_tls_refuses_a_receiver_it_cannot_verify(rsyslog: Rsyslog, spool: Spool,
 
 def test_tcp_delivery_resumes_after_the_receiver_restarts(rsyslog: Rsyslog, spool: Spool, tmp_path: Path) -> None:
     sink = sink_for(rsyslog, "tcp", tmp_path)
-    delivery = Delivery(spool, sink, backoff=FAST).start()
+    delivery = Delivery(spool, sink, backoff=FAST, poll_seconds=POLL).start()
     first = append_events(spool, 5)
     wait_for(lambda: len(rsyslog.messages()) >= 5, what="the first messages")
     rsyslog.stop()
