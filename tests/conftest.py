@@ -55,7 +55,7 @@ DEFAULT_TEST_KV_CACHE_BYTES = 64 * 1024 * 1024
 #                real engine: it uses one of MODEL_FIXTURES
 #   service      needs PostgreSQL, Redis or rsyslogd: it uses one of SERVICE_FIXTURES,
 #                or is the SERVICE_PARAMS case of a fixture parametrized over backends
-#   interpreter  runs Triton kernels under Triton's interpreter: INTERPRETER_PATHS
+#   interpreter  runs Triton kernels, under Triton's interpreter without a GPU: INTERPRETER_PATHS
 #   slow         costly for another reason (subprocesses, real time, a compiler run):
 #                marked by hand
 # A test whose own code or module fixtures load the model, or start a service, is
