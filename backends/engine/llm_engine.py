@@ -12,6 +12,7 @@ import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -156,8 +157,15 @@ class LLMEngine:
 
         Returns the ``EngineRequest`` that ``add`` (and ``AsyncEngine.stream``)
         trust, with ``max_tokens`` resolved (``params.max_tokens=None`` becomes
-        "until the context or the cache is full"). Raises an
-        ``InvalidRequestError`` subclass. Thread-safe.
+        "until the context or the cache is full"). ``cache_salt``: the
+        prefix-cache namespace of the request (a tenant id, say): it reuses
+        cached KV only of requests with the same salt. ``tenant`` and
+        ``weight``: whose request it is (any string; the scheduler only
+        compares them) and that tenant's share of the batch relative to the
+        others' (``Scheduler``, fair sharing). ``priority``: lower is more
+        important. Raises an ``InvalidRequestError`` subclass
+        (``EmptyPromptError``, ``PromptTooLongError``, ``CacheCapacityError``,
+        ``SamplingParamsError``, ...). Thread-safe.
         """
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -210,32 +218,15 @@ class LLMEngine:
             raise CacheCapacityError(needed, blocks_for(needed, self.block_size), self.num_blocks, self.block_size)
         return max_tokens
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: Iterable[int],
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        weight: float = 1.0,
-    ) -> None:
-        """Check and queue a request; it joins the running batch at the next step.
+    def add_request(self, request_id: str, prompt_token_ids: Iterable[int], *args: Any, **kwargs: Any) -> None:
+        """Check a request (``make_request``'s arguments) and queue it; it joins the running batch at the next step.
 
-        ``cache_salt``: the prefix-cache namespace of the request (a tenant id,
-        say): it reuses cached KV only of requests with the same salt.
-        ``tenant`` and ``weight``: whose request it is (any string; the
-        scheduler only compares them) and that tenant's share of the batch
-        relative to the others' (``Scheduler``, fair sharing). ``priority``:
-        lower is more important.
-
-        Raises ``InvalidRequestError`` subclasses (``DuplicateRequestError``,
-        ``EmptyPromptError``, ``PromptTooLongError``, ``CacheCapacityError``,
-        ``SamplingParamsError``, ...) and queues nothing in that case.
+        Raises ``DuplicateRequestError`` for an id already queued, and what
+        ``make_request`` raises; queues nothing in that case.
         """
         if request_id in self._requests:
             raise DuplicateRequestError(request_id)
-        self.add(self.make_request(request_id, prompt_token_ids, params, priority, cache_salt, tenant, weight))
+        self.add(self.make_request(request_id, prompt_token_ids, *args, **kwargs))
 
     def add(self, request: EngineRequest) -> None:
         """Queue a request ``make_request`` checked (on this engine); only its id's uniqueness is checked here."""

@@ -99,21 +99,13 @@ def _print_revision(engine: Engine, where: str) -> None:
 
 
 @_store_command
-def _db_upgrade(args: argparse.Namespace) -> int:
+def _db_migrate(args: argparse.Namespace) -> int:
+    """``db upgrade`` or ``db downgrade`` (``args.direction``) to ``args.revision``."""
     from policy.store import migrate
 
+    step = migrate.upgrade if args.direction == "upgrade" else migrate.downgrade
     with _store_engine(args) as (engine, where):
-        migrate.upgrade(engine, args.revision)
-        _print_revision(engine, where)
-    return EXIT_OK
-
-
-@_store_command
-def _db_downgrade(args: argparse.Namespace) -> int:
-    from policy.store import migrate
-
-    with _store_engine(args) as (engine, where):
-        migrate.downgrade(engine, args.revision)
+        step(engine, args.revision)
         _print_revision(engine, where)
     return EXIT_OK
 
@@ -184,12 +176,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     db_sub = db.add_subparsers(dest="db_command", metavar="COMMAND", required=True)
     upgrade = db_sub.add_parser("upgrade", help="migrate the schema to this release's (or --revision)")
     upgrade.add_argument("--revision", default="head", help="target revision (default: %(default)s)")
-    upgrade.set_defaults(handler=_db_upgrade)
+    upgrade.set_defaults(handler=_db_migrate, direction="upgrade")
     downgrade = db_sub.add_parser(
         "downgrade", help="migrate the schema back to --revision ('base' drops every table and all data)"
     )
     downgrade.add_argument("--revision", required=True, help="target revision, e.g. 0001 or base")
-    downgrade.set_defaults(handler=_db_downgrade)
+    downgrade.set_defaults(handler=_db_migrate, direction="downgrade")
     current = db_sub.add_parser("current", help="show the schema's revision")
     current.set_defaults(handler=_db_current)
     for command in (upgrade, downgrade, current):
