@@ -140,6 +140,7 @@ def create_app(
         app.state.drain = Drain()  # one per run: its events belong to this loop
         await authenticator.start()
         app.state.audit_trail = audit_health.trail = await traffic.start()
+        model_admin.start()  # follows the store's model registry: other replicas' loads, unloads, default
         try:
             yield
         finally:

@@ -7,8 +7,23 @@ Models come from two places:
 * the admin API: loaded in the background, recorded in the policy store once
   ready, and loaded again at every start, so a restart serves the same set.
 
+The store's registry is the fleet's: every replica follows it while it runs
+(``converge``, called by ``gateway.model_sync`` when the store changed), loading
+a model another replica registered, unloading one another replica unloaded
+(never one from this replica's configuration file) and taking the stored
+default. So the admin API answers the same on every replica: ``DELETE`` on any
+of them takes a model out of the registry, failed loads included, and
+``POST .../default`` moves every replica's default.
+
 A load runs on a worker thread; its stage and elapsed time are visible in
-``describe`` while it runs, and its error if it fails.
+``describe`` while it runs, and its error if it fails. A load the registry
+asked for that failed is tried again only once the store changed again, not
+at every poll.
+
+One lock orders the changes that span an ``await`` (a load's registration, an
+unload, a new default, a convergence): each sees the store and this replica's
+models agree, so a convergence never undoes a change half made here, nor loads
+this replica's own model twice.
 """
 
 from __future__ import annotations
@@ -25,8 +40,9 @@ from backends.base import ModelSpec
 from gateway.auth import call_store
 from gateway.models import ModelManager, ServedModel, engine_config_from, load_served_model
 from gateway.settings import Settings
+from gateway.model_sync import RegistryPoller
 from policy.errors import Conflict, NotFound, ValidationFailed
-from policy.store import PolicyStore
+from policy.store import PolicyStore, ServedModelRecord
 
 log = logging.getLogger("inferflux.gateway.model_admin")
 
@@ -39,6 +55,10 @@ class _Load:
     dtype: str
     aliases: tuple[str, ...]
     default: bool
+    # From the store's registry (a convergence), not from this replica's admin API.
+    stored: bool = False
+    # A failed load from the registry is tried again only past this policy_version.
+    version: int | None = None
     status: str = "loading"  # loading | failed
     stage: str = "queued"
     error: str | None = None
@@ -70,6 +90,10 @@ class ModelAdmin:
         self.configured = set(configured)  # names from the configuration file
         self._loads: dict[str, _Load] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+        self._poller: RegistryPoller | None = None
+        self._version: int | None = None  # the policy_version last converged on
+        self._look_again = False  # a load ended: converge at the next poll even if the store did not move
 
     # -- reading
 
@@ -145,12 +169,15 @@ class ModelAdmin:
         backend = backend or self.settings.backend
         self._check_backend(backend)
         load = _Load(name, path, backend, dtype or self.settings.dtype, tuple(aliases), default)
-        self._loads[name] = load
-        self.manager.mark_loading(name, True)
-        task = asyncio.create_task(self._run(load, persist=True), name=f"load-model-{name}")
+        self._start(load, persist=True)
+        return load.describe()
+
+    def _start(self, load: _Load, *, persist: bool) -> None:
+        self._loads[load.name] = load
+        self.manager.mark_loading(load.name, True)
+        task = asyncio.create_task(self._run(load, persist=persist), name=f"load-model-{load.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return load.describe()
 
     async def _run(self, load: _Load, *, persist: bool) -> None:
         spec = ModelSpec(name=load.name, path=load.path, dtype=load.dtype, aliases=load.aliases)
@@ -165,73 +192,164 @@ class ModelAdmin:
             )
         except Exception as exc:  # a failed load is reported on the model, not raised anywhere
             log.error("loading model %s from %s failed: %s", load.name, load.path, exc)
-            load.status, load.stage, load.error, load.finished = "failed", "failed", str(exc), time.monotonic()
-            self.manager.mark_loading(load.name, False)
+            self._failed(load, exc)
             return
-        previous_default = self.manager.default_name
-        added = False
-        try:
-            self.manager.add(served, default=load.default)
-            added = True
-            if persist:
-                await call_store(
-                    self.store.create_served_model,
-                    name=load.name,
-                    path=load.path,
-                    backend=load.backend,
-                    dtype=load.dtype,
-                    aliases=list(load.aliases),
-                    is_default=load.default,
-                )
-        except Exception as exc:
-            log.error("registering model %s failed: %s", load.name, exc)
-            if added:
-                # Its engine stops below: it must not stay served (nor the default) without one.
-                self.manager.remove(load.name)
-                if load.default and previous_default in {m.name for m in self.manager}:
-                    self.manager.set_default(previous_default)
-            await asyncio.to_thread(served.shutdown)
-            load.status, load.stage, load.error, load.finished = "failed", "failed", str(exc), time.monotonic()
+        async with self._lock:  # the model served and recorded together, as a convergence sees it
+            previous_default = self.manager.default_name
+            added = False
+            try:
+                self.manager.add(served, default=load.default)
+                added = True
+                if persist:
+                    await call_store(
+                        self.store.create_served_model,
+                        name=load.name,
+                        path=load.path,
+                        backend=load.backend,
+                        dtype=load.dtype,
+                        aliases=list(load.aliases),
+                        is_default=load.default,
+                    )
+            except Exception as exc:
+                log.error("registering model %s failed: %s", load.name, exc)
+                if added:
+                    # Its engine stops below: it must not stay served (nor the default) without one.
+                    self.manager.remove(load.name)
+                    if load.default and previous_default in {m.name for m in self.manager}:
+                        self.manager.set_default(previous_default)
+                await asyncio.to_thread(served.shutdown)
+                self._failed(load, exc)
+                return
+            self._loads.pop(load.name, None)
             self.manager.mark_loading(load.name, False)
-            return
-        del self._loads[load.name]
-        self.manager.mark_loading(load.name, False)
+            # Another look at the registry: the default, or an unload, may have come meanwhile.
+            self._look_again = True
         log.info("model %s is ready", load.name)
 
+    def _failed(self, load: _Load, exc: Exception) -> None:
+        load.status, load.stage, load.error, load.finished = "failed", "failed", str(exc), time.monotonic()
+        load.version = self._version  # tried again from the registry once the store has moved past this
+        self.manager.mark_loading(load.name, False)
+        # Another look: this replica's own load may have lost the name to another replica's.
+        self._look_again = True
+
     async def unload(self, name: str) -> None:
-        load = self._loads.get(name)
-        if load is not None:
-            if load.status == "loading":
-                raise Conflict(f"The model '{name}' is still loading; unload it once it is ready")
-            del self._loads[name]  # forget a failed load
-            return
+        """Take ``name`` out of the registry (first, so a store that fails changes nothing), then unload it."""
+        async with self._lock:
+            load = self._loads.get(name)
+            if load is not None:
+                if load.status == "loading":
+                    raise Conflict(f"The model '{name}' is still loading; unload it once it is ready")
+                if load.stored:  # it failed here, but the registry has it: out of the registry, as for any replica
+                    await self._unregister(name)
+                del self._loads[name]  # forget a failed load
+                return
+            try:
+                served = self.manager.get(name)
+            except Exception:
+                raise NotFound(f"No model '{name}'") from None
+            if served.name in self.configured:
+                raise Conflict(f"The model '{served.name}' comes from the configuration file; remove it there")
+            await self._unregister(served.name)
+            self.manager.remove(served.name)
+            await asyncio.to_thread(served.shutdown)
+
+    async def _unregister(self, name: str) -> None:
         try:
-            served = self.manager.get(name)
-        except Exception:
-            raise NotFound(f"No model '{name}'") from None
-        if served.name in self.configured:
-            raise Conflict(f"The model '{served.name}' comes from the configuration file; remove it there")
-        self.manager.remove(served.name)
-        await asyncio.to_thread(served.shutdown)
-        record = await call_store(self.store.get_served_model_by_name, served.name)
-        await call_store(self.store.delete_served_model, record.id)
+            record = await call_store(self.store.get_served_model_by_name, name)
+            await call_store(self.store.delete_served_model, record.id)
+        except NotFound:  # another replica took it out first
+            pass
 
     async def set_default(self, name: str) -> dict[str, Any]:
+        async with self._lock:
+            try:
+                served = self.manager.get(name)
+            except Exception:
+                raise NotFound(f"No model '{name}' is ready") from None
+            if served.name in self.configured:
+                # A configured model has no record in the store. Clear the stored
+                # mark instead, or the next start would make the admin-loaded model
+                # that holds it the default again (restore() follows the mark).
+                for record in await call_store(self.store.list_served_models):
+                    if record.is_default:
+                        await call_store(self.store.update_served_model, record.id, is_default=False)
+            else:
+                await call_store(self.store.set_default_served_model, served.name)
+            self.manager.set_default(served.name)
+            return self._describe_served(served)
+
+    # -- following the registry (the other replicas' changes)
+
+    async def converge(self, version: int) -> None:
+        """Serve what the store's registry holds: load what is missing, unload what left it, take its default.
+
+        ``version`` is the store's ``policy_version`` just read (``gateway.model_sync``).
+        A model of the configuration file is never unloaded.
+        """
+        async with self._lock:
+            records = await call_store(self.store.list_served_models)
+            self._version, self._look_again = version, False
+            stored = {record.name: record for record in records}
+            for record in records:
+                if self._wants(record):
+                    self._follow(record)
+            for name, load in list(self._loads.items()):
+                if load.stored and load.status == "failed" and name not in stored:
+                    del self._loads[name]  # it left the registry: nothing to report any more
+            retired = [
+                self.manager.remove(model.name)
+                for model in self.manager
+                if model.name not in self.configured and model.name not in stored
+            ]
+            self._take_default(records)
+        for model in retired:  # outside the lock: stopping an engine joins its threads
+            log.info("model %s left the registry; unloading it", model.name)
+            await asyncio.to_thread(model.shutdown)
+
+    def _wants(self, record: ServedModelRecord) -> bool:
+        """Whether ``record`` should start loading here now."""
+        if any(model.name == record.name for model in self.manager):
+            return False
+        load = self._loads.get(record.name)
+        if load is None:
+            return True
+        if load.status == "loading":
+            return False
+        # Failed. This replica's own attempt gives way to the registry's; the
+        # registry's own is tried again only once the store has changed since.
+        return not load.stored or load.version != self._version
+
+    def _follow(self, record: ServedModelRecord) -> None:
+        """Start loading ``record`` in the background, as a load that is not recorded again."""
+        self._loads.pop(record.name, None)  # a failed attempt, replaced by this one
+        load = _Load(record.name, record.path, record.backend, record.dtype, record.aliases, record.is_default,
+                     stored=True, version=self._version)  # fmt: skip
         try:
-            served = self.manager.get(name)
-        except Exception:
-            raise NotFound(f"No model '{name}' is ready") from None
-        if served.name in self.configured:
-            # A configured model has no record in the store. Clear the stored
-            # mark instead, or the next start would make the admin-loaded model
-            # that holds it the default again (restore() follows the mark).
-            for record in await call_store(self.store.list_served_models):
-                if record.is_default:
-                    await call_store(self.store.update_served_model, record.id, is_default=False)
-        else:
-            await call_store(self.store.set_default_served_model, served.name)
-        self.manager.set_default(served.name)
-        return self._describe_served(served)
+            self._check_names(record.name, list(record.aliases))
+        except Conflict as exc:  # a name this replica's configuration serves: reported, not loaded
+            self._loads[load.name] = load
+            self._failed(load, exc)
+            return
+        log.info("model %s is in the registry; loading it", record.name)
+        self._start(load, persist=False)
+
+    def _take_default(self, records: list[ServedModelRecord]) -> None:
+        wanted = next((record.name for record in records if record.is_default), None)
+        for load in self._loads.values():
+            if load.stored and load.status == "loading":
+                load.default = load.name == wanted
+        served = [model.name for model in self.manager]
+        current = self.manager.default_name
+        if wanted is None:
+            # No stored mark: a configured model is the default (which one the store
+            # does not say, so this replica's first), not one the registry holds.
+            if current is not None and current not in self.configured:
+                fallback = next((name for name in served if name in self.configured), None)
+                if fallback is not None:
+                    self.manager.set_default(fallback)
+        elif wanted in served and current != wanted:
+            self.manager.set_default(wanted)
 
     def restore(self) -> list[str]:
         """At start: load the models the admin API registered before (synchronously).
@@ -253,6 +371,19 @@ class ModelAdmin:
                 failed.append(record.name)
         return failed
 
+    # -- running
+
+    def start(self) -> None:
+        """Follow the registry from now on (the app's lifespan; ``aclose`` stops it)."""
+        self._lock = asyncio.Lock()  # one per run: a lock belongs to the loop it is used on
+        self._poller = RegistryPoller(
+            self.store, self.converge, lambda: self._look_again, self.settings.model_registry.poll_seconds
+        )
+        self._poller.start()
+
     async def aclose(self) -> None:
+        if self._poller is not None:
+            await self._poller.stop()
+            self._poller = None
         for task in list(self._tasks):
             task.cancel()

@@ -39,6 +39,8 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
         backend: cpu        # optional
         dtype: float32      # optional
         aliases: [smollm2]
+    model_registry:         # the admin API's models, kept in the store and followed by every replica
+      poll_seconds: 1       # how often the store is checked for models loaded, unloaded or made default elsewhere
     store:                  # the policy store (policy.store.StoreSettings)
       url: postgresql://inferflux@db/inferflux   # default: SQLite at <data_dir>/policy.db
       key_file: /run/secrets/store.key   # or passphrase; neither: <data_dir>/store.key, made on first start
@@ -112,6 +114,7 @@ from gateway.settings.sections import (
     InputLimitSettings,
     LogLevel,
     ModelEntry,
+    ModelRegistrySettings,
     RateLimitSettings,
     RuntimeSettings,
     ServerSettings,
@@ -133,6 +136,7 @@ __all__ = [
     "InputLimitSettings",
     "LogLevel",
     "ModelEntry",
+    "ModelRegistrySettings",
     "RateLimitSettings",
     "RuntimeSettings",
     "ServerSettings",

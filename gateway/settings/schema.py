@@ -19,6 +19,7 @@ from gateway.settings.sections import (
     InputLimitSettings,
     LogLevel,
     ModelEntry,
+    ModelRegistrySettings,
     RateLimitSettings,
     RuntimeSettings,
     ServerSettings,
@@ -56,6 +57,7 @@ class Settings(BaseModel):
     input_limits: InputLimitSettings = Field(default_factory=InputLimitSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: list[ModelEntry] = Field(default_factory=list)
+    model_registry: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)

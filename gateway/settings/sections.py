@@ -126,6 +126,17 @@ class AuthSettings(BaseModel):
     last_used_flush_seconds: float = Field(default=5.0, gt=0, le=3600)
 
 
+class ModelRegistrySettings(BaseModel):
+    """How each replica follows the admin API's models in the store (``gateway.model_sync``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # How often the store is checked for models loaded, unloaded or made the
+    # default through another replica; one changed there is taken up here within
+    # about this long (plus its load time).
+    poll_seconds: float = Field(default=1.0, gt=0, le=60)
+
+
 class RateLimitSettings(BaseModel):
     """Where rate-limit counters live (``policy.ratelimit``); the limits are store policies."""
 

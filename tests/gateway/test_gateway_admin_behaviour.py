@@ -525,8 +525,9 @@ def test_model_admin_refuses_bad_loads_before_starting_one(world: World, tmp_pat
 
 def test_making_a_configured_model_the_default_clears_the_stored_mark(world: World) -> None:
     # An admin-loaded model recorded as the default (as if loaded with default=true before a restart).
+    # Its path loads nothing: the app, which follows the store's registry, tries it and fails at once.
     store = world.store
-    record = store.create_served_model("ghost", path=default_model_path(), dtype="float32", is_default=True)
+    record = store.create_served_model("ghost", path="/nonexistent/ghost.gguf", dtype="float32", is_default=True)
     try:
         response = world.client.post(f"/admin/v1/models/{MODEL}/default", headers=world.admin)
         assert response.status_code == 200, response.text
@@ -565,35 +566,38 @@ class FakeServed:
 
 
 def test_a_load_that_cannot_be_recorded_is_not_left_serving(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model whose record cannot be written (here: a stale record holds its name) is failed and unserved."""
+    """A model whose record cannot be written (here: the store refuses it) is failed and unserved."""
     import time
 
     import gateway.model_admin
+    from policy.errors import Conflict
 
     store, client, admin = world.store, world.client, world.admin
-    stale = store.create_served_model("stale", path=default_model_path(), dtype="float32")
     fakes: list[FakeServed] = []
+
+    def refuse(**record: Any) -> None:
+        # What the store answers when another replica registered the name first. (A real record
+        # holding it would do, but this app follows the registry: it would load that one instead.)
+        raise Conflict(f"A model named '{record['name']}' is already registered")
 
     def fake_load(spec: Any, *args: Any) -> FakeServed:
         fakes.append(FakeServed(spec.name, tuple(spec.aliases)))
         return fakes[-1]
 
     monkeypatch.setattr(gateway.model_admin, "load_served_model", fake_load)
-    try:
-        started = client.post(
-            "/admin/v1/models", json={"name": "stale", "path": default_model_path(), "default": True}, headers=admin
-        )
-        assert started.status_code == 202, started.text
-        deadline = time.monotonic() + 30
-        while (status := client.get("/admin/v1/models/stale", headers=admin).json())["status"] == "loading":
-            assert time.monotonic() < deadline, status
-            time.sleep(0.02)
-        assert status["status"] == "failed" and status["error"], status
-        assert [f.stopped for f in fakes] == [1]
-        # Not served with its stopped engine, and the default is what it was.
-        assert "stale" not in [m["id"] for m in client.get("/v1/models", headers=admin).json()["data"]]
-        listed = {m["id"]: m for m in client.get("/admin/v1/models", headers=admin).json()["data"]}
-        assert listed[MODEL]["default"] is True and listed["stale"]["status"] == "failed"
-        assert client.delete("/admin/v1/models/stale", headers=admin).status_code == 204  # forget the failure
-    finally:
-        store.delete_served_model(stale.id)
+    monkeypatch.setattr(store, "create_served_model", refuse)
+    started = client.post(
+        "/admin/v1/models", json={"name": "stale", "path": default_model_path(), "default": True}, headers=admin
+    )
+    assert started.status_code == 202, started.text
+    deadline = time.monotonic() + 30
+    while (status := client.get("/admin/v1/models/stale", headers=admin).json())["status"] == "loading":
+        assert time.monotonic() < deadline, status
+        time.sleep(0.02)
+    assert status["status"] == "failed" and status["error"], status
+    assert [f.stopped for f in fakes] == [1]
+    # Not served with its stopped engine, and the default is what it was.
+    assert "stale" not in [m["id"] for m in client.get("/v1/models", headers=admin).json()["data"]]
+    listed = {m["id"]: m for m in client.get("/admin/v1/models", headers=admin).json()["data"]}
+    assert listed[MODEL]["default"] is True and listed["stale"]["status"] == "failed"
+    assert client.delete("/admin/v1/models/stale", headers=admin).status_code == 204  # forget the failure
