@@ -173,7 +173,7 @@ def body_cases(world: World) -> list[tuple[str, str, str, Any, str]]:
         ("patch wrong type", "PATCH", t, {"disabled": "yes"}, "disabled"),
         ("patch null disabled", "PATCH", t, {"disabled": None}, "disabled"),
         ("models missing", "PUT", f"{t}/models", {}, "allowed_models"),
-        ("models wrong type", "PUT", f"{t}/models", {"allowed_models": [1]}, "allowed_models.0"),
+        ("models wrong type", "PUT", f"{t}/models", {"allowed_models": [1]}, "allowed_models[0]"),
         ("key bad role", "POST", f"{t}/keys", {"name": "k", "role": "superuser"}, "role"),
         ("key role wrong type", "POST", f"{t}/keys", {"name": "k", "role": ["member"]}, "role"),
         ("key unknown field", "POST", f"{t}/keys", {"name": "k", "role": "member", "scopes": ["*"]}, "scopes"),
