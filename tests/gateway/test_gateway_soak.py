@@ -11,6 +11,7 @@ map, a task or queue left behind) shows as growth in every storm.
 from __future__ import annotations
 
 import asyncio
+import statistics
 from pathlib import Path
 
 import pytest
@@ -22,17 +23,19 @@ from policy.authn.apikeys import generate_key
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 STREAMS = 36  # per storm
-STORMS = 4  # after the warm-up
+STORMS = 6  # after the warm-up
 MiB = 1024 * 1024
 # A warm gateway's RSS still creeps up by 0.3-1.8 MiB a storm for several storms
 # (thread stacks come and go, the allocator settles) before it levels off: 10
 # storms measured 1100.9, 1101.9, 1103.7, 1104.0, 1104.3, 1106.0, 1106.5, 1106.5,
-# 1105.0 MiB. The leak issue 24 found, ~0.1 MiB per aborted stream, adds ~3.5 MiB
-# every storm here: 14 MiB over the measured storms, and never a small step. So:
-# at most 6 MiB over the measured storms, and not every step over 1 MiB. About 15 s
-# on two idle cores.
-MAX_GROWTH = 6 * MiB
+# 1105.0 MiB (AMD EPYC). On an Intel Xeon it also jumps once by 7-18 MiB between two
+# storms and stays there (e.g. 1083.6, 1084.7, 1085.2, 1092.9, 1093.2, measured on the
+# code before and after issue 19 alike): an arena growing once, not a leak. The leak
+# issue 24 found, ~0.1 MiB per aborted stream, adds ~3.5 MiB in every storm. So a leak
+# is a median step over 1 MiB (it is in every step; a one-off jump is in one), and 32 MiB
+# over the measured storms is a bound for anything grosser. About 20 s on two idle cores.
 LEAK_STEP = 1 * MiB
+MAX_GROWTH = 32 * MiB
 
 
 def test_rss_levels_off_under_storms_of_abandoned_streams(tmp_path: Path) -> None:
@@ -50,7 +53,7 @@ def test_rss_levels_off_under_storms_of_abandoned_streams(tmp_path: Path) -> Non
         assert answered >= STREAMS, f"too few streams were answered to measure anything: {answered}"
         growth = rss[-1] - rss[1]  # the first storm warms up (threads, caches, the allocator's arenas)
         steps = [b - a for a, b in zip(rss[1:], rss[2:], strict=False)]
-        assert growth < MAX_GROWTH and not all(step > LEAK_STEP for step in steps), (
+        assert growth < MAX_GROWTH and statistics.median(steps) <= LEAK_STEP, (
             f"RSS after each storm (MiB): {[round(r / MiB, 1) for r in rss]}"
         )
     finally:
