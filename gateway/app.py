@@ -9,7 +9,7 @@ Middleware order, outermost first::
     AuthMiddleware             401 unless the credentials prove a principal
     BodyLimitMiddleware        413 before a large body is read
     BodyDeadlineMiddleware     408 when the body is not in within input_limits.body_timeout_seconds
-    (generation routes then apply guardrails, OPA and rate limits: gateway.routes.openai)
+    (generation routes then apply guardrails, OPA and rate limits: gateway.request_policy)
     ExceptionMiddleware        ApiError (GatewayError, PolicyError) -> OpenAI-shaped JSON
     routes                     each requires its scope (gateway.authz)
 

@@ -63,6 +63,7 @@ class RequestPolicy:
         self._resolver = state.guardrails
         self._settling: set[asyncio.Task[None]] = state.traffic_tasks
         self.guards: Guardrails | None = None
+        self.headers: dict[str, str] = {}  # the rate-limit headers of the admitted request (set by ``start``)
 
     # -- 1. input guardrails
 
