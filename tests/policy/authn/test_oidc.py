@@ -28,6 +28,9 @@ from policy.errors import IdentityProviderUnavailable, InvalidToken, PolicyError
 ROLE_MAP = {"admin": "tenant-admin", "dev": "member", "reader": "viewer"}
 TTL = 3600.0
 REFRESH_INTERVAL = 30.0
+# No test here is about a slow provider; a loaded 2-core CI runner once stalled a loopback connect
+# past 5 s (ConnectTimeout in test_issued_in_the_future), so the bound is generous.
+HTTP_TIMEOUT = 30.0
 
 
 def provider_for(idp: LoopbackIdP, **overrides: Any) -> OidcProviderConfig:
@@ -44,7 +47,7 @@ def provider_for(idp: LoopbackIdP, **overrides: Any) -> OidcProviderConfig:
 
 def make_verifier(providers: list[OidcProviderConfig], clock: FakeClock) -> OidcVerifier:
     return OidcVerifier(
-        providers, clock=clock, jwks_ttl=TTL, min_refresh_interval=REFRESH_INTERVAL, http_timeout=5.0
+        providers, clock=clock, jwks_ttl=TTL, min_refresh_interval=REFRESH_INTERVAL, http_timeout=HTTP_TIMEOUT
     )
 
 
