@@ -142,6 +142,8 @@ class ServedModel(Base):
     is_default: Mapped[bool]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # A model of a remote backend: its upstream section (endpoints, upstream model, credential name); path "".
+    upstream: Mapped[dict[str, Any] | None] = mapped_column(json_type())
 
 
 class Policy(Base):

@@ -105,6 +105,7 @@ class ServedModelRecord:
     is_default: bool
     created_at: datetime
     updated_at: datetime
+    upstream: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

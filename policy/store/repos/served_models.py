@@ -6,7 +6,9 @@ one model is the default.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -31,20 +33,23 @@ class ServedModelRepository(Repository):
         dtype: str = "auto",
         aliases: Sequence[str] = (),
         is_default: bool = False,
+        upstream: Mapping[str, Any] | None = None,
     ) -> ServedModelRecord:
+        """Register a model: its weights' ``path`` here, or (a remote backend's) its ``upstream`` and path ""."""
         validate.text(name, "name", 200)
         alias_list = validate.strings(aliases, "aliases")
         now = self._now()
         row = ServedModel(
             id=new_id("mdl"),
             name=name,
-            path=validate.text(path, "path", 4096),
+            path=validate.text(path, "path", 4096, empty=upstream is not None),
             backend=validate.text(backend, "backend", 64),
             dtype=validate.text(dtype, "dtype", 16),
             aliases=alias_list,
             is_default=validate.boolean(is_default, "is_default"),
             created_at=now,
             updated_at=now,
+            upstream=None if upstream is None else _upstream(upstream),
         )
         with self._write() as session:
             _check_model_names_free(session, [name, *alias_list], exclude_id=None)
@@ -132,3 +137,15 @@ def _check_model_names_free(session: Session, names: Sequence[str], *, exclude_i
         taken = wanted & {other.name, *other.aliases}
         if taken:
             raise Conflict(f"The model name or alias '{sorted(taken)[0]}' is taken by the model '{other.name}'")
+
+
+def _upstream(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of an upstream section that the database can keep (JSON, no NUL or lone surrogate)."""
+    if not isinstance(value, Mapping):
+        raise ValidationFailed("upstream must be an object", param="upstream")
+    try:
+        text = json.dumps(dict(value), allow_nan=False)
+    except (TypeError, ValueError):
+        raise ValidationFailed("upstream must hold JSON values only", param="upstream") from None
+    validate.storable(text, "upstream")
+    return dict(json.loads(text))
