@@ -10,7 +10,7 @@ This module imports no tensor library, so the gateway and the engine can use it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class ModelSpec:
     path: str  # GGUF file or safetensors directory
     dtype: str = "auto"  # auto | float32 | bfloat16
     aliases: tuple[str, ...] = ()
+    # A remote backend's model: where it is served from (the ``upstream`` settings, as plain data); path is "".
+    upstream: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,34 @@ class Backend(Protocol):
     # the thread that loaded the model, just before its own thread takes over
     # every later call, so a backend can free worker threads that the loading
     # thread still holds (see CPUBackend.release_thread_pool).
+
+
+@runtime_checkable
+class RemoteBackend(Protocol):
+    """A backend plugin that serves whole requests from an engine of its own (``kind = "remote"``).
+
+    Engine backends implement ``forward`` under our engine; a remote backend
+    (the ``openai`` plugin: vLLM, SGLang, TGI, llama.cpp servers, other
+    InferFlux nodes) opens an engine-shaped client that takes a whole request
+    and streams its answer. Both register in ``inferflux.backends``; the gateway
+    sees one generate-and-stream interface per served model.
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[str]  # "remote"
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """None if this machine can run the backend, otherwise the reason it cannot."""
+
+    def open(self, config: Any, *, upstream_model: str, max_model_len: int = 0) -> Any:
+        """The served model's engine-shaped client (``make_request``/``stream``/``stats``/``shutdown``)."""
+
+
+def backend_kind(cls: type) -> str:
+    """``"engine"`` (runs ``forward`` under our engine) or ``"remote"`` (serves whole requests)."""
+    kind = getattr(cls, "kind", "engine")
+    return kind if kind in ("engine", "remote") else "engine"
 
 
 def choose_dtype(name: str, backend: str, supported: Sequence[str], auto: Callable[[], str]) -> str:

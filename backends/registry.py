@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
-from backends.base import Backend, BackendError
+from backends.base import Backend, BackendError, backend_kind
 
 GROUP = "inferflux.backends"
 AUTO = "auto"
@@ -54,6 +54,7 @@ class BackendStatus:
     allowed: bool = True  # False: blocked by the allow-list, never imported
     provider: str | None = None  # the distribution that registers it, "name version"
     target: str | None = None  # the entry point's "module:Class"
+    kind: str = "engine"  # "remote": serves whole requests from upstream servers (``backends.base.RemoteBackend``)
 
 
 def parse_names(value: str | Iterable[str], what: str) -> tuple[str, ...]:
@@ -135,8 +136,8 @@ def _check(name: str, allowed: frozenset[str] | None) -> tuple[BackendStatus, ty
         reason = f"registered by more than one distribution ({provider or target}); uninstall all but one"
         return BackendStatus(name, False, reason, provider=provider, target=target), None
 
-    def status(reason: str | None) -> BackendStatus:
-        return BackendStatus(name, reason is None, reason, provider=provider, target=target)
+    def status(reason: str | None, kind: str = "engine") -> BackendStatus:
+        return BackendStatus(name, reason is None, reason, provider=provider, target=target, kind=kind)
 
     try:
         cls = eps[0].load()
@@ -148,9 +149,10 @@ def _check(name: str, allowed: frozenset[str] | None) -> tuple[BackendStatus, ty
         reason = cls.probe()
     except Exception as exc:  # a broken probe says so instead of taking the caller down
         return status(f"probe() raised {type(exc).__name__}: {exc}"), None
+    kind = backend_kind(cls)
     if reason is not None:
-        return status(str(reason) or "probe() gave no reason"), None
-    return status(None), cls
+        return status(str(reason) or "probe() gave no reason", kind), None
+    return status(None, kind), cls
 
 
 def _resolve_auto(
@@ -160,6 +162,10 @@ def _resolve_auto(
     tried: list[str] = []
     for candidate in chain:
         status, cls = _check(candidate, allowed)
+        if cls is not None and status.kind == "remote":
+            # A remote backend needs an upstream to serve from; "auto" only picks where weights run.
+            tried.append(f"{candidate}: a remote backend, only for models with an upstream")
+            continue
         if cls is not None:
             return status, cls
         tried.append(f"{candidate}: {status.reason}")

@@ -140,5 +140,11 @@ class EngineOverloaded(ServiceUnavailable):
         super().__init__(message, headers=headers)
 
 
+class UpstreamUnavailable(EngineOverloaded):
+    """503 for a remote model: no upstream endpoint can take the request now (down, circuit open, full)."""
+
+    default_code = "upstream_unavailable"
+
+
 class ModelNotReady(ServiceUnavailable):
     default_code = "model_not_ready"

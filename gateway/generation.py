@@ -24,6 +24,8 @@ from backends.engine.errors import (
     PromptTooLongError,
 )
 
+from backends.openai.errors import UpstreamError, UpstreamRejected
+from backends.openai.errors import UpstreamUnavailable as UpstreamUnavailableError
 from gateway.errors import (
     ContextLengthExceeded,
     GatewayError,
@@ -31,10 +33,12 @@ from gateway.errors import (
     InvalidRequest,
     ModelNotReady,
     ServiceUnavailable,
+    UpstreamUnavailable,
 )
 
 if TYPE_CHECKING:
     from backends.engine import EngineRequest, RequestOutput
+    from backends.openai.request import RemoteRequest
 
     from gateway.models import ServedModel
     from policy.guardrails import OutputStream
@@ -46,7 +50,7 @@ log = logging.getLogger("inferflux.gateway.generation")
 class ChoiceSpec:
     index: int
     prompt_index: int
-    request: EngineRequest  # checked by the engine (``gateway.plan``), run as it is
+    request: EngineRequest | RemoteRequest  # checked by the plan (``gateway.plan``), run as it is
 
 
 @dataclass
@@ -173,7 +177,8 @@ class Generation:
             out = item.output
             self.usage.prompt_tokens_by_prompt[self._by_index[item.index].prompt_index] = out.prompt_tokens
             self.usage.completion_tokens_by_choice[item.index] = out.completion_tokens
-            if out.new_token_ids and not self._saw_token:
+            # A remote model's outputs carry text but no token ids.
+            if (out.new_token_ids or out.new_text) and not self._saw_token:
                 self._saw_token = True
                 if self._on_first_token is not None:
                     self._on_first_token(time.perf_counter() - self._started)
@@ -245,4 +250,26 @@ def engine_error_to_gateway(exc: BaseException, *, param_names: dict[str, str] |
         return InvalidRequest(str(exc), param=names.get(exc.param or "", exc.param))
     if isinstance(exc, EngineDeadError):
         return ModelNotReady(f"The model's engine is not running: {exc}")
+    if isinstance(exc, UpstreamError):
+        return upstream_error_to_gateway(exc)
     return InternalError("The engine failed while generating")
+
+
+def upstream_error_to_gateway(exc: UpstreamError) -> GatewayError:
+    """A remote model's failure as the client sees it: its own mistakes as 4xx, the fleet's as 503.
+
+    The fleet's messages are already short and scrubbed of endpoints and
+    credentials; an upstream refusing our credential is the operator's
+    problem, not the client's, so it is a 503 like any outage (and logged).
+    """
+    if isinstance(exc, UpstreamUnavailableError):
+        return UpstreamUnavailable(f"No upstream server can take the request now: {exc}", retry_after=exc.retry_after)
+    if isinstance(exc, UpstreamRejected):
+        if exc.status in (400, 404, 413, 422):
+            if exc.code == "context_length_exceeded":
+                return ContextLengthExceeded(f"The upstream server refused the request: {exc}", param=exc.param)
+            return InvalidRequest(f"The upstream server refused the request: {exc}", param=exc.param)
+        if exc.status == 429:
+            return UpstreamUnavailable(f"The upstream server is rate limiting: {exc}", retry_after=1)
+        log.error("the upstream refused the gateway's request with %s: %s", exc.status, exc)
+    return ServiceUnavailable(f"The upstream server failed: {exc}")

@@ -40,7 +40,9 @@ from backends.base import ModelSpec
 from gateway.auth import call_store
 from gateway.models import ModelManager, ServedModel, engine_config_from, load_served_model
 from gateway.settings import Settings
+from gateway.settings.sections import REMOTE_BACKEND
 from gateway.model_sync import RegistryPoller
+from gateway.upstreams import checked_upstream, describe_upstream, upstream_key
 from policy.errors import Conflict, NotFound, ValidationFailed
 from policy.store import PolicyStore, ServedModelRecord
 
@@ -55,6 +57,7 @@ class _Load:
     dtype: str
     aliases: tuple[str, ...]
     default: bool
+    upstream: dict[str, Any] | None = None  # a remote backend's model: where it is served from
     # From the store's registry (a convergence), not from this replica's admin API.
     stored: bool = False
     # A failed load from the registry is tried again only past this policy_version.
@@ -79,6 +82,7 @@ class _Load:
             "dtype": self.dtype,
             "aliases": list(self.aliases),
             "source": "admin",
+            **({"upstream": describe_upstream(self.upstream)} if self.upstream is not None else {}),
         }
 
 
@@ -122,6 +126,7 @@ class ModelAdmin:
             "context_length": served.max_model_len,
             "default": self.manager.default_name == served.name,
             "source": "config" if served.name in self.configured else "admin",
+            **({"upstream": served.engine.describe()} if served.remote else {}),
         }
 
     # -- changing
@@ -157,18 +162,37 @@ class ModelAdmin:
         self,
         *,
         name: str,
-        path: str,
+        path: str | None,
         backend: str | None,
         dtype: str | None,
         aliases: list[str],
         default: bool,
+        upstream: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Validate now, load in the background; the returned status says 'loading'."""
+        """Validate now, load in the background; the returned status says 'loading'.
+
+        A model with an ``upstream`` is served by the remote backend from the
+        endpoints it names (checked against ``upstreams.allowed_hosts``).
+        """
         self._check_names(name, aliases)
-        self._check_path(path)
-        backend = backend or self.settings.backend
+        if upstream is not None:
+            if path is not None or dtype is not None:
+                raise ValidationFailed("a model with an upstream takes neither path nor dtype", param="path")
+            if backend not in (None, REMOTE_BACKEND):
+                raise ValidationFailed(f"a model with an upstream is served by backend '{REMOTE_BACKEND}'",
+                                       param="backend")  # fmt: skip
+            upstream = checked_upstream(self.settings, upstream)
+            backend, path, dtype = REMOTE_BACKEND, "", "upstream"
+        elif path is None:
+            raise ValidationFailed("a model needs a path (its weights here) or an upstream (servers elsewhere)",
+                                   param="path")  # fmt: skip
+        else:
+            self._check_path(path)
+            backend = backend or self.settings.backend
+            if backend == REMOTE_BACKEND:
+                raise ValidationFailed(f"backend '{REMOTE_BACKEND}' needs an upstream", param="upstream")
         self._check_backend(backend)
-        load = _Load(name, path, backend, dtype or self.settings.dtype, tuple(aliases), default)
+        load = _Load(name, path, backend, dtype or self.settings.dtype, tuple(aliases), default, upstream)
         self._start(load, persist=True)
         return load.describe()
 
@@ -180,15 +204,16 @@ class ModelAdmin:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, load: _Load, *, persist: bool) -> None:
-        spec = ModelSpec(name=load.name, path=load.path, dtype=load.dtype, aliases=load.aliases)
+        spec = ModelSpec(name=load.name, path=load.path, dtype=load.dtype, aliases=load.aliases, upstream=load.upstream)
 
         def on_stage(stage: str) -> None:
             load.stage = stage
 
         try:
+            key = await call_store(upstream_key, self.store, load.upstream)
             served = await asyncio.to_thread(
                 load_served_model, spec, load.backend, engine_config_from(self.settings.engine), on_stage,
-                self.settings.runtime.backend_priority,
+                self.settings.runtime.backend_priority, key,
             )
         except Exception as exc:  # a failed load is reported on the model, not raised anywhere
             log.error("loading model %s from %s failed: %s", load.name, load.path, exc)
@@ -209,6 +234,7 @@ class ModelAdmin:
                         dtype=load.dtype,
                         aliases=list(load.aliases),
                         is_default=load.default,
+                        upstream=load.upstream,
                     )
             except Exception as exc:
                 log.error("registering model %s failed: %s", load.name, exc)
@@ -303,9 +329,19 @@ class ModelAdmin:
                 if model.name not in self.configured and model.name not in stored
             ]
             self._take_default(records)
+            await self._refresh_upstream_keys()
         for model in retired:  # outside the lock: stopping an engine joins its threads
             log.info("model %s left the registry; unloading it", model.name)
             await asyncio.to_thread(model.shutdown)
+
+    async def _refresh_upstream_keys(self) -> None:
+        """Remote models whose key is a stored credential take its current secret (it may have been rotated)."""
+        for model in self.manager:
+            if model.remote and model.upstream is not None and model.upstream.get("credential"):
+                try:
+                    model.engine.set_api_key(await call_store(upstream_key, self.store, model.upstream))
+                except Exception as exc:  # a deleted credential: keep the last key, say so
+                    log.error("the upstream key of model %s cannot be refreshed: %s", model.name, exc)
 
     def _wants(self, record: ServedModelRecord) -> bool:
         """Whether ``record`` should start loading here now."""
@@ -324,7 +360,7 @@ class ModelAdmin:
         """Start loading ``record`` in the background, as a load that is not recorded again."""
         self._loads.pop(record.name, None)  # a failed attempt, replaced by this one
         load = _Load(record.name, record.path, record.backend, record.dtype, record.aliases, record.is_default,
-                     stored=True, version=self._version)  # fmt: skip
+                     record.upstream, stored=True, version=self._version)  # fmt: skip
         try:
             self._check_names(record.name, list(record.aliases))
         except Conflict as exc:  # a name this replica's configuration serves: reported, not loaded
@@ -361,10 +397,12 @@ class ModelAdmin:
         for record in self.store.list_served_models():
             if record.name in self.configured:
                 continue
-            spec = ModelSpec(name=record.name, path=record.path, dtype=record.dtype, aliases=tuple(record.aliases))
+            spec = ModelSpec(name=record.name, path=record.path, dtype=record.dtype, aliases=tuple(record.aliases),
+                             upstream=record.upstream)  # fmt: skip
             try:
                 served = load_served_model(spec, record.backend, engine_config_from(self.settings.engine),
-                                           priority=self.settings.runtime.backend_priority)
+                                           priority=self.settings.runtime.backend_priority,
+                                           upstream_key=upstream_key(self.store, record.upstream))  # fmt: skip
                 self.manager.add(served, default=record.is_default)
             except Exception as exc:
                 log.error("cannot load registered model %s (%s): %s", record.name, record.path, exc)

@@ -6,7 +6,7 @@ import hashlib
 import importlib.metadata
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,23 +35,37 @@ _VERSION = _version()
 
 @dataclass(eq=False)
 class ServedModel:
+    """A model the routes dispatch to: weights run by our engine here, or (``remote``) an upstream fleet.
+
+    Both kinds have an engine-shaped ``engine`` (``make_request``/``stream``/
+    ``stats``/``shutdown``); only a local model has a tokenizer.
+    """
+
     name: str
     aliases: tuple[str, ...]
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None
     info: ModelInfo
-    engine: AsyncEngine
+    engine: Any  # AsyncEngine, or backends.openai.RemoteEngine for a remote model
     backend: str = "unknown"
     created: int = field(default_factory=lambda: int(time.time()))
+    remote: bool = False
+    upstream: Mapping[str, Any] | None = None  # a remote model's upstream section (names its key, never holds it)
+
+    @property
+    def local_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RuntimeError(f"the model {self.name!r} is served by an upstream and has no tokenizer here")
+        return self.tokenizer
 
     @property
     def max_model_len(self) -> int:
-        """The usable context: the engine may be configured below the model's own."""
+        """The usable context: the engine may be configured below the model's own (0: an upstream's, unknown)."""
         return self.engine.stats().max_model_len
 
     @property
     def speculative(self) -> Any:
         """The model's speculative-decoding configuration, None when it has none."""
-        return self.engine.engine.config.speculative
+        return None if self.remote else self.engine.engine.config.speculative
 
     @property
     def system_fingerprint(self) -> str:
@@ -187,6 +201,7 @@ def load_served_model(
     engine_config: EngineConfig | None = None,
     on_stage: Callable[[str], None] | None = None,
     priority: Sequence[str] | None = None,
+    upstream_key: str | None = None,
 ) -> ServedModel:
     """Load ``spec`` on the named backend and start its engine.
 
@@ -194,15 +209,23 @@ def load_served_model(
     (``runtime.backend_priority``; None: the registry's chain); the served
     model records the backend actually chosen.
     ``on_stage`` is told each stage as it starts (for load progress).
+    A spec with an ``upstream`` opens a remote backend's client instead, which
+    presents ``upstream_key`` (resolved by ``gateway.upstreams``) upstream.
     Raises ``BackendError`` (from the registry or the backend) when the backend
     is unavailable or the model cannot be loaded.
     """
     stage = on_stage or (lambda _: None)
+    from backends.base import BackendError, backend_kind
     from backends.engine import AsyncEngine, EngineConfig, LLMEngine
     from backends.models import open_model
     from backends.registry import resolve
 
     backend, backend_cls = resolve(backend, priority=priority)
+    if backend_kind(backend_cls) == "remote" or spec.upstream is not None:
+        if backend_kind(backend_cls) != "remote" or spec.upstream is None:
+            raise BackendError(f"the model {spec.name!r}: an upstream section goes with a remote backend, "
+                               f"and backend {backend!r} is {backend_kind(backend_cls)}")  # fmt: skip
+        return _open_remote(spec, backend, backend_cls, upstream_key)
     instance = backend_cls()
     started = time.perf_counter()
     stage("loading weights")
@@ -234,3 +257,27 @@ def load_served_model(
         engine=aengine,
         backend=backend,
     )
+
+
+def _open_remote(spec: ModelSpec, backend: str, backend_cls: Any, api_key: str | None) -> ServedModel:
+    """A model of a remote backend: its engine-shaped client over the upstream fleet."""
+    from backends.openai.fleet import FleetConfig
+
+    upstream = dict(spec.upstream or {})
+    config = FleetConfig(
+        endpoints=tuple(upstream["endpoints"]),
+        api_key=api_key,
+        timeout_seconds=float(upstream.get("timeout_seconds", 600.0)),
+        idle_timeout_seconds=float(upstream.get("idle_timeout_seconds", 60.0)),
+        max_inflight_per_endpoint=int(upstream.get("max_inflight_per_endpoint", 64)),
+        retries=int(upstream.get("retries", 2)),
+        health_interval_seconds=float(upstream.get("health_interval_seconds", 5.0)),
+        routing=upstream.get("routing", "prefix"),
+    )
+    context = int(upstream.get("context_length") or 0)
+    engine = backend_cls().open(config, upstream_model=upstream.get("model") or spec.name, max_model_len=context)
+    info = ModelInfo(name=spec.name, architecture="upstream", vocab_size=0, context_length=context, num_layers=0,
+                     num_kv_heads=0, head_dim=0, dtype="upstream")  # fmt: skip
+    log.info("serving model %s from %d upstream endpoint(s) on %s", spec.name, len(config.endpoints), backend)
+    return ServedModel(name=spec.name, aliases=tuple(spec.aliases), tokenizer=None, info=info, engine=engine,
+                       backend=backend, remote=True, upstream=upstream)  # fmt: skip

@@ -30,6 +30,11 @@ GenerationRequest = ChatCompletionRequest | CompletionRequest
 class PreparedPrompt:
     token_ids: list[int]
     text: str | None = None  # for echo; decoded lazily when only ids were given
+    estimated_tokens: int | None = None  # a remote model's prompt: counted by its upstream, estimated here
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids) if self.estimated_tokens is None else self.estimated_tokens
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Placement:
     tenant: str | None = None
     weight: float = 1.0
     cache_salt: str | None = None
+    upstream_headers: tuple[tuple[str, str], ...] = ()  # the client headers a remote model's upstream may see
 
 
 @dataclass
@@ -75,12 +81,12 @@ def plan_completion(served: ServedModel, req: CompletionRequest, placement: Plac
 
 def encode_chat(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
     try:
-        text = served.tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
+        text = served.local_tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
     except ChatTemplateError as exc:
         raise InvalidRequest(f"The messages cannot be rendered with this model's chat template: {exc}", param="messages") from None
     # The template already wrote the special tokens (BOS, turn markers) as
     # text; letting the tokenizer add its own would double them.
-    return served.tokenizer.encode(text, add_special_tokens=False)
+    return served.local_tokenizer.encode(text, add_special_tokens=False)
 
 
 def encode_prompts(served: ServedModel, req: CompletionRequest) -> list[PreparedPrompt]:
@@ -88,7 +94,7 @@ def encode_prompts(served: ServedModel, req: CompletionRequest) -> list[Prepared
     if len(raw) > MAX_CHOICES:
         raise InvalidRequest(f"At most {MAX_CHOICES} prompts are allowed per request", param="prompt")
     # Token ids go to the engine as given: its check (in _plan) names a bad one.
-    return [PreparedPrompt(served.tokenizer.encode(p), text=p) if isinstance(p, str) else PreparedPrompt(list(p))
+    return [PreparedPrompt(served.local_tokenizer.encode(p), text=p) if isinstance(p, str) else PreparedPrompt(list(p))
             for p in raw]  # fmt: skip
 
 

@@ -110,7 +110,11 @@ class RequestPolicy:
             priority = req.priority
         tenant = self.principal.tenant_id
         salt = f"tenant:{tenant}" if self.settings.engine.prefix_cache_per_tenant else None
-        return Placement(priority=priority, tenant=tenant, weight=bounds.weight, cache_salt=salt)
+        # Of the client's headers only these reach a remote model's upstream (its credentials never do).
+        headers = self.request.headers
+        forwarded = tuple((h, headers[h]) for h in self.settings.upstreams.forward_headers if h in headers)
+        return Placement(priority=priority, tenant=tenant, weight=bounds.weight, cache_salt=salt,
+                         upstream_headers=forwarded)  # fmt: skip
 
     # -- 3. admission, limits, OPA; the engine starts
 
@@ -193,7 +197,7 @@ class RequestPolicy:
             self.principal,
             model=plan.served.name,
             route=self.request.url.path,
-            prompt_tokens=sum(len(p.token_ids) for p in plan.prompts),
+            prompt_tokens=sum(p.num_tokens for p in plan.prompts),
             max_completion_tokens=plan.requested_completion_tokens,
             findings=[f for stage, f in self.ctx.findings if stage == "input"],
             request_id=self.ctx.request_id,

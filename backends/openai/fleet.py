@@ -65,7 +65,10 @@ USER_AGENT = "inferflux"
 BACKOFF_BASE_SECONDS = 0.05  # the first retry waits up to this (full jitter), each next one up to twice as long
 BACKOFF_CAP_SECONDS = 1.0
 MAX_ERROR_BODY = 64 * 1024  # what is read of a non-2xx answer to find its error message
-KEEPALIVE_SECONDS = 60.0
+# An idle pooled connection is dropped before the upstream drops it: uvicorn (vLLM, SGLang, InferFlux)
+# closes idle keep-alive connections after 5 s, and reusing one as it closes fails a request that
+# sent nothing (seen here: health checks 5 s apart hit that race and marked a live endpoint down).
+KEEPALIVE_SECONDS = 4.0
 DRAIN_SECONDS = 0.1  # how long the end of a body is awaited after [DONE] (then the connection is closed)
 DRAIN_READS = 4
 # Headers the fleet sets itself (or that frame the HTTP exchange): a caller's copy is dropped, never sent.
@@ -211,7 +214,8 @@ class Fleet:
         ]
         self._least = LeastOutstanding(self._endpoints)
         self._ring = PrefixRing(self._endpoints) if config.routing == "prefix" else None
-        self._scrub = Scrubber([config.api_key] if config.api_key else [], config.endpoints)
+        self._keys_held: set[str] = {config.api_key} if config.api_key else set()
+        self._scrub = Scrubber(self._keys_held, config.endpoints)
         headers = {"user-agent": USER_AGENT, "accept-encoding": "identity"}  # compression would hold chunks back
         if config.api_key:
             headers["authorization"] = f"Bearer {config.api_key}"
@@ -252,6 +256,16 @@ class Fleet:
                 if not task.cancelled():  # our own caller was cancelled, not just the task
                     raise
         await self._client.aclose()
+
+    def set_api_key(self, api_key: str | None) -> None:
+        """A rotated key, sent from the next request on; every key this fleet has held stays scrubbed."""
+        if api_key:
+            self._keys_held.add(api_key)
+        if api_key:
+            self._client.headers["authorization"] = f"Bearer {api_key}"
+        else:
+            self._client.headers.pop("authorization", None)
+        self._scrub = Scrubber(self._keys_held, self.config.endpoints)
 
     def statuses(self) -> list[EndpointStatus]:
         """Each endpoint's state and counters, in configuration order."""
@@ -501,18 +515,22 @@ class Fleet:
         """``GET {base}/models``: an answer below 500 means the server is up (a 401 is about the key)."""
         # A check slower than its interval is as good as a failed one.
         timeout = min(self.config.idle_seconds, max(self.config.health_interval_seconds, 1.0))
-        try:
-            async with asyncio.timeout(timeout):
-                async with self._client.stream("GET", endpoint.url + "/models") as response:
-                    await self._start_of(response, time.monotonic() + timeout)
-                    healthy = response.status_code < 500
-        except (httpx.HTTPError, TimeoutError, OSError) as exc:
-            healthy, why = False, type(exc).__name__
-        except Exception as exc:  # anything else must not end the loop that checks every endpoint
-            log.exception("upstream endpoint %s: the health check failed unexpectedly", endpoint.url)
-            healthy, why = False, type(exc).__name__
-        else:
-            why = f"HTTP {response.status_code}"
+        for _attempt in range(2):
+            try:
+                async with asyncio.timeout(timeout):
+                    async with self._client.stream("GET", endpoint.url + "/models") as response:
+                        await self._start_of(response, time.monotonic() + timeout)
+                        healthy, why = response.status_code < 500, f"HTTP {response.status_code}"
+            except httpx.RemoteProtocolError as exc:
+                # A pooled connection the server closed just then: not a dead server, ask once more.
+                healthy, why = False, type(exc).__name__
+                continue
+            except (httpx.HTTPError, TimeoutError, OSError) as exc:
+                healthy, why = False, type(exc).__name__
+            except Exception as exc:  # anything else must not end the loop that checks every endpoint
+                log.exception("upstream endpoint %s: the health check failed unexpectedly", endpoint.url)
+                healthy, why = False, type(exc).__name__
+            break
         if healthy != endpoint.healthy:
             state = "healthy again" if healthy else "unhealthy"
             log.warning("upstream endpoint %s is %s (%s)", endpoint.url, state, why)

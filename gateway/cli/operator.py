@@ -56,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.models import ModelManager, engine_config_from, load_served_model
 
     from gateway.model_admin import ModelAdmin
+    from gateway.upstreams import upstream_key
     from policy.store import PolicyStore
 
     # The store first: a wrong key or an unreachable database should fail in
@@ -77,9 +78,12 @@ def _serve(args: argparse.Namespace) -> int:
     for spec, backend in specs:
         try:
             config = engine_config_from(settings.engine, settings.model_speculative(spec.name))
-            manager.add(load_served_model(spec, backend, config, priority=settings.runtime.backend_priority))
+            key = upstream_key(store, spec.upstream)
+            manager.add(load_served_model(spec, backend, config, priority=settings.runtime.backend_priority,
+                                          upstream_key=key))  # fmt: skip
         except (BackendError, OSError, ValueError) as exc:
-            print_error(f"cannot load model {spec.name!r} ({spec.path}) on backend {backend!r}: {exc}")
+            where = "upstream" if spec.upstream is not None else spec.path
+            print_error(f"cannot load model {spec.name!r} ({where}) on backend {backend!r}: {exc}")
             manager.shutdown()
             store.close()
             return EXIT_FAILURE
@@ -115,7 +119,8 @@ def _backends(args: argparse.Namespace) -> int:
     except BackendError as exc:  # a malformed INFERFLUX_BACKEND_PRIORITY
         raise ConfigError(str(exc)) from None
     # The chain's first available backend: the one 'serve' takes for "auto".
-    chosen = next((s.name for s in statuses if s.name in chain and s.available), None)
+    # A remote backend serves only models with an upstream section: "auto" never takes it.
+    chosen = next((s.name for s in statuses if s.name in chain and s.available and s.kind == "engine"), None)
     if args.json:
         print(json.dumps({
             "backends": [{**vars(s), "priority": chain.index(s.name) + 1 if s.name in chain else None}
@@ -124,14 +129,14 @@ def _backends(args: argparse.Namespace) -> int:
             "auto": chosen,
         }, indent=2))
         return EXIT_OK
-    rows = [("BACKEND", "PRIORITY", "AVAILABLE", "PROVIDED BY", "REASON")]
+    rows = [("BACKEND", "KIND", "PRIORITY", "AVAILABLE", "PROVIDED BY", "REASON")]
     for s in statuses:
         available = "yes" if s.available else ("blocked" if not s.allowed else "no")
         rank = str(chain.index(s.name) + 1) if s.name in chain else "-"
-        rows.append((s.name, rank, available, s.provider or "-", s.reason or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        rows.append((s.name, s.kind, rank, available, s.provider or "-", s.reason or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4])
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5])
     print(f"\nauto: {chosen or 'nothing in the priority chain can run here'} (priority: {', '.join(chain)})")
     return EXIT_OK
 

@@ -3,7 +3,8 @@
 A generation handler reads top to bottom: parse → plan → policy → generate →
 render. The body is decoded with limits (``gateway.jsonbody``) and screened by
 the input guardrails before it is parsed (a redacting rule rewrites what is
-parsed); ``gateway.plan`` turns the request into checked engine requests;
+parsed); ``gateway.plan`` turns the request into checked engine requests
+(``gateway.plan_remote`` into upstream requests, for a model an upstream serves);
 ``gateway.request_policy.RequestPolicy`` owns admission, limits, OPA and
 settlement, in its one refusal order; ``gateway.rendering`` shapes the answer.
 """
@@ -27,6 +28,7 @@ from gateway.metrics import CLIENT_CLOSED_STATUS
 from gateway.models import ModelManager, ServedModel
 from gateway.openapi import document
 from gateway.plan import GenerationRequest, Placement, Plan, plan_chat, plan_completion
+from gateway.plan_remote import plan_remote
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from gateway.rendering import ChatRenderer, CompletionRenderer, Renderer, collect, sse_body
 from gateway.request_policy import RequestPolicy
@@ -93,6 +95,8 @@ async def _generate(
     req = parse_request(kind, body, state_of(request).stop_limits)
     served = _resolve(request, req.model)
     placement = await policy.place(req)
+    if served.remote:  # no tokenizer to run: an upstream serves it
+        plan_for = plan_remote  # type: ignore[assignment]
     if len(await request.body()) <= INLINE_PLAN_BYTES:
         plan = plan_for(served, req, placement)
     else:
@@ -142,7 +146,7 @@ def _model_card(served: ServedModel) -> dict[str, Any]:
         "owned_by": "inferflux",
         # Extensions; OpenAI clients ignore unknown fields.
         "aliases": list(served.aliases),
-        "context_length": served.max_model_len,
+        "context_length": served.max_model_len or None,  # None: an upstream's, not advertised
         "backend": served.backend,
     }
 

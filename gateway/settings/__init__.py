@@ -39,6 +39,21 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
         backend: cpu        # optional
         dtype: float32      # optional
         aliases: [smollm2]
+      - name: llama-70b     # served by remote OpenAI-compatible servers (backend openai; no path)
+        upstream:
+          endpoints: [http://10.0.0.5:8000/v1, http://10.0.0.6:8000/v1]
+          model: meta-llama/Llama-3.3-70B-Instruct   # the upstream's own name; default: name
+          credential: vllm-fleet   # a stored credential (admin API), or api_key_env: VAR; none: no key
+          timeout_seconds: 600     # a whole request
+          idle_timeout_seconds: 60 # the longest silence inside a stream
+          max_inflight_per_endpoint: 64   # beyond it on every endpoint: 503 + Retry-After, never a queue
+          retries: 2               # before the first byte only, on another endpoint
+          health_interval_seconds: 5   # GET <endpoint>/models; 0: only failed requests mark an endpoint down
+          routing: prefix          # prefix (same tenant and opening -> same endpoint) | least_outstanding
+          context_length: 131072   # optional: what /v1/models advertises
+    upstreams:
+      allowed_hosts: ["*.fleet.internal", 10.0.0.5]   # where upstream endpoints may point; unset: anywhere
+      forward_headers: [traceparent, tracestate]      # the only client headers passed upstream
     model_registry:         # the admin API's models, kept in the store and followed by every replica
       poll_seconds: 1       # how often the store is checked for models loaded, unloaded or made default elsewhere
     store:                  # the policy store (policy.store.StoreSettings)
@@ -51,7 +66,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       revocation_poll_seconds: 1    # how often the store is checked for revocations and role changes
       last_used_flush_seconds: 5    # how often API keys' last-used times are written
     ratelimit:              # the limits themselves are policies in the store (admin API)
-      backend: memory       # memory (one replica) | redis (limits shared by every replica)
+      backend: memory       # memory (per process: N replicas admit N times each limit) | redis (use for replicas)
       redis_url: redis://127.0.0.1:6379/0
       fail_open: false      # Redis unreachable: false -> 503, true -> admit and count the failure
       completion_estimate: 256   # tokens reserved for a request that sets no max_tokens
@@ -59,6 +74,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       shutdown_grace_seconds: 20   # SIGTERM: in-flight requests get this long, then streams end with an error
     audit:
       spool_dir: <data_dir>/audit   # one per replica; events are on disk here before a response
+      chain_id: gw-1        # the spool's hash chain; default <hostname>-<random>; one per replica, never shared
       retention_days: 90    # rows older than this leave the audit_events table
       debug_content: false  # true: events carry the (redacted) prompt and completion text
       min_free_bytes: 32MiB # less free beside the spool: new work gets 503, /readyz fails

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from backends.base import ModelSpec
 from gateway.settings.sections import (
@@ -24,6 +24,7 @@ from gateway.settings.sections import (
     RuntimeSettings,
     ServerSettings,
     SpeculativeSettings,
+    UpstreamPolicySettings,
 )
 from policy.store.config import StoreSettings
 
@@ -64,6 +65,7 @@ class Settings(BaseModel):
     audit: AuditSettings = Field(default_factory=AuditSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    upstreams: UpstreamPolicySettings = Field(default_factory=UpstreamPolicySettings)
 
     @field_validator("data_dir", mode="before")
     @classmethod
@@ -86,6 +88,13 @@ class Settings(BaseModel):
                 seen.add(key)
         return models
 
+    @model_validator(mode="after")
+    def _upstream_hosts(self) -> Settings:
+        for entry in self.models:
+            if entry.upstream is not None:
+                self.upstreams.check_hosts(entry.upstream.endpoints)
+        return self
+
     def model_specs(self) -> list[tuple[ModelSpec, str]]:
         """Each model to serve with its backend name; the default SmolLM2 if none is configured."""
         entries = self.models or [ModelEntry(name=DEFAULT_MODEL_NAME, path=default_model_path(), aliases=["smollm2"])]
@@ -93,9 +102,10 @@ class Settings(BaseModel):
             (
                 ModelSpec(
                     name=e.name,
-                    path=e.path,
+                    path=e.path or "",
                     dtype=e.dtype or self.dtype,
                     aliases=tuple(e.aliases),
+                    upstream=None if e.upstream is None else e.upstream.model_dump(),
                 ),
                 e.backend or self.backend,
             )

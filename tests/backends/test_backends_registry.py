@@ -227,7 +227,7 @@ def test_inferctl_backends_lists_every_backend_with_its_reason(acme_site: Path) 
     assert listing["priority"] == ["acme", "cpu"] and listing["auto"] == "acme"
     by_name = {b["name"]: b for b in listing["backends"]}
     assert by_name["acme"] == {"name": "acme", "available": True, "reason": None, "allowed": True,
-                               "provider": "acme-inferflux 1.0", "target": f"{ACME_MODULE}:AcmeBackend",
+                               "provider": "acme-inferflux 1.0", "target": f"{ACME_MODULE}:AcmeBackend", "kind": "engine",
                                "priority": 1}
     for b in listing["backends"]:
         assert (b["reason"] is None) == b["available"], b
@@ -284,3 +284,14 @@ def test_serving_through_the_chain_records_the_backend_chosen(
     monkeypatch.setenv("ACME_UNAVAILABLE", "switched off")
     with pytest.raises(BackendError, match="backend 'acme' cannot be used here: switched off"):
         load_served_model(spec, "acme", EngineConfig(num_blocks=8))
+
+
+def test_the_openai_backend_is_listed_as_remote_and_auto_never_takes_it() -> None:
+    statuses = {s.name: s for s in registry.statuses()}
+    assert statuses["openai"].available and statuses["openai"].kind == "remote", statuses["openai"]
+    assert statuses["cpu"].kind == "engine"
+    # First in the chain, it is passed over: "auto" means weights run here.
+    name, _ = registry.resolve(registry.AUTO, priority=["openai", "cpu"])
+    assert name == "cpu"
+    with pytest.raises(BackendError, match="a remote backend"):
+        registry.resolve(registry.AUTO, priority=["openai"])

@@ -6,6 +6,8 @@ and record it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,11 +23,18 @@ from policy.rbac import Scope
 class ModelLoadRequest(BaseModel):
     model_config = BODY
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-    path: str = Field(min_length=1, description="A GGUF file or a safetensors directory on the server")
+    path: str | None = Field(default=None, min_length=1,
+                             description="A GGUF file or a safetensors directory on the server (a local model)")
     backend: str | None = Field(default=None, description="Registered backend name; default from settings")
     dtype: str | None = Field(default=None, pattern=r"^(auto|float32|bfloat16)$")
     aliases: list[str] = Field(default_factory=list)
     default: bool = False
+    upstream: dict[str, Any] | None = Field(
+        default=None,
+        description="Serve from remote OpenAI-compatible servers (backend 'openai'): endpoints, model, "
+        "credential or api_key_env, timeout_seconds, idle_timeout_seconds, max_inflight_per_endpoint, retries, "
+        "routing, context_length",
+    )
 
 
 @document("Served and loading models, with status", tag="models")
@@ -43,10 +52,11 @@ async def load_model(request: Request) -> Response:
     body = await parse_body(request, ModelLoadRequest)
     admin = state_of(request).model_admin
     status = await admin.load(
-        name=body.name, path=body.path, backend=body.backend, dtype=body.dtype, aliases=body.aliases, default=body.default
+        name=body.name, path=body.path, backend=body.backend, dtype=body.dtype, aliases=body.aliases,
+        default=body.default, upstream=body.upstream,
     )
-    await record_change(request, principal, "model.load", None, "model", body.name, path=body.path,
-                        backend=status["backend"])  # fmt: skip
+    where = {"upstream": status["upstream"]["endpoints"]} if "upstream" in status else {"path": body.path}
+    await record_change(request, principal, "model.load", None, "model", body.name, backend=status["backend"], **where)
     return ok(status, 202)
 
 

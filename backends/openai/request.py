@@ -1,0 +1,33 @@
+"""``RemoteRequest``: one choice of a generation, as an upstream server is asked for it.
+
+The gateway builds it (``gateway.plan``): the OpenAI request body the upstream
+receives, already in the upstream's model name and with ``n`` 1, plus what the
+policy chain needs before the upstream says anything (an estimate of the
+prompt's tokens, the completion's bound). The remote engine trusts it as it is,
+as the local engine trusts an ``EngineRequest``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from backends.engine import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRequest:
+    request_id: str
+    route: Literal["chat", "completion"]
+    body: Mapping[str, Any]  # the upstream's request body; "stream" is set by the engine
+    prompt_tokens: int  # an estimate until the upstream reports its own count
+    params: SamplingParams  # what the plan checked; ``params.max_tokens`` bounds the completion
+    affinity: bytes | None = None  # equal keys go to the same endpoint (its prefix cache)
+    headers: Mapping[str, str] = field(default_factory=dict)  # the allow-listed client headers (traceparent)
+    tenant: str | None = None
+
+    @property
+    def prompt(self) -> range:
+        """Stands in for the token list the plan counts (``len`` is the estimate)."""
+        return range(self.prompt_tokens)

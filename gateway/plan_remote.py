@@ -1,0 +1,125 @@
+"""The plan of a request to a model served by an upstream fleet (backend ``openai``).
+
+No tokenizer runs here: each choice becomes one upstream request (``n`` 1,
+choice ``i`` seeded ``seed + i`` like a local model's), in the upstream's model
+name, with only the fields the request set. The prompt's tokens are estimated
+for the limiter and settled with the upstream's own ``usage``. What only a
+local engine can do (echo, completion logprobs, token-id prompts, our
+speculative decoding) is refused with a reason instead of being half-done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from backends.engine import SamplingParams, SamplingParamsError
+from backends.openai.engine import estimate_tokens
+from backends.openai.request import RemoteRequest
+
+from gateway.errors import InvalidRequest, UnsupportedParameter
+from gateway.generation import ChoiceSpec
+from gateway.plan import GenerationRequest, Placement, Plan, PreparedPrompt, param_names
+from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from gateway.models import ServedModel
+
+# What the affinity key reads of a prompt: enough for its first blocks to decide where its prefix is cached.
+AFFINITY_CHARS = 2048
+# Sampling fields sent upstream as the client set them; the names are OpenAI's,
+# and the last five are the extensions vLLM, SGLang and llama.cpp read.
+PASSED = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+          "repetition_penalty", "min_tokens", "ignore_eos")  # fmt: skip
+
+
+def plan_remote(served: ServedModel, req: GenerationRequest, placement: Placement) -> Plan:
+    """The plan of ``req`` for a remote model (the routes call it in place of ``plan_chat``/``plan_completion``)."""
+    _refuse_local_only(req)
+    prompts = _prompts(req)
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise InvalidRequest(
+            f"{len(prompts)} prompts x n={req.n} exceeds the limit of {MAX_CHOICES} choices per request", param="n"
+        )
+    chat = isinstance(req, ChatCompletionRequest)
+    completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
+    upstream_model = served.engine.upstream_model
+    prepared: list[PreparedPrompt] = []
+    choices: list[ChoiceSpec] = []
+    for p_index, (payload, text, estimate) in enumerate(prompts):
+        prepared.append(PreparedPrompt(token_ids=[], text=text, estimated_tokens=estimate))
+        affinity = _affinity(placement.tenant, text)
+        for sample in range(req.n):
+            index = p_index * req.n + sample
+            body = {"model": upstream_model, **payload, **_sampling(req, index)}
+            request = RemoteRequest(
+                request_id=f"{completion_id}-{index}",
+                route="chat" if chat else "completion",
+                body=body,
+                prompt_tokens=estimate,
+                params=_params(req),
+                affinity=affinity,
+                headers=dict(placement.upstream_headers),
+                tenant=placement.tenant,
+            )
+            choices.append(ChoiceSpec(index=index, prompt_index=p_index, request=request))  # type: ignore[arg-type]
+    return Plan(served=served, prompts=prepared, choices=choices, completion_id=completion_id,
+                param_names=param_names(req))  # fmt: skip
+
+
+def _refuse_local_only(req: GenerationRequest) -> None:
+    def refuse(param: str, what: str) -> UnsupportedParameter:
+        return UnsupportedParameter(f"{what} is not supported for a model served by an upstream", param=param)
+
+    if req.speculative is not None and req.speculative.k != 0:
+        raise refuse("speculative", "speculative")
+    if isinstance(req, CompletionRequest):
+        if req.echo:
+            raise refuse("echo", "echo")
+        if req.logprobs is not None:
+            raise refuse("logprobs", "logprobs on the completions route")
+        if any(not isinstance(p, str) for p in req.prompts()):
+            raise refuse("prompt", "a prompt of token ids")
+
+
+def _prompts(req: GenerationRequest) -> list[tuple[dict[str, Any], str, int]]:
+    """Each prompt as (its part of the upstream body, its text for affinity and echo, its estimated tokens)."""
+    if isinstance(req, ChatCompletionRequest):
+        messages = req.template_messages()
+        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        # Each message costs a few tokens of role and turn markers besides its text.
+        estimate = sum(estimate_tokens(m["content"]) + 4 for m in messages) + 2
+        return [({"messages": messages}, text, estimate)]
+    return [({"prompt": p}, p, estimate_tokens(p)) for p in req.prompts() if isinstance(p, str)]
+
+
+def _sampling(req: GenerationRequest, index: int) -> dict[str, Any]:
+    fields: dict[str, Any] = {"n": 1}
+    for name in PASSED:
+        value = getattr(req, name)
+        if value is not None and (name != "ignore_eos" or value):
+            fields[name] = value
+    if req.requested_max_tokens is not None:
+        fields["max_tokens"] = req.requested_max_tokens
+    if req.stop_list:
+        fields["stop"] = req.stop_list
+    if req.seed is not None:
+        fields["seed"] = req.seed + index
+    if isinstance(req, ChatCompletionRequest) and req.logprobs:
+        fields["logprobs"] = True
+        if req.top_logprobs:
+            fields["top_logprobs"] = req.top_logprobs
+    return fields
+
+
+def _params(req: GenerationRequest) -> SamplingParams:
+    try:
+        return SamplingParams(max_tokens=req.requested_max_tokens, stop=req.stop_list)
+    except SamplingParamsError as exc:
+        raise InvalidRequest(str(exc), param=exc.param) from None
+
+
+def _affinity(tenant: str | None, text: str) -> bytes:
+    """Same tenant, same opening: same key, so the upstream that cached that prefix gets it again."""
+    return hashlib.sha256(f"{tenant or ''}\0{text[:AFFINITY_CHARS]}".encode("utf-8", "surrogatepass")).digest()
