@@ -3,8 +3,8 @@
 A module per audience: ``operator`` (``serve``, ``backends``), ``store``
 (``db``, ``admin``, ``audit``: on the policy store itself, no server needed),
 and the clients of a running server: ``generate`` (``models``, ``complete``,
-``chat``), ``admin_api`` (``whoami``, ``tenants``, ``keys``) and ``idps``,
-over ``client`` (the connection, errors, tables). ``common`` holds the exit
+``chat``), ``admin_api`` (``whoami``, ``tenants``, ``keys``), ``idps`` and
+``credentials``, over ``client`` (the connection, errors, tables). ``common`` holds the exit
 codes and the one-line error every command reports with.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from gateway.cli import admin_api, generate, idps, operator, store
+from gateway.cli import admin_api, credentials, generate, idps, operator, store
 from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ClientError, print_error
 from gateway.settings import ConfigError
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_models_parser(sub)
     admin_api.add_parsers(sub)
     idps.add_parser(sub)
+    credentials.add_parser(sub)
     generate.add_generation_parsers(sub)
     store.add_parsers(sub)
     return parser

@@ -14,7 +14,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from policy.store.crypto import Sealed
@@ -167,9 +178,19 @@ class Policy(Base):
 
 
 class Credential(Base):
-    """A secret the gateway presents elsewhere: an upstream API key, a SIEM sink token."""
+    """A secret the gateway presents elsewhere: an upstream API key, a SIEM sink token.
+
+    Named, since a model's upstream refers to one by name: unique per owner, a tenant's by
+    the constraint, the platform's (tenant_id NULL, which never collides in a constraint)
+    by a partial unique index.
+    """
 
     __tablename__ = "credentials"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name"),
+        Index("uq_credentials_platform_name", "name", unique=True, postgresql_where=text("tenant_id IS NULL"),
+              sqlite_where=text("tenant_id IS NULL")),  # fmt: skip
+    )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     tenant_id: Mapped[str | None] = mapped_column(ID, ForeignKey("tenants.id", ondelete="CASCADE"), index=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -59,6 +60,27 @@ def secret(value: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValidationFailed("a secret must be a non-empty string")
     return storable(value, "secret")
+
+
+# Longer than any bearer token or API key a model server issues, within the 8 KiB a header line may take.
+MAX_CREDENTIAL_SECRET = 8192
+# Control characters (C0, DEL, C1), invisible format characters (zero-width, bidi) and line or
+# paragraph separators: none belongs in a token, and CR or LF in a header value would split it.
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def credential_secret(value: str) -> str:
+    """A secret the gateway will present elsewhere (an ``Authorization`` header): refused here,
+    when an admin writes it, rather than when the first request would carry it. The message
+    never quotes the value."""
+    if not isinstance(value, str) or not value or len(value) > MAX_CREDENTIAL_SECRET:
+        raise ValidationFailed(f"secret must be a string of 1 to {MAX_CREDENTIAL_SECRET} characters", param="secret")
+    storable(value, "secret")
+    if not value.isprintable() and any(unicodedata.category(c) in _UNPRINTABLE for c in value):
+        raise ValidationFailed(
+            "secret must not contain control characters, line breaks or invisible format characters", param="secret"
+        )
+    return value
 
 
 def boolean(value: bool, param: str) -> bool:

@@ -103,6 +103,10 @@ class World:
     def guardrail(self, tenant_id: str | None = None) -> Any:
         return self.store.create_policy(tenant_id or self.acme.id, "guardrail", f"g{self.uid()}", GUARD_SPEC)
 
+    def credential(self) -> Any:
+        """A platform credential (what an upstream names)."""
+        return self.store.create_credential(None, f"c{self.uid()}", "sk-test")
+
 
 @pytest.fixture(scope="module")
 def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
@@ -139,6 +143,7 @@ class Case:
 TEN = "/admin/v1/tenants/{tenant_id}"
 POL = "/admin/v1/policies"
 GRD = "/admin/v1/guardrails"
+CRD = "/admin/v1/credentials"
 
 ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/chat/completions"): Case(G, 200, lambda w: ("/v1/chat/completions", CHAT)),
@@ -243,6 +248,14 @@ ROUTES: dict[tuple[str, str], Case] = {
     # Allowed but refused on its merits: the configured model cannot be unloaded here.
     ("DELETE", "/admin/v1/models/{name}"): Case(P, 409, lambda w: (f"/admin/v1/models/{MODEL}", None)),
     ("POST", "/admin/v1/models/{name}/default"): Case(P, 200, lambda w: (f"/admin/v1/models/{MODEL}/default", None)),
+    # Upstream credentials are the platform's: only platform admins define upstreams.
+    ("GET", CRD): Case(P, 200, lambda w: (CRD, None)),
+    ("POST", CRD): Case(P, 201, lambda w: (CRD, {"name": f"made-{w.uid()}", "secret": "sk-made"})),
+    ("GET", CRD + "/{credential_id}"): Case(P, 200, lambda w: (f"{CRD}/{w.credential().id}", None)),
+    ("POST", CRD + "/{credential_id}/rotate"): Case(
+        P, 200, lambda w: (f"{CRD}/{w.credential().id}/rotate", {"secret": "sk-rotated"})
+    ),
+    ("DELETE", CRD + "/{credential_id}"): Case(P, 204, lambda w: (f"{CRD}/{w.credential().id}", None)),
 }
 
 

@@ -45,8 +45,9 @@ def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[W
     limit = store.create_policy(globex.id, "rate_limit", "theirs", {"requests_per_minute": 10**9})
     guardrail = store.create_policy(globex.id, "guardrail", "theirs", GUARD_SPEC)
     global_limit = store.create_policy(None, "rate_limit", "everyone", {"requests_per_minute": 10**9})
+    credential = store.create_credential(None, "upstream", "sk-platform-only")  # the platform's: no tenant has one
     params = {"tenant_id": globex.id, "key_id": key.id, "binding_id": binding.id, "provider_id": provider.id,
-              "name": DEFAULT_MODEL_NAME}  # fmt: skip
+              "name": DEFAULT_MODEL_NAME, "credential_id": credential.id}  # fmt: skip
     policy_ids = {f"{PREFIX}/tenants/": limit.id, f"{PREFIX}/policies/": global_limit.id,
                   f"{PREFIX}/guardrails/": guardrail.id}  # fmt: skip
     app = make_app(store)

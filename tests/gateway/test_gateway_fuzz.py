@@ -42,7 +42,7 @@ MODEL = "smollm2-135m-instruct"
 ROLES = ("platform-admin", "tenant-admin", "member", "viewer")
 # $INFERFLUX_FUZZ_SCALE (default 1) multiplies the examples: 0.05 for a quick look, 10 for a long hunt.
 SCALE = float(os.environ.get("INFERFLUX_FUZZ_SCALE", "1"))
-SCHEMA_EXAMPLES = max(1, round(40 * SCALE))  # per operation; 51 operations
+SCHEMA_EXAMPLES = max(1, round(40 * SCALE))  # per operation; 58 operations
 BODY_EXAMPLES = max(1, round(3400 * SCALE))  # hostile bodies over every operation that reads one (also the margin over MIN_CASES)
 GENERATION_EXAMPLES = max(1, round(200 * SCALE))  # hostile generation requests (the model runs)
 MIN_CASES = round(5000 * min(SCALE, 1))
@@ -55,6 +55,7 @@ class Fuzz:
     acme: str  # the tenant of the tenant roles
     victim_tenant: str  # the one platform-admin cases may change
     victim_key: str  # a key of acme that cases may revoke
+    victim_credential: str  # a platform credential that cases may rotate or delete
     cases: int = 0
     failures: list[str] = field(default_factory=list)
     runs: int = 0  # fuzzing tests that ran to the end
@@ -69,11 +70,12 @@ def fuzz(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fu
     _, viewer = store.create_api_key(acme.id, "fuzz-viewer", "viewer")
     victim_key, _ = store.create_api_key(acme.id, "victim", "member")
     victim = store.create_tenant("victim")
+    victim_credential = store.create_credential(None, "victim", "sk-victim")
     app = make_app(store, data_dir=str(data_dir / "app"))
     server, thread, sock, url = start_uvicorn(app)
     headers = {"platform-admin": seeded.admin, "tenant-admin": seeded.acme_admin, "member": bearer(member),
                "viewer": bearer(viewer)}  # fmt: skip
-    state = Fuzz(url, headers, acme.id, victim.id, victim_key.id)
+    state = Fuzz(url, headers, acme.id, victim.id, victim_key.id, victim_credential.id)
     try:
         yield state
     finally:
@@ -226,6 +228,7 @@ def write_operations(document: dict[str, Any]) -> list[tuple[str, str, list[str]
 def fill_path(path: str, fuzz: Fuzz, role: str) -> str:
     tenant = fuzz.victim_tenant if role == "platform-admin" else fuzz.acme
     return (path.replace("{tenant_id}", tenant).replace("{key_id}", fuzz.victim_key)
+            .replace("{credential_id}", fuzz.victim_credential)
             .replace("{model_id}", MODEL).replace("{name}", "no-such-model"))  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """The admin REST API under ``/admin/v1``, a module per resource over ``common``.
 
-Scopes: ``admin:platform`` for tenants and models; ``admin:tenant`` for
+Scopes: ``admin:platform`` for tenants, models and upstream credentials; ``admin:tenant`` for
 what lives inside one tenant (keys, role bindings, its identity providers,
 its model allow-list, its audit log). A tenant admin naming another tenant,
 or an object of another tenant, gets 404: the answer never tells whether it
@@ -16,15 +16,27 @@ page's ``next_cursor``.
 
 The resources: ``whoami``, ``tenants`` (and their model allow-lists),
 ``keys``, ``role_bindings``, ``idps`` (OIDC providers), ``models`` (served
-models), ``policies`` (rate limits and quotas), ``guardrails``, ``audit``
-(the log and its live tail). ``routes()`` serves them all, in this order.
+models), ``credentials`` (the secrets upstream model servers are called
+with), ``policies`` (rate limits and quotas), ``guardrails``, ``audit`` (the
+log and its live tail). ``routes()`` serves them all, in this order.
 """
 
 from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from gateway.routes.admin import audit, guardrails, idps, keys, models, policies, role_bindings, tenants, whoami
+from gateway.routes.admin import (
+    audit,
+    credentials,
+    guardrails,
+    idps,
+    keys,
+    models,
+    policies,
+    role_bindings,
+    tenants,
+    whoami,
+)
 
 
 def routes() -> list[BaseRoute]:
@@ -36,6 +48,7 @@ def routes() -> list[BaseRoute]:
         *role_bindings.routes(),
         *idps.routes(),
         *models.routes(),
+        *credentials.routes(),
         *policies.routes(),
         *guardrails.routes(),
         *audit.routes(),

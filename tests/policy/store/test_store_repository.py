@@ -347,6 +347,57 @@ def test_credentials(store: PolicyStore) -> None:
         store.get_credential(tenant.id, credential.id)
 
 
+def test_credentials_by_name(store: PolicyStore) -> None:
+    """A model's upstream names its credential: one per name and owner, the platform's found by name."""
+    tenant = store.create_tenant("a")
+    fleet = store.create_credential(None, "vllm-fleet", "sk-one")
+    store.create_credential(tenant.id, "vllm-fleet", "tenant-owned")  # another owner: its own namespace
+    store.create_credential(tenant.id, "theirs", "tenant-only")
+    assert store.credential_secret_by_name("vllm-fleet") == "sk-one"
+    store.update_credential(None, fleet.id, secret="sk-two")
+    assert store.credential_secret_by_name("vllm-fleet") == "sk-two"
+    with pytest.raises(NotFound):
+        store.credential_secret_by_name("theirs")  # a tenant's is not the platform's
+    with pytest.raises(Conflict):
+        store.create_credential(None, "vllm-fleet", "again")
+    with pytest.raises(Conflict):
+        store.create_credential(tenant.id, "vllm-fleet", "again")
+    other = store.create_credential(None, "other", "x")
+    with pytest.raises(Conflict):
+        store.update_credential(None, other.id, name="vllm-fleet")
+    store.delete_credential(None, fleet.id)
+    with pytest.raises(NotFound):
+        store.credential_secret_by_name("vllm-fleet")
+
+
+@pytest.mark.parametrize(
+    ("name", "secret", "param"),
+    [
+        ("Upper", "s", "name"),  # names are slugs, as the YAML that refers to them writes them
+        ("a b", "s", "name"),
+        ("ok", "", "secret"),
+        ("ok", "x" * 8193, "secret"),
+        ("ok", "line\r\nx-injected: 1", "secret"),  # CR/LF would split the header it is sent in
+        ("ok", "tab\there", "secret"),
+        ("ok", "del\x7f", "secret"),
+        ("ok", "zero\u200bwidth", "secret"),
+        ("ok", "bidi\u202e", "secret"),
+        ("ok", "nul\x00", "secret"),
+    ],
+)
+def test_credential_values_are_checked(store: PolicyStore, name: str, secret: str, param: str) -> None:
+    with pytest.raises(ValidationFailed) as refused:
+        store.create_credential(None, name, secret)
+    assert refused.value.param == param
+    if param == "secret" and secret:
+        assert secret not in refused.value.message  # never quoted back
+    assert store.list_credentials(None).items == ()
+    good = store.create_credential(None, "good", "x" * 8192)
+    with pytest.raises(ValidationFailed):
+        store.update_credential(None, good.id, secret=secret if param == "secret" else "")
+    assert store.credential_secret_by_name("good") == "x" * 8192
+
+
 def test_admin_events(store: PolicyStore) -> None:
     a, b = store.create_tenant("a"), store.create_tenant("b")
     for i in range(3):
