@@ -264,6 +264,7 @@ def _open_remote(spec: ModelSpec, backend: str, backend_cls: Any, api_key: str |
     from backends.openai.fleet import FleetConfig
 
     upstream = dict(spec.upstream or {})
+    # FleetConfig raises ValueError for what it cannot use (an unreadable ca_file): the model does not load.
     config = FleetConfig(
         endpoints=tuple(upstream["endpoints"]),
         api_key=api_key,
@@ -272,6 +273,7 @@ def _open_remote(spec: ModelSpec, backend: str, backend_cls: Any, api_key: str |
         max_inflight_per_endpoint=int(upstream.get("max_inflight_per_endpoint", 64)),
         retries=int(upstream.get("retries", 2)),
         health_interval_seconds=float(upstream.get("health_interval_seconds", 5.0)),
+        ca_file=upstream.get("ca_file"),
         routing=upstream.get("routing", "prefix"),
     )
     context = int(upstream.get("context_length") or 0)

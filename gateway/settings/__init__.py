@@ -51,6 +51,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
           health_interval_seconds: 5   # GET <endpoint>/models; 0: only failed requests mark an endpoint down
           routing: prefix          # prefix (same tenant and opening -> same endpoint) | least_outstanding
           context_length: 131072   # optional: what /v1/models advertises
+          ca_file: /etc/ssl/fleet-ca.pem   # optional: a private CA for https endpoints
     upstreams:
       allowed_hosts: ["*.fleet.internal", 10.0.0.5]   # where upstream endpoints may point; unset: anywhere
       forward_headers: [traceparent, tracestate]      # the only client headers passed upstream

@@ -107,6 +107,7 @@ class UpstreamSettings(BaseModel):
     health_interval_seconds: float = Field(default=5.0, ge=0, le=3600)  # GET {endpoint}/models; 0: passive checks only
     routing: Literal["prefix", "least_outstanding"] = "prefix"
     context_length: int | None = Field(default=None, gt=0)  # what /v1/models says; unset: not advertised
+    ca_file: str | None = Field(default=None, min_length=1, max_length=4096)  # a private CA for https endpoints
 
     @field_validator("endpoints")
     @classmethod

@@ -125,7 +125,8 @@ def test_preemption_by_swap_is_engine_configuration(tmp_path: Path) -> None:
     [
         ("port: 70000\n", {}, "'port'"),
         ("prot: 8080\n", {}, "'prot' (from config file"),
-        ("models:\n  - {name: a}\n", {}, "'models[0].path'"),
+        # A model is a path or an upstream: neither is named as the choice it is.
+        ("models:\n  - {name: a}\n", {}, "a model needs a path (its weights here) or an upstream"),
         ("models:\n  - {name: a, path: x}\n  - {name: a, path: y}\n", {}, "appears twice"),
         ("engine:\n  kv_cache_bytes: lots\n", {}, "'engine.kv_cache_bytes'"),
         ("dtype: float8\n", {}, "'dtype'"),

@@ -317,3 +317,15 @@ def test_a_rotated_credential_reaches_the_running_model(front: Front, live_serve
         assert time.monotonic() < deadline, "the rotated key was not taken up"
         time.sleep(0.2)
     assert httpx.delete(f"{front.url}/admin/v1/models/fleet-3", headers=admin).status_code == 204
+
+
+def test_a_credential_a_model_uses_cannot_be_deleted(front: Front, live_server: str, admin_key: str) -> None:
+    admin = bearer(front.admin)
+    used = front.store.create_credential(None, "in-use", admin_key)
+    body = {"name": "fleet-4", "upstream": {"endpoints": [f"{live_server}/v1"], "credential": "in-use"}}
+    assert httpx.post(f"{front.url}/admin/v1/models", headers=admin, json=body).status_code == 202
+    assert wait_ready(front.url, admin, "fleet-4")["status"] == "ready"
+    refused = httpx.delete(f"{front.url}/admin/v1/credentials/{used.id}", headers=admin)
+    assert refused.status_code == 409 and "fleet-4" in error_of(refused)["message"]
+    assert httpx.delete(f"{front.url}/admin/v1/models/fleet-4", headers=admin).status_code == 204
+    assert httpx.delete(f"{front.url}/admin/v1/credentials/{used.id}", headers=admin).status_code == 204

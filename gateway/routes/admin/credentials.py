@@ -38,6 +38,8 @@ from gateway.routes.admin.common import (
     render_page,
     store_of,
 )
+from gateway.state import state_of
+from policy.errors import Conflict
 from policy.rbac import Scope
 from policy.store.validate import MAX_CREDENTIAL_SECRET
 
@@ -113,10 +115,26 @@ async def delete_credential(request: Request) -> Response:
     principal = principal_of(request)
     credential_id = request.path_params["credential_id"]
     existing = await call_store(store_of(request).get_credential, _PLATFORM, credential_id)
+    users = await _models_using(request, existing.name)
+    if users:
+        # Deleting it would leave those models without a key at their next start or rotation.
+        raise Conflict(f"The credential '{existing.name}' is used by the model(s) {', '.join(sorted(users))}; "
+                       "unload or change them first", param="credential_id")  # fmt: skip
     await call_store(store_of(request).delete_credential, _PLATFORM, credential_id)
     await record_change(request, principal, "credential.delete", _PLATFORM, "credential", credential_id,
                         name=existing.name)  # fmt: skip
     return Response(status_code=204)
+
+
+async def _models_using(request: Request, name: str) -> set[str]:
+    """Models, served here or in the store's registry, whose upstream key is the credential ``name``."""
+    state = state_of(request)
+    users = {m.name for m in state.manager if m.upstream is not None and m.upstream.get("credential") == name}
+    for record in await call_store(store_of(request).list_served_models):
+        if record.upstream is not None and record.upstream.get("credential") == name:
+            users.add(record.name)
+    users |= {e.name for e in state.settings.models if e.upstream is not None and e.upstream.credential == name}
+    return users
 
 
 def routes() -> list[BaseRoute]:
