@@ -63,7 +63,10 @@ class StoreMeta(Base):
 
 
 class Tenant(Base):
+    """A tenant; the admin API lists tenants by (created_at, id), which its index serves (``pagination``)."""
+
     __tablename__ = "tenants"
+    __table_args__ = (Index(None, "created_at", "id"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     name: Mapped[str] = mapped_column(String(63), unique=True)
@@ -75,10 +78,14 @@ class Tenant(Base):
 
 
 class ApiKey(Base):
+    """A tenant's API key, listed by (created_at, id) within its tenant: the index in that order also
+    serves every other use of ``tenant_id`` (the cascade from a deleted tenant), so it has no index of its own."""
+
     __tablename__ = "api_keys"
+    __table_args__ = (Index(None, "tenant_id", "created_at", "id"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(ID, ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    tenant_id: Mapped[str] = mapped_column(ID, ForeignKey("tenants.id", ondelete="CASCADE"))
     prefix: Mapped[str] = mapped_column(String(16), unique=True, index=True)
     key_hash: Mapped[bytes] = mapped_column(LargeBinary(32))  # HMAC-SHA256(pepper, key)
     name: Mapped[str] = mapped_column(String(200))

@@ -1,9 +1,12 @@
 """Keyset pagination: pages ordered by (timestamp, id), behind an opaque cursor.
 
 Unlike OFFSET, a keyset cursor stays correct while rows are added or removed
-between two pages, and every page costs an index range scan however deep.
-The cursor is the last row's (timestamp, id) in base64url JSON; it is opaque
-to clients but not secret, and every query it feeds is scoped by the caller.
+between two pages, and every page costs an index range scan however deep,
+given an index on the list's scope, timestamp and id: the large lists (tenants,
+a tenant's API keys) have one since migration 0007, which
+``benchmarks/bench_store_scale.py`` measured the need for. The cursor is the
+last row's (timestamp, id) in base64url JSON; it is opaque to clients but not
+secret, and every query it feeds is scoped by the caller.
 """
 
 from __future__ import annotations
@@ -39,7 +42,11 @@ def paginate(
         raise ValidationFailed(f"limit must be an integer from 1 to {MAX_PAGE}", param="limit")
     if after is not None:
         at, last_id = _parse_cursor(after)
-        query = query.where(or_(order > at, and_(order == at, row_id > last_id)))
+        # The first condition follows from the second; stated alone, it is where the database starts its
+        # index range scan. PostgreSQL does not derive it from the OR: with the (created_at, id) index and
+        # the OR alone, a page near the end of 100,000 tenants walked the index from its first row (84 ms,
+        # against 0.05 ms with this condition).
+        query = query.where(order >= at, or_(order > at, and_(order == at, row_id > last_id)))
     # One row more than asked tells whether there is a next page.
     rows = session.scalars(query.order_by(order, row_id).limit(limit + 1)).all()
     next_cursor = None

@@ -44,7 +44,7 @@ def test_names_become_unique_per_owner(engine: Engine) -> None:
     add(engine, "cred_1", None, "fleet")
     add(engine, "cred_2", "ten_acme", "fleet")  # one name, three owners: fine before and after
     add(engine, "cred_3", "ten_globex", "fleet")
-    migrate.upgrade(engine)
+    migrate.upgrade(engine, "0006")
     assert migrate.current(engine) == "0006"
 
     with pytest.raises(IntegrityError):
