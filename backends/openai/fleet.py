@@ -261,7 +261,6 @@ class Fleet:
         """A rotated key, sent from the next request on; every key this fleet has held stays scrubbed."""
         if api_key:
             self._keys_held.add(api_key)
-        if api_key:
             self._client.headers["authorization"] = f"Bearer {api_key}"
         else:
             self._client.headers.pop("authorization", None)
