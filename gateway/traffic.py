@@ -28,6 +28,7 @@ from policy.audit import (
 )
 from policy.audit.checkpoint import CHECKPOINT_PURPOSE, Checkpointer, CheckpointSigner
 from policy.audit.refusals import RefusalAggregator
+from policy.errors import StoreUnavailable
 from policy.guardrails import GuardrailResolver
 from policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter, RedisBackend
 from policy.snapshot import StoreSnapshot
@@ -110,6 +111,11 @@ class TrafficPolicy:
 
     async def start(self) -> AuditTrail:
         spool = await asyncio.to_thread(Spool.open, self.spool_settings)
+        try:
+            await asyncio.to_thread(self._check_chain, spool)
+        except BaseException:
+            await asyncio.to_thread(spool.close)
+            raise
         checkpointer = None
         if self.checkpoint_signer is not None:
             checkpointer = Checkpointer(
@@ -123,6 +129,15 @@ class TrafficPolicy:
         self.retention.start()
         await self.limiter.start()
         return self.audit_trail
+
+    def _check_chain(self, spool: Spool) -> None:
+        """ChainConflict if the store shows another spool writing this spool's chain (replicas share
+        the store's audit index, one chain each); a store that does not answer now is not a reason to stop."""
+        seq, digest = spool.durable_head()
+        try:
+            self.audit_store.check_head(spool.chain_id, seq, digest)
+        except StoreUnavailable as exc:
+            log.warning("could not check audit chain %s against the store's index at start: %s", spool.chain_id, exc)
 
     async def close(self) -> None:
         await self.limiter.close()

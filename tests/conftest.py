@@ -5,7 +5,6 @@ what each test uses (see ``tiers_of``)."""
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 pytest_plugins = ["secret_watch"]
 
 from servers import start_uvicorn, stop_uvicorn  # noqa: E402
-from services import service_unavailable  # noqa: E402
+from services import fresh_schema, service_unavailable  # noqa: E402
 
 DEFAULT_TEST_KV_CACHE_BYTES = 64 * 1024 * 1024
 
@@ -145,21 +144,9 @@ def redis_server() -> str:
 
 @pytest.fixture
 def pg_url(pg_server: str) -> Iterator[str]:
-    """A URL whose connections see only a fresh schema, dropped after the test."""
-    from sqlalchemy import create_engine, pool
-    from sqlalchemy.engine import make_url
-
-    schema = f"t_{secrets.token_hex(8)}"
-    admin = create_engine(pg_server, poolclass=pool.NullPool, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    url = make_url(pg_server).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
+    """A URL whose connections see only a fresh schema, dropped after the test (a module's: ``fresh_schema``)."""
+    with fresh_schema(pg_server) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from policy.audit.delivery import Backoff, Delivery, Sink
     from policy.audit.errors import (
         AuditUnavailable,
+        ChainConflict,
         InvalidAuditEvent,
         SinkError,
         SpoolConfigError,
@@ -57,6 +58,7 @@ __all__, __getattr__ = lazy_exports(
         "policy.audit.delivery": ("Backoff", "Delivery", "Sink"),
         "policy.audit.errors": (
             "AuditUnavailable",
+            "ChainConflict",
             "InvalidAuditEvent",
             "SinkError",
             "SpoolConfigError",

@@ -38,5 +38,11 @@ class SpoolConfigError(Exception):
     """The spool cannot be opened as configured (unwritable, locked by another process, bad setting)."""
 
 
+class ChainConflict(SpoolConfigError):
+    """Another spool writes this spool's chain: replicas sharing one ``audit.chain_id``, or a spool
+    lost and re-created under a fixed one. Its records would collide with the other's in the store's
+    index (one chain, one record per seq) and neither chain would verify."""
+
+
 class SinkError(Exception):
     """A sink could not deliver a batch; the delivery loop retries it with back-off."""

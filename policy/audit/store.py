@@ -5,6 +5,12 @@ other, so the request path never writes to the database and a store outage
 only delays indexing (the sink's cursor waits in the spool). Indexing is
 idempotent on the event id, which at-least-once delivery needs.
 
+Every replica indexes its own spool into the one table, so a query on any
+replica answers with the events of all of them, each naming its chain (one per
+replica). A chain is written by one spool only: ``check_head`` refuses, at
+start, a spool whose chain the store has seen go further, and ``index`` names
+the conflict when two spools write one chain from the start (``ChainConflict``).
+
 Queries are keyset-paginated like every list of the store
 (``policy.store.pagination``) and always run on an index: time alone uses
 ``(at)``, a tenant's events ``(tenant_id, at)``, narrowed by principal or
@@ -24,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, delete, select
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from policy.audit.checkpoint import Checkpoint
 from policy.audit.delivery import Worker
 from policy.audit.events import DECISIONS, KINDS, AuditEvent
-from policy.audit.errors import InvalidAuditEvent
+from policy.audit.errors import ChainConflict, InvalidAuditEvent
 from policy.audit.spool import SpooledRecord
 from policy.errors import StoreUnavailable, ValidationFailed
 from policy.ids import random_id
@@ -43,6 +49,10 @@ from policy.store.records import Page
 log = logging.getLogger("inferflux.policy.audit")
 
 PURGE_BATCH = 1000
+_CHAIN_ADVICE = (
+    "give every replica its own audit.chain_id (or leave it unset: '<hostname>-<random>', chosen when the "
+    "spool is created)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +123,48 @@ class AuditStore:
                 rows.setdefault(row["id"], row)
         if not rows:
             return 0
-        with self._session(write=True) as session:
-            present = set(session.scalars(select(AuditEventRow.id).where(AuditEventRow.id.in_(list(rows)))))
-            new = [row for event_id, row in rows.items() if event_id not in present]
-            if new:
-                session.execute(AuditEventRow.__table__.insert(), new)  # type: ignore[attr-defined]
+        try:
+            with self._session(write=True) as session:
+                present = set(session.scalars(select(AuditEventRow.id).where(AuditEventRow.id.in_(list(rows)))))
+                new = [row for event_id, row in rows.items() if event_id not in present]
+                if new:
+                    session.execute(AuditEventRow.__table__.insert(), new)  # type: ignore[attr-defined]
+        except IntegrityError:
+            # Not a re-delivery (those are found by id above): another event holds one of these
+            # (chain, seq), so another spool writes this chain. Retrying cannot help; say why.
+            chains = sorted({row["chain_id"] for row in rows.values()})
+            raise ChainConflict(
+                f"audit chain {', '.join(chains)}: a seq of this spool is indexed already with another event, so "
+                f"two spools write the chain; {_CHAIN_ADVICE}"
+            ) from None
         return len(new)
+
+    def check_head(self, chain_id: str, seq: int, digest: str) -> None:
+        """Refuse a spool whose chain the store has seen go further than it (``ChainConflict``).
+
+        ``seq`` and ``digest`` are the spool's last record (-1 and the genesis hash
+        when it has none). The chain's newest indexed record and its latest signed
+        checkpoint must not be past it, and one at its very seq must have its hash;
+        otherwise another spool has written this chain (or this spool was lost and
+        re-created under a fixed ``audit.chain_id``, or restored from an older copy),
+        and the records it is about to write would take seqs the chain has already used.
+        An index that lags behind the spool, the usual case, is no conflict.
+        """
+        query = (select(AuditEventRow.seq, AuditEventRow.record).where(AuditEventRow.chain_id == chain_id)
+                 .order_by(AuditEventRow.seq.desc()).limit(1))  # fmt: skip
+        with self._session(write=False) as session:
+            newest = session.execute(query).first()
+        marks = [] if newest is None else [(newest.seq, newest.record.get("hash"), "an indexed record")]
+        checkpoint = self.latest_checkpoint(chain_id)
+        if checkpoint is not None:
+            marks.append((checkpoint.seq, checkpoint.hash, "a signed checkpoint"))
+        for known_seq, known_hash, what in marks:
+            if known_seq > seq or (known_seq == seq and known_hash != digest):
+                raise ChainConflict(
+                    f"the policy store has {what} of audit chain {chain_id!r} at seq {known_seq}, but this "
+                    f"spool's chain ends at seq {seq}{' with another hash' if known_seq == seq else ''}: another "
+                    f"spool writes the chain, or this one was re-created or restored; {_CHAIN_ADVICE}"
+                )
 
     # -- queries
 

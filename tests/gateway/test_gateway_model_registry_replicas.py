@@ -9,7 +9,6 @@ The in-process version, with the failure and outage cases, is ``test_gateway_mod
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from replica import START_TIMEOUT, Replica
+from replica import Replica, fleet
 
 from backends.models import default_model_path
 from policy.authn.apikeys import generate_key
@@ -31,7 +30,7 @@ MODEL = "smollm2-135m-instruct"
 
 
 @pytest.fixture
-def fleet(pg_url: str, tmp_path: Path) -> Iterator[tuple[list[Replica], dict[str, str]]]:
+def replicas(pg_url: str, tmp_path: Path) -> Iterator[tuple[list[Replica], dict[str, str]]]:
     admin_key = generate_key().token
     env = {
         **os.environ,
@@ -39,18 +38,8 @@ def fleet(pg_url: str, tmp_path: Path) -> Iterator[tuple[list[Replica], dict[str
         "INFERFLUX_STORE_PASSPHRASE": "correct horse battery staple",
         "INFERFLUX_BOOTSTRAP_ADMIN_KEY": admin_key,
     }  # and the default model_registry settings: the bound checked is the one they promise
-    replicas = [Replica(f"replica {i}", tmp_path / str(i), env, tmp_path / f"{i}.log") for i in (1, 2, 3)]
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        for replica in replicas:
-            replica.wait_ready(deadline)
-        yield replicas, {"authorization": f"Bearer {admin_key}"}
-    finally:
-        codes = [replica.stop() for replica in replicas]
-        for replica, code in zip(replicas, codes, strict=True):
-            assert "Traceback" not in replica.output(), replica.output()
-            # uvicorn shuts down gracefully, then re-raises the signal it caught.
-            assert code in (0, -signal.SIGTERM), f"{replica.name} exited with {code}:\n{replica.output()}"
+    with fleet(3, env, tmp_path) as started:
+        yield started, {"authorization": f"Bearer {admin_key}"}
 
 
 def call(replica: Replica, admin: dict[str, str], method: str, path: str, body: Any = None) -> httpx.Response:
@@ -91,9 +80,9 @@ def seconds_until(
 
 
 def test_a_model_loaded_defaulted_and_unloaded_through_one_replica_reaches_the_others(
-    fleet: tuple[list[Replica], dict[str, str]],
+    replicas: tuple[list[Replica], dict[str, str]],
 ) -> None:
-    (first, second, third), admin = fleet
+    (first, second, third), admin = replicas
     body = {"name": "extra", "path": default_model_path(), "dtype": "float32", "aliases": ["extra-alias"]}
     started = time.monotonic()
     assert call(first, admin, "POST", "/admin/v1/models", body).status_code == 202

@@ -7,7 +7,9 @@ take effect without a restart; every app here runs on the real session model.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +18,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from audit_support import make_event
 from gateway.settings import DEFAULT_MODEL_NAME, Settings
 from gateway.traffic import TrafficPolicy
 from http_helpers import bearer, error_of
-from policy.audit import verify_spool
+from policy.audit import ChainConflict, Cursor, Spool, verify_spool
 from policy.store import PolicyStore, StoreSettings
 
 MODEL = DEFAULT_MODEL_NAME
@@ -375,5 +378,32 @@ def test_the_spool_fsync_interval_follows_the_audit_settings(
     try:
         traffic = TrafficPolicy.build(Settings(data_dir=tmp_path, audit=audit), store)
         assert traffic.spool_settings.sync_interval_seconds == interval
+    finally:
+        store.close()
+
+
+def test_a_spool_behind_its_chain_in_the_shared_index_does_not_start(tmp_path: Path) -> None:
+    """A spool lost and re-created under a fixed audit.chain_id (or a replica given another's) would
+    write seqs its chain has used: the gateway refuses to start, saying why, rather than index nothing."""
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    try:
+        traffic = TrafficPolicy.build(Settings(data_dir=tmp_path, audit={"chain_id": "gw-1"}), store)
+        with Spool.open(traffic.spool_settings) as spool:  # its earlier life: three events, indexed
+            receipts = [spool.append(make_event()) for _ in range(3)]
+            assert all(r.wait(10) for r in receipts)
+            traffic.audit_store.index(spool.read(Cursor(1, 0), 10)[0])
+        shutil.rmtree(traffic.spool_settings.directory)
+        with pytest.raises(ChainConflict, match="'gw-1' at seq 2, but this spool's chain ends at seq -1"):
+            asyncio.run(traffic.start())
+        # Without a fixed chain id a new spool is a new chain, and starts.
+        shutil.rmtree(traffic.spool_settings.directory)
+        fresh = TrafficPolicy.build(Settings(data_dir=tmp_path), store)
+
+        async def start_and_close() -> str:
+            trail = await fresh.start()
+            await fresh.close()
+            return trail.spool.chain_id
+
+        assert asyncio.run(start_and_close()) != "gw-1"
     finally:
         store.close()

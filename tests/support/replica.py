@@ -1,4 +1,4 @@
-"""``inferctl serve`` as a real process on a loopback port, for end-to-end tests."""
+"""``inferctl serve`` as a real process on a loopback port, for end-to-end tests; ``fleet`` starts several."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -36,6 +38,7 @@ class Replica:
             *(extra_args or []),
         ]  # fmt: skip
         self._log_file = open(log, "ab")  # noqa: SIM115 - closed in stop()
+        self._terminated = False
         self.proc = subprocess.Popen(
             argv, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
@@ -65,9 +68,16 @@ class Replica:
         self.proc.wait(timeout=30)
         self._log_file.close()
 
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
+    def terminate(self) -> None:
+        """SIGTERM, once (a second one would cut the drain short)."""
+        if self.proc.poll() is None and not self._terminated:
             self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
+
+    def stop(self) -> int | None:
+        """SIGTERM (if not sent yet), then wait for the exit; SIGKILL after 30 s. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.terminate()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -75,3 +85,29 @@ class Replica:
                 self.proc.wait(timeout=10)
         self._log_file.close()
         return self.proc.returncode
+
+
+@contextmanager
+def fleet(count: int, env: dict[str, str], directory: Path, extra_args: list[str] | None = None) -> Iterator[list[Replica]]:
+    """``count`` replicas ("replica 1", ...; data and log under ``directory``), started at once and all ready.
+
+    They start together (their model loads overlap, and first-start work such as
+    the bootstrap must cope with twins). At the end they are stopped together, and
+    each must have exited cleanly with no traceback in its output.
+    """
+    replicas: list[Replica] = []
+    try:
+        for i in range(1, count + 1):
+            replicas.append(Replica(f"replica {i}", directory / str(i), env, directory / f"{i}.log", extra_args))
+        deadline = time.monotonic() + START_TIMEOUT
+        for replica in replicas:
+            replica.wait_ready(deadline)
+        yield replicas
+    finally:
+        for replica in replicas:  # SIGTERM to all first: their drains run side by side
+            replica.terminate()
+        codes = [replica.stop() for replica in replicas]
+        for replica, code in zip(replicas, codes, strict=True):
+            assert "Traceback" not in replica.output(), replica.output()
+            # uvicorn shuts down gracefully, then re-raises the signal it caught.
+            assert code in (0, -signal.SIGTERM), f"{replica.name} exited with {code}:\n{replica.output()}"

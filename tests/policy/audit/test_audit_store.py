@@ -10,10 +10,12 @@ import pytest
 from audit_support import FAST, POLL, make_event, wait_for
 from sqlalchemy import inspect
 
-from policy.audit.chain import canonical_json, verify_lines
+from policy.audit.chain import GENESIS, canonical_json, verify_lines
+from policy.audit.checkpoint import CheckpointSigner
 from policy.audit.delivery import Delivery
+from policy.audit.errors import ChainConflict
 from policy.audit.events import AuditEvent, admin_event
-from policy.audit.spool import Cursor, Spool, SpooledRecord
+from policy.audit.spool import Cursor, Spool, SpooledRecord, SpoolSettings
 from policy.audit.store import AuditStore, IndexerSink, Retention
 from policy.errors import ValidationFailed
 from policy.store import PolicyStore, StoreSettings
@@ -136,3 +138,37 @@ def test_the_indexer_is_fed_by_the_spool(spool: Spool, audit_store: AuditStore) 
 def test_the_queries_have_indexes(audit_store: AuditStore) -> None:
     indexes = {tuple(ix["column_names"]) for ix in inspect(audit_store.engine).get_indexes("audit_events")}
     assert {("at",), ("tenant_id", "at"), ("tenant_id", "principal", "at"), ("tenant_id", "decision", "at")} <= indexes
+
+
+def test_two_spools_writing_one_chain_are_named_when_indexed(
+    spool: Spool, audit_store: AuditStore, tmp_path: Path
+) -> None:
+    """Replicas sharing one audit.chain_id (one config file for all) write records with the same
+    (chain, seq): the index refuses the second's with the reason, not an opaque integrity error."""
+    index_events(spool, audit_store, [make_event() for _ in range(3)])
+    with Spool.open(SpoolSettings(tmp_path / "twin", chain_id=spool.chain_id)) as twin:
+        with pytest.raises(ChainConflict, match="two spools write the chain.*its own audit.chain_id"):
+            index_events(twin, audit_store, [make_event()])
+    assert len(audit_store.query(tenant_id=None).items) == 3  # the first spool's, untouched
+
+
+def test_a_spool_behind_its_chain_in_the_store_is_refused(
+    spool: Spool, audit_store: AuditStore, tmp_path: Path
+) -> None:
+    records = index_events(spool, audit_store, [make_event() for _ in range(3)])
+    seq, digest = spool.durable_head()
+    audit_store.check_head(spool.chain_id, seq, digest)  # its own chain, fully indexed
+    audit_store.check_head(spool.chain_id, seq + 5, "f" * 64)  # a spool ahead of the index: the index lags
+    audit_store.check_head("gw-other", -1, GENESIS)  # a new chain
+    # A spool re-created (or a twin started later) under the same chain id starts again at seq 0.
+    with Spool.open(SpoolSettings(tmp_path / "again", chain_id=spool.chain_id)) as again:
+        with pytest.raises(ChainConflict, match=r"indexed record of audit chain 'gw-test' at seq 2.*ends at seq -1"):
+            audit_store.check_head(again.chain_id, *again.durable_head())
+    with pytest.raises(ChainConflict, match="with another hash"):
+        audit_store.check_head(spool.chain_id, seq, records[0].record["hash"])
+    # The signed checkpoints count too: they outlive the events that retention deletes.
+    signer = CheckpointSigner(b"k" * 32)
+    audit_store.add_checkpoint(signer.sign("gw-purged", 40, "a" * 64))
+    with pytest.raises(ChainConflict, match="signed checkpoint of audit chain 'gw-purged' at seq 40"):
+        audit_store.check_head("gw-purged", 12, "b" * 64)
+    audit_store.check_head("gw-purged", 40, "a" * 64)
