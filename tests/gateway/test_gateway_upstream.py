@@ -329,3 +329,49 @@ def test_a_credential_a_model_uses_cannot_be_deleted(front: Front, live_server: 
     assert refused.status_code == 409 and "fleet-4" in error_of(refused)["message"]
     assert httpx.delete(f"{front.url}/admin/v1/models/fleet-4", headers=admin).status_code == 204
     assert httpx.delete(f"{front.url}/admin/v1/credentials/{used.id}", headers=admin).status_code == 204
+
+
+def test_hostile_upstream_sections_get_a_clear_answer_never_a_500(app_for_model: Any, tmp_path: Path,
+                                                                    live_server: str, admin_key: str) -> None:
+    """Arbitrary JSON where the admin API expects an upstream section: 202 or a 4xx naming it, never a 5xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from starlette.testclient import TestClient
+
+    scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40)
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                                  max_size=4), max_leaves=12)  # fmt: skip
+    urls = st.sampled_from(["http://upstream.invalid/v1", "https://upstream.invalid:8443/v1", "http://elsewhere/v1",
+                            "http://upstream.invalid/v1?x=1", "upstream.invalid", "", "http://[::1/v1"])  # fmt: skip
+    fields = st.fixed_dictionaries({}, optional={
+        "endpoints": st.lists(urls, max_size=3) | values, "model": values | st.text(max_size=300),
+        "credential": values, "api_key_env": values | st.text(max_size=10), "timeout_seconds": values,
+        "max_inflight_per_endpoint": values, "retries": values, "routing": values, "context_length": values,
+        "ca_file": values,
+    })  # fmt: skip
+    model = remote_model(f"{live_server}/v1", admin_key)
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    key = bearer(str(store.ensure_bootstrap_admin()))
+    app = app_for_model(model, store, data_dir=str(tmp_path / "app"), upstreams={"allowed_hosts": ["upstream.invalid"]})
+    names = iter(range(10**6))
+    try:
+        with TestClient(app) as client:
+
+            @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+            @given(upstream=fields | values)
+            def probe(upstream: Any) -> None:
+                name = f"h{next(names)}"
+                response = client.post("/admin/v1/models", headers=key, json={"name": name, "upstream": upstream})
+                assert response.status_code in (202, 400, 409, 422), response.text
+                if response.status_code == 202:
+                    assert isinstance(upstream, dict) and upstream["endpoints"]  # only a valid section loads
+                    while client.get(f"/admin/v1/models/{name}", headers=key).json()["status"] == "loading":
+                        time.sleep(0.01)
+                    assert client.delete(f"/admin/v1/models/{name}", headers=key).status_code == 204
+                else:
+                    assert error_of(response)["message"]
+
+            probe()
+    finally:
+        model.shutdown()
+        store.close()
