@@ -11,7 +11,8 @@ Order within a step:
 2. next prefill chunks of running sequences whose prompt is not fully computed;
 3. resumption of swapped-out sequences and admission of waiting ones, together,
    in fair order (below). A waiting sequence gets blocks for all its known
-   tokens at admission (so a chunked prefill never stalls half-way), and may
+   tokens at admission, a swapped one at resumption (so a chunked prefill never
+   stalls half-way, and step 2 needs no blocks), and a waiting one may
    preempt running sequences that are strictly less important than itself, or
    as important but of a tenant holding more than its fair share. This stops at
    the first sequence that does not fit, so a large request is not starved by
@@ -214,12 +215,14 @@ class Scheduler:
         while (self.waiting or self.swapped) and budget > 0:
             seq = self._next_to_admit()
             if seq.status is SequenceStatus.SWAPPED:
-                n = min(seq.num_uncomputed_tokens, budget)
-                if len(self.running) >= self.max_num_seqs or not self.block_manager.can_swap_in(seq, n):
+                # Like an admission, room for all its known tokens: one swapped out half-way
+                # through its prefill continues in step 2, which takes no blocks.
+                rest = seq.num_uncomputed_tokens
+                if len(self.running) >= self.max_num_seqs or not self.block_manager.can_swap_in(seq, rest):
                     break
                 self.swapped.remove(seq)
                 self.block_manager.swap_in(seq)
-                self.block_manager.append_slots(seq, n)
+                self.block_manager.append_slots(seq, rest)
             else:
                 if not self._make_room_for(seq, scheduled, out):
                     break

@@ -30,6 +30,7 @@ def finish_step(sched: Scheduler, out, finish=()) -> None:
         s.append_token(5)
         if s in finish or s.num_output_tokens >= s.max_tokens:
             s.status = SequenceStatus.FINISHED_LENGTH
+    sched.block_manager.copies_done()  # the backend ran out.kv_ops
     sched.postprocess(out)
 
 
@@ -276,9 +277,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         block_size=st.sampled_from([1, 2, 4, 8]),
         max_num_seqs=st.integers(1, 6),
         budget=st.integers(1, 24),
+        swap_slots=st.none() | st.integers(1, 24),  # None: preemption by recompute
     )
-    def setup(self, num_blocks, block_size, max_num_seqs, budget):
-        self.sched = Scheduler(BlockManager(num_blocks, block_size), max_num_seqs, budget)
+    def setup(self, num_blocks, block_size, max_num_seqs, budget, swap_slots):
+        mode = "recompute" if swap_slots is None else "swap"
+        bm = BlockManager(num_blocks, block_size, num_swap_slots=swap_slots or 0)
+        self.sched = Scheduler(bm, max_num_seqs, budget, preemption_mode=mode)
         self.seqs: list[Sequence] = []
         self.capacity = num_blocks * block_size
 
@@ -354,6 +358,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not self.sched.has_unfinished()
         bm = self.sched.block_manager
         assert bm.num_free_blocks == bm.num_blocks
+        assert bm.num_free_swap_slots == bm.num_swap_slots
         assert all(s.is_finished for s in self.seqs)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from backends.engine import BlockManager, EngineConfigError, LLMEngine, SamplingParams, Sequence, SequenceStatus
@@ -40,10 +40,10 @@ def tokens_run_for(backend: PagedEchoBackend, seq_id: int) -> int:
 WORK = [([i + 1] * 6 + [30 + i, 40 + i], 14) for i in range(5)]
 
 
-def run_checked(engine: LLMEngine, work) -> dict[str, list[int]]:
+def run_checked(engine: LLMEngine, work, priorities=None) -> dict[str, list[int]]:
     seqs = []
     for i, (prompt, n) in enumerate(work):
-        engine.add_request(f"r{i}", prompt, greedy(n))
+        engine.add_request(f"r{i}", prompt, greedy(n), priority=priorities[i] if priorities else 0)
         seqs.append(engine._requests[f"r{i}"])
     got: dict[str, list[int]] = {}
     for _ in range(10_000):
@@ -145,6 +145,28 @@ def test_aborting_a_swapped_sequence_gives_back_its_slots() -> None:
     assert engine.block_manager.num_free_swap_slots == engine.block_manager.num_swap_slots
 
 
+def test_a_prefill_swapped_out_half_way_resumes_with_blocks_for_its_whole_prompt() -> None:
+    # Found by the property test below (seed 499, block size 1). Step 0 prefills the
+    # short r0 and the first chunk of the long, less important r1 (6 blocks, all of
+    # them). Step 1: r0's decode needs a block, so r1 is swapped out with 2 of its 10
+    # prompt tokens computed. It may only come back with blocks for all 10: swapped in
+    # with room for just the next chunk, the chunk after it (scheduled as a continuing
+    # prefill, which takes no blocks) ran past the end of its block table.
+    engine, backend = make_engine(
+        block_size=2, num_blocks=6, max_num_seqs=4, max_num_batched_tokens=4, enable_prefix_caching=False,
+        preemption_mode="swap",
+    )  # fmt: skip
+    work = [([1, 2], 3), ([3 + i for i in range(10)], 2)]
+    got = run_checked(engine, work, priorities=[0, 1])
+    assert got == {f"r{i}": reference_greedy(p, n, eos=None) for i, (p, n) in enumerate(work)}
+    # One block (2 of r1's 10 prompt tokens) went out, and came back.
+    assert [(kind, len(pairs)) for kind, pairs in backend.kv_ops] == [("swap_out", 1), ("swap_in", 1)]
+    assert engine.stats().num_swap_outs == engine.stats().num_preemptions == 1
+    # It resumed where it stopped: every token ran once, no re-prefill.
+    assert tokens_run_for(backend, 1) == len(work[1][0]) + work[1][1] - 1
+    check_block_invariants(engine.block_manager, [])
+
+
 def test_swap_with_speculative_drafts_keeps_greedy_outputs() -> None:
     r = random.Random(5)
     work = [([r.randrange(1, 9) for _ in range(10)], 16) for _ in range(5)]
@@ -168,6 +190,8 @@ def test_swap_with_speculative_drafts_keeps_greedy_outputs() -> None:
     prefix_caching=st.booleans(),
     aborts=st.lists(st.integers(0, 7), max_size=3),
 )
+# A prefill swapped out half-way, resumed without blocks for the rest of its prompt:
+@example(seed=499, capacity=48, block_size=1, num_swap_blocks=30, prefix_caching=False, aborts=[0])
 def test_random_workloads_with_swap_keep_outputs_and_books(
     seed, capacity, block_size, num_swap_blocks, prefix_caching, aborts
 ):
