@@ -37,6 +37,7 @@ class ModelInfo:
     num_kv_heads: int
     head_dim: int
     dtype: str  # the dtype actually in use: float32 | bfloat16
+    hidden_size: int = 0  # the width of an embedding (``embed``); 0: unknown (an upstream's model)
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,35 @@ class Backend(Protocol):
     #     Copy swap slot ``slot`` back into KV block ``block`` for each ``(slot, block)``,
     #     after any write of that slot still under way.
     #
+    # Optional, for embeddings (``POST /v1/embeddings``); without it a model answers
+    # that it does not serve embeddings:
+    #
+    # ``embed(self, token_lists: Sequence[Sequence[int]], pooling: str) -> array``
+    #     Run each list as a sequence of its own from position 0, neither reading nor
+    #     writing the KV cache (the engine calls it between steps, while other
+    #     sequences' KV lives in the cache), and pool each one's final hidden
+    #     states (after the final norm): ``"mean"`` over its tokens or ``"last"``,
+    #     its last token's. Returns float32 ``[len(token_lists), hidden_size]``,
+    #     not normalised, convertible with ``numpy.asarray``.
+    #
     # Optional: ``release_thread_pool(self) -> None``. The engine calls it on
     # the thread that loaded the model, just before its own thread takes over
     # every later call, so a backend can free worker threads that the loading
     # thread still holds (see CPUBackend.release_thread_pool).
+
+
+# How ``embed`` pools a sequence's final hidden states into one vector.
+POOLINGS = ("mean", "last")
+
+
+def check_embed_args(loaded: bool, token_lists: Sequence[Sequence[int]], pooling: str) -> None:
+    """What every backend's ``embed`` refuses with a ``BackendError``: no model, an unknown pooling, an empty list."""
+    if not loaded:
+        raise BackendError("embed called before load()")
+    if pooling not in POOLINGS:
+        raise BackendError(f"unknown pooling {pooling!r} (choose from {', '.join(POOLINGS)})")
+    if not token_lists or not all(len(tokens) for tokens in token_lists):
+        raise BackendError("embed needs at least one token list, none of them empty")
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
-from backends.base import Batch, BackendError, ModelInfo, ModelSpec, choose_dtype
+from backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed_args, choose_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -261,6 +261,57 @@ class CPUBackend:
         ids, meta, logits_index = self._prepare(batch)
         with torch.inference_mode():
             return self.model(ids, meta, self.kv_caches, logits_index)
+
+    # -- embeddings (backends.base: the optional embed) ---------------------------
+
+    def embed(self, token_lists: Sequence[Sequence[int]], pooling: str) -> Any:
+        """Each token list's pooled final hidden states, float32 ``[n, hidden]`` (see ``Backend``).
+
+        The lists run as fresh sequences in one forward without a KV cache, so
+        the cache of the sequences the engine is generating is neither read nor
+        written, and nothing of the batch is kept.
+        """
+        torch = self._torch
+        check_embed_args(self.model is not None, token_lists, pooling)
+        ids, meta = self._prepare_fresh(token_lists)
+        lengths = torch.tensor([len(tokens) for tokens in token_lists])
+        # "last" needs one row a sequence through the final norm; "mean" all of them.
+        rows = torch.cumsum(lengths, 0) - 1 if pooling == "last" else None
+        ids, meta, rows = self._on_device(ids, meta, rows)
+        with torch.inference_mode():
+            h = self.model.hidden_states(ids, meta, None, rows).float()
+            if pooling == "mean":
+                lengths = lengths.to(h.device)
+                segment = torch.repeat_interleave(torch.arange(len(token_lists), device=h.device), lengths)
+                h = torch.zeros(len(token_lists), h.shape[1], device=h.device).index_add_(0, segment, h)
+                h = h / lengths[:, None]
+        return h.cpu().numpy()
+
+    def _prepare_fresh(self, token_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, AttentionMetadata]:
+        """Token ids and attention metadata of sequences that each start at position 0 and keep no KV."""
+        from backends.cpu.model import AttentionMetadata, PrefillGroup
+        from kernels.reference import rope_cos_sin
+
+        torch = self._torch
+        ids: list[int] = []
+        prefills: list[PrefillGroup] = []
+        for tokens in token_lists:
+            start = len(ids)
+            ids.extend(tokens)
+            prefills.append(PrefillGroup(start, len(ids), True, None, None, None))
+        pos = torch.cat([torch.arange(len(tokens)) for tokens in token_lists])
+        cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
+        meta = AttentionMetadata(
+            slots=torch.empty(0, dtype=torch.long), cos=cos, sin=sin, decode_rows=None, decode_tables=None,
+            decode_lens=None, decode_starts=None, decode_mask=None, prefills=prefills,
+        )
+        return torch.tensor(ids, dtype=torch.long), meta
+
+    def _on_device(
+        self, ids: torch.Tensor, meta: AttentionMetadata, index: torch.Tensor | None
+    ) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor | None]:
+        """The host-built step tensors where the model runs: here, the host already (DeviceRunner moves them)."""
+        return ids, meta, index
 
     @property
     def _cfg(self):

@@ -87,7 +87,7 @@ class Attention(nn.Module):
         self.paged_attention: PagedAttention = kernels.paged_attention
 
     def forward(
-        self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None
     ) -> torch.Tensor:
         K = self.kernels
         T = x.shape[0]
@@ -101,7 +101,8 @@ class Attention(nn.Module):
         # q and k are adjacent in the fused projection: rotate both in one pass.
         qk = K.apply_rope(qk, meta.cos, meta.sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        K.store_kv(k_cache, v_cache, k, v, meta.slots)
+        if k_cache is not None:  # None: a step that keeps no KV (embeddings: fresh sequences only)
+            K.store_kv(k_cache, v_cache, k, v, meta.slots)
 
         out = torch.empty_like(q)
         if meta.decode_rows is not None:
@@ -150,8 +151,8 @@ class Block(nn.Module):
         x: torch.Tensor,
         residual: torch.Tensor | None,
         meta: AttentionMetadata,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: torch.Tensor | None,
+        v_cache: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         K = self.kernels
         if residual is None:
@@ -184,17 +185,35 @@ class Transformer(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_index: torch.Tensor,
     ) -> torch.Tensor:
-        x = self.embed(input_ids)
-        residual = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, meta, k_cache, v_cache)
         # Only the rows whose logits were asked for go through the final norm and
         # the (large) output projection.
-        x = x.index_select(0, logits_index)
-        residual = residual.index_select(0, logits_index)
-        h, _ = self.kernels.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
+        h = self.hidden_states(input_ids, meta, kv_caches, logits_index)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(h, head).float()
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The final hidden states (after the final norm) of the batch rows ``rows`` (None: every row).
+
+        ``kv_caches`` None runs without a cache, for a batch of fresh prefills
+        only (``meta`` with no decode rows): what embeddings need, leaving the
+        paged cache of running sequences untouched.
+        """
+        x = self.embed(input_ids)
+        residual = None
+        caches = kv_caches if kv_caches is not None else [(None, None)] * len(self.layers)
+        for layer, (k_cache, v_cache) in zip(self.layers, caches):
+            x, residual = layer(x, residual, meta, k_cache, v_cache)
+        if rows is not None:
+            x = x.index_select(0, rows)
+            residual = residual.index_select(0, rows)
+        h, _ = self.kernels.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
+        return h
 
     def use_paged_attention(self, fn: PagedAttention) -> None:
         """Run decode steps' attention with ``fn`` (same contract as the reference)."""

@@ -15,10 +15,12 @@ preempted sequences' blocks to pinned host memory without waiting for the copy
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import logging
 import os
+from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence, TypeVar
 
@@ -109,16 +111,34 @@ class DeviceRunner(CPUBackend):
 
     def _prepare(self, batch: Batch, to_device: bool = True) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         ids, meta, logits_index = super()._prepare(batch)
-        if not to_device or self.device.type == "cpu":
+        if not to_device:
             return ids, meta, logits_index
+        ids, meta, moved = self._on_device(ids, meta, logits_index)
+        return ids, meta, moved  # type: ignore[return-value]  # a tensor in, a tensor out
+
+    def _on_device(
+        self, ids: torch.Tensor, meta: AttentionMetadata, index: torch.Tensor | None
+    ) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor | None]:
+        if self.device.type == "cpu":
+            return ids, meta, index
         meta = dataclasses.replace(meta, prefills=[tensors_to(p, self.device) for p in meta.prefills])
-        ids, logits_index = (t.to(self.device) for t in (ids, logits_index))
-        return ids, tensors_to(meta, self.device), logits_index
+        moved = None if index is None else index.to(self.device)
+        return ids.to(self.device), tensors_to(meta, self.device), moved
 
     def forward(self, batch: Batch) -> Any:
-        try:
+        with self._kernel_errors():
             return super().forward(batch).cpu()  # the engine samples on the host
-        except KernelError as exc:  # where a step crosses into the kernel set: the backend's error
+
+    def embed(self, token_lists: Sequence[Sequence[int]], pooling: str) -> Any:
+        with self._kernel_errors():
+            return super().embed(token_lists, pooling)
+
+    @contextlib.contextmanager
+    def _kernel_errors(self) -> Iterator[None]:
+        """Where a step crosses into the kernel set, its ``KernelError`` is the backend's ``BackendError``."""
+        try:
+            yield
+        except KernelError as exc:
             raise BackendError(f"{self.name} backend, {self.kernels.__name__}: {exc}",
                                {"kernels": self.kernels.__name__}) from exc
 

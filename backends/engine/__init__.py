@@ -7,15 +7,18 @@ See docs/architecture.md for the seam this package implements.
 from .async_engine import AsyncEngine
 from .block_manager import BlockManager
 from .detokenizer import IncrementalDetokenizer
+from .embedding import EmbeddingRequest, EmbeddingResult
 from .errors import (
     BlockManagerError,
     CacheCapacityError,
     DuplicateRequestError,
+    EmbeddingsUnsupportedError,
     EmptyPromptError,
     EngineConfigError,
     EngineDeadError,
     EngineError,
     EngineStepError,
+    InputTooLongError,
     InvalidPromptError,
     InvalidRequestError,
     PromptTooLongError,
@@ -36,6 +39,9 @@ __all__ = [
     "CacheCapacityError",
     "DEFAULT_KV_CACHE_BYTES",
     "DuplicateRequestError",
+    "EmbeddingRequest",
+    "EmbeddingResult",
+    "EmbeddingsUnsupportedError",
     "EmptyPromptError",
     "EngineConfig",
     "EngineConfigError",
@@ -45,6 +51,7 @@ __all__ = [
     "EngineStats",
     "EngineStepError",
     "IncrementalDetokenizer",
+    "InputTooLongError",
     "InvalidPromptError",
     "InvalidRequestError",
     "LLMEngine",

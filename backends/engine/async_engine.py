@@ -16,18 +16,24 @@ Threading rules:
   (raised from ``generate``) and the loop carries on with new requests. Only if
   the engine cannot even abort its requests does it become dead
   (``EngineDeadError`` for everyone).
+* Embedding requests (``embed``) cross over through the same inbox into an
+  ``EmbeddingQueue``; the thread runs one batch of them (at most a step's token
+  budget) before each generation step, without the KV cache. A failed batch
+  fails only its own requests: no sequence's state was touched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .embedding import EmbeddingJob, EmbeddingQueue, EmbeddingRequest, EmbeddingResult
 from .errors import DuplicateRequestError, EngineDeadError, EngineStepError
 from .llm_engine import LLMEngine
 from .outputs import EngineStats, RequestOutput
@@ -52,6 +58,14 @@ class _Add:
 @dataclass
 class _Abort:
     request_id: str
+
+
+@dataclass
+class _Embed:
+    job: EmbeddingJob  # its ``stream`` is a _Stream that gets the EmbeddingResult or the exception
+
+
+_Command = _Add | _Abort | _Embed
 
 
 class _Outbox:
@@ -84,13 +98,14 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._cond = threading.Condition()
-        self._inbox: list[_Add | _Abort] = []  # guarded by _cond
+        self._inbox: list[_Command] = []  # guarded by _cond
         self._stopping = False  # guarded by _cond
         self._thread: threading.Thread | None = None
         self._dead: EngineDeadError | None = None
         self._active: set[str] = set()  # request ids with a live generate(); guarded by _cond
-        self._stats = engine.stats()  # snapshot published by the engine thread
         self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._embeddings = EmbeddingQueue(engine.config.max_num_batched_tokens)  # engine thread only
+        self._stats = self._snapshot()  # published by the engine thread
 
     # -- lifecycle
 
@@ -125,6 +140,11 @@ class AsyncEngine:
     def make_request(self, request_id: str, prompt_token_ids: Iterable[int], *args: Any, **kwargs: Any) -> EngineRequest:
         """The checked request ``stream`` takes: ``LLMEngine.make_request``'s arguments and errors. Any thread."""
         return self.engine.make_request(request_id, prompt_token_ids, *args, **kwargs)
+
+    def make_embedding_request(self, request_id: str, inputs: Iterable[Iterable[int]], pooling: str,
+                               **kwargs: Any) -> EmbeddingRequest:  # fmt: skip
+        """The checked request ``embed`` takes: ``LLMEngine.make_embedding_request``'s arguments and errors. Any thread."""
+        return self.engine.make_embedding_request(request_id, inputs, pooling, **kwargs)
 
     async def generate(
         self, request_id: str, prompt_token_ids: Iterable[int], *args: Any, **kwargs: Any
@@ -173,6 +193,26 @@ class AsyncEngine:
             with self._cond:
                 self._active.discard(request_id)
 
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """Run a checked embedding request (``LLMEngine.make_embedding_request``) on the engine thread.
+
+        Raises ``EngineStepError`` if the backend failed on its batch,
+        ``EngineDeadError`` if the engine is shut down. Cancelling the caller
+        drops the request's inputs not yet run.
+        """
+        stream = _Stream(request.request_id, asyncio.get_running_loop(), asyncio.Queue())
+        job = EmbeddingJob(request, stream)
+        self.start()
+        self._submit(_Embed(job))
+        try:
+            item = await stream.queue.get()
+        except BaseException:
+            job.cancelled = True  # read by the engine thread before its next batch
+            raise
+        if isinstance(item, BaseException):
+            raise item
+        return item  # type: ignore[no-any-return]
+
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; its stream ends with finish_reason "abort"."""
         with self._cond:
@@ -193,7 +233,7 @@ class AsyncEngine:
         if self._stopping:
             raise EngineDeadError("the engine is shut down")
 
-    def _submit(self, command: _Add | _Abort) -> None:
+    def _submit(self, command: _Command) -> None:
         with self._cond:
             self._check_alive()
             self._inbox.append(command)
@@ -203,26 +243,36 @@ class AsyncEngine:
         outbox = _Outbox()
         while True:
             with self._cond:
-                while not (self._inbox or self._stopping or self.engine.has_unfinished_requests()):
+                while not (self._inbox or self._stopping or self.engine.has_unfinished_requests()
+                           or self._embeddings):  # fmt: skip
                     self._cond.wait()
                 if self._stopping:
                     break
                 commands, self._inbox = self._inbox, []
             self._apply(commands, outbox)
+            if self._embeddings:
+                self._embed_batch(outbox)
             if self.engine.has_unfinished_requests():
                 self._step(outbox)
             # publish before delivering: a consumer that sees its last output
             # also sees the stats of the step that produced it
-            self._stats = self.engine.stats()
+            self._stats = self._snapshot()
             if self._drop_orphans(outbox.flush()):
-                self._stats = self.engine.stats()
+                self._stats = self._snapshot()
             if self._dead is not None:
                 break
         self._close(outbox)
 
-    def _apply(self, commands: list[_Add | _Abort], outbox: _Outbox) -> None:
+    def _snapshot(self) -> EngineStats:
+        """The engine's stats with the embedding requests this thread holds."""
+        return dataclasses.replace(self.engine.stats(), num_waiting_embeddings=len(self._embeddings),
+                                   embeddings_waiting_per_tenant=self._embeddings.waiting_per_tenant())  # fmt: skip
+
+    def _apply(self, commands: list[_Command], outbox: _Outbox) -> None:
         for cmd in commands:
-            if isinstance(cmd, _Add):
+            if isinstance(cmd, _Embed):
+                self._embeddings.add(cmd.job)
+            elif isinstance(cmd, _Add):
                 try:
                     self.engine.add(cmd.request)
                 except Exception as exc:
@@ -248,6 +298,24 @@ class AsyncEngine:
                 outbox.put(stream, out)
             if out.finished:
                 self._streams.pop(out.request_id, None)
+
+    def _embed_batch(self, outbox: _Outbox) -> None:
+        """One batch of the waiting embedding requests; a failure fails only the requests in it."""
+        batch = self._embeddings.next_batch()
+        if batch is None:
+            return
+        try:
+            pooled = self.engine.embed(batch.token_lists, batch.pooling)
+        except Exception as exc:
+            logger.exception("embedding batch failed; failing %d request(s)", len(batch.jobs))
+            self._embeddings.drop(batch.jobs)
+            for job in batch.jobs:
+                err = EngineStepError(f"the engine failed while embedding this request: {exc!r}")
+                err.__cause__ = exc
+                outbox.put(job.stream, err)
+            return
+        for job, result in self._embeddings.deliver(batch, pooled):
+            outbox.put(job.stream, result)
 
     def _fail_all(self, cause: BaseException, outbox: _Outbox) -> None:
         try:
@@ -278,12 +346,16 @@ class AsyncEngine:
         for cmd in commands:
             if isinstance(cmd, _Add):
                 outbox.put(cmd.stream, EngineDeadError(str(reason)))
+            elif isinstance(cmd, _Embed):
+                outbox.put(cmd.job.stream, EngineDeadError(str(reason)))
         for stream in self._streams.values():
             outbox.put(stream, EngineDeadError(str(reason)))
         self._streams.clear()
+        for job in self._embeddings.clear():
+            outbox.put(job.stream, EngineDeadError(str(reason)))
         try:
             self.engine.abort_all()
         except Exception:
             logger.exception("aborting requests at shutdown failed")
         outbox.flush()
-        self._stats = self.engine.stats()
+        self._stats = self._snapshot()

@@ -79,6 +79,25 @@ class CacheCapacityError(InvalidRequestError):
         )
 
 
+class InputTooLongError(InvalidRequestError):
+    """An embedding input is longer than the model's context."""
+
+    def __init__(self, param: str, tokens: int, max_model_len: int) -> None:
+        self.tokens = tokens
+        self.max_model_len = max_model_len
+        super().__init__(
+            f"this model's maximum context length is {max_model_len} tokens, but {param} has {tokens}; shorten it",
+            param=param,
+        )
+
+
+class EmbeddingsUnsupportedError(InvalidRequestError):
+    """The model's backend cannot compute embeddings (it has no ``embed``)."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__(f"the {backend} backend serving this model does not compute embeddings", param="model")
+
+
 class DuplicateRequestError(InvalidRequestError):
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id

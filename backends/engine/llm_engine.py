@@ -11,20 +11,24 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from backends.base import Backend, BackendError, ModelInfo
+from backends.base import POOLINGS, Backend, BackendError, ModelInfo
 
 from .block_manager import DEFAULT_BLOCK_SIZE, BlockManager, blocks_for
 from .detokenizer import DecodingTokenizer, IncrementalDetokenizer
+from .embedding import EmbeddingJob, EmbeddingQueue, EmbeddingRequest, EmbeddingResult
 from .errors import (
     CacheCapacityError,
     DuplicateRequestError,
+    EmbeddingsUnsupportedError,
     EmptyPromptError,
     EngineConfigError,
+    InputTooLongError,
     InvalidPromptError,
     InvalidRequestError,
     PromptTooLongError,
@@ -140,6 +144,7 @@ class LLMEngine:
         self.num_steps = 0
         self.num_tokens_processed = 0
         self.num_tokens_generated = 0
+        self.num_tokens_embedded = 0
 
     # -- requests
 
@@ -197,6 +202,79 @@ class LLMEngine:
             bad = lo if lo < 0 else hi
             raise InvalidPromptError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
         return prompt
+
+    # -- embeddings
+
+    @property
+    def supports_embeddings(self) -> bool:
+        """Whether the backend has the optional ``embed`` (backends.base)."""
+        return callable(getattr(self.backend, "embed", None))
+
+    def make_embedding_request(
+        self,
+        request_id: str,
+        inputs: Iterable[Iterable[int]],
+        pooling: str,
+        *,
+        normalize: bool = True,
+        dimensions: int | None = None,
+        tenant: str | None = None,
+    ) -> EmbeddingRequest:
+        """Check an embedding request against the model, as ``make_request`` does a generation's. Thread-safe.
+
+        Each input is a non-empty list of token ids in the vocabulary, at most
+        the context long (no room for output is needed). Errors name the
+        input as ``input[i]``. Raises ``EmbeddingsUnsupportedError`` when the
+        backend has no ``embed``.
+        """
+        if not self.supports_embeddings:
+            raise EmbeddingsUnsupportedError(getattr(self.backend, "name", type(self.backend).__name__))
+        if pooling not in POOLINGS:
+            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}", param="pooling")
+        hidden = self.model_info.hidden_size
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or not 1 <= dimensions <= (hidden or dimensions)):  # fmt: skip
+            raise InvalidRequestError(f"dimensions must be from 1 to {hidden}, got {dimensions!r}", param="dimensions")
+        checked = [self._checked_input(f"input[{i}]", tokens) for i, tokens in enumerate(inputs)]
+        if not checked:
+            raise InvalidRequestError("at least one input is required", param="input")
+        return EmbeddingRequest(request_id, tuple(checked), pooling, normalize=bool(normalize), dimensions=dimensions,
+                                tenant=tenant, engine_id=id(self))  # fmt: skip
+
+    def _checked_input(self, name: str, tokens: Iterable[int]) -> tuple[int, ...]:
+        try:
+            ids = tuple(operator.index(t) for t in tokens)
+        except TypeError:
+            raise InvalidRequestError(f"{name}: token ids must be integers", param=name) from None
+        if not ids:
+            raise InvalidRequestError(f"{name} is empty; at least one token is required", param=name)
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            bad = min(ids) if min(ids) < 0 else max(ids)
+            raise InvalidRequestError(f"{name}: token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                                      param=name)  # fmt: skip
+        if len(ids) > self.max_model_len:
+            raise InputTooLongError(name, len(ids), self.max_model_len)
+        return ids
+
+    def embed(self, token_lists: Seq[Seq[int]], pooling: str) -> np.ndarray:
+        """One ``embed`` call on the backend: float32 ``[len(token_lists), hidden]``, pooled, not normalised."""
+        pooled = np.asarray(self.backend.embed(token_lists, pooling), dtype=np.float32)  # type: ignore[attr-defined]
+        if pooled.ndim != 2 or pooled.shape[0] != len(token_lists):
+            raise BackendError(f"embed returned shape {pooled.shape} for {len(token_lists)} inputs")
+        self.num_tokens_embedded += sum(len(t) for t in token_lists)
+        return pooled
+
+    def embed_request(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """Run a checked embedding request to the end on the calling thread (the engine's owner), in the
+        batches the engine thread would use; ``AsyncEngine.embed`` interleaves them with generation."""
+        if request.engine_id != id(self):
+            raise InvalidRequestError("the request was checked by another engine", param=None)
+        queue = EmbeddingQueue(self.config.max_num_batched_tokens)
+        queue.add(EmbeddingJob(request))
+        while (batch := queue.next_batch()) is not None:
+            for _, result in queue.deliver(batch, self.embed(batch.token_lists, batch.pooling)):
+                return result
+        raise RuntimeError("the embedding queue ended without a result")  # an engine bug, not the client's
 
     def _fitted_max_tokens(self, n: int, requested: int | None) -> int:
         """``requested`` (or, for None, as many as fit), checked against the context and the KV cache."""
@@ -310,6 +388,7 @@ class LLMEngine:
             num_swapped_in_blocks=bm.num_swapped_in_blocks,
             num_tokens_processed=self.num_tokens_processed,
             num_tokens_generated=self.num_tokens_generated,
+            num_tokens_embedded=self.num_tokens_embedded,
             num_steps=self.num_steps,
             max_num_seqs=self.config.max_num_seqs,
             max_model_len=self.max_model_len,

@@ -64,6 +64,10 @@ class EngineStats:
     num_swapped_out_blocks: int = 0  # KV blocks written to swap space, total
     num_swapped_in_blocks: int = 0  # KV blocks read back from swap space, total
     waiting_per_tenant: dict[str | None, int] = field(default_factory=dict)  # of num_waiting, by tenant
+    # Embedding requests (AsyncEngine.embed) queued or running between steps, in all and by tenant.
+    num_waiting_embeddings: int = 0
+    embeddings_waiting_per_tenant: dict[str | None, int] = field(default_factory=dict)
+    num_tokens_embedded: int = 0  # input tokens run for embeddings, total
 
     @property
     def prefix_cache_hit_rate(self) -> float:

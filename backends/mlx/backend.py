@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
-from backends.base import Batch, BackendError, ModelInfo, ModelSpec, choose_dtype
+from backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed_args, choose_dtype
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -239,6 +239,31 @@ class MLXBackend:
             # an unevaluated write would otherwise chain into the next step's graph.
             mx.eval(logits, self.kv_caches)
         return np.array(logits)
+
+    # -- embeddings (backends.base: the optional embed) ---------------------------
+
+    def embed(self, token_lists: Sequence[Sequence[int]], pooling: str) -> Any:
+        """Each token list's pooled final hidden states, float32 ``[n, hidden]``, run without the KV cache."""
+        from backends.mlx.model import PrefillGroup, StepMetadata
+
+        mx = self._mx
+        check_embed_args(self.model is not None, token_lists, pooling)
+        lengths = np.array([len(tokens) for tokens in token_lists])
+        ends = np.cumsum(lengths)
+        prefills = [PrefillGroup(int(end - n), int(end), None, None) for n, end in zip(lengths, ends)]
+        positions = np.concatenate([np.arange(n) for n in lengths]).astype(np.int32)
+        empty = mx.array(np.zeros(0, dtype=np.int64))  # no cache slots: nothing is written
+        meta = StepMetadata(positions=mx.array(positions), slot_blocks=empty, slot_offsets=empty, decode=None,
+                            prefills=prefills, row_order=None)  # fmt: skip
+        ids = mx.array([t for tokens in token_lists for t in tokens], dtype=mx.int32)
+        with self._on_this_thread():
+            # "last" needs one row a sequence through the final norm; "mean" all of them.
+            rows = mx.array(ends - 1) if pooling == "last" else None
+            h = self.model.hidden_states(ids, meta, None, rows).astype(mx.float32)
+            if pooling == "mean":
+                h = mx.stack([h[int(end - n) : int(end)].mean(axis=0) for n, end in zip(lengths, ends)])
+            mx.eval(h)
+        return np.array(h)
 
     def _prepare(self, batch: Batch) -> tuple[mx.array, StepMetadata, mx.array]:
         """Flatten the batch: token ids, cache slots, positions and attention groups."""

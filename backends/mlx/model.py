@@ -114,10 +114,21 @@ class Transformer:
     # -- the step ------------------------------------------------------------------
 
     def __call__(self, ids: mx.array, meta: StepMetadata, caches: KVCache, logits_rows: mx.array) -> mx.array:
+        # Only the rows whose logits were asked for go through the final norm and
+        # the (large) output projection.
+        return (self.hidden_states(ids, meta, caches, logits_rows) @ self.head).astype(mx.float32)
+
+    def hidden_states(self, ids: mx.array, meta: StepMetadata, caches: KVCache | None,
+                      rows: mx.array | None = None) -> mx.array:  # fmt: skip
+        """The final hidden states (after the final norm) of the batch rows ``rows`` (None: every row).
+
+        ``caches`` None runs without a cache, for a batch of fresh prefills only
+        (embeddings), leaving the paged cache of running sequences untouched.
+        """
         eps = self.cfg.rms_norm_eps
         x = self.embed[ids]
         residual = None
-        for layer, (k_cache, v_cache) in zip(self.layers, caches):
+        for layer, (k_cache, v_cache) in zip(self.layers, caches if caches is not None else [(None, None)] * len(self.layers)):
             residual = x if residual is None else residual + x
             h = mx.fast.rms_norm(residual, layer.input_norm, eps)
             h = self._attention(layer, h, meta, k_cache, v_cache)
@@ -125,12 +136,11 @@ class Transformer:
             h = mx.fast.rms_norm(residual, layer.post_attention_norm, eps)
             gate, up = mx.split(_linear(h, layer.gate_up, layer.gate_up_bias), 2, axis=-1)
             x = _linear(gate * mx.sigmoid(gate) * up, layer.down, layer.down_bias)
-        # Only the rows whose logits were asked for go through the final norm and
-        # the (large) output projection.
-        h = mx.fast.rms_norm(residual[logits_rows] + x[logits_rows], self.norm, eps)
-        return (h @ self.head).astype(mx.float32)
+        final = residual + x if rows is None else residual[rows] + x[rows]
+        return mx.fast.rms_norm(final, self.norm, eps)
 
-    def _attention(self, w: Layer, x: mx.array, meta: StepMetadata, k_cache: mx.array, v_cache: mx.array) -> mx.array:
+    def _attention(self, w: Layer, x: mx.array, meta: StepMetadata, k_cache: mx.array | None,
+                   v_cache: mx.array | None) -> mx.array:  # fmt: skip
         cfg = self.cfg
         T, heads, kv_heads, dim = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = _linear(x, w.qkv, w.qkv_bias)
@@ -143,8 +153,9 @@ class Transformer:
         q, k = self._rope(q, meta.positions), self._rope(k, meta.positions)
 
         # Index assignment updates the Python objects the backend holds, in place.
-        k_cache[:, meta.slot_blocks, meta.slot_offsets] = k.transpose(1, 0, 2)
-        v_cache[:, meta.slot_blocks, meta.slot_offsets] = v.transpose(1, 0, 2)
+        if k_cache is not None and v_cache is not None:  # None: a step that keeps no KV (embeddings)
+            k_cache[:, meta.slot_blocks, meta.slot_offsets] = k.transpose(1, 0, 2)
+            v_cache[:, meta.slot_blocks, meta.slot_offsets] = v.transpose(1, 0, 2)
 
         outs: list[mx.array] = []
         if meta.decode is not None:

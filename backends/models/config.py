@@ -102,6 +102,7 @@ class ModelConfig:
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             dtype=dtype,
+            hidden_size=self.hidden_size,
         )
 
     def rope_inv_freq(self) -> np.ndarray:

@@ -306,3 +306,18 @@ def test_captured_decode_graphs_match_eager_steps(spec, oracle):
     runner.swap_out([(5, 0), (0, 1), (22, 2)])
     runner.swap_in([(0, 12), (1, 13), (2, 6)])
     check(run(runner, sl("b", 11, 1, table=[12, 13, 6, 11])), oracle("b", 12))
+
+
+@pytest.mark.parametrize("kind", ["reference", "triton"])
+def test_embed_matches_the_cpu_backend_and_keeps_the_cache(spec, kind):
+    """``embed`` (backends.base) on the device: the CPU backend's pooled vectors, the KV cache untouched."""
+    runner = make_runner(spec, kind)
+    run(runner, sl("b", 0, 9))  # something in the cache to keep
+    cpu = ReferenceCPUBackend()
+    cpu.load(spec)
+    lists = [TOKENS["a"], TOKENS["b"][:1], TOKENS["c"][:9]]
+    cache = [t.clone() for layer in runner.kv_caches for t in layer]
+    for pooling in ("mean", "last"):
+        got = np.asarray(runner.embed(lists, pooling))
+        np.testing.assert_allclose(got, np.asarray(cpu.embed(lists, pooling)), atol=ATOL, rtol=0, err_msg=pooling)
+    assert all(torch.equal(a, b) for a, b in zip(cache, (t for layer in runner.kv_caches for t in layer)))
