@@ -24,6 +24,7 @@ from .errors import (
     PromptTooLongError,
     SamplingParamsError,
 )
+from .guided import GuidedSpec
 from .llm_engine import DEFAULT_KV_CACHE_BYTES, EngineConfig, LLMEngine
 from .outputs import EngineStats, RequestOutput, TokenLogprob
 from .request import EngineRequest
@@ -50,6 +51,7 @@ __all__ = [
     "EngineError",
     "EngineStats",
     "EngineStepError",
+    "GuidedSpec",
     "IncrementalDetokenizer",
     "InputTooLongError",
     "InvalidPromptError",

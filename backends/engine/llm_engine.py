@@ -33,6 +33,7 @@ from .errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
+from .guided import GrammarCompiler
 from .outputs import EngineStats, RequestOutput, TokenLogprob
 from .request import EngineRequest
 from .sampler import SampleResult, Sampler
@@ -137,6 +138,7 @@ class LLMEngine:
         )
         self.eos_token_ids = _eos_ids(tokenizer)
         self.sampler = Sampler(self.eos_token_ids)
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
 
         self._requests: dict[str, Sequence] = {}
         self._next_seq_id = 0
@@ -168,7 +170,10 @@ class LLMEngine:
         ``weight``: whose request it is (any string; the scheduler only
         compares them) and that tenant's share of the batch relative to the
         others' (``Scheduler``, fair sharing). ``priority``: lower is more
-        important. Raises an ``InvalidRequestError`` subclass
+        important. ``params.guided`` is compiled here (once per distinct spec:
+        ``guided.GrammarCompiler`` caches them); a grammar the engine cannot
+        compile is an ``InvalidRequestError`` with param ``guided`` naming the
+        construct. Raises an ``InvalidRequestError`` subclass
         (``EmptyPromptError``, ``PromptTooLongError``, ``CacheCapacityError``,
         ``SamplingParamsError``, ...). Thread-safe.
         """
@@ -185,9 +190,10 @@ class LLMEngine:
                 raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
         prompt = self._checked_prompt(prompt_token_ids)
         max_tokens = self._fitted_max_tokens(len(prompt), params.max_tokens)
+        grammar = None if params.guided is None else self.grammars.compile(params.guided)
         return EngineRequest(
             request_id, prompt, params, max_tokens, priority=priority, cache_salt=cache_salt, tenant=tenant,
-            weight=float(weight), engine_id=id(self),
+            weight=float(weight), engine_id=id(self), grammar=grammar,
         )
 
     def _checked_prompt(self, prompt_token_ids: Iterable[int]) -> list[int]:
@@ -320,6 +326,8 @@ class LLMEngine:
             weight=request.weight,
         )
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt, request.params, self.eos_token_ids)
+        if request.grammar is not None:
+            seq.guide = request.grammar.guide()
         self._requests[request.request_id] = seq
         self.scheduler.add(seq)
 
@@ -479,8 +487,10 @@ class LLMEngine:
         seq, draft = entry.seq, entry.draft
         kept: list[SampleResult] = []
         accepted = 0
+        masks = self.sampler.draft_masks(seq, draft, rows.shape[1])  # None without a grammar
         for i, row in enumerate(rows):
-            sample, took = self.sampler.verify_row(row, seq, draft[i] if i < len(draft) else None)
+            mask = None if masks is None else masks[i]
+            sample, took = self.sampler.verify_row(row, seq, draft[i] if i < len(draft) else None, mask)
             kept.append(sample)
             accepted += took
             if self._push(seq, sample.token_id) is not None or not took:
@@ -497,6 +507,8 @@ class LLMEngine:
     def _push(self, seq: Sequence, token_id: int) -> str | None:
         """Append one token; its finish reason if it ends the sequence."""
         seq.append_token(token_id)
+        if seq.guide is not None:
+            seq.guide.consume(token_id)  # the grammar's state follows the output, and nothing else
         detok = seq.detokenizer
         reason = detok.append(token_id)
         if reason is None and seq.num_output_tokens >= seq.max_tokens:

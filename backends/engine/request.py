@@ -4,7 +4,9 @@ A request is validated once, where it enters the engine's world:
 ``LLMEngine.make_request`` (``AsyncEngine.make_request`` from any thread)
 checks the prompt, the sampling parameters, the scheduling fields and the fit
 against the model's context and the KV cache, and returns this frozen record
-with ``max_tokens`` resolved. ``AsyncEngine.stream`` and ``LLMEngine.add``
+with ``max_tokens`` resolved and its grammar compiled (``params.guided``, into
+``grammar``: a ``guided.CompiledGrammar``, from which ``add`` gives each
+sequence a matcher of its own). ``AsyncEngine.stream`` and ``LLMEngine.add``
 take it as it is; the gateway builds its requests the same way, so it maps the
 engine's own errors to API errors instead of checking the same rules again.
 
@@ -15,6 +17,7 @@ cache may be smaller (``LLMEngine.add`` checks only that).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .sampling_params import SamplingParams
 
@@ -30,3 +33,4 @@ class EngineRequest:
     tenant: str | None = None  # the fair-share key (``Scheduler``)
     weight: float = 1.0  # that tenant's share relative to the others'
     engine_id: int = 0  # id() of the engine that checked it
+    grammar: Any = None  # params.guided compiled for this engine's vocabulary (guided.CompiledGrammar)

@@ -2,10 +2,15 @@
 
 Per row, in this order (vLLM / Hugging Face order):
 
+0. structured outputs: a guided sequence's grammar (``guided``) leaves every
+   token it does not allow next at -inf, all guided rows of the batch masked
+   in one call;
 1. ``min_tokens``: eos (unless ``ignore_eos``) and ``stop_token_ids`` get -inf
-   while the output is shorter than ``min_tokens``;
+   while the output is shorter than ``min_tokens`` (unless that would leave a
+   guided row nothing: a grammar that can only end wins over min_tokens);
 2. penalties: repetition (CTRL-style, over prompt + output tokens), then
-   frequency and presence (over output tokens only);
+   frequency and presence (over output tokens only); then ``logit_bias``,
+   added to its tokens' logits (it never lifts a masked token: -inf stays);
 3. greedy rows (``temperature == 0``) take the argmax, all in one call;
 4. other rows: divide by temperature, keep the ``top_k`` best, then the
    smallest nucleus of mass ``top_p`` (renormalised over the top-k survivors),
@@ -17,9 +22,12 @@ request produces the same tokens whatever else shares its batches, and across
 preemption (the generator lives on the sequence).
 
 Logprobs follow OpenAI's meaning, the model's own distribution: the
-log-softmax of the logits after steps 1-2 (penalties and the min_tokens mask),
-before temperature and truncation. So greedy and sampled requests report the
-same numbers for the same context.
+log-softmax of the logits after steps 0-2 (the grammar's and min_tokens'
+masks, penalties, logit_bias), before temperature and truncation. So greedy
+and sampled requests report the same numbers for the same context.
+
+A batch with no guided row, no penalty, bias or min_tokens pays nothing for
+any of them: two list comprehensions over its sequences' attributes.
 
 Filtering never sorts the whole vocabulary: a threshold below the best logit
 picks a small candidate set that is widened until it provably holds the answer.
@@ -33,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .guided import apply_bitmask, bitmask_words, fill_masks, mask_rows
 from .sequence import Sequence
 
 _SEED_MASK = (1 << 64) - 1
@@ -60,12 +69,23 @@ class Sampler:
             return []
         vocab = logits.shape[1]
 
-        edit_rows = [i for i, seq in enumerate(seqs) if seq.params.has_penalties or self._masks_stops(seq)]
-        if edit_rows:
-            logits = logits.copy()  # the backend may reuse its output buffer
-            for i in edit_rows:
-                self._apply_min_tokens(logits[i], seqs[i], vocab)
-                _apply_penalties(logits[i], seqs[i])
+        edit_rows = [
+            i for i, seq in enumerate(seqs)
+            if seq.params.has_penalties or seq.params.logit_bias or self._masks_stops(seq)
+        ]  # fmt: skip
+        guided_rows = [i for i, seq in enumerate(seqs) if seq.guide is not None]
+        if guided_rows:
+            bitmask = np.zeros((len(guided_rows), bitmask_words(vocab)), dtype=np.int32)
+            fill_masks([(seqs[i].guide, j) for j, i in enumerate(guided_rows)], (), bitmask)
+            if len(guided_rows) == len(seqs):
+                logits = apply_bitmask(logits, bitmask)  # a new array: the backend's buffer is left alone
+            else:
+                logits = logits.copy()  # the backend may reuse its output buffer
+                mask_rows(logits, guided_rows, bitmask)
+        elif edit_rows:
+            logits = logits.copy()
+        for i in edit_rows:
+            self._apply_edits(logits[i], seqs[i], vocab)
 
         tokens = np.empty(len(seqs), dtype=np.int64)
         greedy = [i for i, seq in enumerate(seqs) if seq.params.greedy]
@@ -90,20 +110,38 @@ class Sampler:
                 results.append(SampleResult(token))
         return results
 
-    def verify_row(self, logits_row: object, seq: Sequence, proposal: int | None) -> tuple[SampleResult, bool]:
+    def draft_masks(self, seq: Sequence, draft: Seq[int], vocab: int) -> np.ndarray | None:
+        """For a guided ``seq`` verifying ``draft``: the grammar's bitmask of each of its
+        ``1 + len(draft)`` rows (after each prefix of the draft), the matcher left where it
+        was; rows past a draft token the grammar refuses allow nothing (verification stops
+        at that token anyway). None for a sequence without a grammar."""
+        if seq.guide is None:
+            return None
+        bitmask = np.zeros((1 + len(draft), bitmask_words(vocab)), dtype=np.int32)
+        if draft:
+            fill_masks((), [(seq.guide, 0, draft)], bitmask)
+        else:
+            fill_masks([(seq.guide, 0)], (), bitmask)
+        return bitmask
+
+    def verify_row(
+        self, logits_row: object, seq: Sequence, proposal: int | None, mask: np.ndarray | None = None
+    ) -> tuple[SampleResult, bool]:
         """One row of a speculative step: the token ``seq`` gets, and whether it is ``proposal``.
 
-        The row is processed as ``sample`` would (min_tokens, penalties against
-        ``seq``'s output so far, temperature, top-k/p, min-p). Greedy rows take
+        The row is processed as ``sample`` would (the grammar's ``mask``, a row of
+        ``draft_masks``; min_tokens, penalties against ``seq``'s output so far,
+        logit_bias, temperature, top-k/p, min-p): a draft token the grammar
+        refuses is never kept. Greedy rows take
         the argmax, so a draft is kept exactly while it matches plain greedy
         decoding; sampled rows use the rejection rule of speculative sampling, so
         the tokens are distributed exactly as plain sampling's. ``proposal`` None:
         the bonus row after a fully accepted draft, sampled as usual.
         """
         row = np.array(logits_row, dtype=np.float32)  # a copy: edited below
-        self._apply_min_tokens(row, seq, row.size)
-        if seq.params.has_penalties:
-            _apply_penalties(row, seq)
+        if mask is not None:
+            row = apply_bitmask(row, mask)
+        self._apply_edits(row, seq, row.size)
         params = seq.params
         if params.greedy:
             token = int(row.argmax())
@@ -118,6 +156,14 @@ class Sampler:
     def _masks_stops(self, seq: Sequence) -> bool:
         return seq.num_output_tokens < seq.params.min_tokens
 
+    def _apply_edits(self, row: np.ndarray, seq: Sequence, vocab: int) -> None:
+        """min_tokens, penalties and logit_bias, where the request has them."""
+        self._apply_min_tokens(row, seq, vocab)
+        if seq.params.has_penalties:
+            _apply_penalties(row, seq)
+        if seq.params.logit_bias:
+            _apply_logit_bias(row, seq)
+
     def _apply_min_tokens(self, row: np.ndarray, seq: Sequence, vocab: int) -> None:
         if not self._masks_stops(seq):
             return
@@ -125,8 +171,13 @@ class Sampler:
         if not seq.params.ignore_eos:
             banned |= self.eos_token_ids
         ids = [t for t in banned if 0 <= t < vocab]
-        if ids:
-            row[ids] = -np.inf
+        if not ids:
+            return
+        if seq.guide is not None:
+            finite = np.isfinite(row)
+            if int(finite.sum()) <= int(finite[ids].sum()):
+                return  # the grammar allows nothing but what min_tokens bans: it has to end here
+        row[ids] = -np.inf
 
 
 def _generator(seq: Sequence) -> np.random.Generator:
@@ -151,6 +202,17 @@ def _apply_penalties(row: np.ndarray, seq: Sequence) -> None:
     if (params.frequency_penalty or params.presence_penalty) and seq.output_token_ids:
         ids, counts = np.unique(np.asarray(seq.output_token_ids, dtype=np.int64), return_counts=True)
         row[ids] -= (params.frequency_penalty * counts + params.presence_penalty).astype(np.float32)
+
+
+def _apply_logit_bias(row: np.ndarray, seq: Sequence) -> None:
+    arrays = seq.logit_bias_arrays
+    if arrays is None:
+        bias = seq.params.logit_bias or {}
+        arrays = seq.logit_bias_arrays = (
+            np.fromiter(bias.keys(), dtype=np.int64, count=len(bias)),
+            np.fromiter(bias.values(), dtype=np.float32, count=len(bias)),
+        )
+    row[arrays[0]] += arrays[1]  # the ids are a dict's keys: no repeats
 
 
 def _sample_row(x: np.ndarray, params, rng: np.random.Generator) -> int:

@@ -6,11 +6,14 @@ import math
 from dataclasses import dataclass, field
 
 from .errors import SamplingParamsError
+from .guided import GuidedSpec
 
 MAX_SPECULATIVE_K = 16
 MAX_STOP_STRINGS = 64  # the gateway's configurable bound (16 by default) stays below it
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is argmax (as vLLM)
+MAX_LOGIT_BIAS = 300  # OpenAI's limits: at most 300 entries, each in [-100, 100]
+LOGIT_BIAS_RANGE = 100.0
 
 
 @dataclass
@@ -22,6 +25,11 @@ class SamplingParams:
     context (or the KV cache) is full". Penalties follow vLLM: the repetition
     penalty applies to tokens of the prompt and the output, presence and
     frequency penalties to tokens of the output only.
+
+    ``logit_bias`` (OpenAI's): token id -> a number in [-100, 100] added to
+    that token's logit before sampling; -100 all but bans a token, 100 all but
+    forces it. ``guided``: a grammar the output must match (structured
+    outputs, ``backends.engine.guided``); ``make_request`` compiles it.
     """
 
     temperature: float = 1.0
@@ -43,6 +51,8 @@ class SamplingParams:
     # Speculative decoding, where the model has it on: None follows the model's
     # setting, 0 turns it off for this request, n caps the draft at n tokens.
     speculative_k: int | None = None
+    logit_bias: dict[int, float] | None = None
+    guided: GuidedSpec | None = None
 
     def __post_init__(self) -> None:
         # OpenAI accepts a bare string for "stop"; normalise so the rest of the
@@ -106,6 +116,12 @@ class SamplingParams:
         _boolean("skip_special_tokens", self.skip_special_tokens)
         if self.speculative_k is not None:
             _integer("speculative_k", self.speculative_k, 0, MAX_SPECULATIVE_K)
+        if self.logit_bias is not None:
+            _logit_bias(self.logit_bias, vocab_size)
+        if self.guided is not None:
+            if not isinstance(self.guided, GuidedSpec):
+                raise SamplingParamsError("guided", f"guided must be a GuidedSpec, got {type(self.guided).__name__}")
+            self.guided.validate()
 
 
 def _number(name: str, value: object, low: float, high: float | None, *, low_open: bool = False) -> None:
@@ -131,6 +147,24 @@ def _integer(name: str, value: object, low: int | None, high: int | None) -> Non
         raise SamplingParamsError(name, f"{name} must be >= {low}, got {value}")
     if high is not None and value > high:
         raise SamplingParamsError(name, f"{name} must be <= {high}, got {value}")
+
+
+def _logit_bias(bias: object, vocab_size: int) -> None:
+    if not isinstance(bias, dict):
+        raise SamplingParamsError("logit_bias", f"logit_bias must map token ids to numbers, got {bias!r}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise SamplingParamsError(
+            "logit_bias", f"logit_bias may have at most {MAX_LOGIT_BIAS} entries, got {len(bias)}"
+        )
+    for token, value in bias.items():
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+            raise SamplingParamsError(
+                "logit_bias", f"logit_bias token {token!r} is not a token id of this model (0..{vocab_size - 1})"
+            )
+        try:
+            _number(f"logit_bias[{token}]", value, -LOGIT_BIAS_RANGE, LOGIT_BIAS_RANGE)
+        except SamplingParamsError as exc:
+            raise SamplingParamsError("logit_bias", exc.message) from None
 
 
 def _boolean(name: str, value: object) -> None:

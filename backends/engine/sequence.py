@@ -95,6 +95,10 @@ class Sequence:
         self.detokenizer: IncrementalDetokenizer | None = None
         self.generator: Any = None  # numpy Generator, owned by the sampler
         self.prompt_token_set: Any = None  # cached by the sampler for penalties
+        self.logit_bias_arrays: Any = None  # params.logit_bias as (ids, values) arrays, cached by the sampler
+        # Structured outputs: the grammar's matcher (guided.Guide), advanced past each output token as
+        # it is appended; its state depends on the output alone, so preemption leaves it right.
+        self.guide: Any = None
 
     def __repr__(self) -> str:
         return (
