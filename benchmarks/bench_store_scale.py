@@ -11,16 +11,18 @@ the end (``--keep`` keeps them, with the sample of keys in a JSON file for
   hold 10,000 keys each, the rest 9 or 10), a ``rate_limit`` policy for every
   tenant and a ``quota`` policy for every tenth, plus one global policy of each;
 * ``<db>_empty``: the *empty* store, the same shape at 100 tenants and 1,000 keys
-  (one tenant with 100): what the measurements need and nothing more.
+  (one tenant with 100): enough for the measurements, which use about 620 keys of each store.
 
 Each schema is made the way the server makes it (``PolicyStore.open``, which runs
 the Alembic migrations) with the bootstrap admin key; the rows are then loaded in
-bulk with ``COPY`` (psycopg), and ``VACUUM ANALYZE`` runs. Keys are real: made
+bulk with ``COPY`` (psycopg), then ``VACUUM ANALYZE`` and a ``CHECKPOINT`` run. Keys are real: made
 by ``generate_key`` and stored as ``hash_key(pepper, key)`` under the store's own
 pepper, so authentication finds them. Role bindings and identity providers are
 not generated: no poll and no API key path reads them.
 
-Then, against both stores in the same process, alternating big / empty in rounds:
+Then, against both stores from the same process, in rounds (``--rounds``), each
+measure's samples alternating between the stores one by one (empty, big, big,
+empty, ...) so that the shared machine's changing load falls on both alike:
 
 (a) a cold key's authentication: ``Authenticator.authenticate`` (the gateway's
     path: the store lookup by prefix, the HMAC, the tenant) on keys this process
@@ -279,7 +281,7 @@ def generate(url: str, shape: Shape, admin_key: str, data_dir: Path, rng: random
 
     phase = time.perf_counter()
     vacuum_analyze(url)
-    seconds["vacuum analyze"] = time.perf_counter() - phase
+    seconds["vacuum analyze, checkpoint"] = time.perf_counter() - phase
     seconds["total"] = time.perf_counter() - started
     rng.shuffle(sample)
     return Generated(
@@ -294,11 +296,14 @@ def generate(url: str, shape: Shape, admin_key: str, data_dir: Path, rng: random
 
 
 def vacuum_analyze(url: str) -> None:
+    """Statistics and visibility for the loaded tables, and a checkpoint, so that writing out the load's
+    dirty pages is over before anything is timed."""
     engine = create_engine(url, poolclass=pool.NullPool, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as connection:
             for table in ("tenants", "api_keys", "policies"):
                 connection.exec_driver_sql(f"VACUUM (ANALYZE) {table}")
+            connection.exec_driver_sql("CHECKPOINT")
     finally:
         engine.dispose()
 
@@ -338,15 +343,14 @@ class InProcess:
         self.limits = PolicyResolver(self.store)
         self.guardrails = GuardrailResolver(self.store)
 
-    async def cold_authentication(self, keys: list[tuple[str, str, str]]) -> list[float]:
-        out = []
-        for tenant_id, _, token in keys:
-            start = time.perf_counter()
-            found = await self.auth.authenticate(f"Bearer {token}", None)
-            out.append(time.perf_counter() - start)
-            if found.tenant_id != tenant_id:
-                raise SystemExit(f"key of {tenant_id} authenticated as {found.tenant_id}")
-        return out
+    async def cold_key(self, key: tuple[str, str, str]) -> float:
+        tenant_id, _, token = key
+        start = time.perf_counter()
+        found = await self.auth.authenticate(f"Bearer {token}", None)
+        elapsed = time.perf_counter() - start
+        if found.tenant_id != tenant_id:
+            raise SystemExit(f"key of {tenant_id} authenticated as {found.tenant_id}")
+        return elapsed
 
     async def steady_poll(self) -> float:
         start = time.perf_counter()
@@ -518,9 +522,10 @@ class Fleet:
 STORES = ("empty", "big")
 
 
-def alternate(round_: int) -> tuple[str, ...]:
-    """The stores in the order round ``round_`` measures them: each goes first every other round."""
-    return STORES if round_ % 2 == 0 else STORES[::-1]
+def alternate(i: int) -> tuple[str, ...]:
+    """The stores in the order the ``i``-th sample of a measure takes them: sample by sample, each store
+    goes first every other time, so that the shared machine's changing load falls on both alike."""
+    return STORES if i % 2 == 0 else STORES[::-1]
 
 
 class Samples:
@@ -529,8 +534,10 @@ class Samples:
     def __init__(self) -> None:
         self.rounds: dict[str, dict[str, list[list[float]]]] = {name: {} for name in STORES}
 
-    def add(self, store: str, what: str, values: list[float]) -> None:
-        self.rounds[store].setdefault(what, []).append(values)
+    def add_round(self, what: str, values: dict[str, list[float]]) -> None:
+        """One round of ``what``: its timings on each store."""
+        for store, timings in values.items():
+            self.rounds[store].setdefault(what, []).append(timings)
 
     def compare(self) -> dict[str, Any]:
         """Each measure's p50/p99 (ms) on both stores, big / empty, and the median of every round."""
@@ -562,18 +569,24 @@ async def in_process(args: argparse.Namespace, stores: dict[str, Generated], unu
     try:
         for name, reader in readers.items():  # warm up: the pool's connections, imports, the first refresh
             await reader.auth.refresh(force=True)
-            await reader.cold_authentication(take(unused, name, 10))
+            for key in take(unused, name, 10):
+                await reader.cold_key(key)
         per_round = max(1, args.cold // args.rounds)
-        for round_ in range(args.rounds):
-            for name in alternate(round_):
-                reader = readers[name]
-                samples.add(name, "cold key authentication",
-                            await reader.cold_authentication(take(unused, name, per_round)))
-                samples.add(name, "poll, nothing changed", [await reader.steady_poll() for _ in range(args.polls)])
-                samples.add(name, "poll after a change", [await reader.changed_poll() for _ in range(args.polls)])
-                tenants = random.sample(reader.generated.tenant_ids, min(args.polls, len(reader.generated.tenant_ids)))
-                samples.add(name, "a tenant's policies after a change",
-                            [await reader.tenant_policies(t) for t in tenants])  # fmt: skip
+        for _ in range(args.rounds):
+            keys = {name: take(unused, name, per_round) for name in STORES}
+            tenants = {name: random.choices(stores[name].tenant_ids, k=args.polls) for name in STORES}
+            for what, n, measure in (
+                ("cold key authentication", per_round, lambda name, i: readers[name].cold_key(keys[name][i])),
+                ("poll, nothing changed", args.polls, lambda name, i: readers[name].steady_poll()),
+                ("poll after a change", args.polls, lambda name, i: readers[name].changed_poll()),
+                ("a tenant's policies after a change", args.polls,
+                 lambda name, i: readers[name].tenant_policies(tenants[name][i])),
+            ):  # fmt: skip
+                values: dict[str, list[float]] = {name: [] for name in STORES}
+                for i in range(n):
+                    for name in alternate(i):
+                        values[name].append(await measure(name, i))
+                samples.add_round(what, values)
         plans = query_plans(readers["big"], unused["big"][0], args.explain_from_end)
     finally:
         for reader in readers.values():
@@ -619,13 +632,13 @@ def over_http(args: argparse.Namespace, stores: dict[str, Generated], unused: di
         for name, fleet in fleets.items():
             with contextlib.closing(open_store(stores[name].url, workdir / f"cursor-{name}")) as store:
                 largest = stores[name].largest_tenant
-                keys = f"/admin/v1/tenants/{largest}/keys?limit=50"
+                keys_page = f"/admin/v1/tenants/{largest}/keys?limit=50"
                 pages[name] = {
                     "tenants, first page": "/admin/v1/tenants?limit=50",
                     "tenants, deep page": "/admin/v1/tenants?limit=50&after="
                     + deep_cursor(store, "tenants", "", {}, args.explain_from_end),
-                    "a tenant's keys, first page": keys,
-                    "a tenant's keys, deep page": keys + "&after="
+                    "a tenant's keys, first page": keys_page,
+                    "a tenant's keys, deep page": keys_page + "&after="
                     + deep_cursor(store, "api_keys", "WHERE tenant_id = :t", {"t": largest}, args.explain_from_end),
                 }
             for path in pages[name].values():  # warm up: connections, the admin key's decision
@@ -633,15 +646,22 @@ def over_http(args: argparse.Namespace, stores: dict[str, Generated], unused: di
             key = {"authorization": f"Bearer {take(unused, name, 1)[0][2]}"}
             fleet.timed_get("/v1/models", key)
         per_round = max(1, args.cold // args.rounds)
-        for round_ in range(args.rounds):
-            for name in alternate(round_):
-                fleet = fleets[name]
-                samples.add(name, "cold key, GET /v1/models", [
-                    fleet.timed_get("/v1/models", {"authorization": f"Bearer {token}"})
-                    for _, _, token in take(unused, name, per_round)
-                ])  # fmt: skip
-                for what, path in pages[name].items():
-                    samples.add(name, what, [fleet.timed_get(path, fleet.admin) for _ in range(args.pages)])
+        for _ in range(args.rounds):
+            keys = {name: take(unused, name, per_round) for name in STORES}
+
+            def cold(name: str, i: int) -> float:
+                return fleets[name].timed_get("/v1/models", {"authorization": f"Bearer {keys[name][i][2]}"})
+
+            def page(what: str) -> Callable[[str, int], float]:
+                return lambda name, _: fleets[name].timed_get(pages[name][what], fleets[name].admin)
+
+            measures = [("cold key, GET /v1/models", per_round, cold), *((w, args.pages, page(w)) for w in pages["big"])]
+            for what, n, measure in measures:
+                values: dict[str, list[float]] = {name: [] for name in STORES}
+                for i in range(n):
+                    for name in alternate(i):
+                        values[name].append(measure(name, i))
+                samples.add_round(what, values)
         log("revocations")
         for round_ in range(args.revocations):
             for name in alternate(round_):
@@ -674,7 +694,7 @@ def main() -> None:
                         help="use the databases an earlier --keep run left (migrated to this checkout's head)")
     parser.add_argument("--tenants", type=int, default=BIG.tenants)
     parser.add_argument("--keys", type=int, default=BIG.keys)
-    parser.add_argument("--rounds", type=int, default=4, help="rounds, alternating the stores")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds (each one's median is reported)")
     parser.add_argument("--cold", type=int, default=300, help="cold keys per store, in-process and over HTTP each")
     parser.add_argument("--polls", type=int, default=40, help="polls of each kind per store per round")
     parser.add_argument("--pages", type=int, default=40, help="requests of each admin page per store per round")

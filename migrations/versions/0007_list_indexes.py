@@ -4,10 +4,11 @@ Lists are paged by (created_at, id) behind a keyset cursor
 (``policy.store.pagination``). With no index in that order, every page of the
 tenants list sorted all the tenants, and a page of a tenant's keys sorted all
 of that tenant's keys. Measured by ``benchmarks/bench_store_scale.py`` on
-100,000 tenants and 1,000,000 keys: a page of tenants took 74 ms in the
-database (a sequential scan and a sort), ``GET /admin/v1/tenants?limit=50``
-34 ms at p50 against 5.8 ms on an empty store; a page of the keys of a tenant
-holding 10,000 sorted them all (2.4 ms), and grows with the tenant.
+100,000 tenants and 1,000,000 keys: a page of tenants took 19-74 ms in the
+database (a sequential scan and a sort; the machine was loaded),
+``GET /admin/v1/tenants?limit=50`` 23-34 ms at p50 against 6 ms on an empty
+store; a page of the keys of a tenant holding 10,000 sorted them all
+(2.4-3.8 ms), a cost that grows with the tenant.
 
 * ``tenants (created_at, id)``: the tenants list;
 * ``api_keys (tenant_id, created_at, id)``: a tenant's keys. It replaces the
