@@ -25,6 +25,13 @@ and nowhere else; the first refusal answers:
 4. ``finish`` (the ``Generation``'s close): the real token counts are settled
    with the limiter, off the request path, also for a stream the client left.
 
+An embeddings request (``embedding``) takes the same steps but 2 (it has no
+priority and shares no prefix cache): 1, then 3a (the queue counts it as one
+entry; its tokens are the inputs', with no completion), then every OPA policy
+at once (3b and 3c together: there is no engine start to overlap with), so
+nothing of it reaches the engine before all of them allow; then 4, with the
+tokens the model counted.
+
 Everything the audit event says about the request's policy (the prompt and
 completion texts, guardrail findings, the reasons of a refusal, the usage) is
 written to the request context here, and only here.
@@ -35,7 +42,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -49,6 +57,33 @@ from gateway.state import state_of
 from policy.errors import ApiError
 from policy.guardrails import Guardrails, OpaDecision, opa_input, request_texts, with_texts
 from policy.ratelimit import Admission, Denial, RateLimiter, Scheduling
+
+if TYPE_CHECKING:
+    from gateway.embeddings import EmbeddingPlan
+    from gateway.models import ServedModel
+
+
+@dataclass(frozen=True)
+class Work:
+    """What admission, the limits and OPA read of a request, whichever route planned it."""
+
+    served: ServedModel
+    sequences: int  # the entries it adds to the engine's queue
+    prompt_tokens: int  # what the limits reserve (each choice's prompt counted)
+    completion_tokens: int | None  # at most; None: unbounded (the limiter reserves its estimate)
+    opa_prompt_tokens: int  # what OPA is told: each prompt once
+
+    @classmethod
+    def of(cls, plan: Plan) -> Work:
+        return cls(plan.served, len(plan.choices), plan.prompt_tokens, plan.requested_completion_tokens,
+                   sum(p.num_tokens for p in plan.prompts))  # fmt: skip
+
+
+@dataclass
+class EmbeddingUse:
+    """The tokens an embeddings request used, set by the route once the model answered (0 until then)."""
+
+    prompt_tokens: int = 0
 
 
 class RequestPolicy:
@@ -110,24 +145,22 @@ class RequestPolicy:
             priority = req.priority
         tenant = self.principal.tenant_id
         salt = f"tenant:{tenant}" if self.settings.engine.prefix_cache_per_tenant else None
-        # Of the client's headers only these reach a remote model's upstream (its credentials never do).
-        headers = self.request.headers
-        forwarded = tuple((h, headers[h]) for h in self.settings.upstreams.forward_headers if h in headers)
         return Placement(priority=priority, tenant=tenant, weight=bounds.weight, cache_salt=salt,
-                         upstream_headers=forwarded)  # fmt: skip
+                         upstream_headers=self.upstream_headers())  # fmt: skip
+
+    def upstream_headers(self) -> tuple[tuple[str, str], ...]:
+        """Of the client's headers, the only ones a remote model's upstream sees (its credentials never do)."""
+        headers = self.request.headers
+        return tuple((h, headers[h]) for h in self.settings.upstreams.forward_headers if h in headers)
 
     # -- 3. admission, limits, OPA; the engine starts
 
     async def start(self, plan: Plan) -> Generation:
         """The request's ``Generation``, started once every policy allows it; raises the first refusal."""
-        try:
-            self._admit(plan)
-            admission = await self._reserve(plan)
-        except ApiError:
-            await self._authorize_all(plan)  # a policy's refusal answers first
-            raise
+        work = Work.of(plan)
+        admission = await self._admit_and_reserve(work)
         guards = self._guards
-        document = self._opa_document(plan) if guards.engines else None
+        document = self._opa_document(work) if guards.engines else None
         gen: Generation | None = None
         try:
             if document is not None and guards.inline_engines:
@@ -155,36 +188,65 @@ class RequestPolicy:
         async with gen:
             yield gen
 
+    @asynccontextmanager
+    async def embedding(self, plan: EmbeddingPlan) -> AsyncIterator[EmbeddingUse]:
+        """An embeddings request admitted once every policy allows it (raises the first refusal),
+        and settled when the block ends with the tokens the route recorded in the ``EmbeddingUse``."""
+        work = Work(plan.served, 1, plan.prompt_tokens, 0, plan.prompt_tokens)
+        admission = await self._admit_and_reserve(work)
+        try:
+            await self._authorize_all(work)
+        except BaseException:
+            await self.limiter.settle(admission.handle, 0, 0)  # refused: none of its tokens count
+            raise
+        self.headers = admission.headers
+        use = EmbeddingUse()
+        try:
+            yield use
+        finally:
+            self._settle(plan.served.name, admission, use.prompt_tokens, 0)
+
+    async def _admit_and_reserve(self, work: Work) -> Admission:
+        """3a: the engine's queue, then the limits; a request refused here is first put to every OPA policy."""
+        try:
+            self._admit(work)
+            return await self._reserve(work)
+        except ApiError:
+            await self._authorize_all(work)  # a policy's refusal answers first
+            raise
+
     @property
     def _guards(self) -> Guardrails:
         if self.guards is None:
             raise RuntimeError("RequestPolicy.screen must run before start")  # a programming error, not input
         return self.guards
 
-    def _admit(self, plan: Plan) -> None:
+    def _admit(self, work: Work) -> None:
         """Refuse work the engine would only queue behind too much else, and a tenant's
-        work beyond its share of the queue (its own flood is its own 429, not everyone's 503)."""
-        stats = plan.served.engine.stats()
-        wanted = len(plan.choices)
-        if stats.num_waiting + wanted > self.settings.max_queued_sequences:
+        work beyond its share of the queue (its own flood is its own 429, not everyone's 503).
+        Waiting embeddings requests count, one entry each, beside waiting sequences."""
+        stats = work.served.engine.stats()
+        waiting = stats.num_waiting + stats.num_waiting_embeddings
+        tenant = self.principal.tenant_id
+        if waiting + work.sequences > self.settings.max_queued_sequences:
             raise EngineOverloaded(
-                f"The model {plan.served.name!r} has {stats.num_waiting} sequences waiting already; retry later",
+                f"The model {work.served.name!r} has {waiting} requests and sequences waiting already; retry later",
                 retry_after=1,
             )
         share = self.settings.max_queued_sequences_per_tenant
-        mine = stats.waiting_per_tenant.get(self.principal.tenant_id, 0)
-        if mine + wanted > share:
+        mine = stats.waiting_per_tenant.get(tenant, 0) + stats.embeddings_waiting_per_tenant.get(tenant, 0)
+        if mine + work.sequences > share:
             raise RateLimited(
-                f"Your tenant has {mine} sequences waiting for the model {plan.served.name!r} already, "
+                f"Your tenant has {mine} requests and sequences waiting for the model {work.served.name!r} already, "
                 f"its share of the queue is {share}; retry later",
                 retry_after=1,
                 code="tenant_queue_full",
             )
 
-    async def _reserve(self, plan: Plan) -> Admission:
+    async def _reserve(self, work: Work) -> Admission:
         """Rate limits and quotas for the request's estimated tokens; raises 429 (or 503) when refused."""
         result = await self.limiter.check_and_reserve(
-            self.principal, prompt_tokens=plan.prompt_tokens, max_tokens=plan.requested_completion_tokens
+            self.principal, prompt_tokens=work.prompt_tokens, max_tokens=work.completion_tokens
         )
         if isinstance(result, Denial):
             self.metrics.ratelimit_denied.labels(result.dimension.value, result.level.value).inc()
@@ -192,21 +254,22 @@ class RequestPolicy:
             raise result.error()
         return result
 
-    def _opa_document(self, plan: Plan) -> dict[str, Any]:
+    def _opa_document(self, work: Work) -> dict[str, Any]:
         return opa_input(
             self.principal,
-            model=plan.served.name,
+            model=work.served.name,
             route=self.request.url.path,
-            prompt_tokens=sum(p.num_tokens for p in plan.prompts),
-            max_completion_tokens=plan.requested_completion_tokens,
+            prompt_tokens=work.opa_prompt_tokens,
+            max_completion_tokens=work.completion_tokens,
             findings=[f for stage, f in self.ctx.findings if stage == "input"],
             request_id=self.ctx.request_id,
         )
 
-    async def _authorize_all(self, plan: Plan) -> None:
-        """Every OPA policy's decision, at once (for a request refused anyway, whose policy refusal answers first)."""
+    async def _authorize_all(self, work: Work) -> None:
+        """Every OPA policy's decision, at once (for a request refused anyway, whose policy refusal answers
+        first, and for an embeddings request, which has no engine start to overlap them with)."""
         if self._guards.engines:
-            self._refuse_if_denied(await self._guards.authorize(self._opa_document(plan)))
+            self._refuse_if_denied(await self._guards.authorize(self._opa_document(work)))
 
     def _refuse_if_denied(self, decision: OpaDecision) -> None:
         """PolicyDenied (403), or 503 when a policy failed closed, unless ``decision`` allows."""
@@ -230,13 +293,15 @@ class RequestPolicy:
 
     def _finish(self, gen: Generation, model: str, admission: Admission) -> None:
         """Record what the request used and settle it with the limiter (real counts, off the request path)."""
-        usage = gen.usage
-        self.metrics.observe_tokens(model, usage.prompt_tokens, usage.completion_tokens)
-        self.ctx.usage = (usage.prompt_tokens, usage.completion_tokens)
         self._note_findings("output", gen.output_findings)
         self.ctx.completion_texts = gen.texts()
+        self._settle(model, admission, gen.usage.prompt_tokens, gen.usage.completion_tokens)
+
+    def _settle(self, model: str, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:
+        self.metrics.observe_tokens(model, prompt_tokens, completion_tokens)
+        self.ctx.usage = (prompt_tokens, completion_tokens)
         # Also for a stream the client left; the limiter never raises, and the
         # task is kept referenced until done.
-        task = asyncio.ensure_future(self.limiter.settle(admission.handle, usage.prompt_tokens, usage.completion_tokens))
+        task = asyncio.ensure_future(self.limiter.settle(admission.handle, prompt_tokens, completion_tokens))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)

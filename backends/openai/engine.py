@@ -10,6 +10,10 @@ on): text goes out chunk by chunk as the upstream sends it. The upstream's
 ``usage`` settles the request's tokens; an upstream that sends none is charged
 an estimate (the prompt's, and one token per text chunk or a quarter of the
 characters, whichever is more), so a quota is never free to bypass.
+
+``embed`` forwards an embeddings request to the fleet's ``/embeddings`` in one
+non-streamed POST (no prefix affinity: there is no cache to meet) and checks
+the answer's shape before the gateway encodes it as the client asked.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backends.engine import EngineStats, RequestOutput, TokenLogprob
+import numpy as np
+
+from backends.engine import EmbeddingResult, EngineStats, RequestOutput, TokenLogprob
 from backends.openai.errors import UpstreamFailed
 from backends.openai.fleet import Fleet, FleetConfig
-from backends.openai.request import RemoteRequest
+from backends.openai.request import RemoteEmbeddingRequest, RemoteRequest
 
 ROUTES = {"chat": "/chat/completions", "completion": "/completions"}
 # Upstreams stream deltas; vLLM, llama.cpp, SGLang and TGI name a finished choice with these.
@@ -141,6 +147,49 @@ class RemoteEngine:
         finally:
             self._running -= 1
             self._steps += 1
+
+
+    async def embed(self, request: RemoteEmbeddingRequest) -> EmbeddingResult:
+        """The upstream's embeddings of the request's inputs, in input order, and its count of their tokens.
+
+        Raises the fleet's ``UpstreamError``s; ``UpstreamFailed`` for an answer
+        that is not one vector of numbers per input, all of one length.
+        """
+        await self._ensure_started()
+        self._running += 1
+        try:
+            answer = await self.fleet.post("/embeddings", request.body, headers=request.headers)
+        finally:
+            self._running -= 1
+            self._steps += 1
+        return embedding_result(answer, request)
+
+
+def embedding_result(answer: dict[str, Any], request: RemoteEmbeddingRequest) -> EmbeddingResult:
+    """An upstream's embeddings answer as the engine's result; UpstreamFailed when it is malformed."""
+    data = answer.get("data")
+    if not isinstance(data, list) or len(data) != request.num_inputs:
+        raise UpstreamFailed(f"the upstream answered {len(data) if isinstance(data, list) else 'no'} embeddings "
+                             f"for {request.num_inputs} inputs")  # fmt: skip
+    rows: dict[int, Any] = {}
+    for position, item in enumerate(data):
+        index = item.get("index", position) if isinstance(item, dict) else None
+        vector = item.get("embedding") if isinstance(item, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool) or not isinstance(vector, list) or index in rows:
+            raise UpstreamFailed("the upstream sent a malformed embeddings answer")
+        rows[index] = vector
+    if sorted(rows) != list(range(request.num_inputs)):
+        raise UpstreamFailed("the upstream sent a malformed embeddings answer")
+    try:
+        vectors = np.array([rows[i] for i in range(request.num_inputs)], dtype=np.float32)
+    except (TypeError, ValueError):  # not numbers, or rows of different lengths
+        raise UpstreamFailed("the upstream sent a malformed embeddings answer") from None
+    if vectors.ndim != 2 or vectors.shape[1] == 0 or not np.isfinite(vectors).all():
+        raise UpstreamFailed("the upstream sent a malformed embeddings answer")
+    usage = answer.get("usage")
+    counted = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    valid = isinstance(counted, int) and not isinstance(counted, bool) and counted >= 0
+    return EmbeddingResult(vectors, counted if valid else request.prompt_tokens)  # type: ignore[arg-type]
 
 
 def _public(status: Any) -> dict[str, Any]:

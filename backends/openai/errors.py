@@ -138,8 +138,9 @@ def error_from_answer(status: int, raw: bytes, scrub: Scrubber) -> UpstreamError
     return UpstreamFailed(f"the upstream failed (HTTP {status})")
 
 
-def error_in_stream(chunk: dict[str, Any], scrub: Scrubber) -> UpstreamFailed:
-    """The error for an ``{"error": ...}`` event an upstream sent in place of a chunk, mid-stream."""
+def error_in_stream(chunk: dict[str, Any], scrub: Scrubber, where: str = "mid-stream") -> UpstreamFailed:
+    """The error for an ``{"error": ...}`` event an upstream sent in place of a chunk, mid-stream
+    (or, ``where``, in place of a whole answer with a 2xx status)."""
     message, _, _ = _error_fields(json.dumps(chunk).encode())
     text = scrub(message) if message else ""
-    return UpstreamFailed(f"the upstream failed mid-stream: {text}" if text else "the upstream failed mid-stream")
+    return UpstreamFailed(f"the upstream failed {where}: {text}" if text else f"the upstream failed {where}")

@@ -23,7 +23,9 @@ what to do when that fails:
   see (``UpstreamFailed``).
 - **Streams** are passed through event by event as they arrive; closing the
   iterator closes the upstream connection, which is how a vLLM or llama.cpp
-  server learns to stop generating for a client that left.
+  server learns to stop generating for a client that left. A request whose
+  answer is one JSON object (embeddings: ``post``) takes the same placement,
+  retries and failover; its answer is read whole, up to ``MAX_JSON_ANSWER``.
 - **Errors** become the four kinds of ``errors.py``, with scrubbed messages.
   Only the fleet's own headers, the api key and the caller's allowed headers
   go upstream; the upstream's response headers stay here.
@@ -32,6 +34,7 @@ what to do when that fails:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -70,6 +73,9 @@ MAX_ERROR_BODY = 64 * 1024  # what is read of a non-2xx answer to find its error
 # sent nothing (seen here: health checks 5 s apart hit that race and marked a live endpoint down).
 KEEPALIVE_SECONDS = 4.0
 DRAIN_SECONDS = 0.1  # how long the end of a body is awaited after [DONE] (then the connection is closed)
+# The largest JSON answer ``post`` reads: 2048 embeddings of 4096 floats written out in full
+# (about 20 characters each) take ~170 MB; more is a broken upstream, not an answer.
+MAX_JSON_ANSWER = 256 * 1024 * 1024
 DRAIN_READS = 4
 # Headers the fleet sets itself (or that frame the HTTP exchange): a caller's copy is dropped, never sent.
 RESERVED_HEADERS = frozenset({
@@ -180,6 +186,7 @@ class _Outgoing:
     path: str
     headers: dict[str, str]
     content: bytes
+    media: str  # the answer's content type: text/event-stream (``stream``) or application/json (``post``)
 
 
 @dataclass
@@ -286,12 +293,11 @@ class Fleet:
         """
         if self._closed:
             raise UpstreamUnavailable("the upstream fleet is closed", retry_after=1.0)
-        request = self._request(path, body, headers)
+        request = self._request(path, body, headers, "text/event-stream")
         deadline = time.monotonic() + self.config.timeout_seconds
         opened = await self._open(request, affinity, deadline)
-        endpoint = self._endpoints[opened.index]
         reader = EventReader()
-        try:
+        async with self._reading(opened, "stream cut", "mid-stream") as endpoint:
             raw: bytes | None = opened.first
             while raw is not None:
                 for data in reader.feed(raw):
@@ -304,31 +310,63 @@ class Fleet:
                 if data == b"[DONE]":
                     return
                 yield self._event(data, endpoint)
+
+    async def post(self, path: str, body: Mapping[str, Any], *, affinity: bytes | None = None,
+                   headers: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        """POST ``body`` to base + ``path`` and return the JSON object it answers (embeddings).
+
+        Placement, retries before the first byte, errors and headers as for
+        ``stream``; the answer is read whole (up to ``MAX_JSON_ANSWER`` bytes),
+        within ``timeout_seconds``, and must be a JSON object.
+        """
+        if self._closed:
+            raise UpstreamUnavailable("the upstream fleet is closed", retry_after=1.0)
+        request = self._request(path, body, headers, "application/json")
+        deadline = time.monotonic() + self.config.timeout_seconds
+        opened = await self._open(request, affinity, deadline)
+        parts, size = [opened.first], len(opened.first)
+        async with self._reading(opened, "answer cut", "mid-answer") as endpoint:
+            while (raw := await self._next_bytes(opened.chunks, deadline)) is not None:
+                size += len(raw)
+                if size > MAX_JSON_ANSWER:
+                    endpoint.failed("answer too large")
+                    raise UpstreamFailed(f"the upstream's answer is larger than {MAX_JSON_ANSWER // 2**20} MiB")
+                parts.append(raw)
+        return self._json_object(b"".join(parts), endpoint, "an answer", "data", "in its answer")
+
+    @contextlib.asynccontextmanager
+    async def _reading(self, opened: _Opened, cut: str, where: str) -> AsyncIterator[EndpointState]:
+        """While an opened answer's body is read: its failures as the caller's errors (``cut``: the
+        endpoint's last error for a lost connection; ``where``: the message's), the endpoint released after."""
+        endpoint = self._endpoints[opened.index]
+        try:
+            yield endpoint
         except httpx.TimeoutException:
             endpoint.failed("stalled")
             raise UpstreamFailed(f"the upstream sent nothing for {self.config.idle_seconds:g} s") from None
         except httpx.TransportError:
-            endpoint.failed("stream cut")
-            raise UpstreamFailed("the upstream connection was lost mid-stream") from None
+            endpoint.failed(cut)
+            raise UpstreamFailed(f"the upstream connection was lost {where}") from None
         except _DeadlinePassed:
             raise UpstreamFailed(f"the upstream did not finish within {self.config.timeout_seconds:g} s") from None
         finally:
             endpoint.release(opened.probe)
             await opened.response.aclose()
 
+
     @staticmethod
-    def _request(path: str, body: Mapping[str, Any], headers: Mapping[str, str] | None) -> _Outgoing:
-        """What every attempt sends, whichever endpoint it goes to."""
+    def _request(path: str, body: Mapping[str, Any], headers: Mapping[str, str] | None, media: str) -> _Outgoing:
+        """What every attempt sends, whichever endpoint it goes to; ``media``: the answer's content type."""
         if not path.startswith("/") or "?" in path or "#" in path:
             raise ValueError("path: an absolute path under the base URL, like /chat/completions")
-        sent = {"content-type": "application/json", "accept": "text/event-stream"}
+        sent = {"content-type": "application/json", "accept": media}
         for name, value in (headers or {}).items():
             lowered = name.lower()
             # A header httpx would refuse to send would look like the endpoint's failure: drop it here.
             if lowered not in RESERVED_HEADERS and _TOKEN.fullmatch(name) and not _BAD_VALUE.search(value):
                 sent[lowered] = value
         content = json.dumps(dict(body), separators=(",", ":"), ensure_ascii=False).encode()
-        return _Outgoing(path, sent, content)
+        return _Outgoing(path, sent, content, media)
 
     async def _open(self, request: _Outgoing, affinity: bytes | None, deadline: float) -> _Opened:
         """Attempts, with failover and back-off, until one gets past its first body byte."""
@@ -379,9 +417,11 @@ class Fleet:
                 if status < 200 or status >= 300:
                     raise self._refusal(endpoint, status, await self._start_of(response, deadline), response)
                 media = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-                if media != "text/event-stream":
-                    endpoint.failed("not a stream")
-                    raise UpstreamFailed("the upstream answered without streaming")
+                if media != request.media:
+                    streamed = request.media == "text/event-stream"
+                    endpoint.failed("not a stream" if streamed else "not JSON")
+                    raise UpstreamFailed("the upstream answered without streaming" if streamed
+                                         else "the upstream's answer is not JSON")  # fmt: skip
                 endpoint.succeeded()
                 chunks = response.aiter_bytes()
                 first = await self._next_bytes(chunks, deadline)
@@ -436,17 +476,22 @@ class Fleet:
 
     def _event(self, data: bytes, endpoint: EndpointState) -> dict[str, Any]:
         """One event's JSON object; an error object in its place ends the stream."""
+        return self._json_object(data, endpoint, "a stream event", "choices", "mid-stream")
+
+    def _json_object(self, raw: bytes, endpoint: EndpointState, what: str, key: str, where: str) -> dict[str, Any]:
+        """``raw`` (``what`` the upstream sent) as a JSON object; an error object in place of one
+        (an ``error`` without ``key``) is the upstream's failure ``where``."""
         try:
-            event = json.loads(data)
+            value = json.loads(raw)
         except ValueError:
             endpoint.failed("protocol error")
-            raise UpstreamFailed("the upstream sent a stream event that is not JSON") from None
-        if not isinstance(event, dict):
+            raise UpstreamFailed(f"the upstream sent {what} that is not JSON") from None
+        if not isinstance(value, dict):
             endpoint.failed("protocol error")
-            raise UpstreamFailed("the upstream sent a stream event that is not a JSON object")
-        if "error" in event and "choices" not in event:
-            raise error_in_stream(event, self._scrub)
-        return event
+            raise UpstreamFailed(f"the upstream sent {what} that is not a JSON object")
+        if "error" in value and key not in value:
+            raise error_in_stream(value, self._scrub, where)
+        return value
 
     @staticmethod
     async def _read_to_end(chunks: AsyncIterator[bytes]) -> None:

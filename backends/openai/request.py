@@ -31,3 +31,21 @@ class RemoteRequest:
     def prompt(self) -> range:
         """Stands in for the token list the plan counts (``len`` is the estimate)."""
         return range(self.prompt_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteEmbeddingRequest:
+    """One embeddings request as an upstream server is asked for it (``POST {base}/embeddings``).
+
+    ``body`` is in the upstream's model name, with the inputs as the client
+    sent them (after the input guardrails) and ``encoding_format`` float; the
+    gateway encodes the answer itself. ``prompt_tokens`` is the gateway's
+    estimate, settled with the upstream's ``usage``.
+    """
+
+    request_id: str
+    body: Mapping[str, Any]
+    num_inputs: int
+    prompt_tokens: int
+    headers: Mapping[str, str] = field(default_factory=dict)  # the allow-listed client headers (traceparent)
+    tenant: str | None = None

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: chat completions, completions, models.
+"""OpenAI-compatible routes: chat completions, completions, embeddings, models.
 
 A generation handler reads top to bottom: parse → plan → policy → generate →
 render. The body is decoded with limits (``gateway.jsonbody``) and screened by
@@ -7,6 +7,8 @@ parsed); ``gateway.plan`` turns the request into checked engine requests
 (``gateway.plan_remote`` into upstream requests, for a model an upstream serves);
 ``gateway.request_policy.RequestPolicy`` owns admission, limits, OPA and
 settlement, in its one refusal order; ``gateway.rendering`` shapes the answer.
+The embeddings handler reads the same way (``gateway.embeddings`` parses,
+plans, runs and renders; the same ``RequestPolicy`` decides).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from starlette.routing import BaseRoute, Route
 
 from gateway.authz import principal_of, requires
 from gateway.context import get_context
+from gateway.embeddings import EmbeddingsRequest, embed, parse_embeddings, plan_embeddings, render_embeddings
 from gateway.errors import ModelNotFound, UnsupportedMediaType
 from gateway.generation import ChoiceEvent, Generation
 from gateway.jsonbody import decode_json_body
@@ -97,7 +100,8 @@ async def _generate(
     placement = await policy.place(req)
     if served.remote:  # no tokenizer to run: an upstream serves it
         plan_for = plan_remote  # type: ignore[assignment]
-    if len(await request.body()) <= INLINE_PLAN_BYTES:
+    # A grammar is compiled while planning (milliseconds; the model's first builds its vocabulary, ~0.5 s).
+    if len(await request.body()) <= INLINE_PLAN_BYTES and req.guided() is None:
         plan = plan_for(served, req, placement)
     else:
         plan = await run_in_threadpool(plan_for, served, req, placement)
@@ -135,6 +139,30 @@ async def _first_event(gen: Generation) -> ChoiceEvent | None:
         return None
 
 
+# -- embeddings -----------------------------------------------------------------
+
+
+@document("Embeddings of strings or token ids (OpenAI-compatible)", tag="openai", body=EmbeddingsRequest)
+@requires(Scope.GENERATE)
+async def embeddings(request: Request) -> Response:
+    """parse → plan → policy → embed → render (the policy's steps in its refusal order)."""
+    policy = RequestPolicy(request)
+    body = await policy.screen(await read_json(request))
+    req = parse_embeddings(body)
+    served = _resolve(request, req.model)
+    args = (served, req, state_of(request).settings.model_embedding(served.name), policy.principal.tenant_id,
+            policy.upstream_headers())  # fmt: skip
+    small = len(await request.body()) <= INLINE_PLAN_BYTES  # tokenised on the loop, as a generation's plan
+    plan = plan_embeddings(*args) if small else await run_in_threadpool(plan_embeddings, *args)
+    try:
+        async with policy.embedding(plan) as use:
+            result = await run_until_disconnect(request.receive, embed(plan), drain_deadline(request.scope))
+            use.prompt_tokens = result.prompt_tokens
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED_STATUS)
+    return JSONResponse(render_embeddings(plan, result), headers=policy.headers)
+
+
 # -- models -------------------------------------------------------------------
 
 
@@ -169,6 +197,7 @@ def routes() -> list[BaseRoute]:
     return [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         # :path so ids containing "/" (e.g. "org/model") resolve.
         Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),

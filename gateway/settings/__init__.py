@@ -39,6 +39,10 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
         backend: cpu        # optional
         dtype: float32      # optional
         aliases: [smollm2]
+        embedding:          # optional: how /v1/embeddings answers for this model (local models only)
+          pooling: mean     # mean of the final hidden states (after the final norm) | last: the last token's
+          normalize: true   # unit L2 norm, as OpenAI's embeddings have
+          matryoshka: false # true: a request's dimensions may shorten the vectors (models trained for it)
       - name: llama-70b     # served by remote OpenAI-compatible servers (backend openai; no path)
         upstream:
           endpoints: [http://10.0.0.5:8000/v1, http://10.0.0.6:8000/v1]
@@ -127,6 +131,7 @@ from gateway.settings.sections import (
     AuthSettings,
     ByteSize,
     Dtype,
+    EmbeddingSettings,
     EngineSettings,
     InputLimitSettings,
     LogLevel,
@@ -149,6 +154,7 @@ __all__ = [
     "ByteSize",
     "ConfigError",
     "Dtype",
+    "EmbeddingSettings",
     "EngineSettings",
     "InputLimitSettings",
     "LogLevel",

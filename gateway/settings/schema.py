@@ -15,6 +15,7 @@ from gateway.settings.sections import (
     AuthSettings,
     ByteSize,
     Dtype,
+    EmbeddingSettings,
     EngineSettings,
     InputLimitSettings,
     LogLevel,
@@ -115,6 +116,12 @@ class Settings(BaseModel):
     def model_speculative(self, name: str) -> SpeculativeSettings | None:
         """The ``speculative`` section of the configured model ``name`` (None: it sets none)."""
         return next((e.speculative for e in self.models if e.name == name), None)
+
+    def model_embedding(self, name: str) -> EmbeddingSettings:
+        """How the model ``name`` embeds: its ``embedding`` section, else the defaults (also for
+        models loaded through the admin API, which have no section)."""
+        return next((e.embedding for e in self.models if e.name == name and e.embedding is not None),
+                    EmbeddingSettings())  # fmt: skip
 
 
 def default_model_path() -> str:

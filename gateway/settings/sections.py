@@ -160,6 +160,23 @@ def _host_matches(host: str, pattern: str) -> bool:
     return host == pattern
 
 
+class EmbeddingSettings(BaseModel):
+    """How a local model answers ``POST /v1/embeddings`` (``gateway.embeddings``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The final hidden states (after the final norm) pooled over the input: their mean,
+    # or the last token's (for models trained to embed that way: e5-mistral, gte-Qwen2,
+    # Qwen3-Embedding). A generative model is not trained for either; the mean is the
+    # steadier of the two for it, so it is the default.
+    pooling: Literal["mean", "last"] = "mean"
+    normalize: bool = True  # unit L2 norm, as OpenAI's embeddings have
+    # The model was trained so that the first N components of its vectors are an
+    # embedding of their own (Matryoshka representation learning): a request's
+    # ``dimensions`` may then shorten them. Off, ``dimensions`` may only name the full size.
+    matryoshka: bool = False
+
+
 class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -172,6 +189,8 @@ class ModelEntry(BaseModel):
     speculative: SpeculativeSettings | None = None
     # A model served by upstream servers (backend "openai") instead of weights here.
     upstream: UpstreamSettings | None = None
+    # How this model answers /v1/embeddings; unset: EmbeddingSettings' defaults.
+    embedding: EmbeddingSettings | None = None
 
     @model_validator(mode="after")
     def _local_or_remote(self) -> ModelEntry:
@@ -187,6 +206,8 @@ class ModelEntry(BaseModel):
             raise ValueError(f"a model with an upstream is served by backend {REMOTE_BACKEND!r}")
         if self.speculative is not None or self.dtype is not None:
             raise ValueError("speculative and dtype apply to local models; an upstream decides its own")
+        if self.embedding is not None:
+            raise ValueError("embedding applies to local models; an upstream pools its own embeddings")
         self.backend = REMOTE_BACKEND
         return self
 

@@ -1,9 +1,9 @@
 """The texts a guardrail checks in an OpenAI-shaped request body, and putting redacted ones back.
 
 Chat messages' ``content`` (a string, or a list of parts whose ``text`` parts
-count) and completions' ``prompt`` (a string or a list of strings) are checked,
-in that order; nothing else in the body is. Token-id prompts are not text and
-are left alone.
+count), completions' ``prompt`` and embeddings' ``input`` (each a string or a
+list of strings) are checked, in that order; nothing else in the body is.
+Token-id prompts and inputs are not text and are left alone.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# A place in the body: ("messages", i) / ("messages", i, "content", j) / ("prompt",) / ("prompt", i)
+# A place in the body: ("messages", i) / ("messages", i, "content", j) / ("prompt",) / ("prompt", i) / ("input",) / ...
+# The fields whose value is a string or a list of strings, each a text.
+_TEXT_FIELDS = ("prompt", "input")
 Slot = tuple[Any, ...]
 
 
@@ -27,16 +29,17 @@ def _slots(body: Mapping[str, Any]) -> list[tuple[Slot, str]]:
                 for j, part in enumerate(content):
                     if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
                         out.append((("messages", i, "content", j), part["text"]))
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        out.append((("prompt",), prompt))
-    elif isinstance(prompt, Sequence):
-        out.extend((("prompt", i), p) for i, p in enumerate(prompt) if isinstance(p, str))
+    for name in _TEXT_FIELDS:
+        value = body.get(name)
+        if isinstance(value, str):
+            out.append(((name,), value))
+        elif isinstance(value, Sequence):
+            out.extend(((name, i), v) for i, v in enumerate(value) if isinstance(v, str))
     return out
 
 
 def request_texts(body: Mapping[str, Any]) -> list[str]:
-    """The texts of a chat or completion request body, in a stable order."""
+    """The texts of a chat, completion or embeddings request body, in a stable order."""
     return [text for _, text in _slots(body)]
 
 
@@ -48,16 +51,17 @@ def with_texts(body: Mapping[str, Any], texts: Sequence[str]) -> dict[str, Any]:
     # Copy only the containers on the way to a text (the body is JSON: dicts, lists
     # and scalars; a deep copy cost more than the checks); ``body`` stays as it was.
     out = dict(body)
-    if isinstance(out.get("prompt"), list):
-        out["prompt"] = list(out["prompt"])
+    for name in _TEXT_FIELDS:
+        if isinstance(out.get(name), list):
+            out[name] = list(out[name])
     if isinstance(out.get("messages"), list):
         out["messages"] = [_copied_message(m) for m in out["messages"]]
     for (slot, _), text in zip(slots, texts, strict=True):
-        if slot[0] == "prompt":
+        if slot[0] in _TEXT_FIELDS:
             if len(slot) == 1:
-                out["prompt"] = text
+                out[slot[0]] = text
             else:
-                out["prompt"][slot[1]] = text
+                out[slot[0]][slot[1]] = text
         elif len(slot) == 2:
             out["messages"][slot[1]]["content"] = text
         else:

@@ -148,6 +148,7 @@ CRD = "/admin/v1/credentials"
 ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/chat/completions"): Case(G, 200, lambda w: ("/v1/chat/completions", CHAT)),
     ("POST", "/v1/completions"): Case(G, 200, lambda w: ("/v1/completions", COMPLETION)),
+    ("POST", "/v1/embeddings"): Case(G, 200, lambda w: ("/v1/embeddings", {"model": MODEL, "input": "hello"})),
     ("GET", "/v1/models"): Case(R, 200, lambda w: ("/v1/models", None)),
     ("GET", "/v1/models/{model_id:path}"): Case(R, 200, lambda w: (f"/v1/models/{MODEL}", None)),
     ("GET", "/openapi.json"): Case(R, 200, lambda w: ("/openapi.json", None)),

@@ -261,7 +261,8 @@ def test_hostile_bodies_find_no_5xx(fuzz: Fuzz, operations: list[Any], client: h
 
 
 def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
-    """Requests for the real model (a few tokens at most) with hostile prompts, stops and extras."""
+    """Requests for the real model (a few tokens at most, or embeddings of a few inputs) with hostile
+    prompts, inputs, stops and extras."""
     text = HOSTILE_TEXT
     chat = st.fixed_dictionaries(
         {"model": st.just(MODEL), "max_tokens": st.integers(1, 3),
@@ -278,7 +279,15 @@ def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
         optional={"stop": st.one_of(text, st.lists(text, max_size=20)), "echo": st.booleans(),
                   "logprobs": HOSTILE_NUMBER.map(_Raw), "stream": st.booleans()},
     )  # fmt: skip
-    return st.one_of(chat.map(lambda b: ("/v1/chat/completions", b)), completion.map(lambda b: ("/v1/completions", b)))
+    ids = st.lists(HOSTILE_NUMBER.map(_Raw), min_size=1, max_size=5)
+    embeddings = st.fixed_dictionaries(
+        {"model": st.just(MODEL),
+         "input": st.one_of(text, st.lists(text, min_size=1, max_size=4), ids, st.lists(ids, max_size=3))},
+        optional={"encoding_format": st.one_of(st.sampled_from(["float", "base64"]), text),
+                  "dimensions": HOSTILE_NUMBER.map(_Raw), "user": text},
+    )  # fmt: skip
+    return st.one_of(chat.map(lambda b: ("/v1/chat/completions", b)), completion.map(lambda b: ("/v1/completions", b)),
+                     embeddings.map(lambda b: ("/v1/embeddings", b)))  # fmt: skip
 
 
 def test_hostile_generation_requests_find_no_5xx(fuzz: Fuzz, client: httpx.Client) -> None:

@@ -4,7 +4,8 @@ It answers ``POST /v1/chat/completions`` and ``POST /v1/completions``
 (streamed or not, ``stream_options.include_usage`` honoured) and
 ``GET /v1/models`` with canned, deterministic tokens: token ``i`` of every
 answer is ``TOKENS[i % len(TOKENS)]``, ``max_tokens`` of them when the request
-says (finish ``length``), else ``DEFAULT_TOKENS`` (finish ``stop``). Nothing
+says (finish ``length``), else ``DEFAULT_TOKENS`` (finish ``stop``).
+``POST /v1/embeddings`` answers ``fake_embedding`` of each input, floats only. Nothing
 sleeps unless a knob asks, so as a benchmark peer it costs little more than
 the HTTP server itself.
 
@@ -108,8 +109,8 @@ class FakeUpstream:
         from starlette.responses import JSONResponse, PlainTextResponse, Response
         from starlette.routing import Route
 
-        async def generate(request: Request) -> Any:
-            route = "chat" if request.url.path.endswith("/chat/completions") else "completions"
+        async def refusal(route: str, request: Request) -> Response | None:
+            """Count the request; the failure the knobs ask for, after their delay (None: answer it)."""
             self.requests[route] += 1
             self.headers.append(dict(request.headers))
             knobs = self.knobs
@@ -119,7 +120,14 @@ class FakeUpstream:
                 knobs.fail_count -= 1
                 if knobs.fail_text is not None:
                     return PlainTextResponse(knobs.fail_text, status_code=knobs.fail_status)
-                return _error(knobs.fail_status, knobs.fail_message, "fake_failure")
+                return _error(knobs.fail_status, knobs.fail_message, "fake_failure")  # type: ignore[no-any-return]
+            return None
+
+        async def generate(request: Request) -> Any:
+            route = "chat" if request.url.path.endswith("/chat/completions") else "completions"
+            if (refused := await refusal(route, request)) is not None:
+                return refused
+            knobs = self.knobs
             try:
                 body = json.loads(await request.body())
             except ValueError:
@@ -135,6 +143,18 @@ class FakeUpstream:
             if body.get("stream") and not knobs.json_stream:
                 return _EventStream(self, answer)
             return JSONResponse(answer.whole())
+
+        async def embeddings(request: Request) -> Any:
+            if (refused := await refusal("embeddings", request)) is not None:
+                return refused
+            body = json.loads(await request.body())
+            inputs = body["input"] if isinstance(body["input"], list) and not isinstance(body["input"][0], int) \
+                else [body["input"]]  # fmt: skip
+            data = [{"object": "embedding", "index": i, "embedding": fake_embedding(item, self.name)}
+                    for i, item in enumerate(inputs)]  # fmt: skip
+            tokens = sum(len(item) if isinstance(item, list) else len(item.split()) for item in inputs)
+            return JSONResponse({"object": "list", "data": data, "model": body["model"],
+                                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})  # fmt: skip
 
         async def models(request: Request) -> Response:
             self.requests["models"] += 1
@@ -159,6 +179,7 @@ class FakeUpstream:
         return Starlette(routes=[
             Route("/v1/chat/completions", generate, methods=["POST"]),
             Route("/v1/completions", generate, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/_control", control, methods=["GET", "POST"]),
             Route("/_control/reset", reset, methods=["POST"]),
@@ -167,6 +188,12 @@ class FakeUpstream:
     def next_id(self) -> int:
         self._ids += 1
         return self._ids
+
+
+def fake_embedding(item: str | list[int], name: str) -> list[float]:
+    """The fake's vector of one input: its length, its first character or token, and which fake answered."""
+    first = (ord(item[0]) if item else 0) if isinstance(item, str) else item[0]
+    return [float(len(item)), float(first), 0.5, float(len(name))]
 
 
 def _error(status: int, message: str, code: str, param: str | None = None) -> Any:

@@ -499,3 +499,39 @@ async def test_a_closed_fleet_refuses(make_fleet: Callable[..., Fleet], a: FakeU
     with pytest.raises(UpstreamUnavailable):
         await collect(fleet)
 
+
+
+# -- a whole JSON answer (embeddings)
+
+EMBED = {"model": "m", "input": ["one", "two words"], "encoding_format": "float"}
+
+
+async def test_post_returns_the_json_answer_after_failing_over(make_fleet: Callable[..., Fleet], a: FakeUpstream,
+                                                              b: FakeUpstream) -> None:  # fmt: skip
+    a.set(fail_status=503, fail_count=1)
+    fleet = make_fleet(a.url, b.url, api_key=API_KEY)
+    answer = await fleet.post("/embeddings", EMBED, headers={"traceparent": "00-1-2-01", "Cookie": "x"})
+    assert [d["embedding"] for d in answer["data"]] == [[3.0, 111.0, 0.5, 1.0], [9.0, 116.0, 0.5, 1.0]]
+    assert answer["usage"]["prompt_tokens"] == 3
+    assert (a.requests["embeddings"], b.requests["embeddings"]) == (1, 1)
+    sent = b.headers[-1]
+    assert sent["accept"] == "application/json" and sent["authorization"] == f"Bearer {API_KEY}"
+    assert sent["traceparent"] == "00-1-2-01" and "cookie" not in sent
+    assert status(fleet, a).last_error == "HTTP 503" and status(fleet, b).inflight == 0
+
+
+async def test_post_passes_a_4xx_on_and_refuses_what_is_not_a_json_object(make_fleet: Callable[..., Fleet],
+                                                                          a: FakeUpstream) -> None:  # fmt: skip
+    fleet = make_fleet(a.url, retries=0)
+    a.set(fail_status=400, fail_count=1, fail_message="This model does not support dimensions")
+    with pytest.raises(UpstreamRejected) as rejected:
+        await fleet.post("/embeddings", EMBED)
+    assert rejected.value.status == 400 and str(rejected.value) == "This model does not support dimensions"
+    a.set(fail_status=200, fail_count=1, fail_text="[1, 2]")  # a 200 whose body is no answer (text/plain)
+    with pytest.raises(UpstreamFailed, match="not JSON"):
+        await fleet.post("/embeddings", EMBED)
+    assert status(fleet, a).last_error == "not JSON" and status(fleet, a).inflight == 0
+    a.set(fail_status=500, fail_count=1, fail_text=f"Traceback {API_KEY}")
+    with pytest.raises(UpstreamFailed) as failed:
+        await fleet.post("/embeddings", EMBED)
+    assert str(failed.value) == "the upstream failed (HTTP 500)"

@@ -38,9 +38,13 @@ def test_chat_texts_round_trip(make_guardrails: Callable[..., Guardrails]) -> No
         ({"prompt": ["a", "b"]}, ["a", "b"], {"prompt": ["A", "B"]}),
         ({"prompt": [1, 2]}, [], {"prompt": [1, 2]}),  # token ids are not text
         ({}, [], {}),
+        # Embeddings' input, the same shapes.
+        ({"input": "a"}, ["a"], {"input": "A"}),
+        ({"input": ["a", "b"], "model": "m"}, ["a", "b"], {"input": ["A", "B"], "model": "m"}),
+        ({"input": [[1, 2], [3]]}, [], {"input": [[1, 2], [3]]}),
     ],
 )
-def test_completion_prompts(body: dict[str, object], texts: list[str], upper: dict[str, object]) -> None:
+def test_completion_prompts_and_embedding_inputs(body: dict[str, object], texts: list[str], upper: dict[str, object]) -> None:
     before = copy.deepcopy(body)
     assert request_texts(body) == texts
     assert with_texts(body, [t.upper() for t in texts]) == upper
