@@ -3,7 +3,7 @@
 A module per audience: ``operator`` (``serve``, ``backends``), ``store``
 (``db``, ``admin``, ``audit``: on the policy store itself, no server needed),
 and the clients of a running server: ``generate`` (``models``, ``complete``,
-``chat``), ``admin_api`` (``whoami``, ``tenants``, ``keys``), ``idps`` and
+``chat``, ``embed``), ``admin_api`` (``whoami``, ``tenants``, ``keys``), ``idps`` and
 ``credentials``, over ``client`` (the connection, errors, tables). ``common`` holds the exit
 codes and the one-line error every command reports with.
 """

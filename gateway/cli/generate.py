@@ -1,4 +1,4 @@
-"""Client commands of the OpenAI-compatible API: ``inferctl models``, ``complete`` and ``chat``.
+"""Client commands of the OpenAI-compatible API: ``inferctl models``, ``complete``, ``chat`` and ``embed``.
 
 A streamed answer is read with ``httpx-sse`` (the server's ``data:`` events,
 up to ``data: [DONE]``); an error the server sends in the stream, after its
@@ -49,17 +49,21 @@ def _payloads(events: EventSource) -> Iterator[dict[str, Any]]:
         raise ClientError(str(exc)) from None
 
 
+def _model(client: Any, model: str | None) -> str:
+    """``model``, or the first model the server lists."""
+    if model is not None:
+        return model
+    response = client.get("/v1/models")
+    raise_for_error(response)
+    models = response.json()["data"]
+    if not models:
+        raise ClientError("the server serves no model")
+    return str(models[0]["id"])
+
+
 def _generate(args: argparse.Namespace, path: str, body: dict[str, Any], text_of: TextOf) -> int:
-    model = args.model
     with connect(args) as client:
-        if model is None:
-            response = client.get("/v1/models")
-            raise_for_error(response)
-            models = response.json()["data"]
-            if not models:
-                raise ClientError("the server serves no model")
-            model = models[0]["id"]
-        body = {**body, "model": model, "max_tokens": args.max_tokens, "stream": not args.no_stream}
+        body = {**body, "model": _model(client, args.model), "max_tokens": args.max_tokens, "stream": not args.no_stream}
         if args.temperature is not None:
             body["temperature"] = args.temperature
         if args.no_stream:
@@ -94,6 +98,23 @@ def _chat(args: argparse.Namespace) -> int:
     return _generate(args, "/v1/chat/completions", {"messages": messages}, text_of)
 
 
+def _embed(args: argparse.Namespace) -> int:
+    """One JSON array a line, in input order (``--json``: the whole answer, usage included)."""
+    with connect(args) as client:
+        body: dict[str, Any] = {"model": _model(client, args.model), "input": args.texts}
+        if args.dimensions is not None:
+            body["dimensions"] = args.dimensions
+        response = client.post("/v1/embeddings", json=body)
+        raise_for_error(response)
+        answer = response.json()
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return EXIT_OK
+    for item in answer["data"]:
+        print(json.dumps(item["embedding"], separators=(",", ":")))
+    return EXIT_OK
+
+
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model id (default: the first model the server lists)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
@@ -110,7 +131,7 @@ def add_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def add_generation_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``complete`` and ``chat`` to ``inferctl``'s commands."""
+    """Add ``complete``, ``chat`` and ``embed`` to ``inferctl``'s commands."""
     complete = sub.add_parser("complete", help="complete a prompt on a running server")
     complete.add_argument("prompt", help="the text to continue")
     add_client_options(complete)
@@ -123,3 +144,11 @@ def add_generation_parsers(sub: argparse._SubParsersAction[argparse.ArgumentPars
     add_client_options(chat)
     _add_generation_options(chat)
     chat.set_defaults(handler=_chat)
+
+    embed = sub.add_parser("embed", help="embed texts on a running server (one JSON array a line, in input order)")
+    embed.add_argument("texts", nargs="+", metavar="TEXT", help="a text to embed")
+    add_client_options(embed)
+    embed.add_argument("--model", help="model id (default: the first model the server lists)")
+    embed.add_argument("--dimensions", type=int, help="shorten the vectors (models configured as matryoshka only)")
+    embed.add_argument("--json", action="store_true", help="print the whole answer (usage included)")
+    embed.set_defaults(handler=_embed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import stat
@@ -206,6 +207,20 @@ def test_complete_and_chat_commands(live_server: str, admin_key: str, capsys: py
     assert capsys.readouterr().out.strip()
     assert cli.main(["chat", "Hi", *key, "--max-tokens", "3", "--no-stream"]) == 0
     assert capsys.readouterr().out.strip()
+
+
+def test_embed_command(live_server: str, admin_key: str, capsys: pytest.CaptureFixture[str]) -> None:
+    key = ["--url", live_server, "--api-key", admin_key]
+    assert cli.main(["embed", "Hello", "the sea", *key]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    vectors = [json.loads(line) for line in lines]
+    assert len(vectors) == 2 and all(len(v) == 576 for v in vectors)
+    assert abs(sum(x * x for x in vectors[0]) - 1) < 1e-4  # normalised
+    assert cli.main(["embed", "Hello", *key, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["usage"]["prompt_tokens"] > 0
+    assert cli.main(["embed", "Hello", *key, "--dimensions", "8"]) == 1  # not a Matryoshka model: the server's 400
+    err = capsys.readouterr().err
+    assert "dimensions" in err and "Traceback" not in err
 
 
 def test_client_command_reports_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
