@@ -1,4 +1,4 @@
-"""``RequestPolicy``: one generation request's traffic policy, from its body to its settlement.
+"""``RequestPolicy``: one request's traffic policy (a generation's or an embeddings'), from its body to its settlement.
 
 The generation routes read parse → plan → policy → generate → render; this
 object is the "policy": it owns everything the gateway decides about a request
