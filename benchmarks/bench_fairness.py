@@ -73,12 +73,17 @@ def new_admin_key(python: str, repo: Path) -> str:
 class Server:
     """``inferctl serve`` on a loopback port, its data in a temporary directory."""
 
-    def __init__(self, repo: Path, python: str, extra: list[str]) -> None:
-        self.port = free_port()
+    def __init__(self, repo: Path, python: str, extra: list[str], *, port: int | None = None,
+                 admin_key: str | None = None, env: dict[str, str] | None = None) -> None:  # fmt: skip
+        """``port`` (default: a free one) and ``admin_key`` (default: a new one) let a restart keep both.
+
+        ``env``: variables added to this process's environment for the server.
+        """
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data = tempfile.mkdtemp(prefix="bench-fairness-")
-        self.admin_key = new_admin_key(python, repo)
-        env = {**os.environ, "INFERFLUX_BOOTSTRAP_ADMIN_KEY": self.admin_key, "PYTHONPATH": str(repo)}
+        self.admin_key = admin_key or new_admin_key(python, repo)
+        env = {**os.environ, **(env or {}), "INFERFLUX_BOOTSTRAP_ADMIN_KEY": self.admin_key, "PYTHONPATH": str(repo)}
         self.log = open(Path(self.data) / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [python, "-m", "gateway.cli", "serve", "--port", str(self.port), "--data-dir", self.data,
