@@ -43,6 +43,7 @@ import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -238,6 +239,9 @@ class Fleet:
             verify=_tls(config.ca_file),
             follow_redirects=False,  # a redirect could lead the api key elsewhere
             trust_env=False,  # no proxy variables, no .netrc credentials: only what the config says
+            # One client serves every tenant: a cookie an upstream (or its load balancer) sets must not
+            # ride along on other tenants' requests, so none is ever kept.
+            cookies=CookieJar(policy=_NoCookies()),
         )
         self._health_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -589,6 +593,16 @@ def _tls(ca_file: str | None) -> ssl.SSLContext | bool:
         return ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError):
         raise ValueError("ca_file: cannot be read as a PEM bundle of CA certificates") from None
+
+
+class _NoCookies(DefaultCookiePolicy):
+    """Keeps no cookie and sends none."""
+
+    def set_ok(self, cookie: Any, request: Any) -> bool:
+        return False
+
+    def return_ok(self, cookie: Any, request: Any) -> bool:
+        return False
 
 
 def _seconds(value: str | None) -> float:

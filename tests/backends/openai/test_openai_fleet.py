@@ -535,3 +535,30 @@ async def test_post_passes_a_4xx_on_and_refuses_what_is_not_a_json_object(make_f
     with pytest.raises(UpstreamFailed) as failed:
         await fleet.post("/embeddings", EMBED)
     assert str(failed.value) == "the upstream failed (HTTP 500)"
+
+
+async def test_a_cookie_an_upstream_sets_never_rides_on_later_requests() -> None:
+    """One client serves every tenant: an upstream's Set-Cookie (a load balancer's session) must not stick."""
+    from servers import start_uvicorn, stop_uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    seen: list[str | None] = []
+
+    async def chat(request: Request) -> Response:
+        seen.append(request.headers.get("cookie"))
+        body = b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+        return Response(body, media_type="text/event-stream",
+                        headers={"set-cookie": "lb_session=tenant-a; Path=/"})  # fmt: skip
+
+    server, thread, sock, url = start_uvicorn(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    fleet = Fleet(FleetConfig(endpoints=(url + "/v1",), health_interval_seconds=0))
+    try:
+        for _ in range(3):
+            assert [e async for e in fleet.stream("/chat/completions", {"stream": True})]
+        assert seen == [None, None, None]
+    finally:
+        await fleet.aclose()
+        await asyncio.to_thread(stop_uvicorn, server, thread, sock)
