@@ -26,8 +26,13 @@ from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionReque
 if TYPE_CHECKING:
     from gateway.models import ServedModel
 
-# What the affinity key reads of a prompt: enough for its first blocks to decide where its prefix is cached.
-AFFINITY_CHARS = 2048
+# What the affinity key reads of a prompt: where the part that requests share sits. A chat's key is its
+# leading system messages (what one application's conversations share); without them, and for a
+# completion, the first AFFINITY_CHARS characters (about 128 tokens, the first blocks of the prompt).
+# A longer opening would take in each request's own question and scatter one application's requests
+# (measured: benchmarks/bench_prefix_routing.py, docs/benchmarks.md).
+AFFINITY_CHARS = 512
+MAX_AFFINITY_CHARS = 16384  # a system prompt beyond this is keyed by its beginning
 # Sampling fields sent upstream as the client set them; the names are OpenAI's,
 # and the last five are the extensions vLLM, SGLang and llama.cpp read.
 PASSED = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
@@ -49,7 +54,7 @@ def plan_remote(served: ServedModel, req: GenerationRequest, placement: Placemen
     choices: list[ChoiceSpec] = []
     for p_index, (payload, text, estimate) in enumerate(prompts):
         prepared.append(PreparedPrompt(token_ids=[], text=text, estimated_tokens=estimate))
-        affinity = _affinity(placement.tenant, text)
+        affinity = _affinity(placement.tenant, _shared_opening(req, text))
         for sample in range(req.n):
             index = p_index * req.n + sample
             body = {"model": upstream_model, **payload, **_sampling(req, index)}
@@ -120,6 +125,19 @@ def _params(req: GenerationRequest) -> SamplingParams:
         raise InvalidRequest(str(exc), param=exc.param) from None
 
 
-def _affinity(tenant: str | None, text: str) -> bytes:
+def _shared_opening(req: GenerationRequest, text: str) -> str:
+    """The part of a prompt that other requests of the same application likely share."""
+    if isinstance(req, ChatCompletionRequest):
+        leading = []
+        for message in req.messages:
+            if message.role not in ("system", "developer"):
+                break
+            leading.append(message.text())
+        if leading:
+            return "\n".join(leading)[:MAX_AFFINITY_CHARS]
+    return text[:AFFINITY_CHARS]
+
+
+def _affinity(tenant: str | None, opening: str) -> bytes:
     """Same tenant, same opening: same key, so the upstream that cached that prefix gets it again."""
-    return hashlib.sha256(f"{tenant or ''}\0{text[:AFFINITY_CHARS]}".encode("utf-8", "surrogatepass")).digest()
+    return hashlib.sha256(f"{tenant or ''}\0{opening}".encode("utf-8", "surrogatepass")).digest()
