@@ -101,8 +101,8 @@ def encode_prompts(served: ServedModel, req: CompletionRequest) -> list[Prepared
 def param_names(req: GenerationRequest) -> dict[str, str]:
     """Engine parameter names that the API spells differently."""
     if isinstance(req, CompletionRequest):
-        return {"top_logprobs": "logprobs"}
-    return {"max_tokens": max_tokens_param(req), "prompt": "messages"}
+        return {"top_logprobs": "logprobs", "guided": req.guided_param}
+    return {"max_tokens": max_tokens_param(req), "prompt": "messages", "guided": req.guided_param}
 
 
 def max_tokens_param(req: GenerationRequest) -> str:

@@ -33,10 +33,12 @@ if TYPE_CHECKING:
 # (measured: benchmarks/bench_prefix_routing.py, docs/benchmarks.md).
 AFFINITY_CHARS = 512
 MAX_AFFINITY_CHARS = 16384  # a system prompt beyond this is keyed by its beginning
-# Sampling fields sent upstream as the client set them; the names are OpenAI's,
-# and the last five are the extensions vLLM, SGLang and llama.cpp read.
-PASSED = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-          "repetition_penalty", "min_tokens", "ignore_eos")  # fmt: skip
+# Sampling fields sent upstream as the client set them; the names are OpenAI's
+# (logit_bias with its keys still strings), and the last seven are the extensions
+# vLLM, SGLang and llama.cpp read. The upstream checks and enforces them
+# (response_format too, passed as the client wrote it): its grammar engine, not ours.
+PASSED = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p",
+          "repetition_penalty", "min_tokens", "ignore_eos", "guided_regex", "guided_choice")  # fmt: skip
 
 
 def plan_remote(served: ServedModel, req: GenerationRequest, placement: Placement) -> Plan:
@@ -111,6 +113,8 @@ def _sampling(req: GenerationRequest, index: int) -> dict[str, Any]:
         fields["stop"] = req.stop_list
     if req.seed is not None:
         fields["seed"] = req.seed + index
+    if req.response_format is not None:
+        fields["response_format"] = req.response_format.model_dump(by_alias=True, exclude_none=True)
     if isinstance(req, ChatCompletionRequest) and req.logprobs:
         fields["logprobs"] = True
         if req.top_logprobs:

@@ -1,9 +1,15 @@
 """OpenAI request schemas and their translation to engine sampling parameters.
 
 Unknown fields are ignored, as OpenAI does. Known OpenAI fields this server
-does not implement (``logit_bias``, ``tools``, ``suffix``, ...) are rejected
-with ``unsupported_parameter`` instead of being silently dropped, because
-ignoring them would change the meaning of the request.
+does not implement (``tools``, ``suffix``, ...) are rejected with
+``unsupported_parameter`` instead of being silently dropped, because ignoring
+them would change the meaning of the request.
+
+Structured outputs: ``response_format`` ``json_object`` and ``json_schema``
+(and vLLM's ``guided_regex`` and ``guided_choice``), on both routes, become the
+engine's ``GuidedSpec``; at most one of them per request. ``logit_bias`` keys
+are token ids written as strings (JSON keys are strings), made integers here;
+the engine checks them against the vocabulary, the count and the range.
 
 Completions ``prompt`` may be a string, a list of token ids, or a list of
 several strings / token-id lists; several prompts are served, and their
@@ -13,10 +19,13 @@ request fans out to at most ``MAX_CHOICES`` engine sequences.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from backends.engine import GuidedSpec
 
 from gateway.errors import InvalidRequest, UnsupportedParameter
 from gateway.validation_errors import first_error
@@ -60,6 +69,42 @@ class SpeculativeRequest(BaseModel):
     k: int | None = Field(default=None, ge=0, le=16)  # 0: off for this request; n: drafts of at most n tokens
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's shape. The schema is always enforced, whatever ``strict`` says."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: plain text, any JSON object, or JSON valid against a schema."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_format(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise _Unsupported("response_format.json_schema", "response_format of type 'json_schema' needs "
+                               "a json_schema object", code=None)  # fmt: skip
+        return self
+
+    def guided(self) -> GuidedSpec | None:
+        if self.type == "json_object":
+            return GuidedSpec("json_object")
+        if self.type == "json_schema" and self.json_schema is not None:
+            schema = self.json_schema.schema_
+            # No schema: any JSON value (OpenAI leaves it optional).
+            return GuidedSpec("json_schema", schema={} if schema is None else schema)
+        return None
+
+
 class _SamplingRequest(BaseModel):
     """Fields shared by chat and text completions."""
 
@@ -76,7 +121,8 @@ class _SamplingRequest(BaseModel):
     seed: int | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(default=None, description="Token id (a string) -> a number from "
+                                                "-100 to 100 added to its logit; at most 300 entries")
     user: str | None = Field(default=None, max_length=256)
     # Extensions beyond the OpenAI API (vLLM spells them the same way).
     top_k: int | None = None
@@ -88,6 +134,12 @@ class _SamplingRequest(BaseModel):
     priority: int = Field(default=0, description="Engine priority: lower is more important. By default a caller "
                           "may ask for 0 to 1000; its traffic policy's min_priority/max_priority can widen that")
     speculative: SpeculativeRequest | None = None
+    # Structured outputs (OpenAI's response_format; vLLM's guided_regex and guided_choice).
+    response_format: ResponseFormat | None = None
+    guided_regex: str | None = Field(default=None, min_length=1, description="The output must match this "
+                                     "regular expression (Rust regex syntax: no look-around or back-references)")
+    guided_choice: list[str] | None = Field(default=None, min_length=1, description="The output must be exactly "
+                                            "one of these strings")
 
     @field_validator("stop")
     @classmethod
@@ -110,9 +162,40 @@ class _SamplingRequest(BaseModel):
     def _check_common(self) -> _SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise _Unsupported("stream_options", "stream_options is only allowed when stream is true", code=None)
-        if self.logit_bias:
-            raise _Unsupported("logit_bias", "logit_bias is not supported by this server")
+        for key in self.logit_bias or {}:
+            if not _TOKEN_ID.fullmatch(key):
+                raise _Unsupported("logit_bias", f"logit_bias keys must be token ids (integers, as strings); "
+                                   f"got {key[:40]!r}", code=None)  # fmt: skip
+        asked = [name for name in ("response_format", "guided_regex", "guided_choice") if self._asks(name)]
+        if len(asked) > 1:
+            raise _Unsupported(asked[1], f"{asked[1]} cannot be combined with {asked[0]}: give one constraint",
+                               code=None)  # fmt: skip
         return self
+
+    def _asks(self, name: str) -> bool:
+        if name == "response_format":
+            return self.response_format is not None and self.response_format.type != "text"
+        return getattr(self, name) is not None
+
+    @property
+    def guided_param(self) -> str:
+        """The field that carries this request's constraint (the engine calls it ``guided``)."""
+        return next((n for n in ("guided_regex", "guided_choice") if self._asks(n)), "response_format")
+
+    def guided(self) -> GuidedSpec | None:
+        """The engine's form of the request's constraint; None for free text."""
+        if self.guided_regex is not None:
+            return GuidedSpec("regex", pattern=self.guided_regex)
+        if self.guided_choice is not None:
+            return GuidedSpec("choice", choices=tuple(self.guided_choice))
+        return None if self.response_format is None else self.response_format.guided()
+
+    @property
+    def token_logit_bias(self) -> dict[int, float] | None:
+        """``logit_bias`` with integer keys (checked: ``_check_common``)."""
+        if not self.logit_bias:
+            return None
+        return {int(key): value for key, value in self.logit_bias.items()}
 
     @property
     def stop_list(self) -> list[str]:
@@ -123,6 +206,9 @@ class _SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
 
 class _Unsupported(ValueError):
@@ -198,7 +284,6 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
@@ -210,8 +295,6 @@ class ChatCompletionRequest(_SamplingRequest):
             raise _Unsupported("tool_choice", "tool calling is not supported by this server")
         if self.function_call not in (None, "none", "auto"):
             raise _Unsupported("function_call", "tool calling is not supported by this server")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise _Unsupported("response_format", "only response_format type 'text' is supported")
         return self
 
     @property
@@ -336,6 +419,8 @@ def sampling_kwargs(
         "min_tokens": req.min_tokens,
         "seed": None if req.seed is None else req.seed + seed_offset,
         "speculative_k": None if req.speculative is None else req.speculative.k,
+        "logit_bias": req.token_logit_bias,
+        "guided": req.guided(),
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     return kwargs

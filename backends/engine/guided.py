@@ -27,7 +27,14 @@ it back in one call (``fill_masks``), and only the tokens verification keeps
 are appended, and consumed, afterwards.
 
 JSON is compact (no whitespace between tokens): free whitespace would let a
-model pad an answer until ``max_tokens`` without ever finishing it.
+model pad an answer until ``max_tokens`` without ever finishing it. A
+``json_object`` answer always parses, even where ``max_tokens`` would cut it:
+its guide tracks the shortest text that closes the object (``JsonCloser``) and,
+as the budget runs out, first allows only tokens short enough to leave room to
+close, then writes the closing bytes itself (``Guide.limit``); such an answer
+ends with finish reason "length". A schema's answer has no such guarantee (its
+shortest completion depends on the schema): bounded schemas with ``max_tokens``
+above their longest answer always complete.
 llguidance is imported on first use, so loading the engine does not load it.
 """
 
@@ -118,36 +125,234 @@ def _error(message: str) -> SamplingParamsError:
     return SamplingParamsError("guided", message)
 
 
+# The most the shortest closing text of a JSON document grows by per byte written: after
+# {"a":0 it is "}", after {"a":0, it is "\"\":0}".
+JSON_CLOSE_GROWTH = 4
+
+
 class Guide:
-    """One sequence's matcher: the grammar's state after the sequence's output so far."""
+    """One sequence's matcher: the grammar's state after the sequence's output so far; for a
+    ``json_object``, also what closes the object (``closer``) and the budget rule (``limit``)."""
 
-    __slots__ = ("matcher",)
+    __slots__ = ("matcher", "closer", "vocabulary", "closed_early")
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, closer: JsonCloser | None = None, vocabulary: TokenBytes | None = None) -> None:
         self.matcher = matcher
+        self.closer = closer
+        self.vocabulary = vocabulary
+        self.closed_early = False  # limit() wrote closing bytes: the answer was cut, and closed
 
     def consume(self, token_id: int) -> bool:
         """Advance past ``token_id``; False where the grammar did not allow it (the matcher
         then only allows EOS: a sequence that took an EOS the grammar had already ended
         with, under ``ignore_eos``, goes on with EOS until its length)."""
+        if self.closer is not None and self.vocabulary is not None:
+            self.closer.feed(self.vocabulary.text[token_id])
         return bool(self.matcher.consume_token(token_id))
 
     @property
     def is_accepting(self) -> bool:
         return bool(self.matcher.is_accepting())
 
+    def limit(self, row: np.ndarray, remaining: int) -> None:
+        """Keep room to close the object within ``remaining`` tokens (EOS included), editing a
+        masked logits row in place. The invariant, true at the start whenever ``max_tokens``
+        is at least 3: ``remaining >= len(closing text) + 1``. A token of ``n`` bytes makes the
+        closing text at most ``JSON_CLOSE_GROWTH * n`` longer, so while that fits only tokens
+        of at most ``n`` bytes stay; when nothing does, the next closing byte is the only
+        choice (each such byte is a token of a byte-level vocabulary)."""
+        if self.closer is None or self.vocabulary is None:
+            return
+        closing = self.closer.closing()
+        if not closing:
+            return  # complete: the grammar allows only EOS
+        slack = remaining - 2 - len(closing)
+        if slack >= JSON_CLOSE_GROWTH * self.vocabulary.max_len:
+            return  # far from the budget: every token fits
+        longest = slack // JSON_CLOSE_GROWTH
+        if longest >= 1:
+            short = np.where(self.vocabulary.lengths > longest, np.float32(-np.inf), row)
+            if np.isfinite(short.max()):
+                row[:] = short
+                return
+            # Everything the mask allows is too long. (Where the grammar forces text, as "alse"
+            # after "f", llguidance's mask offers only its canonical token, though the matcher
+            # takes the same bytes one token at a time.)
+        token = self.vocabulary.byte_token.get(closing[0])
+        if token is None:
+            return  # no token for that byte: leave the row to the grammar
+        # The closing byte, whatever the mask says: the matcher takes it (a valid JSON ending).
+        row[:] = -np.inf
+        row[token] = 0.0
+        self.closed_early = True
+
+
+class TokenBytes:
+    """Each token's bytes, their lengths (0 for special tokens, which the grammar only ever
+    allows as EOS), and the token of each single byte."""
+
+    __slots__ = ("text", "lengths", "max_len", "byte_token")
+
+    def __init__(self, ll_tokenizer: Any, vocab_size: int) -> None:
+        specials = [ll_tokenizer.is_special_token(i) for i in range(vocab_size)]
+        self.text = [b"" if special else ll_tokenizer.decode_bytes([i]) for i, special in enumerate(specials)]
+        self.lengths = np.fromiter((len(t) for t in self.text), dtype=np.int32, count=vocab_size)
+        self.max_len = int(self.lengths.max())
+        self.byte_token: dict[int, int] = {}
+        for i, text in enumerate(self.text):
+            if len(text) == 1:
+                self.byte_token.setdefault(text[0], i)
+
+
+class JsonCloser:
+    """The shortest bytes that complete the compact JSON written so far, kept as it is written.
+
+    A stack of open containers, each in one of the states below, and the scalar being
+    written, if any (a string, a number, or true/false/null). Bytes the grammar would refuse
+    never arrive (the matcher saw them first), so the scanner only follows valid JSON.
+    """
+
+    __slots__ = ("stack", "scalar", "started")
+
+    # object: "k?" after "{" (a key or "}"), "k" after "," (a key), "c" after a key (":"),
+    #         "v" after ":" (a value), "n" after a value ("," or "}");
+    # array:  "v?" after "[" (a value or "]"), "v" after ",", "n" after a value.
+    _CLOSE_OBJECT = {"k?": b"}", "k": b'"":0}', "c": b":0}", "v": b"0}", "n": b"}"}
+    _CLOSE_ARRAY = {"v?": b"]", "v": b"0]", "n": b"]"}
+    _NUMBER_NEEDS_DIGIT = {"-", ".", "e", "e+"}
+
+    def __init__(self) -> None:
+        self.stack: list[list[str]] = []  # [kind, state]
+        # None, or ["s", is_key, pending] (pending: b"" or the bytes an escape or a UTF-8
+        # character still needs), ["#", number state], or ["l", the literal's remaining bytes]
+        self.scalar: list[Any] | None = None
+        self.started = False
+
+    def closing(self) -> bytes:
+        if not self.started:
+            return b"{}"
+        out = b""
+        scalar = self.scalar
+        inner_value = scalar is not None
+        if scalar is not None:
+            if scalar[0] == "s":
+                out += scalar[2] + b'"' + (b":0" if scalar[1] else b"")
+            elif scalar[0] == "#":
+                out += b"0" if scalar[1] in self._NUMBER_NEEDS_DIGIT else b""
+            else:
+                out += scalar[1]
+        for depth in range(len(self.stack) - 1, -1, -1):
+            kind, state = self.stack[depth]
+            if depth < len(self.stack) - 1 or inner_value:
+                # a value is under way in this container (the container above, or a scalar)
+                state = "n" if state in ("v", "v?") else state
+                if kind == "o" and state in ("k", "k?"):  # a key under way ends with ":0" already
+                    state = "n"
+            out += (self._CLOSE_OBJECT if kind == "o" else self._CLOSE_ARRAY)[state]
+        return out
+
+    def feed(self, data: bytes) -> None:
+        for byte in data:
+            self._byte(byte)
+
+    def _byte(self, b: int) -> None:
+        scalar = self.scalar
+        if scalar is not None:
+            if scalar[0] == "s":
+                self._string_byte(scalar, b)
+                return
+            if scalar[0] == "l":
+                scalar[1] = scalar[1][1:]
+                if not scalar[1]:
+                    self.scalar = None
+                    self._value_done()
+                return
+            if self._number_byte(scalar, b):
+                return
+            self.scalar = None  # the number ended: this byte is structure
+            self._value_done()
+        c = chr(b)
+        top = self.stack[-1] if self.stack else None
+        if c in "{[":
+            self.started = True
+            self.stack.append(["o", "k?"] if c == "{" else ["a", "v?"])
+        elif c in "}]":
+            self.stack.pop()
+            self._value_done()
+        elif c == '"':
+            is_key = top is not None and top[0] == "o" and top[1] in ("k", "k?")
+            self.scalar = ["s", is_key, b""]
+        elif c == ":":
+            if top is not None:
+                top[1] = "v"
+        elif c == ",":
+            if top is not None:
+                top[1] = "k" if top[0] == "o" else "v"
+        elif c == "-" or c.isdigit():
+            self.scalar = ["#", "-" if c == "-" else "int"]
+        elif c in "tfn":
+            self.scalar = ["l", {"t": b"rue", "f": b"alse", "n": b"ull"}[c]]
+
+    def _string_byte(self, scalar: list[Any], b: int) -> None:
+        pending: bytes = scalar[2]
+        if pending:
+            if pending.startswith(b"n"):  # after a backslash: one escape letter
+                scalar[2] = b"0000" if b == ord("u") else b""
+            elif pending.startswith(b"0"):  # \u's hex digits
+                scalar[2] = pending[1:]
+            else:  # UTF-8 continuation bytes
+                scalar[2] = b"\x80" * (len(pending) - 1)
+            return
+        if b == ord('"'):
+            self.scalar = None
+            if scalar[1]:
+                self.stack[-1][1] = "c"
+            else:
+                self._value_done()
+        elif b == ord("\\"):
+            scalar[2] = b"n"
+        elif b >= 0xC0:  # a UTF-8 lead byte: its continuation bytes are still due
+            count = 1 if b < 0xE0 else 2 if b < 0xF0 else 3
+            # the first continuation byte's range depends on the lead (no overlong or surrogate forms)
+            first = {0xE0: 0xA0, 0xF0: 0x90}.get(b, 0x80)
+            scalar[2] = bytes([first]) + b"\x80" * (count - 1)
+
+    def _number_byte(self, scalar: list[Any], b: int) -> bool:
+        """Take ``b`` into the number; False where the number has ended before it."""
+        state, c = scalar[1], chr(b)
+        if c.isdigit():
+            scalar[1] = {"-": "int", ".": "frac", "e": "exp", "e+": "exp"}.get(state, state)
+            return True
+        if c == "." and state == "int":
+            scalar[1] = "."
+            return True
+        if c in "eE" and state in ("int", "frac"):
+            scalar[1] = "e"
+            return True
+        if c in "+-" and state == "e":
+            scalar[1] = "e+"
+            return True
+        return False
+
+    def _value_done(self) -> None:
+        if self.stack:
+            self.stack[-1][1] = "n"
+
 
 class CompiledGrammar:
     """A spec compiled for one vocabulary: a matcher at the start that is copied, never advanced."""
 
-    __slots__ = ("spec", "_template")
+    __slots__ = ("spec", "_template", "_vocabulary")
 
-    def __init__(self, spec: GuidedSpec, template: Any) -> None:
+    def __init__(self, spec: GuidedSpec, template: Any, vocabulary: TokenBytes | None = None) -> None:
         self.spec = spec
         self._template = template
+        self._vocabulary = vocabulary  # json_object: the guide closes the object as the budget runs out
 
     def guide(self) -> Guide:
-        return Guide(self._template.deep_copy())
+        if self._vocabulary is None:
+            return Guide(self._template.deep_copy())
+        return Guide(self._template.deep_copy(), JsonCloser(), self._vocabulary)
 
 
 class GrammarCompiler:
@@ -161,6 +366,7 @@ class GrammarCompiler:
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
         self.cache_size = cache_size
         self._ll_tokenizer: Any = None
+        self._bytes: TokenBytes | None = None  # each token's bytes, for json_object's closer
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.num_compiled = 0  # cache misses, for tests and stats
@@ -185,13 +391,20 @@ class GrammarCompiler:
         template = LLMatcher(self._vocabulary(), grammar, log_level=0)
         if template.is_error():
             raise _error(f"the grammar cannot be compiled: {_first_line(template.get_error())}")
-        compiled = CompiledGrammar(spec, template)
+        compiled = CompiledGrammar(spec, template, self._token_bytes() if spec.kind == "json_object" else None)
         with self._lock:
             self.num_compiled += 1
             self._cache[key] = compiled
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         return compiled
+
+    def _token_bytes(self) -> TokenBytes:
+        vocabulary = self._vocabulary()
+        with self._lock:
+            if self._bytes is None:
+                self._bytes = TokenBytes(vocabulary, self.vocab_size)
+            return self._bytes
 
     def _vocabulary(self) -> Any:
         with self._lock:

@@ -513,6 +513,8 @@ class LLMEngine:
         reason = detok.append(token_id)
         if reason is None and seq.num_output_tokens >= seq.max_tokens:
             reason = detok.finish("length")
+        elif reason == "stop" and seq.guide is not None and seq.guide.closed_early:
+            reason = "length"  # max_tokens cut the answer; the guide only closed it (guided.Guide.limit)
         if reason is not None:
             seq.status = SequenceStatus.FINISHED_STOPPED if reason == "stop" else SequenceStatus.FINISHED_LENGTH
         return reason

@@ -4,7 +4,8 @@ Per row, in this order (vLLM / Hugging Face order):
 
 0. structured outputs: a guided sequence's grammar (``guided``) leaves every
    token it does not allow next at -inf, all guided rows of the batch masked
-   in one call;
+   in one call; a ``json_object`` near its ``max_tokens`` keeps room to close
+   the object (``guided.Guide.limit``);
 1. ``min_tokens``: eos (unless ``ignore_eos``) and ``stop_token_ids`` get -inf
    while the output is shorter than ``min_tokens`` (unless that would leave a
    guided row nothing: a grammar that can only end wins over min_tokens);
@@ -82,6 +83,9 @@ class Sampler:
             else:
                 logits = logits.copy()  # the backend may reuse its output buffer
                 mask_rows(logits, guided_rows, bitmask)
+            for i in guided_rows:
+                if seqs[i].guide.closer is not None:  # json_object: keep room to close it
+                    seqs[i].guide.limit(logits[i], seqs[i].max_tokens - seqs[i].num_output_tokens)
         elif edit_rows:
             logits = logits.copy()
         for i in edit_rows:
@@ -141,6 +145,7 @@ class Sampler:
         row = np.array(logits_row, dtype=np.float32)  # a copy: edited below
         if mask is not None:
             row = apply_bitmask(row, mask)
+            seq.guide.limit(row, seq.max_tokens - seq.num_output_tokens)
         self._apply_edits(row, seq, row.size)
         params = seq.params
         if params.greedy:

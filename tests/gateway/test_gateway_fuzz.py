@@ -260,6 +260,25 @@ def test_hostile_bodies_find_no_5xx(fuzz: Fuzz, operations: list[Any], client: h
     fuzz.runs += 1
 
 
+def structured_fields() -> dict[str, st.SearchStrategy[Any]]:
+    """Structured outputs and logit_bias: near-valid shapes (a real schema of hostile values, token ids
+    of any size) as well as hostile ones."""
+    schema = st.one_of(hostile_values(), st.dictionaries(st.sampled_from(["type", "properties", "items", "enum",
+                                                                           "required", "pattern", "$ref"]),
+                                                         hostile_values(), max_size=4))  # fmt: skip
+    response_format = st.one_of(
+        hostile_values(),
+        st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema"])},
+                              optional={"json_schema": st.fixed_dictionaries(
+                                  {"name": st.one_of(st.just("x"), HOSTILE_TEXT)},
+                                  optional={"schema": schema, "strict": st.booleans()})}),
+    )  # fmt: skip
+    token = st.one_of(st.integers(-5, 60_000).map(str), HOSTILE_TEXT)
+    logit_bias = st.one_of(hostile_values(), st.dictionaries(token, HOSTILE_NUMBER.map(_Raw), max_size=5))
+    return {"response_format": response_format, "logit_bias": logit_bias, "guided_regex": HOSTILE_TEXT,
+            "guided_choice": st.one_of(st.lists(HOSTILE_TEXT, max_size=3), hostile_values())}
+
+
 def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
     """Requests for the real model (a few tokens at most, or embeddings of a few inputs) with hostile
     prompts, inputs, stops and extras."""
@@ -270,14 +289,14 @@ def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
                                                      "content": text}), min_size=1, max_size=3)},
         optional={"stop": st.one_of(text, st.lists(text, max_size=20)), "n": st.integers(1, 2),
                   "stream": st.booleans(), "seed": HOSTILE_NUMBER.map(_Raw), "temperature": HOSTILE_NUMBER.map(_Raw),
-                  "user": text, "response_format": hostile_values()},
+                  "user": text, **structured_fields()},
     )  # fmt: skip
     completion = st.fixed_dictionaries(
         {"model": st.just(MODEL), "max_tokens": st.integers(1, 3),
          "prompt": st.one_of(text, st.lists(text, min_size=1, max_size=3), st.lists(HOSTILE_NUMBER.map(_Raw),
                                                                                    min_size=1, max_size=5))},
         optional={"stop": st.one_of(text, st.lists(text, max_size=20)), "echo": st.booleans(),
-                  "logprobs": HOSTILE_NUMBER.map(_Raw), "stream": st.booleans()},
+                  "logprobs": HOSTILE_NUMBER.map(_Raw), "stream": st.booleans(), **structured_fields()},
     )  # fmt: skip
     ids = st.lists(HOSTILE_NUMBER.map(_Raw), min_size=1, max_size=5)
     embeddings = st.fixed_dictionaries(

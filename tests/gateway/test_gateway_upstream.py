@@ -132,6 +132,18 @@ def test_n_choices_and_stop_sequences_travel(front: Front, upstream: openai.Open
         assert word not in choice.message.content and choice.finish_reason == "stop"
 
 
+def test_response_format_and_logit_bias_travel(front: Front, upstream: openai.OpenAI) -> None:
+    """The upstream enforces them (here an InferFlux engine's grammar): the answer is the upstream's own."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+              "additionalProperties": False}  # fmt: skip
+    args: dict[str, Any] = {"messages": QUESTION, "max_tokens": 80, "temperature": 0, "logit_bias": {"28": -100},
+                            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}
+    direct = upstream.chat.completions.create(model=DEFAULT_MODEL_NAME, **args)
+    whole = front.client().chat.completions.create(model=REMOTE, **args)
+    assert whole.choices[0].message.content == direct.choices[0].message.content
+    assert set(json.loads(whole.choices[0].message.content)) == {"city"}
+
+
 # -- the policy chain ------------------------------------------------------------------------
 
 

@@ -348,3 +348,70 @@ def test_bad_logit_bias_is_refused(bias: dict, message: str) -> None:
     with pytest.raises(SamplingParamsError, match=message) as caught:
         engine.make_request("r", [5], SamplingParams(logit_bias=bias))
     assert caught.value.param == "logit_bias"
+
+
+# -- json_object within max_tokens ---------------------------------------------------------------
+
+# Strings of one-, two-, three- and four-byte characters and of characters JSON escapes.
+JSON_TEXT = st.text(alphabet=st.sampled_from('ab "\\/\n\t\x01é中😀'), max_size=6)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | JSON_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(JSON_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=st.dictionaries(JSON_TEXT, JSON_VALUES, max_size=4))
+def test_the_closing_text_completes_every_prefix_and_the_grammar_takes_it(doc) -> None:
+    """After every token of a JSON object, the closer's text is a valid ending the grammar allows,
+    byte by byte, and it grows by at most JSON_CLOSE_GROWTH per byte written."""
+    from backends.engine.guided import JSON_CLOSE_GROWTH
+
+    engine = engine_for(scripted(1, []))
+    compiled = engine.grammars.compile(GuidedSpec("json_object"))
+    vocabulary = compiled._vocabulary
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    guide = compiled.guide()
+    written = b""
+    before = len(guide.closer.closing())
+    for token in TOK.encode(text, add_special_tokens=False):
+        assert guide.consume(token)
+        piece = vocabulary.text[token]
+        written += piece
+        closing = guide.closer.closing()
+        assert len(closing) <= before + JSON_CLOSE_GROWTH * len(piece)
+        before = len(closing)
+        ending = guide.matcher.deep_copy()
+        assert all(ending.consume_token(vocabulary.byte_token[b]) for b in closing), (written, closing)
+        assert ending.is_accepting(), (written, closing)
+        assert isinstance(json.loads((written + closing).decode("utf-8")), dict)
+    assert guide.closer.closing() == b""
+
+
+def test_a_json_object_always_closes_within_max_tokens() -> None:
+    """A model that would write one endless string, and a noisy one at temperature 1: every answer
+    parses within max_tokens; those the budget cut end with finish_reason "length"."""
+    endless = TOK.encode('{"story":"' + "once upon a time " * 40, add_special_tokens=False)
+    engine = engine_for(scripted(2, endless), max_num_seqs=16)
+    requests = {f"endless{m}": ([3, m], SamplingParams(temperature=0.0, max_tokens=m, guided=GuidedSpec("json_object")))
+                for m in (3, 4, 9, 30, 64)}  # fmt: skip
+    # Literals: where the grammar forces "alse" after "f", its mask offers that one token only.
+    falses = TOK.encode('{"a":[' + "false," * 40, add_special_tokens=False)
+    literal_requests = {f"false{m}": ([4, m], SamplingParams(temperature=0.0, max_tokens=m,
+                                                             guided=GuidedSpec("json_object")))
+                        for m in range(8, 40)}  # fmt: skip
+    requests.update(literal_requests)
+    noisy = engine_for(scripted(2, [], noise=4.0), max_num_seqs=16)
+    sampled = {f"noisy{i}": ([3, i + 4], SamplingParams(temperature=1.0, seed=i, max_tokens=8 + 3 * i,
+                                                         guided=GuidedSpec("json_object")))
+               for i in range(12)}  # fmt: skip
+    got = {**run(engine, {k: v for k, v in requests.items() if k.startswith("endless")}),
+           **run(engine_for(scripted(2, falses), max_num_seqs=32), literal_requests), **run(noisy, sampled)}
+    for rid, r in got.items():
+        assert isinstance(json.loads(r["text"]), dict), (rid, r)
+        limit = requests.get(rid, sampled.get(rid))[1].max_tokens
+        assert len(r["tokens"]) <= limit
+    assert all(got[f"endless{m}"]["reason"] == "length" for m in (3, 4, 9, 30, 64))
+    assert got["endless64"]["text"].startswith('{"story":"once upon a time')
