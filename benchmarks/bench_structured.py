@@ -16,7 +16,8 @@ consuming it, as ``LLMEngine._push`` does). Four cases, run in turn step after s
 shared machine's load falls on all of them alike:
 
 * ``before``: the sampler and sequence modules of ``--baseline`` (a git revision before
-  structured outputs, default ``HEAD``), loaded from git into a scratch package;
+  structured outputs, default ``b8e82e2^``, the parent of their first commit), loaded from git
+  into a scratch package;
 * ``plain``: today's sampler, no sequence guided (the unconstrained hot path);
 * ``guided``: every sequence guided by a nested JSON schema (bench_grammar.py's ``SCHEMA``),
   each walking a different valid document (teacher forcing: the appended token is the
@@ -30,7 +31,7 @@ they end), and guided - plain. The CPU model comes from ``lscpu``; the load aver
 recorded before and after.
 
 Usage:
-    .venv/bin/python benchmarks/bench_structured.py [--steps 400] [--baseline HEAD] [--json out.json]
+    .venv/bin/python benchmarks/bench_structured.py [--steps 400] [--baseline REV] [--json out.json]
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ def make_case(sampler: Any, seqs: list[Any], logits: np.ndarray, docs: list[list
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--baseline", default="HEAD", help="git revision of the sampler before structured outputs")
+    ap.add_argument("--baseline", default="b8e82e2^",
+                    help="git revision of the sampler before structured outputs (default: the parent of "
+                    "their first commit)")
     ap.add_argument("--json", help="write the results here as well")
     args = ap.parse_args()
 
