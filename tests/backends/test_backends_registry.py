@@ -215,10 +215,12 @@ def test_inferctl_backends_lists_every_backend_with_its_reason(acme_site: Path) 
     table = _inferctl_backends(acme_site)
     assert table.returncode == 0, table.stderr
     rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:] if line.strip()}
-    assert rows["acme"].split()[1:3] == ["-", "yes"] and "acme-inferflux 1.0" in rows["acme"]
+    # BACKEND KIND PRIORITY AVAILABLE ...
+    assert rows["acme"].split()[1:4] == ["engine", "-", "yes"] and "acme-inferflux 1.0" in rows["acme"]
     if platform.system() != "Darwin":
-        assert rows["cpu"].split()[1:3] == ["3", "yes"]
-        assert rows["metal"].split()[1:3] == ["2", "no"] and "Metal needs macOS" in rows["metal"]
+        assert rows["cpu"].split()[1:4] == ["engine", "3", "yes"]
+        assert rows["metal"].split()[1:4] == ["engine", "2", "no"] and "Metal needs macOS" in rows["metal"]
+    assert rows["openai"].split()[1:2] == ["remote"]
     assert "auto: " in table.stdout
 
     out = _inferctl_backends(acme_site, "--json", INFERFLUX_BACKEND_PRIORITY="acme,cpu", ACME_UNAVAILABLE="")
