@@ -82,6 +82,8 @@ import httpx
 
 from bench_auth import pct  # (this folder is on sys.path)
 from bench_fairness import REPO_ROOT, Server, cpu_model, free_port, new_admin_key
+from bench_upstream import loadavg
+from bench_upstream import wait_for_quiet as wait_for_load
 
 MODEL = "smollm2-135m-instruct"  # what the engines serve (gateway.settings.DEFAULT_MODEL_NAME)
 UPSTREAM_KEY_ENV = "INFERFLUX_BENCH_UPSTREAM_KEY"
@@ -137,21 +139,6 @@ def workload(args: argparse.Namespace) -> Sequence:
                                       {"role": "user", "content": question}]))  # fmt: skip
     rng.shuffle(sequence)
     return sequence
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def wait_for_load(limit: float, minutes: float) -> list[list[float]]:
-    """Check the 1-minute load average every minute until it is at most ``limit`` or time is up; the readings."""
-    readings = [loadavg()]
-    deadline = time.monotonic() + minutes * 60
-    while readings[-1][0] > limit and time.monotonic() < deadline:
-        print(f"load average {readings[-1]} above {limit:g}: checking again in a minute", flush=True)
-        time.sleep(60)
-        readings.append(loadavg())
-    return readings
 
 
 def engine_counters(url: str) -> dict[str, float]:

@@ -76,6 +76,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench_fairness import cpu_model  # noqa: E402 (this folder is on sys.path)
+
 import httpx  # noqa: E402
 from sqlalchemy import Engine, create_engine, event, pool, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
@@ -139,11 +141,6 @@ def summary(values: list[float]) -> dict[str, float]:
             "mean": statistics.fmean(values) * 1e3, "n": len(values)}  # fmt: skip
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
     for line in out.splitlines():
         if line.startswith("Model name:"):
             return line.split(":", 1)[1].strip()
