@@ -14,16 +14,23 @@ KV cache, so the paged cache of the sequences being generated is untouched.
 
 The pooled rows are finished here, in numpy: cut to ``dimensions`` (a model
 trained for it; the gateway decides which) and L2-normalised when asked.
+``EngineEmbeddings`` holds ``LLMEngine``'s embedding methods (it inherits
+them): the check of a request and the backend's ``embed`` call.
 """
 
 from __future__ import annotations
 
+import operator
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from backends.base import POOLINGS, Backend, BackendError, ModelInfo
+
+from .errors import EmbeddingsUnsupportedError, InputTooLongError, InvalidRequestError
 
 # Below this a vector's norm is taken as zero: it is returned as it is, not divided by ~0.
 _MIN_NORM = 1e-12
@@ -169,3 +176,85 @@ class EmbeddingQueue:
             self._jobs.remove(job)
         except ValueError:
             pass
+
+
+class EngineEmbeddings:
+    """``LLMEngine``'s embedding methods: it inherits them, and owns the attributes declared here."""
+
+    backend: Backend
+    model_info: ModelInfo
+    vocab_size: int
+    max_model_len: int
+    num_tokens_embedded: int
+    config: Any  # EngineConfig: its max_num_batched_tokens is a batch's budget
+
+    @property
+    def supports_embeddings(self) -> bool:
+        """Whether the backend has the optional ``embed`` (backends.base)."""
+        return callable(getattr(self.backend, "embed", None))
+
+    def make_embedding_request(
+        self,
+        request_id: str,
+        inputs: Iterable[Iterable[int]],
+        pooling: str,
+        *,
+        normalize: bool = True,
+        dimensions: int | None = None,
+        tenant: str | None = None,
+    ) -> EmbeddingRequest:
+        """Check an embedding request against the model, as ``make_request`` does a generation's. Thread-safe.
+
+        Each input is a non-empty list of token ids in the vocabulary, at most
+        the context long (no room for output is needed). Errors name the
+        input as ``input[i]``. Raises ``EmbeddingsUnsupportedError`` when the
+        backend has no ``embed``.
+        """
+        if not self.supports_embeddings:
+            raise EmbeddingsUnsupportedError(getattr(self.backend, "name", type(self.backend).__name__))
+        if pooling not in POOLINGS:
+            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}", param="pooling")
+        hidden = self.model_info.hidden_size
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or not 1 <= dimensions <= (hidden or dimensions)):  # fmt: skip
+            raise InvalidRequestError(f"dimensions must be from 1 to {hidden}, got {dimensions!r}", param="dimensions")
+        checked = [self._checked_input(f"input[{i}]", tokens) for i, tokens in enumerate(inputs)]
+        if not checked:
+            raise InvalidRequestError("at least one input is required", param="input")
+        return EmbeddingRequest(request_id, tuple(checked), pooling, normalize=bool(normalize), dimensions=dimensions,
+                                tenant=tenant, engine_id=id(self))  # fmt: skip
+
+    def _checked_input(self, name: str, tokens: Iterable[int]) -> tuple[int, ...]:
+        try:
+            ids = tuple(operator.index(t) for t in tokens)
+        except TypeError:
+            raise InvalidRequestError(f"{name}: token ids must be integers", param=name) from None
+        if not ids:
+            raise InvalidRequestError(f"{name} is empty; at least one token is required", param=name)
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            bad = min(ids) if min(ids) < 0 else max(ids)
+            raise InvalidRequestError(f"{name}: token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
+                                      param=name)  # fmt: skip
+        if len(ids) > self.max_model_len:
+            raise InputTooLongError(name, len(ids), self.max_model_len)
+        return ids
+
+    def embed(self, token_lists: Sequence[Sequence[int]], pooling: str) -> np.ndarray:
+        """One ``embed`` call on the backend: float32 ``[len(token_lists), hidden]``, pooled, not normalised."""
+        pooled = np.asarray(self.backend.embed(token_lists, pooling), dtype=np.float32)  # type: ignore[attr-defined]
+        if pooled.ndim != 2 or pooled.shape[0] != len(token_lists):
+            raise BackendError(f"embed returned shape {pooled.shape} for {len(token_lists)} inputs")
+        self.num_tokens_embedded += sum(len(t) for t in token_lists)
+        return pooled
+
+    def embed_request(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """Run a checked embedding request to the end on the calling thread (the engine's owner), in the
+        batches the engine thread would use; ``AsyncEngine.embed`` interleaves them with generation."""
+        if request.engine_id != id(self):
+            raise InvalidRequestError("the request was checked by another engine", param=None)
+        queue = EmbeddingQueue(self.config.max_num_batched_tokens)
+        queue.add(EmbeddingJob(request))
+        while (batch := queue.next_batch()) is not None:
+            for _, result in queue.deliver(batch, self.embed(batch.token_lists, batch.pooling)):
+                return result
+        raise RuntimeError("the embedding queue ended without a result")  # an engine bug, not the client's

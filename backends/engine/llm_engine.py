@@ -4,6 +4,8 @@ Not thread-safe: one thread owns an ``LLMEngine`` (``AsyncEngine`` runs it on
 its own thread). ``make_request`` is the exception: it reads only
 configuration and may be called from any thread; the ``EngineRequest`` it
 returns is checked once and trusted by ``add`` (``backends.engine.request``).
+Its sizes and their resolution are in ``config``; its embedding methods in
+``embedding.EngineEmbeddings``, which it inherits.
 """
 
 from __future__ import annotations
@@ -11,24 +13,21 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable
-from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from backends.base import POOLINGS, Backend, BackendError, ModelInfo
+from backends.base import Backend, BackendError, ModelInfo
 
-from .block_manager import DEFAULT_BLOCK_SIZE, BlockManager, blocks_for
+from .block_manager import BlockManager, blocks_for
+from .config import DEFAULT_KV_CACHE_BYTES, EngineConfig, allocate_swap, resolve_max_model_len, resolve_num_blocks
 from .detokenizer import DecodingTokenizer, IncrementalDetokenizer
-from .embedding import EmbeddingJob, EmbeddingQueue, EmbeddingRequest, EmbeddingResult
+from .embedding import EngineEmbeddings
 from .errors import (
     CacheCapacityError,
     DuplicateRequestError,
-    EmbeddingsUnsupportedError,
     EmptyPromptError,
     EngineConfigError,
-    InputTooLongError,
     InvalidPromptError,
     InvalidRequestError,
     PromptTooLongError,
@@ -38,68 +37,16 @@ from .outputs import EngineStats, RequestOutput, TokenLogprob
 from .request import EngineRequest
 from .sampler import SampleResult, Sampler
 from .sampling_params import SamplingParams
-from .scheduler import PREEMPTION_MODES, ScheduledSeq, Scheduler, SchedulerOutput
+from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
-from .speculative import DraftModelProposer, SpeculativeConfig, Speculator
+from .speculative import DraftModelProposer, Speculator
 
-DEFAULT_KV_CACHE_BYTES = 1 << 30  # used when neither num_blocks nor kv_cache_bytes is set
+__all__ = ["DEFAULT_KV_CACHE_BYTES", "EngineConfig", "LLMEngine"]  # the config's names, importable here as before
+
 _KV_OP_METHODS = {"copy": "copy_blocks", "swap_out": "swap_out", "swap_in": "swap_in"}  # BlockManager op -> Backend
 
 
-@dataclass
-class EngineConfig:
-    """Sizes of the KV cache and of a step.
-
-    Give the cache either as ``num_blocks`` or as ``kv_cache_bytes`` (divided by
-    the backend's ``kv_block_bytes(block_size)``), not both; with neither,
-    ``DEFAULT_KV_CACHE_BYTES`` is used. ``max_model_len`` defaults to the
-    model's context length and may only lower it.
-    """
-
-    block_size: int = DEFAULT_BLOCK_SIZE
-    num_blocks: int | None = None
-    kv_cache_bytes: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_model_len: int | None = None
-    # Reuse the KV of full blocks of earlier prompts (and outputs) with the same
-    # prefix; requests only share within the same ``cache_salt``.
-    enable_prefix_caching: bool = True
-    # Speculative decoding (``speculative.SpeculativeConfig``); None: off.
-    speculative: SpeculativeConfig | None = None
-    # What preemption does with a sequence's KV: "recompute" drops it (prefilled
-    # again on readmission), "swap" parks it in swap space (needs a backend with
-    # ``allocate_swap``). Swap space holds ``num_swap_blocks`` or
-    # ``swap_space_bytes`` worth of blocks (default: as many as the KV cache), in
-    # host memory, or in a file under ``swap_dir`` when it is set (the disk tier).
-    preemption_mode: str = "recompute"
-    num_swap_blocks: int | None = None
-    swap_space_bytes: int | None = None
-    swap_dir: str | None = None
-
-    def check(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-            _positive(name, getattr(self, name))
-        for name in ("num_blocks", "kv_cache_bytes", "max_model_len", "num_swap_blocks", "swap_space_bytes"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if self.num_blocks is not None and self.kv_cache_bytes is not None:
-            raise EngineConfigError("set num_blocks or kv_cache_bytes, not both")
-        if self.preemption_mode not in PREEMPTION_MODES:
-            raise EngineConfigError(
-                f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, got {self.preemption_mode!r}"
-            )
-        if self.num_swap_blocks is not None and self.swap_space_bytes is not None:
-            raise EngineConfigError("set num_swap_blocks or swap_space_bytes, not both")
-        if self.swap_dir is not None and (not isinstance(self.swap_dir, str) or not self.swap_dir):
-            raise EngineConfigError(f"swap_dir must be a directory path, got {self.swap_dir!r}")
-        if self.speculative is not None:
-            if not isinstance(self.speculative, SpeculativeConfig):
-                raise EngineConfigError("speculative must be a SpeculativeConfig or None")
-            self.speculative.check()
-
-
-class LLMEngine:
+class LLMEngine(EngineEmbeddings):
     def __init__(
         self,
         backend: Backend,
@@ -117,11 +64,11 @@ class LLMEngine:
         self.model_info = model_info
         self.vocab_size = model_info.vocab_size
         self.block_size = config.block_size
-        self.num_blocks = self._resolve_num_blocks(backend, config)
-        self.max_model_len = self._resolve_max_model_len(model_info, config)
+        self.num_blocks = resolve_num_blocks(backend, config)
+        self.max_model_len = resolve_max_model_len(model_info, config)
 
         backend.allocate_kv(self.num_blocks, self.block_size)
-        self.num_swap_blocks = self._allocate_swap(backend, config)
+        self.num_swap_blocks = allocate_swap(backend, config, self.num_blocks)
         self.block_manager = BlockManager(
             self.num_blocks,
             self.block_size,
@@ -208,79 +155,6 @@ class LLMEngine:
             bad = lo if lo < 0 else hi
             raise InvalidPromptError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
         return prompt
-
-    # -- embeddings
-
-    @property
-    def supports_embeddings(self) -> bool:
-        """Whether the backend has the optional ``embed`` (backends.base)."""
-        return callable(getattr(self.backend, "embed", None))
-
-    def make_embedding_request(
-        self,
-        request_id: str,
-        inputs: Iterable[Iterable[int]],
-        pooling: str,
-        *,
-        normalize: bool = True,
-        dimensions: int | None = None,
-        tenant: str | None = None,
-    ) -> EmbeddingRequest:
-        """Check an embedding request against the model, as ``make_request`` does a generation's. Thread-safe.
-
-        Each input is a non-empty list of token ids in the vocabulary, at most
-        the context long (no room for output is needed). Errors name the
-        input as ``input[i]``. Raises ``EmbeddingsUnsupportedError`` when the
-        backend has no ``embed``.
-        """
-        if not self.supports_embeddings:
-            raise EmbeddingsUnsupportedError(getattr(self.backend, "name", type(self.backend).__name__))
-        if pooling not in POOLINGS:
-            raise InvalidRequestError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}", param="pooling")
-        hidden = self.model_info.hidden_size
-        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
-                                       or not 1 <= dimensions <= (hidden or dimensions)):  # fmt: skip
-            raise InvalidRequestError(f"dimensions must be from 1 to {hidden}, got {dimensions!r}", param="dimensions")
-        checked = [self._checked_input(f"input[{i}]", tokens) for i, tokens in enumerate(inputs)]
-        if not checked:
-            raise InvalidRequestError("at least one input is required", param="input")
-        return EmbeddingRequest(request_id, tuple(checked), pooling, normalize=bool(normalize), dimensions=dimensions,
-                                tenant=tenant, engine_id=id(self))  # fmt: skip
-
-    def _checked_input(self, name: str, tokens: Iterable[int]) -> tuple[int, ...]:
-        try:
-            ids = tuple(operator.index(t) for t in tokens)
-        except TypeError:
-            raise InvalidRequestError(f"{name}: token ids must be integers", param=name) from None
-        if not ids:
-            raise InvalidRequestError(f"{name} is empty; at least one token is required", param=name)
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            bad = min(ids) if min(ids) < 0 else max(ids)
-            raise InvalidRequestError(f"{name}: token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})",
-                                      param=name)  # fmt: skip
-        if len(ids) > self.max_model_len:
-            raise InputTooLongError(name, len(ids), self.max_model_len)
-        return ids
-
-    def embed(self, token_lists: Seq[Seq[int]], pooling: str) -> np.ndarray:
-        """One ``embed`` call on the backend: float32 ``[len(token_lists), hidden]``, pooled, not normalised."""
-        pooled = np.asarray(self.backend.embed(token_lists, pooling), dtype=np.float32)  # type: ignore[attr-defined]
-        if pooled.ndim != 2 or pooled.shape[0] != len(token_lists):
-            raise BackendError(f"embed returned shape {pooled.shape} for {len(token_lists)} inputs")
-        self.num_tokens_embedded += sum(len(t) for t in token_lists)
-        return pooled
-
-    def embed_request(self, request: EmbeddingRequest) -> EmbeddingResult:
-        """Run a checked embedding request to the end on the calling thread (the engine's owner), in the
-        batches the engine thread would use; ``AsyncEngine.embed`` interleaves them with generation."""
-        if request.engine_id != id(self):
-            raise InvalidRequestError("the request was checked by another engine", param=None)
-        queue = EmbeddingQueue(self.config.max_num_batched_tokens)
-        queue.add(EmbeddingJob(request))
-        while (batch := queue.next_batch()) is not None:
-            for _, result in queue.deliver(batch, self.embed(batch.token_lists, batch.pooling)):
-                return result
-        raise RuntimeError("the embedding queue ended without a result")  # an engine bug, not the client's
 
     def _fitted_max_tokens(self, n: int, requested: int | None) -> int:
         """``requested`` (or, for None, as many as fit), checked against the context and the KV cache."""
@@ -441,27 +315,6 @@ class LLMEngine:
         # The draft keeps KV for as many tokens as the target can.
         return Speculator(spec, DraftModelProposer(spec, draft_backend, self.num_blocks, self.block_size))
 
-    def _allocate_swap(self, backend: Backend, config: EngineConfig) -> int:
-        """Reserve the swap space "swap" preemption needs; the number of slots (0 without)."""
-        if config.preemption_mode != "swap":
-            return 0
-        allocate = getattr(backend, "allocate_swap", None)
-        if allocate is None:
-            raise EngineConfigError(
-                f"preemption_mode 'swap' needs a backend that can swap; {type(backend).__name__} cannot "
-                "(use preemption_mode 'recompute')"
-            )
-        if config.num_swap_blocks is not None:
-            slots = config.num_swap_blocks
-        elif config.swap_space_bytes is not None:
-            slots = config.swap_space_bytes // backend.kv_block_bytes(self.block_size)
-            if slots < 1:
-                raise EngineConfigError(f"swap_space_bytes={config.swap_space_bytes} is smaller than one KV block")
-        else:
-            slots = self.num_blocks
-        allocate(slots, self.block_size, config.swap_dir)
-        return slots
-
     def _sample(self, sched: SchedulerOutput, logits: object) -> list[RequestOutput]:
         """Tokens from the step's logits: plain rows sampled together, each draft verified row by row."""
         if not any(entry.draft for entry in sched.scheduled):
@@ -542,38 +395,6 @@ class LLMEngine:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_text[token_id] = text
         return text
-
-    @staticmethod
-    def _resolve_num_blocks(backend: Backend, config: EngineConfig) -> int:
-        if config.num_blocks is not None:
-            return config.num_blocks
-        budget = config.kv_cache_bytes if config.kv_cache_bytes is not None else DEFAULT_KV_CACHE_BYTES
-        block_bytes = backend.kv_block_bytes(config.block_size)
-        if block_bytes <= 0:
-            raise EngineConfigError(f"backend reports {block_bytes} bytes per KV block")
-        num_blocks = budget // block_bytes
-        if num_blocks < 1:
-            raise EngineConfigError(
-                f"kv_cache_bytes={budget} is smaller than one KV block ({block_bytes} bytes "
-                f"for {config.block_size} tokens)"
-            )
-        return num_blocks
-
-    @staticmethod
-    def _resolve_max_model_len(info: ModelInfo, config: EngineConfig) -> int:
-        if config.max_model_len is None:
-            return info.context_length
-        if config.max_model_len > info.context_length:
-            raise EngineConfigError(
-                f"max_model_len={config.max_model_len} exceeds the model's context length {info.context_length}"
-            )
-        return config.max_model_len
-
-
-def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise EngineConfigError(f"{name} must be a positive integer, got {value!r}")
-
 
 def _eos_ids(tokenizer: DecodingTokenizer) -> frozenset[int]:
     ids = getattr(tokenizer, "eos_token_ids", None)
