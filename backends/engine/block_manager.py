@@ -172,8 +172,9 @@ class BlockManager:
             self._release_block(src)
 
     def _cached_prefix(self, seq: Sequence) -> list[int]:
-        """The blocks holding ``seq``'s longest cached prefix of full blocks."""
-        if not self.enable_prefix_caching:
+        """The blocks holding ``seq``'s longest cached prefix of full blocks (none while
+        its prompt still needs logits: a cached block has none to give)."""
+        if not self.enable_prefix_caching or seq.needs_prompt_logits:
             return []
         hits = []
         full = seq.num_tokens // self.block_size

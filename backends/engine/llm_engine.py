@@ -34,6 +34,7 @@ from .errors import (
 )
 from .guided import GrammarCompiler
 from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .prompt_logprobs import entries, prompt_rows, score_rows
 from .request import EngineRequest
 from .sampler import SampleResult, Sampler
 from .sampling_params import SamplingParams
@@ -202,6 +203,8 @@ class LLMEngine(EngineEmbeddings):
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt, request.params, self.eos_token_ids)
         if request.grammar is not None:
             seq.guide = request.grammar.guide()
+        if request.params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]  # the first token: nothing before it to predict it
         self._requests[request.request_id] = seq
         self.scheduler.add(seq)
 
@@ -316,8 +319,9 @@ class LLMEngine(EngineEmbeddings):
         return Speculator(spec, DraftModelProposer(spec, draft_backend, self.num_blocks, self.block_size))
 
     def _sample(self, sched: SchedulerOutput, logits: object) -> list[RequestOutput]:
-        """Tokens from the step's logits: plain rows sampled together, each draft verified row by row."""
-        if not any(entry.draft for entry in sched.scheduled):
+        """Tokens from the step's logits: plain rows sampled together, each draft verified row by row;
+        a prompt's rows (``prompt_logprobs``) scored first, so its first output carries them."""
+        if not any(entry.draft or entry.prompt_logits for entry in sched.scheduled):
             seqs = sched.sampled_seqs  # logits row i belongs to seqs[i]
             return [self._append(seq, [s]) for seq, s in zip(seqs, self.sampler.sample(logits, seqs))]
         logits = np.asarray(logits, dtype=np.float32)
@@ -325,15 +329,29 @@ class LLMEngine(EngineEmbeddings):
         drafted: list[tuple[ScheduledSeq, int]] = []
         row = 0
         for entry in sched.scheduled:
+            if entry.prompt_logits:
+                self._score_prompt(entry, logits[row : row + entry.prompt_logits])
+            first = row + entry.prompt_logits
             if entry.draft:
-                drafted.append((entry, row))
-            elif entry.num_logits:
-                plain.append((entry.seq, row))
+                drafted.append((entry, first))
+            elif entry.samples:
+                plain.append((entry.seq, first))
             row += entry.num_logits
         samples = self.sampler.sample(logits[[r for _, r in plain]], [seq for seq, _ in plain])
         outputs = [self._append(seq, [sample]) for (seq, _), sample in zip(plain, samples)]
         outputs += [self._verify(entry, logits[r : r + entry.num_logits]) for entry, r in drafted]
         return outputs
+
+    def _score_prompt(self, entry: ScheduledSeq, rows: np.ndarray) -> None:
+        """Record the logprobs of the prompt tokens these rows predict that the sequence lacks."""
+        seq = entry.seq
+        if seq.prompt_logprobs is None:
+            return
+        rows, targets = prompt_rows(rows, entry.start_pos, seq.token_ids, len(seq.prompt_logprobs),
+                                    seq.num_prompt_tokens)  # fmt: skip
+        if targets:
+            scored = score_rows(rows, targets, seq.params.prompt_logprobs or 0)
+            seq.prompt_logprobs.extend(entries(scored, targets, self._text_of))
 
     def _verify(self, entry: ScheduledSeq, rows: np.ndarray) -> RequestOutput:
         """Keep the draft's tokens while the target agrees, then the target's own token."""
@@ -383,7 +401,16 @@ class LLMEngine(EngineEmbeddings):
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_output_tokens,
             logprobs=[self._logprob(s) for s in samples] if seq.params.logprobs else None,
+            prompt_logprobs=self._take_prompt_logprobs(seq),
         )
+
+    @staticmethod
+    def _take_prompt_logprobs(seq: Sequence) -> list[TokenLogprob | None] | None:
+        """The prompt's logprobs, once (its first output); None after, and without them."""
+        if seq.prompt_logprobs is None or seq.prompt_logprobs_sent:
+            return None
+        seq.prompt_logprobs_sent = True
+        return list(seq.prompt_logprobs)
 
     def _logprob(self, sample: SampleResult) -> TokenLogprob:
         top = [(t, self._text_of(t), lp) for t, lp in sample.top_logprobs or ()]

@@ -38,6 +38,9 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int  # total so far
     logprobs: list[TokenLogprob] | None = None  # one per new token when requested
+    # With params.prompt_logprobs, in the request's first output only: one per prompt token,
+    # None for the first (nothing came before it to predict it).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,9 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: bool = False
     top_logprobs: int = 0
+    # The prompt's own logprobs (backends.engine.prompt_logprobs): None off, n: each prompt
+    # token's and its n best alternatives', in the first output (the completions API's echo).
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # Speculative decoding, where the model has it on: None follows the model's
     # setting, 0 turns it off for this request, n caps the draft at n tokens.
@@ -113,6 +116,8 @@ class SamplingParams:
         _integer("top_logprobs", self.top_logprobs, 0, MAX_TOP_LOGPROBS)
         if self.top_logprobs and not self.logprobs:
             raise SamplingParamsError("top_logprobs", "top_logprobs requires logprobs to be true")
+        if self.prompt_logprobs is not None:
+            _integer("prompt_logprobs", self.prompt_logprobs, 0, MAX_TOP_LOGPROBS)
         _boolean("skip_special_tokens", self.skip_special_tokens)
         if self.speculative_k is not None:
             _integer("speculative_k", self.speculative_k, 0, MAX_SPECULATIVE_K)

@@ -66,6 +66,9 @@ class ScheduledSeq:
 
     A speculative decode runs the sequence's last token and then ``draft``
     (tokens proposed, not yet the sequence's), with a logits row for each.
+    A prefill chunk of a sequence that wants prompt logprobs has a row for
+    each position: its first ``prompt_logits`` rows score the prompt
+    (``prompt_logprobs``), and the last is sampled when the chunk reaches the end.
     """
 
     seq: Sequence
@@ -73,6 +76,12 @@ class ScheduledSeq:
     num_tokens: int
     num_logits: int  # 1 when the chunk reaches the end of the known tokens, else 0; 1 + len(draft) with a draft
     draft: tuple[int, ...] = ()
+    prompt_logits: int = 0  # of num_logits, the leading rows that score the prompt and are not sampled
+
+    @property
+    def samples(self) -> bool:
+        """Whether a token is sampled (or a draft verified) from this entry's rows."""
+        return self.num_logits > self.prompt_logits
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -100,7 +109,7 @@ class SchedulerOutput:
     @property
     def sampled_seqs(self) -> list[Sequence]:
         """Sequences owning a logits row, in row order."""
-        return [s.seq for s in self.scheduled if s.num_logits]
+        return [s.seq for s in self.scheduled if s.samples]
 
     def batch(self) -> Batch:
         slices = [
@@ -420,4 +429,6 @@ def _entry(seq: Sequence, num_tokens: int, draft: list[int] | None = None) -> Sc
     if draft:
         return ScheduledSeq(seq, start, num_tokens + len(draft), 1 + len(draft), tuple(draft))
     reaches_end = start + num_tokens == seq.num_tokens
+    if seq.needs_prompt_logits:  # a row for every position, the last sampled if the chunk reaches the end
+        return ScheduledSeq(seq, start, num_tokens, num_tokens, prompt_logits=num_tokens - 1 if reaches_end else num_tokens)
     return ScheduledSeq(seq=seq, start_pos=start, num_tokens=num_tokens, num_logits=1 if reaches_end else 0)

@@ -99,6 +99,10 @@ class Sequence:
         # Structured outputs: the grammar's matcher (guided.Guide), advanced past each output token as
         # it is appended; its state depends on the output alone, so preemption leaves it right.
         self.guide: Any = None
+        # Prompt logprobs (prompt_logprobs.py), when asked for: one entry per prompt token scored
+        # so far (None for the first), kept across preemption; sent once, in the first output.
+        self.prompt_logprobs: list[Any] | None = None
+        self.prompt_logprobs_sent = False
 
     def __repr__(self) -> str:
         return (
@@ -126,6 +130,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Whether prompt tokens still lack their logprob: its prefill then asks for every position's logits."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def sort_key(self) -> tuple[int, int]:
