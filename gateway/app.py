@@ -3,6 +3,7 @@
 Middleware order, outermost first::
 
     RequestContextMiddleware   request id, the context later layers fill in
+    AnthropicErrors            /v1/messages: every error body in Anthropic's shape (gateway.adapters.errors)
     AuditMiddleware            one audit event per /v1 call, on disk before the answer
     MetricsMiddleware          status and latency per route template
     ServiceGate                503 while draining, or while the audit spool cannot take events
@@ -31,6 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.adapters import AnthropicErrors
 from gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
 from gateway.authz import requires
 from gateway.context import RequestContextMiddleware, get_context
@@ -164,6 +166,7 @@ def create_app(
     ]
     middleware = [
         Middleware(RequestContextMiddleware),
+        Middleware(AnthropicErrors),
         Middleware(AuditMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),
         Middleware(ServiceGate, exempt=PUBLIC_PATHS, audit=audit_health),

@@ -47,20 +47,29 @@ def _is_empty(out: RequestOutput) -> bool:
     return not out.new_text and not out.finished and not out.logprobs
 
 
+async def stream_chunks(
+    gen: Generation, first: ChoiceEvent | None, render: Renderer, include_usage: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """The stream's chunks in this API's shape (no usage chunk); a ``GatewayError`` of the generation is raised."""
+    for chunk in render.stream_start():
+        yield chunk
+    if first is None:
+        return
+    chunk = render.stream_event(first, include_usage)
+    if chunk is not None:
+        yield chunk
+    async for event in gen:
+        chunk = render.stream_event(event, include_usage)
+        if chunk is not None:
+            yield chunk
+
+
 async def sse_body(
     gen: Generation, first: ChoiceEvent | None, render: Renderer, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    for chunk in render.stream_start():
-        yield sse_event(chunk)
     try:
-        if first is not None:
-            chunk = render.stream_event(first, include_usage)
-            if chunk is not None:
-                yield sse_event(chunk)
-            async for event in gen:
-                chunk = render.stream_event(event, include_usage)
-                if chunk is not None:
-                    yield sse_event(chunk)
+        async for chunk in stream_chunks(gen, first, render, include_usage):
+            yield sse_event(chunk)
     except GatewayError as exc:
         # Headers are gone already; the error travels in the stream, as OpenAI does.
         yield sse_event(error_body(exc))

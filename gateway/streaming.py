@@ -86,6 +86,11 @@ def sse_event(payload: dict[str, Any] | str) -> bytes:
 SSE_DONE = sse_event("[DONE]")
 
 
+class SSELast(bytes):
+    """A stream's last event, held like ``[DONE]`` until the call is on record: the Responses and
+    Messages APIs (``gateway.adapters``) end their streams with an event of their own, not ``[DONE]``."""
+
+
 def sse_error_end(exc: ApiError) -> bytes:
     """How a stream whose headers are gone ends in error: the error as an event, then [DONE] (as OpenAI does)."""
     return sse_event(error_body(exc)) + SSE_DONE
@@ -100,9 +105,11 @@ class SSEResponse:
         body: AsyncIterator[bytes],
         on_close: Callable[[], Awaitable[None]] | None = None,
         headers: dict[str, str] | None = None,
+        error_end: Callable[[ApiError], bytes] = sse_error_end,
     ) -> None:
         self.body = body
         self.on_close = on_close
+        self.error_end = error_end  # how this API's stream ends in error (a drain's grace over)
         self.headers = {
             "content-type": "text/event-stream; charset=utf-8",
             "cache-control": "no-cache",
@@ -114,7 +121,7 @@ class SSEResponse:
     async def _pump(self, send: Send) -> None:
         end = b""
         async for chunk in self.body:
-            if chunk == SSE_DONE:  # held for the last message: [DONE] only once the call is on record
+            if chunk == SSE_DONE or isinstance(chunk, SSELast):  # held: the end goes out once the call is on record
                 end = chunk
                 continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -152,7 +159,7 @@ class SSEResponse:
             # in error (the audit layer records the call, interrupted, before it goes out).
             get_context(scope).reasons.append(INTERRUPTED_REASON)
             await self._end_early()
-            await send({"type": "http.response.body", "body": sse_error_end(exc), "more_body": False})
+            await send({"type": "http.response.body", "body": self.error_end(exc), "more_body": False})
         finally:
             aclose = getattr(self.body, "aclose", None)
             if aclose is not None:

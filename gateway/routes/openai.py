@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: chat completions, completions, embeddings, models.
+"""OpenAI-compatible routes: chat completions, completions, embeddings, models; the Responses and Messages APIs.
 
 A generation handler reads top to bottom: parse → plan → policy → generate →
 render. The body is decoded with limits (``gateway.jsonbody``) and screened by
@@ -8,7 +8,10 @@ parsed); ``gateway.plan`` turns the request into checked engine requests
 ``gateway.request_policy.RequestPolicy`` owns admission, limits, OPA and
 settlement, in its one refusal order; ``gateway.rendering`` shapes the answer.
 The embeddings handler reads the same way (``gateway.embeddings`` parses,
-plans, runs and renders; the same ``RequestPolicy`` decides).
+plans, runs and renders; the same ``RequestPolicy`` decides). ``/v1/responses``
+and ``/v1/messages`` are adapters (``gateway.adapters``): the vendor's body
+becomes a chat body that takes the chat route's steps (``_prepare``,
+``_answer``), and the chat answer goes back in the vendor's shape.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.adapters import Adapter, AdapterRenderer, MessagesRequest, ResponsesRequest, parse_messages
+from gateway.adapters import parse_responses
 from gateway.authz import principal_of, requires
 from gateway.context import get_context
 from gateway.embeddings import EmbeddingsRequest, embed, parse_embeddings, plan_embeddings, render_embeddings
@@ -37,6 +42,7 @@ from gateway.rendering import ChatRenderer, CompletionRenderer, Renderer, collec
 from gateway.request_policy import RequestPolicy
 from gateway.state import state_of
 from gateway.streaming import ClientDisconnected, SSEResponse, drain_deadline, run_until_disconnect
+from policy.errors import ApiError
 from policy.rbac import Scope
 
 Req = TypeVar("Req", ChatCompletionRequest, CompletionRequest)
@@ -83,7 +89,7 @@ async def chat_completions(request: Request) -> Response:
 @requires(Scope.GENERATE)
 async def completions(request: Request) -> Response:
     return await _generate(request, CompletionRequest, plan_completion,
-                           lambda plan, req: CompletionRenderer(plan, req.logprobs, req.echo))  # fmt: skip
+                           lambda plan, req: CompletionRenderer(plan, req.logprobs, req.echo, req.n))  # fmt: skip
 
 
 async def _generate(
@@ -94,7 +100,19 @@ async def _generate(
 ) -> Response:
     """parse → plan → policy → generate → render (the policy's steps in its refusal order)."""
     policy = RequestPolicy(request)
-    body = await policy.screen(await read_json(request))
+    req, plan = await _prepare(request, policy, await read_json(request), kind, plan_for)
+    return await _answer(request, policy, plan, req, render_for(plan, req))
+
+
+async def _prepare(
+    request: Request,
+    policy: RequestPolicy,
+    body: dict[str, Any],
+    kind: type[Req],
+    plan_for: Callable[[ServedModel, Req, Placement], Plan],
+) -> tuple[Req, Plan]:
+    """The generation's checked plan: input guardrails on ``body``, parse, allow-list, placement, plan."""
+    body = await policy.screen(body)
     req = parse_request(kind, body, state_of(request).stop_limits)
     served = _resolve(request, req.model)
     placement = await policy.place(req)
@@ -102,14 +120,15 @@ async def _generate(
         plan_for = plan_remote  # type: ignore[assignment]
     # A grammar is compiled while planning (milliseconds; the model's first builds its vocabulary, ~0.5 s).
     if len(await request.body()) <= INLINE_PLAN_BYTES and req.guided() is None:
-        plan = plan_for(served, req, placement)
-    else:
-        plan = await run_in_threadpool(plan_for, served, req, placement)
-    return await _answer(request, policy, plan, req, render_for(plan, req))
+        return req, plan_for(served, req, placement)
+    return req, await run_in_threadpool(plan_for, served, req, placement)
 
 
-async def _answer(request: Request, policy: RequestPolicy, plan: Plan, req: GenerationRequest, render: Renderer) -> Response:
-    """The generation's answer: one JSON body, or an SSE stream once its first output is there."""
+async def _answer(
+    request: Request, policy: RequestPolicy, plan: Plan, req: GenerationRequest, render: Renderer
+) -> Response:
+    """The generation's answer: one JSON body, or an SSE stream once its first output is there
+    (the chat stream's chunks, or an adapter's events made of them)."""
     deadline = drain_deadline(request.scope)
     if not req.stream:
         try:
@@ -129,6 +148,9 @@ async def _answer(request: Request, policy: RequestPolicy, plan: Plan, req: Gene
     except BaseException:
         await gen.close()
         raise
+    if isinstance(render, AdapterRenderer):
+        return SSEResponse(render.sse_body(gen, first), on_close=gen.close, headers=policy.headers,
+                           error_end=render.adapter.error_end)  # fmt: skip
     return SSEResponse(sse_body(gen, first, render, req.include_usage), on_close=gen.close, headers=policy.headers)
 
 
@@ -137,6 +159,36 @@ async def _first_event(gen: Generation) -> ChoiceEvent | None:
         return await gen.__anext__()
     except StopAsyncIteration:
         return None
+
+
+# -- the Responses and Messages APIs: adapters over the chat path ------------------------
+
+
+@document("Response (OpenAI's Responses API, stateless subset; SSE events when stream is true)", tag="openai",
+          body=ResponsesRequest, streams=True)  # fmt: skip
+@requires(Scope.GENERATE)
+async def responses(request: Request) -> Response:
+    return await _adapt(request, parse_responses)
+
+
+@document("Message (Anthropic's Messages API; SSE events when stream is true)", tag="openai", body=MessagesRequest,
+          streams=True)  # fmt: skip
+@requires(Scope.GENERATE)
+async def messages(request: Request) -> Response:
+    return await _adapt(request, parse_messages)
+
+
+async def _adapt(request: Request, parse: Callable[[dict[str, Any]], Adapter]) -> Response:
+    """The vendor's body as a chat body, through the chat route's own steps; its answer in the vendor's shape.
+    An error past the translation names the vendor's field (``stop[1]`` is ``stop_sequences[1]``)."""
+    policy = RequestPolicy(request)
+    adapter = parse(await read_json(request))
+    try:
+        req, plan = await _prepare(request, policy, adapter.chat_body(), ChatCompletionRequest, plan_chat)
+        return await _answer(request, policy, plan, req, AdapterRenderer(plan, adapter))
+    except ApiError as exc:
+        exc.param = adapter.param(exc.param)
+        raise
 
 
 # -- embeddings -----------------------------------------------------------------
@@ -198,6 +250,8 @@ def routes() -> list[BaseRoute]:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         # :path so ids containing "/" (e.g. "org/model") resolve.
         Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),

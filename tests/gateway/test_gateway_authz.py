@@ -55,6 +55,8 @@ PUBLIC = {("GET", "/livez"), ("GET", "/readyz"), ("GET", "/metrics")}
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+RESPONSE = {"model": MODEL, "input": "hi", "max_output_tokens": 1}
+MESSAGE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 # Policies the table creates: limits nobody reaches, a rule nothing here says.
 LIMIT_SPEC = {"requests_per_minute": 10**9}
 LIMIT_BODY = {"kind": "rate_limit", "name": "made", "spec": LIMIT_SPEC}
@@ -149,6 +151,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/chat/completions"): Case(G, 200, lambda w: ("/v1/chat/completions", CHAT)),
     ("POST", "/v1/completions"): Case(G, 200, lambda w: ("/v1/completions", COMPLETION)),
     ("POST", "/v1/embeddings"): Case(G, 200, lambda w: ("/v1/embeddings", {"model": MODEL, "input": "hello"})),
+    ("POST", "/v1/responses"): Case(G, 200, lambda w: ("/v1/responses", RESPONSE)),
+    ("POST", "/v1/messages"): Case(G, 200, lambda w: ("/v1/messages", MESSAGE)),
     ("GET", "/v1/models"): Case(R, 200, lambda w: ("/v1/models", None)),
     ("GET", "/v1/models/{model_id:path}"): Case(R, 200, lambda w: (f"/v1/models/{MODEL}", None)),
     ("GET", "/openapi.json"): Case(R, 200, lambda w: ("/openapi.json", None)),

@@ -306,7 +306,46 @@ def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
                   "dimensions": HOSTILE_NUMBER.map(_Raw), "user": text},
     )  # fmt: skip
     return st.one_of(chat.map(lambda b: ("/v1/chat/completions", b)), completion.map(lambda b: ("/v1/completions", b)),
-                     embeddings.map(lambda b: ("/v1/embeddings", b)))  # fmt: skip
+                     embeddings.map(lambda b: ("/v1/embeddings", b)), *adapter_bodies())  # fmt: skip
+
+
+def adapter_bodies() -> list[st.SearchStrategy[tuple[str, dict[str, Any]]]]:
+    """/v1/responses and /v1/messages for the real model: their vendors' shapes, near-valid and hostile."""
+    text = HOSTILE_TEXT
+    part = st.one_of(hostile_values(), st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text",
+                                                                                       "input_image", "refusal"]),
+                                                              "text": text}))  # fmt: skip
+    item = st.one_of(
+        hostile_values(),
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "developer", "assistant"]),
+                               "content": st.one_of(text, st.lists(part, max_size=3))}),
+        st.fixed_dictionaries({"type": st.just("function_call"), "call_id": text, "name": text, "arguments": text}),
+        st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": text, "output": text}),
+    )  # fmt: skip
+    response = st.fixed_dictionaries(
+        {"model": st.just(MODEL), "max_output_tokens": st.integers(1, 3),
+         "input": st.one_of(text, st.lists(item, min_size=1, max_size=4))},
+        optional={"instructions": text, "stream": st.booleans(), "temperature": HOSTILE_NUMBER.map(_Raw),
+                  "store": hostile_values(), "previous_response_id": text, "text": hostile_values(),
+                  "tools": hostile_values(), "tool_choice": hostile_values(), "metadata": hostile_values()},
+    )  # fmt: skip
+    block = st.one_of(
+        hostile_values(),
+        st.fixed_dictionaries({"type": st.just("text"), "text": text}),
+        st.fixed_dictionaries({"type": st.just("tool_use"), "id": text, "name": text, "input": hostile_values()}),
+        st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": text,
+                               "content": st.one_of(text, hostile_values())}),
+    )  # fmt: skip
+    message = st.fixed_dictionaries(
+        {"model": st.just(MODEL), "max_tokens": st.integers(1, 3),
+         "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]),
+                                                     "content": st.one_of(text, st.lists(block, max_size=3))}),
+                              min_size=1, max_size=3)},
+        optional={"system": st.one_of(text, st.lists(block, max_size=2)), "stream": st.booleans(),
+                  "stop_sequences": st.lists(text, max_size=20), "top_k": HOSTILE_NUMBER.map(_Raw),
+                  "tools": hostile_values(), "tool_choice": hostile_values(), "metadata": hostile_values()},
+    )  # fmt: skip
+    return [response.map(lambda b: ("/v1/responses", b)), message.map(lambda b: ("/v1/messages", b))]
 
 
 def test_hostile_generation_requests_find_no_5xx(fuzz: Fuzz, client: httpx.Client) -> None:

@@ -6,8 +6,11 @@ from typing import Any
 
 
 def error_of(response: Any) -> dict[str, Any]:
-    """The OpenAI-shaped error of ``response``; fails unless the body is exactly that shape."""
+    """The OpenAI-shaped error of ``response``; fails unless the body is exactly that shape (on
+    ``/v1/messages`` with Anthropic's top-level ``"type": "error"`` beside it, as that route answers)."""
     body = response.json()
+    if response.request.url.path == "/v1/messages":
+        assert body.pop("type", None) == "error", body
     assert set(body) == {"error"}, body
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}, error

@@ -1,0 +1,24 @@
+"""Vendor APIs over the chat-completions path: OpenAI's Responses API and Anthropic's Messages API.
+
+Each adapter translates its vendor's body into a chat-completions body, which
+takes the chat route's own steps (``gateway.routes.openai``), and the chat
+answer back into the vendor's shape; ``common`` holds what both share and
+``errors`` Anthropic's error bodies.
+"""
+
+from gateway.adapters.anthropic import MessagesAdapter, MessagesRequest, parse_messages
+from gateway.adapters.common import Adapter, AdapterRenderer
+from gateway.adapters.errors import AnthropicErrors
+from gateway.adapters.responses import ResponsesAdapter, ResponsesRequest, parse_responses
+
+__all__ = [
+    "Adapter",
+    "AdapterRenderer",
+    "AnthropicErrors",
+    "MessagesAdapter",
+    "MessagesRequest",
+    "ResponsesAdapter",
+    "ResponsesRequest",
+    "parse_messages",
+    "parse_responses",
+]

@@ -1,0 +1,422 @@
+"""``POST /v1/responses`` and ``POST /v1/messages`` over a real socket, with the official ``openai`` and ``anthropic``
+clients, on the real model.
+
+Both are adapters over the chat path, so the strongest check is that they say
+what the chat route says for the same conversation (greedy): the same text, the
+same token counts. Then each vendor's shapes (objects, typed stream events),
+its errors (each client raises its own exception class, with the right status
+and the vendor's field named) and the policy chain as the chat route has it:
+a tenant's allow-list (404), input guardrails (400 content_filter), a token
+quota charged like chat's, OPA told the route, one audit event naming the route.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from gateway.settings import DEFAULT_MODEL_NAME
+from policy.store import PolicyStore, StoreSettings
+from servers import start_uvicorn, stop_uvicorn
+
+MODEL = DEFAULT_MODEL_NAME
+POLL = 0.05  # the server here re-reads policies this often
+QUESTION = "What is the capital of France?"
+SYSTEM = "You are a terse geography teacher."
+# The anthropic client (2.x) has no sampling parameters of its own any more; the API still takes them.
+GREEDY = {"temperature": 0}
+
+
+class World:
+    """A live server with its own store: tenants, keys and policies per test, both vendors' clients."""
+
+    def __init__(self, store: PolicyStore, url: str, data_dir: Path, app: Any) -> None:
+        self.store, self.url, self.data_dir, self.app = store, url, data_dir, app
+        self.n = 0
+
+    def tenant_key(self, **tenant: Any) -> tuple[Any, str]:
+        self.n += 1
+        record = self.store.create_tenant(f"a{self.n}", **tenant)
+        return record, self.store.create_api_key(record.id, "k", "member")[1]
+
+    def openai(self, key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+    def anthropic(self, key: str) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0, timeout=120)
+
+    def post(self, path: str, key: str | None, body: dict[str, Any], **headers: str) -> httpx.Response:
+        auth = {"authorization": f"Bearer {key}"} if key else {}
+        return httpx.post(f"{self.url}{path}", json=body, headers={**auth, **headers}, timeout=120)
+
+    def settled(self) -> None:
+        deadline = time.monotonic() + 10
+        while self.app.state.traffic_tasks:
+            assert time.monotonic() < deadline, "settlements did not finish"
+            time.sleep(0.02)
+
+    def events(self) -> dict[str, dict[str, Any]]:
+        segments = sorted((self.data_dir / "audit" / "segments").glob("*.jsonl"))
+        return {e["event"]["request_id"]: e["event"] for s in segments for line in s.read_text().splitlines()
+                if (e := json.loads(line))}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    data_dir = tmp_path_factory.mktemp("adapters")
+    store = PolicyStore.open(StoreSettings(), data_dir)
+    app = make_app(store, data_dir=str(data_dir), auth={"revocation_poll_seconds": POLL})
+    server, thread, sock, url = start_uvicorn(app)
+    try:
+        yield World(store, url, data_dir, app)
+    finally:
+        stop_uvicorn(server, thread, sock)
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def key(world: World) -> str:
+    return world.tenant_key()[1]
+
+
+@pytest.fixture(scope="module")
+def oa(world: World, key: str) -> Iterator[openai.OpenAI]:
+    with world.openai(key) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def an(world: World, key: str) -> Iterator[anthropic.Anthropic]:
+    with world.anthropic(key) as client:
+        yield client
+
+
+def chat(oa: openai.OpenAI, messages: list[dict[str, Any]], **extra: Any) -> Any:
+    return oa.chat.completions.create(model=MODEL, messages=messages, temperature=0, **extra)  # type: ignore[arg-type]
+
+
+# -- /v1/responses ---------------------------------------------------------------------------
+
+
+def test_a_response_says_what_chat_says(oa: openai.OpenAI) -> None:
+    resp = oa.responses.create(model=MODEL, input=QUESTION, instructions=SYSTEM, max_output_tokens=12, temperature=0)
+    same = chat(oa, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}], max_tokens=12)
+    assert resp.object == "response" and resp.id.startswith("resp_") and resp.model == MODEL
+    assert resp.output_text == same.choices[0].message.content and resp.output_text
+    [item] = resp.output
+    assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
+    assert resp.usage is not None and same.usage is not None
+    assert (resp.usage.input_tokens, resp.usage.output_tokens) == (same.usage.prompt_tokens,
+                                                                   same.usage.completion_tokens)  # fmt: skip
+    assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
+    assert resp.instructions == SYSTEM and resp.store is False
+    finished = same.choices[0].finish_reason
+    assert (resp.status, resp.incomplete_details) == (("completed", None) if finished == "stop" else
+                                                      ("incomplete", resp.incomplete_details))  # fmt: skip
+
+
+def test_items_are_a_multi_turn_conversation(oa: openai.OpenAI) -> None:
+    items = [
+        {"role": "developer", "content": SYSTEM},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Name a big city."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Paris."}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "In which "}, {"type": "input_text",
+                                                                                 "text": "country is it?"}]},
+    ]  # fmt: skip
+    resp = oa.responses.create(model=MODEL, input=items, max_output_tokens=10, temperature=0)  # type: ignore[arg-type]
+    same = chat(oa, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Name a big city."},
+                     {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "In which country is it?"}],
+                max_tokens=10)  # fmt: skip
+    assert resp.output_text == same.choices[0].message.content
+
+
+def test_max_output_tokens_makes_an_incomplete_response(oa: openai.OpenAI) -> None:
+    resp = oa.responses.create(model=MODEL, input="Write a long story about a dragon.", max_output_tokens=3)
+    assert resp.status == "incomplete" and resp.incomplete_details is not None
+    assert resp.incomplete_details.reason == "max_output_tokens"
+    assert resp.usage is not None and resp.usage.output_tokens == 3
+
+
+def test_a_streamed_response_sends_the_typed_events(oa: openai.OpenAI) -> None:
+    whole = oa.responses.create(model=MODEL, input=QUESTION, max_output_tokens=12, temperature=0)
+    events = list(oa.responses.create(model=MODEL, input=QUESTION, max_output_tokens=12, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:5] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added", "response.output_text.delta"]  # fmt: skip
+    end = "response.completed" if whole.status == "completed" else "response.incomplete"
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done", end]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text == events[-4].text  # type: ignore[union-attr]
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.output_text == text and final.status == whole.status
+    assert final.usage is not None and whole.usage is not None
+    assert final.usage.output_tokens == whole.usage.output_tokens and final.id == events[0].response.id  # type: ignore[union-attr]
+    assert events[0].response.status == "in_progress"  # type: ignore[union-attr]
+
+
+PET = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                        "species": {"enum": ["cat", "dog", "bird"]}},
+       "required": ["name", "species"], "additionalProperties": False}  # fmt: skip
+
+
+def test_text_format_json_schema_parses_and_validates(oa: openai.OpenAI) -> None:
+    fmt = {"type": "json_schema", "name": "pet", "schema": PET, "strict": True}
+    resp = oa.responses.create(model=MODEL, input="Describe a pet.", max_output_tokens=64, temperature=1.0,
+                               text={"format": fmt})  # type: ignore[arg-type]
+    jsonschema.validate(json.loads(resp.output_text), PET)
+    assert resp.text is not None and resp.text.format is not None and resp.text.format.type == "json_schema"
+    obj = oa.responses.create(model=MODEL, input="Describe a pet in JSON.", max_output_tokens=32,
+                              text={"format": {"type": "json_object"}})  # fmt: skip
+    assert isinstance(json.loads(obj.output_text), dict)
+
+
+def test_responses_parse_with_a_pydantic_model(oa: openai.OpenAI) -> None:
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    parsed = oa.responses.parse(model=MODEL, input="Describe Paris.", max_output_tokens=64, text_format=City)
+    assert isinstance(parsed.output_parsed, City)
+
+
+def test_store_is_answered_as_not_stored_and_stateful_fields_are_refused(oa: openai.OpenAI) -> None:
+    assert oa.responses.create(model=MODEL, input="Hi", max_output_tokens=2, store=True).store is False
+    refused = [({"previous_response_id": "resp_123"}, "previous_response_id"),
+               ({"conversation": "conv_1"}, "conversation"), ({"background": True}, "background"),
+               ({"include": ["message.output_text.logprobs"]}, "include"),
+               ({"truncation": "auto"}, "truncation"),
+               ({"tools": [{"type": "web_search_preview"}]}, "tools[0].type"),
+               ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+                "input[0].content[0].type")]  # fmt: skip
+    for extra, param in refused:
+        body: dict[str, Any] = {"model": MODEL, "input": "Hi", "max_output_tokens": 2, **extra}
+        with pytest.raises(openai.BadRequestError) as caught:
+            oa.responses.create(**body)
+        assert caught.value.status_code == 400
+        error = caught.value.body  # the client hands over the body's "error" object
+        assert isinstance(error, dict) and error["param"] == param and error["code"] == "unsupported_parameter", error
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": []}, "input"),
+    ({"input": [3]}, "input[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "x", "temperature": 3}, "temperature"),
+    ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
+    ({"input": "x", "max_output_tokens": 10**9}, "max_output_tokens"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": {"not": {}}}}}, "text.format"),
+])  # fmt: skip
+def test_bad_responses_bodies_are_400s_naming_the_field(world: World, key: str, body: dict[str, Any],
+                                                        param: str) -> None:  # fmt: skip
+    response = world.post("/v1/responses", key, {"model": MODEL, **body})
+    assert response.status_code == 400, response.text
+    assert set(response.json()) == {"error"} and response.json()["error"]["param"] == param, response.text
+
+
+def test_responses_errors_are_the_openai_clients_exceptions(world: World, oa: openai.OpenAI) -> None:
+    with world.openai("ifx_not_a_key") as bad, pytest.raises(openai.AuthenticationError):
+        bad.responses.create(model=MODEL, input="Hi")
+    with pytest.raises(openai.NotFoundError) as caught:
+        oa.responses.create(model="no-such-model", input="Hi")
+    assert caught.value.status_code == 404
+
+
+# -- /v1/messages --------------------------------------------------------------------------------
+
+
+def test_a_message_says_what_chat_says(an: anthropic.Anthropic, oa: openai.OpenAI) -> None:
+    turns = [{"role": "user", "content": "Name a big city."}, {"role": "assistant", "content": "Paris."},
+             {"role": "user", "content": [{"type": "text", "text": "In which "}, {"type": "text", "text": "country?"}]}]
+    msg = an.messages.create(model=MODEL, max_tokens=12, system=SYSTEM, messages=turns, extra_body=GREEDY)  # type: ignore[arg-type]
+    same = chat(oa, [{"role": "system", "content": SYSTEM}, *turns[:2], {"role": "user", "content": "In which country?"}],
+                max_tokens=12)  # fmt: skip
+    assert msg.type == "message" and msg.role == "assistant" and msg.id.startswith("msg_") and msg.model == MODEL
+    [block] = msg.content
+    assert block.type == "text" and block.text == same.choices[0].message.content
+    assert msg.stop_reason == {"stop": "end_turn", "length": "max_tokens"}[same.choices[0].finish_reason]
+    assert same.usage is not None
+    assert (msg.usage.input_tokens, msg.usage.output_tokens) == (same.usage.prompt_tokens, same.usage.completion_tokens)
+
+
+def test_system_as_blocks_and_max_tokens_stop(an: anthropic.Anthropic) -> None:
+    msg = an.messages.create(model=MODEL, max_tokens=3, system=[{"type": "text", "text": SYSTEM}],
+                             messages=[{"role": "user", "content": "Write a long story about a dragon."}])  # fmt: skip
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 3
+
+
+def test_stop_sequences_cut_the_text(an: anthropic.Anthropic) -> None:
+    ask = [{"role": "user", "content": QUESTION}]
+    free = an.messages.create(model=MODEL, max_tokens=16, messages=ask, extra_body=GREEDY)  # type: ignore[arg-type]
+    text = free.content[0].text  # type: ignore[union-attr]
+    word = next(w for w in text.split()[1:] if len(w) > 2)
+    cut = an.messages.create(model=MODEL, max_tokens=16, messages=ask, extra_body=GREEDY, stop_sequences=[word])  # type: ignore[arg-type]
+    assert cut.content[0].text == text[: text.index(word)]  # type: ignore[union-attr]
+    assert cut.stop_reason in ("end_turn", "stop_sequence")
+
+
+def test_a_streamed_message_sends_anthropics_events(an: anthropic.Anthropic) -> None:
+    ask = [{"role": "user", "content": QUESTION}]
+    whole = an.messages.create(model=MODEL, max_tokens=12, messages=ask, extra_body=GREEDY)  # type: ignore[arg-type]
+    events = list(an.messages.create(model=MODEL, max_tokens=12, messages=ask, extra_body=GREEDY, stream=True))  # type: ignore[arg-type]
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["message_start", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(kinds[2:-3]) == {"content_block_delta"}
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")  # type: ignore[union-attr]
+    assert text == whole.content[0].text  # type: ignore[union-attr]
+    assert events[-2].delta.stop_reason == whole.stop_reason  # type: ignore[union-attr]
+    assert events[-2].usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
+    assert events[0].message.usage.input_tokens == whole.usage.input_tokens  # type: ignore[union-attr]
+    with an.messages.stream(model=MODEL, max_tokens=12, messages=ask, extra_body=GREEDY) as stream:  # type: ignore[arg-type]
+        assert "".join(stream.text_stream) == text
+        assert stream.get_final_message().content[0].text == text  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("body", "param", "code"), [
+    ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens", None),
+    ({"max_tokens": 2, "messages": []}, "messages", None),
+    ({"max_tokens": 2, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role", None),
+    ({"max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "messages[0].content[0].type", "unsupported_parameter"),
+    ({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
+     "messages[1]", "unsupported_parameter"),
+    ({"max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
+     "messages[0].content[0].tool_use_id", None),
+    ({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature", None),
+    ({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "stop_sequences": [""]},
+     "stop_sequences[0]", None),
+    ({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "bash_20250124",
+                                                                                  "name": "bash"}]},
+     "tools[0].type", "unsupported_parameter"),
+    ({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled",
+                                                                                    "budget_tokens": 1024}},
+     "thinking", "unsupported_parameter"),
+    ({"max_tokens": 10**9, "messages": [{"role": "user", "content": "x"}]}, "max_tokens", None),
+])  # fmt: skip
+def test_bad_messages_bodies_are_anthropic_400s_naming_the_field(world: World, key: str, body: dict[str, Any],
+                                                                 param: str, code: str | None) -> None:  # fmt: skip
+    response = world.post("/v1/messages", None, {"model": MODEL, **body}, **{"x-api-key": key})
+    assert response.status_code == 400, response.text
+    payload = response.json()
+    assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error", payload
+    assert payload["error"]["param"] == param and payload["error"]["message"], payload
+    if code is not None:
+        assert payload["error"]["code"] == code, payload
+
+
+def test_messages_errors_are_the_anthropic_clients_exceptions(world: World, an: anthropic.Anthropic) -> None:
+    ask = [{"role": "user", "content": "Hi"}]
+    with world.anthropic("ifx_not_a_key") as bad, pytest.raises(anthropic.AuthenticationError) as unauthenticated:
+        bad.messages.create(model=MODEL, max_tokens=2, messages=ask)  # type: ignore[arg-type]
+    assert unauthenticated.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        an.messages.create(model="no-such-model", max_tokens=2, messages=ask)  # type: ignore[arg-type]
+    assert missing.value.body == {"type": "error", "error": {"type": "not_found_error", "param": "model",
+                                                             "code": "model_not_found",
+                                                             "message": "The model 'no-such-model' does not exist"}}
+    with pytest.raises(anthropic.BadRequestError):
+        an.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": [  # type: ignore[arg-type]
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+    no_key = httpx.post(f"{world.url}/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": ask})
+    assert no_key.status_code == 401 and no_key.json()["type"] == "error"
+    assert no_key.json()["error"]["code"] == "missing_credentials"
+
+
+# -- the policy chain, as the chat route has it ----------------------------------------------------
+
+
+def test_the_allow_list_answers_404_on_both(world: World) -> None:
+    _, key = world.tenant_key(allowed_models=["some-other-model"])
+    with world.openai(key) as oa, pytest.raises(openai.NotFoundError):
+        oa.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    with world.anthropic(key) as an, pytest.raises(anthropic.NotFoundError):
+        an.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+
+
+def test_input_guardrails_block_on_both(world: World) -> None:
+    tenant, key = world.tenant_key()
+    world.store.create_policy(tenant.id, "guardrail", "g", {"blocklist": [{"id": "no-ski", "literal": "ski"}]})
+    time.sleep(3 * POLL)
+    with world.openai(key) as oa, pytest.raises(openai.BadRequestError) as blocked:
+        oa.responses.create(model=MODEL, input=[{"role": "user", "content": "fine"}], instructions="let's go ＳＫＩ")
+    assert blocked.value.code == "content_filter"
+    with world.anthropic(key) as an, pytest.raises(anthropic.BadRequestError) as refused:
+        an.messages.create(model=MODEL, max_tokens=2, system="fine", messages=[
+            {"role": "user", "content": [{"type": "text", "text": "let's go ski"}]}])  # fmt: skip
+    assert refused.value.body["error"]["code"] == "content_filter"  # type: ignore[index]
+
+
+def test_a_token_quota_is_charged_as_chat_charges_it(world: World) -> None:
+    tenant, key = world.tenant_key()
+    ask = [{"role": "user", "content": QUESTION}]
+    with world.anthropic(key) as an, world.openai(key) as oa:
+        first = an.messages.create(model=MODEL, max_tokens=4, messages=ask, extra_body=GREEDY)  # type: ignore[arg-type]
+        spent = first.usage.input_tokens + first.usage.output_tokens
+        world.settled()
+        # Room for one more of each at their real count (the same conversation: the same tokens); what was
+        # spent before the quota existed is not counted.
+        world.store.create_policy(tenant.id, "quota", "daily", {"scope": "tenant", "period": "day", "tokens": 2 * spent})
+        time.sleep(3 * POLL)
+        assert oa.responses.create(model=MODEL, input=QUESTION, max_output_tokens=4, temperature=0).usage.total_tokens \
+            == spent  # type: ignore[union-attr]  # fmt: skip
+        world.settled()
+        assert an.messages.create(model=MODEL, max_tokens=4, messages=ask, extra_body=GREEDY).usage.output_tokens  # type: ignore[arg-type]
+        world.settled()
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            an.messages.create(model=MODEL, max_tokens=4, messages=ask)  # type: ignore[arg-type]
+        assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        with pytest.raises(openai.RateLimitError):
+            oa.responses.create(model=MODEL, input=QUESTION, max_output_tokens=4)
+
+
+def test_opa_is_told_each_route(world: World) -> None:
+    tenant, key = world.tenant_key()
+    rego = ("package inferflux.guardrails\n"
+            "default decision := {\"allow\": true}\n"
+            "decision := {\"allow\": false, \"reasons\": [\"no messages here\"]} if { input.route == \"/v1/messages\" }\n")
+    world.store.create_policy(tenant.id, "guardrail", "opa", {"opa": {"engine": "embedded", "rego": rego}})
+    time.sleep(3 * POLL)
+    with world.openai(key) as oa, world.anthropic(key) as an:
+        assert oa.responses.create(model=MODEL, input="Hi", max_output_tokens=2).status in ("completed", "incomplete")
+        with pytest.raises(anthropic.PermissionDeniedError) as denied:
+            an.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    assert "no messages here" in denied.value.body["error"]["message"]  # type: ignore[index]
+
+
+def test_one_audit_event_each_naming_the_route(world: World) -> None:
+    tenant, key = world.tenant_key()
+    ok = world.post("/v1/responses", key, {"model": MODEL, "input": "my e-mail is someone@example.com",
+                                           "max_output_tokens": 3})  # fmt: skip
+    streamed = world.post("/v1/messages", key, {"model": MODEL, "max_tokens": 3, "stream": True,
+                                                "metadata": {"user_id": "end-user-7"},
+                                                "messages": [{"role": "user", "content": "Hi"}]})  # fmt: skip
+    refused = world.post("/v1/messages", key, {"model": MODEL, "messages": []})
+    assert (ok.status_code, streamed.status_code, refused.status_code) == (200, 200, 400)
+    assert streamed.text.rstrip().endswith('data: {"type":"message_stop"}')
+    world.settled()
+    events = world.events()
+    first, second = events[ok.headers["x-request-id"]], events[streamed.headers["x-request-id"]]
+    assert (first["route"], first["status"], first["model"], first["tenant_id"]) == ("POST /v1/responses", 200,
+                                                                                     MODEL, tenant.id)  # fmt: skip
+    assert first["prompt_tokens"] == ok.json()["usage"]["input_tokens"] and first["prompt_hmac"]
+    assert (second["route"], second["status"], second["completion_tokens"]) == ("POST /v1/messages", 200, 3)
+    assert events[refused.headers["x-request-id"]]["route"] == "POST /v1/messages"
+    spool = world.data_dir / "audit" / "segments"
+    assert "someone@example.com" not in "".join(s.read_text() for s in spool.glob("*.jsonl"))
