@@ -46,7 +46,7 @@ _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "content_filt
 
 # A chat parameter named by an error past the translation, as this API spells it.
 _RENAMES = (
-    (r"^messages(\[\d+\])?", "messages"),
+    (r"^messages.*", "messages"),  # the chat messages are not Anthropic's one for one (system, tool results)
     (r"^stop", "stop_sequences"),
     (r"^(max_completion_tokens|max_tokens)$", "max_tokens"),
     (r"^tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"),

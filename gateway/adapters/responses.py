@@ -51,7 +51,7 @@ _STATELESS = ("this server keeps no responses or conversations (stateless subset
 
 # A chat parameter named by an error past the translation, as this API spells it.
 _RENAMES = (
-    (r"^messages(\[\d+\])?", "input"),
+    (r"^messages.*", "input"),  # the items are not the messages one for one: the whole input is named
     (r"^(max_completion_tokens|max_tokens)$", "max_output_tokens"),
     (r"^response_format(\.json_schema)?", "text.format"),
     (r"^tools\[(\d+)\]\.function", r"tools[\1]"),
@@ -377,7 +377,7 @@ def _status(finish_reason: str | None) -> tuple[str, str | None]:
 
 
 def _usage(usage: Usage) -> dict[str, Any]:
-    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}  # fmt: skip
 
@@ -425,6 +425,7 @@ class ResponseStream:
         if kind == "tool_start":
             events = self._close()
             self.open = self.calls[value.index] = _call_item(self.header, value, "in_progress")
+            self.open["arguments"] = ""  # what its deltas add up to (the reader has read the first already)
             self.items.append(self.open)
             return events + [self._event("response.output_item.added", output_index=len(self.items) - 1,
                                          item=self.open)]  # fmt: skip
