@@ -66,6 +66,7 @@ class IncrementalDetokenizer:
         self._emitted = 0  # chars of self.text already handed out by take_delta
         self.num_output_tokens = 0
         self.finish_reason: str | None = None
+        self.stop_string: str | None = None  # the stop string that ended the text, once one did
 
     @property
     def is_finished(self) -> bool:
@@ -142,7 +143,7 @@ class IncrementalDetokenizer:
         for stop in self.stop_strings:
             i = self.text.find(stop, max(0, old_len - len(stop) + 1))
             if i != -1 and (cut == -1 or i < cut):
-                cut = i
+                cut, self.stop_string = i, stop
         if cut == -1:
             return False
         self.text = self.text[:cut]

@@ -402,6 +402,7 @@ class LLMEngine(EngineEmbeddings):
             completion_tokens=seq.num_output_tokens,
             logprobs=[self._logprob(s) for s in samples] if seq.params.logprobs else None,
             prompt_logprobs=self._take_prompt_logprobs(seq),
+            stop_string=seq.detokenizer.stop_string if reason == "stop" else None,
         )
 
     @staticmethod

@@ -41,6 +41,9 @@ class RequestOutput:
     # With params.prompt_logprobs, in the request's first output only: one per prompt token,
     # None for the first (nothing came before it to predict it).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # The stop string that ended the text (finish_reason "stop"); None when an end-of-sequence or
+    # stop token did, or for any other finish (Anthropic's stop_sequence, vLLM's stop_reason).
+    stop_string: str | None = None
 
 
 @dataclass(frozen=True)

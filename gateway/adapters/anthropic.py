@@ -18,10 +18,10 @@ and document blocks, server tools (``web_search``, ``bash``, ...), extended
 continue: the chat path always starts a new assistant turn).
 
 The answer: a ``message`` with a ``text`` block and a ``tool_use`` block per
-tool call; ``stop_reason`` ``end_turn``, ``max_tokens``, ``tool_use`` or
-``refusal`` (an output guardrail cut it); ``stop_sequence`` is null: the engine
-does not say which stop sequence ended the text, so a stop on one reads as
-``end_turn``. Streams send ``message_start``, ``ping``, per block
+tool call; ``stop_reason`` ``end_turn``, ``max_tokens``, ``tool_use``,
+``refusal`` (an output guardrail cut it) or ``stop_sequence`` with
+``stop_sequence`` naming it (the engine's ``stop_string``; a model an upstream
+serves does not report it, so there a stop on one reads as ``end_turn``). Streams send ``message_start``, ``ping``, per block
 ``content_block_start``, ``content_block_delta`` (``text_delta`` or
 ``input_json_delta``), ``content_block_stop``, then ``message_delta`` (stop
 reason, usage) and ``message_stop``; an error after the first event is an
@@ -261,8 +261,7 @@ class MessagesAdapter:
         content: list[dict[str, Any]] = [{"type": "text", "text": answer.text}] if answer.text else []
         content += [_tool_use(call) for call in answer.tool_calls]
         message = _message(header, content, usage.prompt_tokens, usage.completion_tokens)
-        message["stop_reason"] = _stop_reason(answer.finish_reason)
-        return message
+        return {**message, **_stop(answer.finish_reason, answer.stop_string)}
 
     def streamer(self, header: dict[str, Any]) -> MessageStream:
         return MessageStream(header)
@@ -278,8 +277,11 @@ def _function(tool: dict[str, Any]) -> dict[str, Any]:
     return function
 
 
-def _stop_reason(finish_reason: str | None) -> str:
-    return _STOP_REASONS.get(finish_reason or "", "end_turn")
+def _stop(finish_reason: str | None, stop_string: str | None) -> dict[str, Any]:
+    """``stop_reason`` and ``stop_sequence``: a stop on one of ``stop_sequences`` is ``stop_sequence``, naming it."""
+    if finish_reason == "stop" and stop_string is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_string}
+    return {"stop_reason": _STOP_REASONS.get(finish_reason or "", "end_turn"), "stop_sequence": None}
 
 
 def _message(
@@ -314,6 +316,7 @@ class MessageStream:
         self.open = False
         self.open_kind = ""
         self.finish_reason: str | None = None
+        self.stop_string: str | None = None
 
     def opening(self) -> list[bytes]:
         started = _message(self.header, [], self.header["prompt_tokens"], 0)
@@ -329,7 +332,7 @@ class MessageStream:
         elif kind == "tool_args":
             events, delta = [], {"type": "input_json_delta", "partial_json": value[1]}
         else:
-            self.finish_reason = value
+            self.finish_reason, self.stop_string = value
             return []
         return events + [named_event("content_block_delta", {"type": "content_block_delta", "index": self.block,
                                                              "delta": delta})]  # fmt: skip
@@ -348,7 +351,7 @@ class MessageStream:
         return [named_event("content_block_stop", {"type": "content_block_stop", "index": self.block})]
 
     def closing(self, usage: Usage) -> list[bytes]:
-        stop = {"stop_reason": _stop_reason(self.finish_reason), "stop_sequence": None}
+        stop = _stop(self.finish_reason, self.stop_string)
         delta = {"type": "message_delta", "delta": stop,
                  "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}}  # fmt: skip
         end = named_event("message_stop", {"type": "message_stop"})

@@ -133,12 +133,13 @@ class ToolCall:
 
 @dataclass
 class ChatReader:
-    """The chat stream's chunks as what happened (``text``, ``tool_start``, ``tool_args``, ``finish``),
-    and the message so far; one choice (the adapters ask for ``n`` 1)."""
+    """The chat stream's chunks as what happened (``text``, ``tool_start``, ``tool_args``, ``finish`` with the
+    finish reason and stop string), and the message so far; one choice (the adapters ask for ``n`` 1)."""
 
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_string: str | None = None  # the stop sequence that ended it (the engine's; no chat field carries it)
 
     def read(self, chunk: dict[str, Any]) -> list[tuple[str, Any]]:
         events: list[tuple[str, Any]] = []
@@ -151,7 +152,7 @@ class ChatReader:
                 events += self._tool_fragment(fragment)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
-                events.append(("finish", self.finish_reason))
+                events.append(("finish", (self.finish_reason, self.stop_string)))
         return events
 
     def _tool_fragment(self, fragment: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -215,17 +216,23 @@ class AdapterRenderer:
     def __init__(self, plan: Plan, adapter: Adapter) -> None:
         self.chat = ChatRenderer(plan, logprobs=False)
         self.adapter = adapter
+        self._stop_string: str | None = None  # a stream's, seen as its last output passes
         # What both vendors' objects repeat (the id's random part, their own prefix before it).
         self._header = {"id": plan.completion_id.split("-", 1)[-1], "created": plan.created, "model": plan.served.name,
                         "prompt_tokens": sum(p.num_tokens for p in plan.prompts)}  # fmt: skip
 
     def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
-        return self.adapter.whole(ChatReader.of_message(self.chat.full(outputs, usage)), usage, self._header)
+        answer = ChatReader.of_message(self.chat.full(outputs, usage))
+        last = outputs[0][-1] if outputs.get(0) else None
+        answer.stop_string = last.stop_string if last is not None else None
+        return self.adapter.whole(answer, usage, self._header)
 
     def stream_start(self) -> list[dict[str, Any]]:
         return self.chat.stream_start()
 
     def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None:
+        if event.output.finished:
+            self._stop_string = event.output.stop_string
         return self.chat.stream_event(event, include_usage)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
@@ -240,6 +247,7 @@ class AdapterRenderer:
             yield event
         try:
             async for chunk in stream_chunks(gen, first, self, False):
+                reader.stop_string = self._stop_string
                 for kind, value in reader.read(chunk):
                     for event in out.translate(kind, value):
                         yield event

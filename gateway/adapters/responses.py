@@ -435,7 +435,7 @@ class ResponseStream:
             item["arguments"] += fragment
             return [self._event("response.function_call_arguments.delta", item_id=item["id"],
                                 output_index=self.items.index(item), delta=fragment)]  # fmt: skip
-        self.finish_reason = value
+        self.finish_reason, _ = value
         return []
 
     def _open_message(self) -> list[bytes]:

@@ -266,9 +266,14 @@ def test_stop_sequences_cut_the_text(an: anthropic.Anthropic) -> None:
     free = an.messages.create(model=MODEL, max_tokens=16, messages=ask, extra_body=GREEDY)  # type: ignore[arg-type]
     text = free.content[0].text  # type: ignore[union-attr]
     word = next(w for w in text.split()[1:] if len(w) > 2)
-    cut = an.messages.create(model=MODEL, max_tokens=16, messages=ask, extra_body=GREEDY, stop_sequences=[word])  # type: ignore[arg-type]
+    stops = ["never in this text", word]
+    cut = an.messages.create(model=MODEL, max_tokens=16, messages=ask, extra_body=GREEDY, stop_sequences=stops)  # type: ignore[arg-type]
     assert cut.content[0].text == text[: text.index(word)]  # type: ignore[union-attr]
-    assert cut.stop_reason in ("end_turn", "stop_sequence")
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", word)
+    events = list(an.messages.create(model=MODEL, max_tokens=16, messages=ask, extra_body=GREEDY,  # type: ignore[arg-type]
+                                     stop_sequences=stops, stream=True))  # fmt: skip
+    assert (events[-2].delta.stop_reason, events[-2].delta.stop_sequence) == ("stop_sequence", word)  # type: ignore[union-attr]
+    assert free.stop_sequence is None
 
 
 def test_a_streamed_message_sends_anthropics_events(an: anthropic.Anthropic) -> None:

@@ -277,12 +277,15 @@ def test_a_message_with_tool_calls_has_tool_use_blocks() -> None:
     assert msg.stop_reason == "tool_use" and (msg.usage.input_tokens, msg.usage.output_tokens) == (7, 5)
 
 
-@pytest.mark.parametrize(("finish", "stop"), [("stop", "end_turn"), ("length", "max_tokens"),
-                                              ("content_filter", "refusal"), ("tool_calls", "tool_use")])
-def test_stop_reasons(finish: str, stop: str) -> None:
-    obj = messages(messages=[{"role": "user", "content": "x"}]).whole(
-        ChatReader.of_message(chat_answer("hi", finish=finish)), usage(), HEADER)
-    assert at.Message.model_validate(obj).stop_reason == stop
+@pytest.mark.parametrize(("finish", "string", "stop"), [
+    ("stop", None, "end_turn"), ("length", None, "max_tokens"), ("content_filter", None, "refusal"),
+    ("tool_calls", None, "tool_use"), ("stop", "\n\n", "stop_sequence")])  # fmt: skip
+def test_stop_reasons(finish: str, string: str | None, stop: str) -> None:
+    answer = ChatReader.of_message(chat_answer("hi", finish=finish))
+    answer.stop_string = string
+    message = at.Message.model_validate(messages(messages=[{"role": "user", "content": "x"}]).whole(answer, usage(),
+                                                                                                    HEADER))  # fmt: skip
+    assert (message.stop_reason, message.stop_sequence) == (stop, string)
 
 
 def test_a_streamed_message_with_tool_calls_accumulates_as_the_sdk_does() -> None:

@@ -78,6 +78,8 @@ def test_stop_strings_cut_text_and_never_leak(tok, text, stop, expected):
     deltas, reason, d = stream(tok, ids, SamplingParams(stop=stop, max_tokens=None))
     assert "".join(deltas) == expected == d.text
     assert reason == ("length" if expected == text else "stop")
+    # The one that matched first in the text, whatever its place in the list.
+    assert d.stop_string == (None if expected == text else next(s for s in stop if text.find(s) == len(expected)))
     emitted = ""
     for x in deltas:
         emitted += x
@@ -122,7 +124,7 @@ def test_eos_and_stop_token_ids_end_without_text(tok):
     hello = tok.encode("Hello", add_special_tokens=False)
     eos = next(iter(tok.eos_token_ids))
     deltas, reason, d = stream(tok, hello + [eos] + hello)
-    assert reason == "stop" and "".join(deltas) == "Hello"
+    assert reason == "stop" and "".join(deltas) == "Hello" and d.stop_string is None
     deltas, reason, _ = stream(tok, hello + [eos] + hello, SamplingParams(ignore_eos=True, skip_special_tokens=True))
     assert reason == "length" and "".join(deltas) == "HelloHello"
     ids = tok.encode("Hello world again", add_special_tokens=False)

@@ -287,7 +287,8 @@ def test_outputs_carry_counts_stop_strings_and_logprobs():
     outs = []
     while engine.has_unfinished_requests():
         outs += engine.step()
-    assert outs[-1].finished and outs[-1].finish_reason == "stop"
+    assert outs[-1].finished and outs[-1].finish_reason == "stop" and outs[-1].stop_string == stop
+    assert all(o.stop_string is None for o in outs[:-1])
     assert "".join(o.new_text for o in outs) == text[: text.index(stop)]
     assert [o.completion_tokens for o in outs] == list(range(1, len(outs) + 1))
     assert all(o.prompt_tokens == len(p) for o in outs)
