@@ -20,7 +20,7 @@ class OpenAIBackend:
 
     @classmethod
     def probe(cls) -> str | None:
-        return None  # only httpx, which the gateway needs anyway
+        return None  # only aiohttp, a dependency of the gateway
 
     def open(self, config: FleetConfig, *, upstream_model: str, max_model_len: int = 0) -> RemoteEngine:
         return RemoteEngine(config, upstream_model=upstream_model, max_model_len=max_model_len)

@@ -1,8 +1,9 @@
 """The client of one model's upstream fleet: OpenAI-compatible servers behind one name.
 
-One ``Fleet`` per served model. It keeps one pooled keep-alive HTTP client
-for all the model's endpoints and decides, per request, where it goes and
-what to do when that fails:
+One ``Fleet`` per served model. It sends through one pooled keep-alive HTTP
+session for all the model's endpoints (``transport.py``: the connections,
+TLS, timeouts per phase) and decides, per request, where it goes and what to
+do when that fails:
 
 - **Placement** (``routing.py``): least outstanding requests, or, with
   ``routing="prefix"`` and an affinity key, the key's endpoint on a
@@ -24,8 +25,11 @@ what to do when that fails:
 - **Streams** are passed through event by event as they arrive; closing the
   iterator closes the upstream connection, which is how a vLLM or llama.cpp
   server learns to stop generating for a client that left. A request whose
-  answer is one JSON object (embeddings: ``post``) takes the same placement,
-  retries and failover; its answer is read whole, up to ``MAX_JSON_ANSWER``.
+  answer is one JSON object (``post``: embeddings, and a generation a client
+  asked for unstreamed) takes the same placement, retries and failover; its
+  answer is read whole, up to ``MAX_JSON_ANSWER``. After ``[DONE]`` the body
+  is read to its end (``DRAIN_SECONDS`` at most) so that its connection goes
+  back to the pool.
 - **Errors** become the four kinds of ``errors.py``, with scrubbed messages.
   Only the fleet's own headers, the api key and the caller's allowed headers
   go upstream; the upstream's response headers stay here.
@@ -38,17 +42,12 @@ import contextlib
 import json
 import logging
 import random
-import re
-import ssl
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from typing import Any
 
-import httpx
-
+from backends.openai.config import FleetConfig
 from backends.openai.errors import (
     Scrubber,
     UpstreamError,
@@ -60,116 +59,29 @@ from backends.openai.errors import (
 from backends.openai.health import EndpointState, EndpointStatus
 from backends.openai.routing import LeastOutstanding, PrefixRing
 from backends.openai.sse import EventReader
+from backends.openai.transport import (
+    KEEPALIVE_SECONDS,
+    Answer,
+    ConnectFailed,
+    ConnectionLost,
+    DeadlinePassed,
+    Outgoing,
+    TimedOut,
+    Transport,
+)
 
-__all__ = ["EndpointStatus", "Fleet", "FleetConfig"]
+__all__ = ["KEEPALIVE_SECONDS", "EndpointStatus", "Fleet", "FleetConfig"]
 
 log = logging.getLogger(__name__)
 
-USER_AGENT = "inferflux"
 BACKOFF_BASE_SECONDS = 0.05  # the first retry waits up to this (full jitter), each next one up to twice as long
 BACKOFF_CAP_SECONDS = 1.0
 MAX_ERROR_BODY = 64 * 1024  # what is read of a non-2xx answer to find its error message
-# An idle pooled connection is dropped before the upstream drops it: uvicorn (vLLM, SGLang, InferFlux)
-# closes idle keep-alive connections after 5 s, and reusing one as it closes fails a request that
-# sent nothing (seen here: health checks 5 s apart hit that race and marked a live endpoint down).
-KEEPALIVE_SECONDS = 4.0
 DRAIN_SECONDS = 0.1  # how long the end of a body is awaited after [DONE] (then the connection is closed)
+DRAIN_READS = 4
 # The largest JSON answer ``post`` reads: 2048 embeddings of 4096 floats written out in full
 # (about 20 characters each) take ~170 MB; more is a broken upstream, not an answer.
 MAX_JSON_ANSWER = 256 * 1024 * 1024
-DRAIN_READS = 4
-# Headers the fleet sets itself (or that frame the HTTP exchange): a caller's copy is dropped, never sent.
-RESERVED_HEADERS = frozenset({
-    "authorization", "proxy-authorization", "cookie", "host", "content-type", "content-length",
-    "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade", "expect", "accept",
-    "accept-encoding", "user-agent",
-})  # fmt: skip
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-def _endpoint_url(position: int, url: str) -> str:
-    """``url`` checked and without its trailing slash; ValueError (not naming the URL: it may hold a password)."""
-    where = f"endpoints[{position}]"
-    if not isinstance(url, str) or not url or url != url.strip() or _BAD_VALUE.search(url) or " " in url:
-        raise ValueError(f"{where}: not a URL")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
-    except ValueError:
-        raise ValueError(f"{where}: not a URL") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{where}: the scheme must be http or https")
-    if "@" in parts.netloc:
-        raise ValueError(f"{where}: credentials in the URL are not allowed (use the api key)")
-    if not parts.hostname:
-        raise ValueError(f"{where}: the URL has no host")
-    if "?" in url or "#" in url:
-        raise ValueError(f"{where}: a base URL takes no query or fragment")
-    return url.rstrip("/")
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    """How to reach one model's upstream fleet and how patient to be with it.
-
-    ``api_key`` is sent as ``Authorization: Bearer``; it is left out of the
-    repr and of every error and status. ``timeout_seconds`` bounds a whole
-    request, stream included; the longest silence tolerated before the answer
-    or between two stream chunks is ``min(timeout_seconds,
-    idle_timeout_seconds)``. ``retries`` extra attempts are made, only before
-    the first byte of the body. ``health_interval_seconds`` 0 turns the
-    active check off (the breaker still learns from requests). ``ca_file``
-    is for https endpoints behind a private CA, since the client reads no
-    environment variables (see ``Fleet``).
-    """
-
-    endpoints: tuple[str, ...]
-    api_key: str | None = field(default=None, repr=False)
-    timeout_seconds: float = 600.0
-    idle_timeout_seconds: float = 60.0
-    connect_timeout_seconds: float = 5.0
-    max_inflight_per_endpoint: int = 64
-    retries: int = 2
-    health_interval_seconds: float = 5.0
-    breaker_failures: int = 5
-    breaker_reset_seconds: float = 10.0
-    routing: Literal["least_outstanding", "prefix"] = "prefix"
-    ca_file: str | None = None  # a PEM bundle that https endpoints' certificates must chain to (default: the system's)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.endpoints, str):
-            raise ValueError("endpoints: a list of base URLs, not one string")
-        endpoints = tuple(_endpoint_url(i, url) for i, url in enumerate(self.endpoints))
-        if not endpoints:
-            raise ValueError("endpoints: at least one is needed")
-        if len(set(endpoints)) != len(endpoints):
-            raise ValueError("endpoints: the same URL is listed twice")
-        object.__setattr__(self, "endpoints", endpoints)
-        if self.api_key is not None and (not self.api_key or _BAD_VALUE.search(self.api_key) or
-                                         self.api_key != self.api_key.strip()):  # fmt: skip
-            raise ValueError("api_key: empty, or holds whitespace or control characters at its ends")
-        for name in ("timeout_seconds", "idle_timeout_seconds", "connect_timeout_seconds", "breaker_reset_seconds"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be above 0")
-        if not self.health_interval_seconds >= 0:
-            raise ValueError("health_interval_seconds: must be 0 (off) or above")
-        for name in ("max_inflight_per_endpoint", "breaker_failures"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
-                raise ValueError(f"{name}: must be a whole number, 1 or more")
-        if not (isinstance(self.retries, int) and self.retries >= 0):
-            raise ValueError("retries: must be a whole number, 0 or more")
-        if self.routing not in ("least_outstanding", "prefix"):
-            raise ValueError("routing: must be least_outstanding or prefix")
-
-    @property
-    def idle_seconds(self) -> float:
-        """The longest silence tolerated from an upstream, before its answer or between two chunks."""
-        return min(self.timeout_seconds, self.idle_timeout_seconds)
-
-
-class _DeadlinePassed(Exception):
-    """The whole request ran past ``timeout_seconds``."""
 
 
 class _Retry(Exception):
@@ -180,24 +92,13 @@ class _Retry(Exception):
         self.error = error
 
 
-@dataclass(frozen=True, slots=True)
-class _Outgoing:
-    """A request's parts, built once; each attempt makes its own httpx request from them."""
-
-    path: str
-    headers: dict[str, str]
-    content: bytes
-    media: str  # the answer's content type: text/event-stream (``stream``) or application/json (``post``)
-
-
 @dataclass
 class _Opened:
-    """An attempt that got past the first body byte: the stream's state from there on."""
+    """An attempt that got past the first body byte: the answer's state from there on."""
 
     index: int
     probe: bool
-    response: httpx.Response
-    chunks: AsyncIterator[bytes]
+    answer: Answer
     first: bytes
 
 
@@ -206,13 +107,13 @@ class Fleet:
 
     Used from one event loop (the gateway's). ``clock`` drives the circuit
     breakers only (tests pass a fake one); timeouts run on real time. The
-    client reads nothing from the environment (no proxy variables, no
-    ``.netrc``): where requests go and what credential they carry is the
-    configuration's alone. ``transport`` replaces the network (tests only).
+    client (``transport.py``) reads nothing from the environment (no proxy
+    variables, no ``.netrc``): where requests go and what credential they
+    carry is the configuration's alone.
     """
 
-    def __init__(self, config: FleetConfig, *, transport: httpx.AsyncBaseTransport | None = None,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:  # fmt: skip
+    def __init__(self, config: FleetConfig, *, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:  # fmt: skip
         self.config = config
         self._rng = rng or random.Random()
         self._endpoints = [
@@ -224,25 +125,11 @@ class Fleet:
         self._ring = PrefixRing(self._endpoints) if config.routing == "prefix" else None
         self._keys_held: set[str] = {config.api_key} if config.api_key else set()
         self._scrub = Scrubber(self._keys_held, config.endpoints)
-        headers = {"user-agent": USER_AGENT, "accept-encoding": "identity"}  # compression would hold chunks back
-        if config.api_key:
-            headers["authorization"] = f"Bearer {config.api_key}"
         # Every endpoint's cap, plus one connection each for the health check.
         slots = len(self._endpoints) * (config.max_inflight_per_endpoint + 1)
-        self._client = httpx.AsyncClient(
-            transport=transport,
-            limits=httpx.Limits(max_connections=slots, max_keepalive_connections=slots,
-                                keepalive_expiry=KEEPALIVE_SECONDS),  # fmt: skip
-            timeout=httpx.Timeout(config.idle_seconds, connect=config.connect_timeout_seconds,
-                                  pool=config.connect_timeout_seconds),  # fmt: skip
-            headers=headers,
-            verify=_tls(config.ca_file),
-            follow_redirects=False,  # a redirect could lead the api key elsewhere
-            trust_env=False,  # no proxy variables, no .netrc credentials: only what the config says
-            # One client serves every tenant: a cookie an upstream (or its load balancer) sets must not
-            # ride along on other tenants' requests, so none is ever kept.
-            cookies=CookieJar(policy=_NoCookies()),
-        )
+        self._transport = Transport(slots=slots, connect_seconds=config.connect_timeout_seconds,
+                                    idle_seconds=config.idle_seconds, ca_file=config.ca_file,
+                                    api_key=config.api_key)  # fmt: skip
         self._health_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -266,15 +153,13 @@ class Fleet:
             except asyncio.CancelledError:
                 if not task.cancelled():  # our own caller was cancelled, not just the task
                     raise
-        await self._client.aclose()
+        await self._transport.aclose()
 
     def set_api_key(self, api_key: str | None) -> None:
         """A rotated key, sent from the next request on; every key this fleet has held stays scrubbed."""
         if api_key:
             self._keys_held.add(api_key)
-            self._client.headers["authorization"] = f"Bearer {api_key}"
-        else:
-            self._client.headers.pop("authorization", None)
+        self._transport.set_api_key(api_key)
         self._scrub = Scrubber(self._keys_held, self.config.endpoints)
 
     def statuses(self) -> list[EndpointStatus]:
@@ -297,7 +182,7 @@ class Fleet:
         """
         if self._closed:
             raise UpstreamUnavailable("the upstream fleet is closed", retry_after=1.0)
-        request = self._request(path, body, headers, "text/event-stream")
+        request = Outgoing.of(path, body, headers, "text/event-stream")
         deadline = time.monotonic() + self.config.timeout_seconds
         opened = await self._open(request, affinity, deadline)
         reader = EventReader()
@@ -306,37 +191,40 @@ class Fleet:
             while raw is not None:
                 for data in reader.feed(raw):
                     if data == b"[DONE]":
-                        await self._read_to_end(opened.chunks)
+                        await opened.answer.drain(DRAIN_SECONDS, DRAIN_READS)
                         return
                     yield self._event(data, endpoint)
-                raw = await self._next_bytes(opened.chunks, deadline)
+                raw = await opened.answer.read(deadline)
             for data in reader.close():
                 if data == b"[DONE]":
                     return
                 yield self._event(data, endpoint)
 
     async def post(self, path: str, body: Mapping[str, Any], *, affinity: bytes | None = None,
-                   headers: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
-        """POST ``body`` to base + ``path`` and return the JSON object it answers (embeddings).
+                   headers: Mapping[str, str] | None = None, patient: bool = False) -> dict[str, Any]:  # fmt: skip
+        """POST ``body`` to base + ``path`` and return the JSON object it answers.
 
         Placement, retries before the first byte, errors and headers as for
         ``stream``; the answer is read whole (up to ``MAX_JSON_ANSWER`` bytes),
-        within ``timeout_seconds``, and must be a JSON object.
+        within ``timeout_seconds``, and must be a JSON object. ``patient``: the
+        upstream works before it answers (a generation not streamed), so no
+        idle timeout bounds the wait for it, only ``timeout_seconds``.
         """
         if self._closed:
             raise UpstreamUnavailable("the upstream fleet is closed", retry_after=1.0)
-        request = self._request(path, body, headers, "application/json")
+        request = Outgoing.of(path, body, headers, "application/json", patient)
         deadline = time.monotonic() + self.config.timeout_seconds
         opened = await self._open(request, affinity, deadline)
         parts, size = [opened.first], len(opened.first)
         async with self._reading(opened, "answer cut", "mid-answer") as endpoint:
-            while (raw := await self._next_bytes(opened.chunks, deadline)) is not None:
+            while (raw := await opened.answer.read(deadline)) is not None:
                 size += len(raw)
                 if size > MAX_JSON_ANSWER:
                     endpoint.failed("answer too large")
                     raise UpstreamFailed(f"the upstream's answer is larger than {MAX_JSON_ANSWER // 2**20} MiB")
                 parts.append(raw)
-        return self._json_object(b"".join(parts), endpoint, "an answer", "data", "in its answer")
+        return self._json_object(parts[0] if len(parts) == 1 else b"".join(parts), endpoint, "an answer", "data",
+                                 "in its answer")  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def _reading(self, opened: _Opened, cut: str, where: str) -> AsyncIterator[EndpointState]:
@@ -345,34 +233,19 @@ class Fleet:
         endpoint = self._endpoints[opened.index]
         try:
             yield endpoint
-        except httpx.TimeoutException:
+        except TimedOut:
             endpoint.failed("stalled")
             raise UpstreamFailed(f"the upstream sent nothing for {self.config.idle_seconds:g} s") from None
-        except httpx.TransportError:
+        except ConnectionLost:
             endpoint.failed(cut)
             raise UpstreamFailed(f"the upstream connection was lost {where}") from None
-        except _DeadlinePassed:
+        except DeadlinePassed:
             raise UpstreamFailed(f"the upstream did not finish within {self.config.timeout_seconds:g} s") from None
         finally:
             endpoint.release(opened.probe)
-            await opened.response.aclose()
+            opened.answer.close()
 
-
-    @staticmethod
-    def _request(path: str, body: Mapping[str, Any], headers: Mapping[str, str] | None, media: str) -> _Outgoing:
-        """What every attempt sends, whichever endpoint it goes to; ``media``: the answer's content type."""
-        if not path.startswith("/") or "?" in path or "#" in path:
-            raise ValueError("path: an absolute path under the base URL, like /chat/completions")
-        sent = {"content-type": "application/json", "accept": media}
-        for name, value in (headers or {}).items():
-            lowered = name.lower()
-            # A header httpx would refuse to send would look like the endpoint's failure: drop it here.
-            if lowered not in RESERVED_HEADERS and _TOKEN.fullmatch(name) and not _BAD_VALUE.search(value):
-                sent[lowered] = value
-        content = json.dumps(dict(body), separators=(",", ":"), ensure_ascii=False).encode()
-        return _Outgoing(path, sent, content, media)
-
-    async def _open(self, request: _Outgoing, affinity: bytes | None, deadline: float) -> _Opened:
+    async def _open(self, request: Outgoing, affinity: bytes | None, deadline: float) -> _Opened:
         """Attempts, with failover and back-off, until one gets past its first body byte."""
         tried: set[int] = set()
         last: UpstreamError | None = None
@@ -407,76 +280,56 @@ class Fleet:
                 return index
         return None
 
-    async def _attempt(self, index: int, request: _Outgoing, deadline: float) -> _Opened:
+    async def _attempt(self, index: int, request: Outgoing, deadline: float) -> _Opened:
         """One try on one endpoint; raises ``_Retry`` for what another try may fix, the final error otherwise."""
         endpoint = self._endpoints[index]
         probe = endpoint.acquire()
-        response: httpx.Response | None = None
+        answer: Answer | None = None
         try:
-            attempt = self._client.build_request("POST", endpoint.url + request.path, headers=request.headers,
-                                                 content=request.content)  # fmt: skip
             try:
-                response = await self._within(deadline, self._client.send(attempt, stream=True))
-                status = response.status_code
+                answer = await self._transport.send(endpoint.url + request.path, request, deadline)
+                status = answer.status
                 if status < 200 or status >= 300:
-                    raise self._refusal(endpoint, status, await self._start_of(response, deadline), response)
-                media = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-                if media != request.media:
+                    raise self._refusal(endpoint, answer, await answer.start(MAX_ERROR_BODY, deadline))
+                if answer.media != request.media:
                     streamed = request.media == "text/event-stream"
                     endpoint.failed("not a stream" if streamed else "not JSON")
                     raise UpstreamFailed("the upstream answered without streaming" if streamed
                                          else "the upstream's answer is not JSON")  # fmt: skip
                 endpoint.succeeded()
-                chunks = response.aiter_bytes()
-                first = await self._next_bytes(chunks, deadline)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
+                first = await answer.read(deadline)
+            except ConnectFailed:
                 endpoint.failed("connect error")
                 raise _Retry(UpstreamUnavailable("no upstream endpoint could be reached", retry_after=1.0)) from None
-            except httpx.TimeoutException:
+            except TimedOut:
                 endpoint.failed("timed out")
                 raise _Retry(UpstreamFailed(f"the upstream did not answer within {self.config.idle_seconds:g} s"))
-            except httpx.TransportError:
+            except ConnectionLost:
                 endpoint.failed("connection error")
                 raise _Retry(UpstreamFailed("the upstream connection failed before its answer")) from None
-            except _DeadlinePassed:
+            except DeadlinePassed:
                 raise UpstreamFailed(f"the upstream did not answer within {self.config.timeout_seconds:g} s") from None
             if first is None:
                 endpoint.failed("empty stream")
                 raise _Retry(UpstreamFailed("the upstream closed the stream without sending anything"))
-            return _Opened(index, probe, response, chunks, first)
+            return _Opened(index, probe, answer, first)
         except BaseException:
             endpoint.release(probe)
-            if response is not None:
-                await response.aclose()
+            if answer is not None:
+                answer.close()
             raise
 
-    def _refusal(self, endpoint: EndpointState, status: int, start: bytes, response: httpx.Response) -> Exception:
+    def _refusal(self, endpoint: EndpointState, answer: Answer, start: bytes) -> Exception:
         """What a non-2xx answer means: ``_Retry`` for a busy or failing endpoint, the error itself for a 4xx."""
+        status = answer.status
         if status == 429:  # busy, not broken: try another, and say when to come back if all are
-            retry_after = _seconds(response.headers.get("retry-after"))
-            return _Retry(UpstreamUnavailable("the upstream is busy", retry_after=retry_after))
+            return _Retry(UpstreamUnavailable("the upstream is busy", retry_after=_seconds(answer.retry_after)))
         if 400 <= status < 500 and status != 408:
             endpoint.succeeded()  # it answered: the request (or our credential), not the endpoint, is at fault
             return error_from_answer(status, start, self._scrub)
         # 5xx, a timeout of its own, or a redirect (never followed: it could lead the api key elsewhere).
         endpoint.failed(f"HTTP {status}")
         return _Retry(UpstreamFailed(f"the upstream failed (HTTP {status})"))
-
-    async def _start_of(self, response: httpx.Response, deadline: float) -> bytes:
-        """Up to ``MAX_ERROR_BODY`` bytes of an error answer; what came before a failure to read the rest."""
-        parts: list[bytes] = []
-        size = 0
-        chunks = response.aiter_bytes()
-        try:
-            while size < MAX_ERROR_BODY:
-                raw = await self._next_bytes(chunks, deadline)
-                if raw is None:
-                    break
-                parts.append(raw)
-                size += len(raw)
-        except (httpx.TransportError, _DeadlinePassed):
-            pass
-        return b"".join(parts)[:MAX_ERROR_BODY]
 
     def _event(self, data: bytes, endpoint: EndpointState) -> dict[str, Any]:
         """One event's JSON object; an error object in its place ends the stream."""
@@ -496,49 +349,6 @@ class Fleet:
         if "error" in value and key not in value:
             raise error_in_stream(value, self._scrub, where)
         return value
-
-    @staticmethod
-    async def _read_to_end(chunks: AsyncIterator[bytes]) -> None:
-        """Read what follows ``[DONE]`` (the chunked body's last chunk) so the connection returns to the pool.
-
-        A server on uvicorn (the fake upstream; any Starlette or FastAPI one)
-        writes ``[DONE]`` and the end of the body separately; a response closed
-        between the two loses its connection, and the next request pays a new
-        TCP connection to the upstream. An upstream that sends more than a few
-        pieces, or nothing, within ``DRAIN_SECONDS`` is not waited for: its
-        connection is closed.
-        """
-        try:
-            async with asyncio.timeout(DRAIN_SECONDS):
-                for _ in range(DRAIN_READS):
-                    if await anext(chunks, None) is None:
-                        return
-        except (TimeoutError, httpx.HTTPError):
-            pass
-
-    async def _next_bytes(self, chunks: AsyncIterator[bytes], deadline: float) -> bytes | None:
-        """The next piece of the body (None at its end), within the request's deadline.
-
-        httpx's read timeout (the idle timeout) bounds each read; only when the
-        deadline is nearer than that does a timer of our own go around it.
-        """
-        remaining = deadline - time.monotonic()
-        if remaining >= self.config.idle_seconds:
-            return await anext(chunks, None)
-        return await self._within(deadline, anext(chunks, None))
-
-    @staticmethod
-    async def _within(deadline: float, awaitable: Any) -> Any:
-        remaining = deadline - time.monotonic()
-        try:
-            if remaining <= 0:
-                raise TimeoutError
-            async with asyncio.timeout(remaining):
-                return await awaitable
-        except TimeoutError:
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()  # never awaited when the deadline had already passed
-            raise _DeadlinePassed from None
 
     def _retry_after(self) -> float:
         """Seconds until retrying is worth it: 1 when an endpoint is only full, else the soonest half-open."""
@@ -565,15 +375,13 @@ class Fleet:
         timeout = min(self.config.idle_seconds, max(self.config.health_interval_seconds, 1.0))
         for _attempt in range(2):
             try:
-                async with asyncio.timeout(timeout):
-                    async with self._client.stream("GET", endpoint.url + "/models") as response:
-                        await self._start_of(response, time.monotonic() + timeout)
-                        healthy, why = response.status_code < 500, f"HTTP {response.status_code}"
-            except httpx.RemoteProtocolError as exc:
+                status = await self._transport.get_status(endpoint.url + "/models", timeout, MAX_ERROR_BODY)
+                healthy, why = status < 500, f"HTTP {status}"
+            except ConnectionLost:
                 # A pooled connection the server closed just then: not a dead server, ask once more.
-                healthy, why = False, type(exc).__name__
+                healthy, why = False, "connection lost"
                 continue
-            except (httpx.HTTPError, TimeoutError, OSError) as exc:
+            except (ConnectFailed, TimedOut, TimeoutError, OSError) as exc:
                 healthy, why = False, type(exc).__name__
             except Exception as exc:  # anything else must not end the loop that checks every endpoint
                 log.exception("upstream endpoint %s: the health check failed unexpectedly", endpoint.url)
@@ -583,26 +391,6 @@ class Fleet:
             state = "healthy again" if healthy else "unhealthy"
             log.warning("upstream endpoint %s is %s (%s)", endpoint.url, state, why)
         endpoint.healthy = healthy
-
-
-def _tls(ca_file: str | None) -> ssl.SSLContext | bool:
-    """httpx's ``verify``: the system's CAs, or only ``ca_file``'s; ValueError when that cannot be read."""
-    if not ca_file:
-        return True
-    try:
-        return ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError):
-        raise ValueError("ca_file: cannot be read as a PEM bundle of CA certificates") from None
-
-
-class _NoCookies(DefaultCookiePolicy):
-    """Keeps no cookie and sends none."""
-
-    def set_ok(self, cookie: Any, request: Any) -> bool:
-        return False
-
-    def return_ok(self, cookie: Any, request: Any) -> bool:
-        return False
 
 
 def _seconds(value: str | None) -> float:

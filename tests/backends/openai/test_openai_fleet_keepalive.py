@@ -1,4 +1,5 @@
-"""The fleet keeps its upstream connections: streams one after another share one TCP connection.
+"""The fleet keeps its upstream connections: streams one after another share one TCP connection,
+until one sits idle for ``KEEPALIVE_SECONDS``.
 
 A server on uvicorn writes ``data: [DONE]`` and the end of the chunked body
 separately; a fleet that closed the response at ``[DONE]`` lost the connection
@@ -19,6 +20,7 @@ import pytest
 from fake_upstream import FakeUpstream
 from servers import start_uvicorn, stop_uvicorn
 
+import backends.openai.transport as transport
 from backends.openai.fleet import DRAIN_SECONDS, Fleet, FleetConfig
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "stream": True, "max_tokens": 4}
@@ -97,3 +99,21 @@ async def test_a_body_left_open_after_done_is_not_waited_for(never_ending: str) 
         await fleet.aclose()
     assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["hi"]
     assert elapsed < DRAIN_SECONDS + 2.0  # the server holds the body open for 5 s
+
+
+async def test_an_idle_pooled_connection_is_let_go_before_the_server_drops_it(
+        recorded: tuple[ClientPorts, str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Dropped once idle for KEEPALIVE_SECONDS (4 s, under uvicorn's 5 s; here 0.3 s), so the next request
+    opens a fresh connection instead of reusing one that the server may be closing just then."""
+    monkeypatch.setattr(transport, "KEEPALIVE_SECONDS", 0.3)
+    app, url = recorded
+    fleet = fleet_for(url)
+    try:
+        for _ in range(3):
+            assert len([chunk async for chunk in fleet.stream("/chat/completions", CHAT)]) == 6
+        await asyncio.sleep(1.0)
+        assert len([chunk async for chunk in fleet.stream("/chat/completions", CHAT)]) == 6
+    finally:
+        await fleet.aclose()
+    assert len(app.ports) == 4 and len(set(app.ports[:3])) == 1, app.ports
+    assert app.ports[3] != app.ports[0], "an idle connection was reused after KEEPALIVE_SECONDS"
