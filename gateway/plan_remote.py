@@ -69,6 +69,7 @@ def plan_remote(served: ServedModel, req: GenerationRequest, placement: Placemen
                 affinity=affinity,
                 headers=dict(placement.upstream_headers),
                 tenant=placement.tenant,
+                stream=req.stream,
             )
             choices.append(ChoiceSpec(index=index, prompt_index=p_index, request=request))  # type: ignore[arg-type]
     return Plan(served=served, prompts=prepared, choices=choices, completion_id=completion_id,

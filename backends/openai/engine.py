@@ -5,11 +5,17 @@ is the plan's, ``stream`` yields ``RequestOutput`` deltas, ``stats`` feeds
 admission and metrics), so the gateway's policy chain, renderers and audit run
 the same way whichever kind of backend is behind a model.
 
-Each choice is one streamed upstream request (``stream_options.include_usage``
-on): text goes out chunk by chunk as the upstream sends it. The upstream's
-``usage`` settles the request's tokens; an upstream that sends none is charged
-an estimate (the prompt's, and one token per text chunk or a quarter of the
-characters, whichever is more), so a quota is never free to bypass.
+Each choice is one upstream request. For a client that streams, it is streamed
+(``stream_options.include_usage`` on): text goes out chunk by chunk as the
+upstream sends it. For a client that takes its answer whole
+(``RemoteRequest.stream`` false) it is asked for unstreamed, and its one JSON
+answer becomes one finished output: one body to parse instead of an event per
+token, each decoded, queued, checked by the output guardrails and rendered
+(the output guardrails check the whole text once, which decides as the
+chunk-by-chunk check does). The upstream's ``usage`` settles the request's
+tokens; an upstream that sends none is charged an estimate (the prompt's, and
+one token per text chunk or a quarter of the characters, whichever is more),
+so a quota is never free to bypass.
 
 ``embed`` forwards an embeddings request to the fleet's ``/embeddings`` in one
 non-streamed POST (no prefix affinity: there is no cache to meet) and checks
@@ -131,18 +137,25 @@ class RemoteEngine:
         closes the upstream request, which is how the upstream learns to stop.
         """
         await self._ensure_started()
-        body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
         decoder = _Decoder(request)
+        route = ROUTES[request.route]
         self._running += 1
         try:
-            chunks = self.fleet.stream(ROUTES[request.route], body, affinity=request.affinity, headers=request.headers)
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    out = decoder.feed(chunk)
-                    if out is not None:
-                        yield out
-            # The usage chunk (or the end of the stream) ends the choice.
-            yield decoder.finish()
+            if request.stream:
+                body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
+                chunks = self.fleet.stream(route, body, affinity=request.affinity, headers=request.headers)
+                async with contextlib.aclosing(chunks):
+                    async for chunk in chunks:
+                        out = decoder.feed(chunk)
+                        if out is not None:
+                            yield out
+                # The usage chunk (or the end of the stream) ends the choice.
+                yield decoder.finish()
+            else:
+                # Silent until the whole generation is done: no idle timeout, only timeout_seconds.
+                answer = await self.fleet.post(route, {**request.body, "stream": False}, affinity=request.affinity,
+                                               headers=request.headers, patient=True)  # fmt: skip
+                yield decoder.whole(answer)
             self._finished_tokens += decoder.completion_tokens
         finally:
             self._running -= 1
@@ -215,24 +228,12 @@ class _Decoder:
         return max(self.text_chunks, math.ceil(self.chars / 4))
 
     def feed(self, chunk: dict[str, Any]) -> RequestOutput | None:
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(prompt, int) and prompt >= 0:
-                self.prompt_tokens = prompt
-            if isinstance(completion, int) and completion >= 0:
-                self.reported = completion
+        """One stream chunk's delta (None for a chunk with no text: role, finish or usage only)."""
+        self._usage(chunk.get("usage"))
         choices = chunk.get("choices")
         if not isinstance(choices, list) or not choices:
             return None
-        choice = choices[0]
-        if not isinstance(choice, dict):
-            raise UpstreamFailed("the upstream sent a malformed stream chunk")
-        text = _delta_text(self.request.route, choice)
-        reason = choice.get("finish_reason")
-        if reason is not None:
-            self.finish_reason = reason if reason in FINISH_REASONS else "stop"
-        logprobs = _logprobs(choice.get("logprobs"))
+        text, logprobs = self._choice(choices[0], "delta", "stream chunk")
         if not text and not logprobs:
             return None  # a role-only or finish-only chunk: the finish goes out with ``finish``
         self.text_chunks += 1
@@ -244,6 +245,37 @@ class _Decoder:
             # A stream that ends without saying why was cut: the client must not take it for a whole answer.
             raise UpstreamFailed("the upstream ended the stream before the answer was finished")
         return self._output("", finished=True, reason=self.finish_reason)
+
+    def whole(self, answer: dict[str, Any]) -> RequestOutput:
+        """An unstreamed answer as one finished output: all its text, logprobs and finish reason."""
+        self._usage(answer.get("usage"))
+        choices = answer.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise UpstreamFailed("the upstream sent an answer without choices")
+        text, logprobs = self._choice(choices[0], "message", "answer")
+        if text:
+            self.text_chunks = 1
+            self.chars = len(text)
+        # The body was read to its end, so a missing reason is not a cut: the answer is complete.
+        return self._output(text, finished=True, reason=self.finish_reason or "stop", logprobs=logprobs)
+
+    def _usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(prompt, int) and prompt >= 0:
+                self.prompt_tokens = prompt
+            if isinstance(completion, int) and completion >= 0:
+                self.reported = completion
+
+    def _choice(self, choice: Any, field: str, what: str) -> tuple[str, list[TokenLogprob] | None]:
+        """A choice's text (chat: in ``field``, ``delta`` or ``message``) and logprobs; notes its finish reason."""
+        if not isinstance(choice, dict):
+            raise UpstreamFailed(f"the upstream sent a malformed {what}")
+        text = _text(self.request.route, choice, field, what)
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            self.finish_reason = reason if reason in FINISH_REASONS else "stop"
+        return text, _logprobs(choice.get("logprobs"))
 
     def _output(
         self, text: str, *, finished: bool, reason: str | None = None, logprobs: list[TokenLogprob] | None = None
@@ -260,16 +292,16 @@ class _Decoder:
         )
 
 
-def _delta_text(route: str, choice: dict[str, Any]) -> str:
+def _text(route: str, choice: dict[str, Any], field: str, what: str) -> str:
     if route == "completion":
         text = choice.get("text")
     else:
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else None
+        message = choice.get(field)
+        text = message.get("content") if isinstance(message, dict) else None
     if text is None:
         return ""
     if not isinstance(text, str):
-        raise UpstreamFailed("the upstream sent a malformed stream chunk")
+        raise UpstreamFailed(f"the upstream sent a malformed {what}")
     return text
 
 

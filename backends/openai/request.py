@@ -26,6 +26,8 @@ class RemoteRequest:
     affinity: bytes | None = None  # equal keys go to the same endpoint (its prefix cache)
     headers: Mapping[str, str] = field(default_factory=dict)  # the allow-listed client headers (traceparent)
     tenant: str | None = None
+    # The client reads a stream: so is the upstream asked. False: one unstreamed answer, given whole.
+    stream: bool = True
 
     @property
     def prompt(self) -> range:

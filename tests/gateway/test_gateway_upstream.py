@@ -73,6 +73,7 @@ def front(live_server: str, admin_key: str, app_for_model: Any, tmp_path_factory
     try:
         yield Front(url, store, app, data_dir, str(front_admin))
     finally:
+        model.shutdown()  # while the server's loop runs: the fleet's connections close in it
         stop_uvicorn(server, thread, sock)
         store.close()
 
@@ -172,6 +173,26 @@ def test_an_output_guardrail_cuts_an_upstream_stream(front: Front) -> None:
     assert word.lower() not in filtered.lower() and filtered == text[: len(filtered)]
 
 
+def test_an_output_guardrail_cuts_a_whole_answer_as_it_cuts_the_stream(front: Front) -> None:
+    """A client that takes its answer whole gets it from one unstreamed upstream request, checked once: the
+    same text and finish reason as the streamed check gives; the tokens charged are the upstream's count of
+    the whole answer it generated."""
+    tenant, key = front.tenant_key()
+    ask = {"model": REMOTE, "messages": [{"role": "user", "content": "Write one sentence about the sea."}],
+           "max_tokens": 24, "temperature": 0}
+    unfiltered = front.client(key).chat.completions.create(**ask)
+    text = unfiltered.choices[0].message.content
+    word = next(w.strip(".,!?") for w in text.split()[2:] if len(w.strip(".,!?")) > 3)
+    front.store.create_policy(tenant.id, "guardrail", "out",
+                              {"blocklist": [{"id": "w", "literal": word, "direction": "output"}]})
+    time.sleep(3 * POLL)
+    whole = front.client(key).chat.completions.create(**ask)
+    streamed, finish, _ = stream_text(front.client(key).chat.completions.create(stream=True, **ask))
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason) == (streamed, finish)
+    assert finish == "content_filter" and word.lower() not in streamed.lower() and text.startswith(streamed)
+    assert whole.usage.completion_tokens == unfiltered.usage.completion_tokens
+
+
 def test_an_input_guardrail_refuses_before_the_upstream_is_called(front: Front) -> None:
     tenant, key = front.tenant_key()
     front.store.create_policy(tenant.id, "guardrail", "in", {"blocklist": [{"id": "w", "literal": "zebra"}]})
@@ -228,8 +249,8 @@ def test_an_unreachable_upstream_is_a_503_with_retry_after(
         assert "retry-after" in response.headers or error_of(response)["code"] == "service_unavailable"
         assert "127.0.0.1" not in response.text  # no endpoint in what the client sees
     finally:
-        stop_uvicorn(server, thread, sock)
         model.shutdown()
+        stop_uvicorn(server, thread, sock)
         store.close()
 
 

@@ -49,8 +49,8 @@ def serve(app_for_model: Any, tmp_path: Path, endpoints: list[str], **upstream: 
     try:
         yield Gateway(url, key, model)
     finally:
+        model.shutdown()  # while the server's loop runs, as the app's shutdown does: the fleet's session closes in it
         stop_uvicorn(server, thread, sock)
-        model.shutdown()
         store.close()
 
 
@@ -127,9 +127,28 @@ def test_a_stalled_stream_is_cut_at_the_idle_timeout(app_for_model: Any, tmp_pat
             assert time.monotonic() - started < 10
 
 
-async def _one(gw: Gateway) -> tuple[int, str, str | None, bool]:
+async def _one(gw: Gateway, max_tokens: int = 20) -> tuple[int, str, str | None, bool]:
     async with httpx.AsyncClient(timeout=30) as client:
-        return await read_stream(client, gw, max_tokens=20)
+        return await read_stream(client, gw, max_tokens=max_tokens)
+
+
+def test_a_whole_answer_is_asked_for_unstreamed_and_may_take_longer_than_the_idle_timeout(
+        app_for_model: Any, tmp_path: Path) -> None:  # fmt: skip
+    """A client that takes its answer whole gets one unstreamed upstream request (``accept: application/json``),
+    whose silence until the generation is done is not a stall; a streaming client's request is streamed."""
+    with running_fake_upstream(name="fake", header_delay=1.5) as fake:
+        for gw in serve(app_for_model, tmp_path, [fake.url], idle_timeout_seconds=1.0, retries=0):
+            whole = httpx.post(f"{gw.url}/v1/chat/completions", headers=bearer(gw.key), timeout=30,
+                               json=gw.body(max_tokens=4))  # fmt: skip
+            assert whole.status_code == 200, whole.text
+            answer = whole.json()
+            assert answer["choices"][0]["message"]["content"] == "Hello, this is"
+            assert answer["choices"][0]["finish_reason"] == "length"
+            assert answer["usage"] == {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}  # the fake's
+            assert fake.headers[-1]["accept"] == "application/json" and fake.requests["chat"] == 1
+            fake.set(header_delay=0.0)
+            assert asyncio.run(_one(gw, max_tokens=4)) == (200, "Hello, this is", "length", False)
+            assert fake.headers[-1]["accept"] == "text/event-stream"
 
 
 def test_a_saturated_fleet_answers_503_at_once_instead_of_queueing(app_for_model: Any, tmp_path: Path) -> None:
@@ -178,6 +197,6 @@ def test_only_the_stored_key_and_allowed_headers_reach_the_upstream(app_for_mode
             # And nothing of the upstream's headers comes back.
             assert "x-fake-upstream" not in {k.lower() for k in response.headers}
         finally:
-            stop_uvicorn(server, thread, sock)
             model.shutdown()
+            stop_uvicorn(server, thread, sock)
             store.close()

@@ -1,0 +1,96 @@
+"""``RemoteEngine`` against the fake upstream on a real socket: a streaming client's choice is streamed
+upstream, a client that takes its answer whole gets one unstreamed upstream request.
+
+Which way the upstream was asked shows in the ``accept`` header it received
+(``text/event-stream`` or ``application/json``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from fake_upstream import FakeUpstream, running_fake_upstream
+
+from backends.engine import RequestOutput, SamplingParams
+from backends.openai.engine import RemoteEngine, _Decoder
+from backends.openai.errors import UpstreamFailed
+from backends.openai.fleet import FleetConfig
+from backends.openai.request import RemoteRequest
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeUpstream]:
+    with running_fake_upstream("e") as served:
+        yield served
+
+
+@pytest.fixture
+async def engine(fake: FakeUpstream) -> AsyncIterator[RemoteEngine]:
+    fake.set(**FakeUpstream().knobs.__dict__)
+    fake.reset_counters()
+    config = FleetConfig(endpoints=(fake.url,), health_interval_seconds=0, idle_timeout_seconds=0.5,
+                         timeout_seconds=10.0, routing="least_outstanding", retries=0)  # fmt: skip
+    remote = RemoteEngine(config, upstream_model="m")
+    yield remote
+    await remote.fleet.aclose()
+
+
+def request(route: str = "chat", *, stream: bool, **body: Any) -> RemoteRequest:
+    payload = {"messages": MESSAGES} if route == "chat" else {"prompt": "hello"}
+    return RemoteRequest(request_id="r-0", route=route, body={"model": "m", **payload, **body},  # type: ignore[arg-type]
+                         prompt_tokens=3, params=SamplingParams(), stream=stream)  # fmt: skip
+
+
+async def outputs(engine: RemoteEngine, req: RemoteRequest) -> list[RequestOutput]:
+    return [out async for out in engine.stream(req)]
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_a_whole_answer_is_one_unstreamed_request_and_one_finished_output(engine: RemoteEngine,
+                                                                                fake: FakeUpstream, route: str) -> None:  # fmt: skip
+    (out,) = await outputs(engine, request(route, stream=False, max_tokens=5))
+    assert (out.new_text, out.finished, out.finish_reason) == ("Hello, this is a", True, "length")
+    assert (out.prompt_tokens, out.completion_tokens) == (1, 5)  # the fake's own count (a word), not the estimate 3
+    assert fake.headers[-1]["accept"] == "application/json"
+    assert engine.stats().num_tokens_generated == 5 and engine.stats().num_running == 0
+
+
+async def test_a_streamed_choice_is_streamed_upstream_with_the_same_text(engine: RemoteEngine,
+                                                                         fake: FakeUpstream) -> None:  # fmt: skip
+    outs = await outputs(engine, request(stream=True, max_tokens=5))
+    assert len(outs) == 6 and outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert "".join(o.new_text for o in outs) == "Hello, this is a" and outs[-1].finish_reason == "length"
+    assert outs[-1].completion_tokens == 5
+    assert fake.headers[-1]["accept"] == "text/event-stream"
+
+
+async def test_a_whole_answer_waits_past_the_idle_timeout(engine: RemoteEngine, fake: FakeUpstream) -> None:
+    """An upstream asked for a whole answer is silent until it is done: only timeout_seconds bounds the wait,
+    while a stream silent for the idle timeout before its first byte is given up."""
+    fake.set(header_delay=1.0)  # the idle timeout is 0.5 s
+    (out,) = await outputs(engine, request(stream=False, max_tokens=2))
+    assert out.new_text == "Hello," and out.finished
+    with pytest.raises(UpstreamFailed, match="did not answer within 0.5 s"):
+        await outputs(engine, request(stream=True, max_tokens=2))
+
+
+def test_the_decoder_reads_a_whole_answer() -> None:
+    def decoded(answer: dict[str, Any], route: str = "chat") -> RequestOutput:
+        return _Decoder(request(route, stream=False)).whole(answer)
+
+    logprobs = {"content": [{"token": "Hi", "logprob": -0.5, "top_logprobs": [{"token": "Hi", "logprob": -0.5}]}]}
+    out = decoded({"choices": [{"message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop",
+                                "logprobs": logprobs}], "usage": {"prompt_tokens": 9, "completion_tokens": 1}})
+    assert (out.new_text, out.finish_reason, out.prompt_tokens, out.completion_tokens) == ("Hi", "stop", 9, 1)
+    assert out.logprobs is not None and [(t.token, t.logprob) for t in out.logprobs] == [("Hi", -0.5)]
+    # No usage: the estimate (the prompt's, a quarter of the characters); no reason: a complete answer stops.
+    out = decoded({"choices": [{"text": "abcdefghij"}]}, "completion")
+    assert (out.new_text, out.finish_reason, out.prompt_tokens, out.completion_tokens) == ("abcdefghij", "stop", 3, 3)
+    assert decoded({"choices": [{"message": {"content": None}, "finish_reason": "tool_calls"}]}).new_text == ""
+    for bad in ({}, {"choices": []}, {"choices": ["x"]}, {"choices": [{"message": {"content": 5}}]}):
+        with pytest.raises(UpstreamFailed):
+            decoded(bad)
