@@ -168,8 +168,17 @@ def build_event(scope: Scope, status: int, digester: Any, *, code: str | None = 
         status=status,
         latency_ms=round((time.perf_counter() - ctx.started) * 1000, 3),
         kind="admin" if scope["path"].startswith("/admin/") else "api",
-        detail={"client": _client(scope)} if status >= 400 else None,
+        detail=_detail(scope, status, ctx.tool_calls),
     )
+
+
+def _detail(scope: Scope, status: int, tool_calls: list[str]) -> dict[str, Any] | None:
+    """A refusal's client address; the names of the functions an answer called (their arguments are
+    content: only digested, and kept redacted with ``debug_content``)."""
+    detail: dict[str, Any] = {"client": _client(scope)} if status >= 400 else {}
+    if tool_calls:
+        detail["tool_calls"] = tool_calls[:64]
+    return detail or None
 
 
 def refusal_key(event: AuditEvent) -> tuple[str, str, int, str]:

@@ -44,6 +44,7 @@ class RequestContext:
     findings: list[tuple[str, Any]] = field(default_factory=list)  # ("input" | "output", guardrail finding)
     reasons: list[str] = field(default_factory=list)  # why a policy refused, if one did
     usage: tuple[int, int] | None = None  # prompt and completion tokens
+    tool_calls: list[str] = field(default_factory=list)  # the functions the answer called (names only)
 
 
 def get_context(conn: HTTPConnection | Scope) -> RequestContext:

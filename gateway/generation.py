@@ -35,12 +35,14 @@ from gateway.errors import (
     ServiceUnavailable,
     UpstreamUnavailable,
 )
+from gateway.tool_calls import ToolOutput
 
 if TYPE_CHECKING:
     from backends.engine import EngineRequest, RequestOutput
     from backends.openai.request import RemoteRequest
 
     from gateway.models import ServedModel
+    from gateway.tool_calls import ToolStream
     from policy.guardrails import OutputStream
 
 log = logging.getLogger("inferflux.gateway.generation")
@@ -111,6 +113,7 @@ class Generation:
         on_close: Callable[[Generation], None] | None = None,
         param_names: dict[str, str] | None = None,
         output_check: Callable[[], OutputStream] | None = None,
+        tool_stream: Callable[[], ToolStream] | None = None,
     ) -> None:
         self.served = served
         self.choices = choices
@@ -129,6 +132,9 @@ class Generation:
         # block is cancelled and ends with finish_reason "content_filter".
         self._checks = {c.index: output_check() for c in choices} if output_check is not None else {}
         self._cut: set[int] = set()
+        # Tool calling: each choice's text split into content and calls (gateway.tool_calls), before the
+        # guardrails read the content; the calls' arguments are checked there.
+        self._tools = {c.index: tool_stream() for c in choices} if tool_stream is not None else {}
         self.output_findings: list[Any] = []
         self._text: dict[int, list[str]] = {c.index: [] for c in choices}  # what went out, for the audit digest
 
@@ -184,6 +190,12 @@ class Generation:
                     self._on_first_token(time.perf_counter() - self._started)
             if out.finished and out.finish_reason == "abort":
                 raise ServiceUnavailable("The engine aborted the generation; retry the request")
+            if self._tools:
+                step = self._tools[item.index].step(item.output)
+                self.output_findings += step.findings
+                item = ChoiceEvent(item.index, step.output)
+                if step.blocked:
+                    return self._cut_off(item, "")
             if self._checks:
                 item = self._checked(item)
             self._text[item.index].append(item.output.new_text)
@@ -191,8 +203,13 @@ class Generation:
         raise StopAsyncIteration
 
     def texts(self) -> list[str]:
-        """Each choice's text as sent so far, in choice order."""
-        return ["".join(self._text[c.index]) for c in self.choices]
+        """Each choice's text as sent so far (its calls written after it), in choice order."""
+        tools = self._tools
+        return ["".join(self._text[c.index]) + (tools[c.index].text() if tools else "") for c in self.choices]
+
+    def tool_names(self) -> list[str]:
+        """The functions the answer called, in choice and call order (what the audit records of them)."""
+        return [name for c in self.choices if c.index in self._tools for name, _ in self._tools[c.index].calls]
 
     def _checked(self, item: ChoiceEvent) -> ChoiceEvent:
         """``item`` with its text passed through the choice's output guardrails."""
@@ -205,12 +222,16 @@ class Generation:
             findings += last.findings
         self.output_findings += findings
         if blocked:
-            # Stop generating this choice; its stream ends here, as OpenAI ends a filtered one.
-            self._cut.add(item.index)
-            self._remaining -= 1
-            self._task_of[item.index].cancel()
-            return ChoiceEvent(item.index, replace(out, new_text=text, finished=True, finish_reason="content_filter"))
+            return self._cut_off(item, text)
         return ChoiceEvent(item.index, replace(out, new_text=text)) if text != out.new_text else item
+
+    def _cut_off(self, item: ChoiceEvent, text: str) -> ChoiceEvent:
+        """Stop generating a blocked choice; its stream ends here, as OpenAI ends a filtered one."""
+        self._cut.add(item.index)
+        self._remaining -= 1
+        self._task_of[item.index].cancel()
+        out = replace(item.output, new_text=text, finished=True, finish_reason="content_filter")
+        return ChoiceEvent(item.index, replace(out, tool_calls=()) if isinstance(out, ToolOutput) else out)
 
     def _to_gateway_error(self, exc: BaseException) -> GatewayError:
         mapped = engine_error_to_gateway(exc, param_names=self.param_names)

@@ -22,6 +22,7 @@ from gateway.errors import InvalidRequest
 from gateway.generation import ChoiceSpec, engine_error_to_gateway
 from gateway.models import ServedModel
 from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, sampling_kwargs
+from gateway.tools import ToolPlan, render_chat
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
 
@@ -58,6 +59,7 @@ class Plan:
     completion_id: str
     param_names: dict[str, str]  # the engine's parameter names as this API spells them
     created: int = field(default_factory=lambda: int(time.time()))
+    tools: ToolPlan | None = None  # the calls the output may hold (gateway.tool_calls parses them)
 
     @property
     def prompt_tokens(self) -> int:
@@ -81,7 +83,7 @@ def plan_completion(served: ServedModel, req: CompletionRequest, placement: Plac
 
 def encode_chat(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
     try:
-        text = served.local_tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
+        text = render_chat(served.local_tokenizer, req.template_messages(), req.prompt_tools(), req.has_tool_history)
     except ChatTemplateError as exc:
         raise InvalidRequest(f"The messages cannot be rendered with this model's chat template: {exc}", param="messages") from None
     # The template already wrote the special tokens (BOS, turn markers) as
@@ -134,7 +136,9 @@ def _plan(
             request = _engine_request(served, f"{completion_id}-{index}", prompt.token_ids, kwargs, placement,
                                       prompt_names)  # fmt: skip
             choices.append(ChoiceSpec(index=index, prompt_index=p_index, request=request))
-    return Plan(served=served, prompts=prompts, choices=choices, completion_id=completion_id, param_names=names)
+    tools = req.tool_plan if isinstance(req, ChatCompletionRequest) else None
+    return Plan(served=served, prompts=prompts, choices=choices, completion_id=completion_id, param_names=names,
+                tools=tools)  # fmt: skip
 
 
 def _engine_request(

@@ -5,7 +5,8 @@ choice ``i`` seeded ``seed + i`` like a local model's), in the upstream's model
 name, with only the fields the request set. The prompt's tokens are estimated
 for the limiter and settled with the upstream's own ``usage``. What only a
 local engine can do (echo, completion logprobs, token-id prompts, our
-speculative decoding) is refused with a reason instead of being half-done.
+speculative decoding) is refused with a reason instead of being half-done;
+so is tool calling, for now (``tools`` or tool history in the messages).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def _refuse_local_only(req: GenerationRequest) -> None:
 
     if req.speculative is not None and req.speculative.k != 0:
         raise refuse("speculative", "speculative")
+    if isinstance(req, ChatCompletionRequest) and (req.tools or req.has_tool_history):
+        # Not yet forwarded: the upstream's calls would have to be parsed back and their arguments guarded.
+        raise refuse("tools" if req.tools else "messages", "tool calling")
     if isinstance(req, CompletionRequest):
         if req.echo:
             raise refuse("echo", "echo")

@@ -1,9 +1,14 @@
 """OpenAI request schemas and their translation to engine sampling parameters.
 
 Unknown fields are ignored, as OpenAI does. Known OpenAI fields this server
-does not implement (``tools``, ``suffix``, ...) are rejected with
+does not implement (``functions``, ``suffix``, ...) are rejected with
 ``unsupported_parameter`` instead of being silently dropped, because ignoring
 them would change the meaning of the request.
+
+Tool calling (``tools``, ``tool_choice``, ``parallel_tool_calls``, assistant
+``tool_calls`` and ``tool`` messages in the history) is checked by
+``gateway.tools``; a forced call (``required`` or a named function) becomes the
+request's ``GuidedSpec``, like a ``response_format``.
 
 Structured outputs: ``response_format`` ``json_object`` and ``json_schema``
 (and vLLM's ``guided_regex`` and ``guided_choice``), on both routes, become the
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -28,6 +34,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from backends.engine import GuidedSpec
 
 from gateway.errors import InvalidRequest, UnsupportedParameter
+from gateway.tools import (
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    ToolError,
+    ToolPlan,
+    call_names,
+    check_choice,
+    check_history,
+    check_tools,
+    template_calls,
+    template_tools,
+    tool_plan,
+)
 from gateway.validation_errors import first_error
 
 MAX_N = 8
@@ -232,8 +252,8 @@ class ChatMessage(BaseModel):
     role: Role
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_call_id: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
 
     @field_validator("content")
     @classmethod
@@ -249,8 +269,10 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _check_message(self) -> ChatMessage:
-        if self.tool_calls:
-            raise ValueError("tool_calls in messages are not supported by this server")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message may have tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a 'tool' message needs the tool_call_id of the call it answers")
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a '{self.role}' message must have content")
         return self
@@ -271,6 +293,10 @@ class ChatMessage(BaseModel):
             rendered["name"] = self.name
         if self.tool_call_id is not None:
             rendered["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            rendered["tool_calls"] = template_calls(self.tool_calls)
+            if self.content is None:
+                rendered["content"] = None  # templates test for it ("if message.content")
         return rendered
 
 
@@ -279,9 +305,10 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS_CHAT)
-    # Known OpenAI fields that are not implemented; rejected when meaningful.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # OpenAI's deprecated forerunners of tools; rejected when meaningful.
     functions: list[Any] | None = None
     function_call: Any = None
 
@@ -289,13 +316,48 @@ class ChatCompletionRequest(_SamplingRequest):
     def _check_chat(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise _Unsupported("top_logprobs", "top_logprobs requires logprobs to be true", code=None)
-        if self.tools or self.functions:
-            raise _Unsupported("tools" if self.tools else "functions", "tool calling is not supported by this server")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise _Unsupported("tool_choice", "tool calling is not supported by this server")
+        if self.functions:
+            raise _Unsupported("functions", "functions (deprecated) is not supported by this server: use tools")
         if self.function_call not in (None, "none", "auto"):
-            raise _Unsupported("function_call", "tool calling is not supported by this server")
+            raise _Unsupported("function_call", "function_call (deprecated) is not supported by this server: "
+                               "use tool_choice")  # fmt: skip
+        try:
+            check_tools(self.tools or ())
+            check_choice(self.tool_choice, self.tools)
+            check_history(self.messages)
+        except ToolError as exc:
+            raise _Unsupported(exc.param, exc.message, code=None) from None
+        plan = self.tool_plan
+        constraint = next((n for n in ("response_format", "guided_regex", "guided_choice") if self._asks(n)), None)
+        if plan is not None and plan.mode == "forced" and constraint is not None:
+            raise _Unsupported(constraint, f"{constraint} cannot be combined with a forced tool_choice: give one "
+                               "constraint", code=None)  # fmt: skip
         return self
+
+    @cached_property
+    def tool_plan(self) -> ToolPlan | None:
+        """What the tools ask for (``gateway.tools.tool_plan``); None when the model may not call one."""
+        constrained = any(self._asks(n) for n in ("response_format", "guided_regex", "guided_choice"))
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls, constrained)
+
+    @property
+    def guided_param(self) -> str:
+        plan = self.tool_plan
+        return "tool_choice" if plan is not None and plan.mode == "forced" else super().guided_param
+
+    def guided(self) -> GuidedSpec | None:
+        plan = self.tool_plan
+        return plan.spec if plan is not None and plan.mode == "forced" else super().guided()
+
+    def prompt_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the prompt describes: none with tool_choice "none" (the model must not call)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return template_tools(self.tools)
+
+    @property
+    def has_tool_history(self) -> bool:
+        return any(m.tool_calls or m.role == "tool" for m in self.messages)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -309,7 +371,13 @@ class ChatCompletionRequest(_SamplingRequest):
         return self.top_logprobs or 0
 
     def template_messages(self) -> list[dict[str, Any]]:
-        return [m.to_template() for m in self.messages]
+        messages = [m.to_template() for m in self.messages]
+        if self.has_tool_history:
+            names = call_names(messages)  # some templates write a tool result's function name
+            for message in messages:
+                if message["role"] == "tool" and "name" not in message and message.get("tool_call_id") in names:
+                    message["name"] = names[message["tool_call_id"]]
+        return messages
 
 
 # -- completions --------------------------------------------------------------

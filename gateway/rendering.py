@@ -16,6 +16,7 @@ from backends.engine import RequestOutput, TokenLogprob
 from gateway.errors import GatewayError, error_body
 from gateway.generation import ChoiceEvent, Generation, Usage
 from gateway.streaming import SSE_DONE, sse_event
+from gateway.tool_calls import ToolCallDelta, ToolOutput, assemble
 
 if TYPE_CHECKING:
     from gateway.plan import Plan
@@ -44,7 +45,11 @@ class Renderer(Protocol):
 def _is_empty(out: RequestOutput) -> bool:
     # The engine may hold back text (an incomplete UTF-8 sequence, a possible
     # stop string); a chunk with nothing in it is noise for clients.
-    return not out.new_text and not out.finished and not out.logprobs
+    return not out.new_text and not out.finished and not out.logprobs and not _calls(out)
+
+
+def _calls(out: RequestOutput) -> tuple[ToolCallDelta, ...]:
+    return out.tool_calls if isinstance(out, ToolOutput) else ()
 
 
 async def stream_chunks(
@@ -116,11 +121,21 @@ class ChatRenderer:
             return None
         return {"content": [self._logprob_entry(lp) for out in outputs for lp in (out.logprobs or [])]}
 
+    @staticmethod
+    def _message(outputs: list[RequestOutput]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(o.new_text for o in outputs)}
+        calls = assemble([d for o in outputs for d in _calls(o)])
+        if calls:
+            message["tool_calls"] = calls
+            message["content"] = message["content"] or None  # OpenAI's null when there are only calls
+        return message
+
     def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
         choices = [
             {
                 "index": index,
-                "message": {"role": "assistant", "content": "".join(o.new_text for o in outs)},
+                "message": self._message(outs),
+
                 "logprobs": self._logprobs(outs),
                 "finish_reason": _finish_reason(outs),
             }
@@ -148,7 +163,10 @@ class ChatRenderer:
         out = event.output
         if _is_empty(out):
             return None
-        delta: dict[str, Any] = {"content": out.new_text} if out.new_text or not out.finished else {}
+        calls = _calls(out)
+        delta: dict[str, Any] = {"content": out.new_text} if out.new_text or not (out.finished or calls) else {}
+        if calls:
+            delta["tool_calls"] = [d.to_dict() for d in calls]
         choice = {
             "index": event.index,
             "delta": delta,

@@ -54,6 +54,7 @@ from gateway.generation import Generation
 from gateway.metrics import GatewayMetrics
 from gateway.plan import GenerationRequest, Placement, Plan
 from gateway.state import state_of
+from gateway.tool_calls import ToolStream
 from policy.errors import ApiError
 from policy.guardrails import Guardrails, OpaDecision, opa_input, request_texts, with_texts
 from policy.ratelimit import Admission, Denial, RateLimiter, Scheduling
@@ -72,11 +73,12 @@ class Work:
     prompt_tokens: int  # what the limits reserve (each choice's prompt counted)
     completion_tokens: int | None  # at most; None: unbounded (the limiter reserves its estimate)
     opa_prompt_tokens: int  # what OPA is told: each prompt once
+    tools: tuple[str, ...] = ()  # the names of the tools the model may call
 
     @classmethod
     def of(cls, plan: Plan) -> Work:
         return cls(plan.served, len(plan.choices), plan.prompt_tokens, plan.requested_completion_tokens,
-                   sum(p.num_tokens for p in plan.prompts))  # fmt: skip
+                   sum(p.num_tokens for p in plan.prompts), plan.tools.names if plan.tools else ())  # fmt: skip
 
 
 @dataclass
@@ -263,6 +265,7 @@ class RequestPolicy:
             max_completion_tokens=work.completion_tokens,
             findings=[f for stage, f in self.ctx.findings if stage == "input"],
             request_id=self.ctx.request_id,
+            tools=work.tools,
         )
 
     async def _authorize_all(self, work: Work) -> None:
@@ -287,6 +290,7 @@ class RequestPolicy:
             on_first_token=self.metrics.ttft.labels(model).observe,
             on_close=lambda gen: self._finish(gen, model, admission),
             output_check=guards.output_stream if guards.checks_output else None,
+            tool_stream=(lambda: ToolStream(tools, guards)) if (tools := plan.tools) is not None else None,
         )
 
     # -- 4. settlement
@@ -295,6 +299,7 @@ class RequestPolicy:
         """Record what the request used and settle it with the limiter (real counts, off the request path)."""
         self._note_findings("output", gen.output_findings)
         self.ctx.completion_texts = gen.texts()
+        self.ctx.tool_calls = gen.tool_names()
         self._settle(model, admission, gen.usage.prompt_tokens, gen.usage.completion_tokens)
 
     def _settle(self, model: str, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:

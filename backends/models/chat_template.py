@@ -17,12 +17,13 @@ from typing import Any, Mapping, Sequence
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from backends.models.errors import ChatTemplateError
 
-__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "validate_messages"]
+__all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "template_variables", "validate_messages"]
 
 # Used when a model ships no template: ChatML, which most small instruct models speak.
 CHATML_TEMPLATE = (
@@ -74,6 +75,15 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
+
+
+def template_variables(source: str) -> frozenset[str]:
+    """The variables a template reads from its context (``messages``, ``tools``, ...); ChatTemplateError
+    if it does not parse."""
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(_environment().parse(source)))
+    except jinja2.TemplateSyntaxError as e:
+        raise ChatTemplateError(f"chat template has a syntax error (line {e.lineno}): {e.message}") from e
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:

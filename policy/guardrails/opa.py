@@ -114,8 +114,10 @@ def opa_input(
     max_completion_tokens: int | None = None,
     findings: Iterable[Finding] = (),
     request_id: str | None = None,
+    tools: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The input document a policy sees (no prompt text: only findings' types, rules and spans)."""
+    """The input document a policy sees (no prompt text: only findings' types, rules and spans; the names
+    of the tools the model may call)."""
     return {
         "request_id": request_id,
         "tenant": {"id": principal.tenant_id, "name": principal.tenant_name},
@@ -126,6 +128,7 @@ def opa_input(
         "route": route,
         "tokens": {"prompt": prompt_tokens, "max_completion": max_completion_tokens},
         "findings": [f.to_dict() for f in findings],
+        "tools": list(tools),
     }
 
 

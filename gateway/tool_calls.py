@@ -1,0 +1,410 @@
+"""Tool calling, the output side: the calls in a choice's text, as OpenAI's ``tool_calls`` deltas.
+
+One ``ToolStream`` per choice turns the engine's text into content and call
+deltas (``ToolCallDelta``: the call's ``index``, and on its first fragment its
+``id`` and function ``name``, then ``arguments`` fragments that concatenate to
+the arguments' JSON text). A whole answer is the same deltas put together, so
+streamed and whole answers agree.
+
+* A forced call (``tool_choice`` required or named) was decoded under the call
+  schema (``gateway.tools.call_schema``): compact JSON, ``{"name":"f",
+  "arguments":{...}}`` or an array of those. ``ForcedCalls`` follows it a
+  character at a time and sends each call's head once its name is complete,
+  then its arguments as they are written.
+* ``auto``: ``AutoCalls`` finds Hermes-style ``<tool_call>{...}</tool_call>``
+  blocks (the JSON ``{"name", "arguments"}`` or ``{"name", "parameters"}``,
+  arguments an object or JSON text of one, of a tool the request defined) and
+  an answer that is nothing but such JSON (or a list of it). Text that may
+  still become a tag (``<tool`` at the end) is held back, and an answer that
+  opens with ``{`` or ``[`` is held whole until it ends: it is a call or it is
+  text. A block that does not parse stays in the content as the model wrote
+  it; whitespace next to a call is dropped; content is null when only calls
+  are left. With ``parallel_tool_calls`` false only the first call is kept.
+
+Output guardrails read a call's arguments: every string in them (keys and
+values, decoded), each as a text of its own. A block rule blocks the choice as
+it would for text (``finish_reason`` ``content_filter``); a redacting rule
+redacts inside the strings and the arguments are written again as compact
+JSON, so they stay valid JSON. While guardrails read them, a forced call's
+arguments go out whole once complete rather than in fragments.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from backends.engine import RequestOutput
+
+if TYPE_CHECKING:
+    from policy.guardrails import Finding, Guardrails
+
+    from gateway.tools import ToolPlan
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_HEAD = re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","arguments":')
+
+
+def new_call_id() -> str:
+    """``call_`` and 24 random hex digits: unique per call, as OpenAI's are."""
+    return "call_" + secrets.token_hex(12)
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """One fragment of one call (OpenAI's ``delta.tool_calls[]``)."""
+
+    index: int
+    id: str | None = None  # first fragment only
+    name: str | None = None  # first fragment only
+    arguments: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"arguments": self.arguments}
+        if self.name is not None:
+            function = {"name": self.name, **function}
+        out: dict[str, Any] = {"index": self.index}
+        if self.id is not None:
+            out.update(id=self.id, type="function")
+        out["function"] = function
+        return out
+
+
+@dataclass(frozen=True)
+class ToolOutput(RequestOutput):
+    """An engine output with its text split: ``new_text`` the content, ``tool_calls`` the call fragments."""
+
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+
+
+def assemble(deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    """A whole answer's ``message.tool_calls`` from its fragments."""
+    calls: dict[int, dict[str, Any]] = {}
+    for d in deltas:
+        call = calls.setdefault(d.index, {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}})
+        call["function"]["arguments"] += d.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+
+
+def call_of(value: Any, names: frozenset[str]) -> tuple[str, str] | None:
+    """(name, arguments as compact JSON) of a ``{"name", "arguments"|"parameters"}`` object naming a tool; else None."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or value["name"] not in names:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(arguments, dict) or not set(value) <= {"name", "arguments", "parameters"}:
+        return None
+    return value["name"], json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def calls_of_json(text: str, names: frozenset[str]) -> list[tuple[str, str]] | None:
+    """The calls that JSON ``text`` is (one call, or a non-empty list of them), else None."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    items = value if isinstance(value, list) and value else [value]
+    try:
+        calls = [call_of(item, names) for item in items]
+    except RecursionError:  # arguments nested deeper than they can be written again: text
+        return None
+    return None if any(c is None for c in calls) else calls  # type: ignore[return-value]
+
+
+def parse_calls(text: str, names: frozenset[str], parallel: bool = True) -> tuple[str | None, list[tuple[str, str]]]:
+    """A whole auto-mode answer as (content, calls): what ``AutoCalls`` makes of it, at once."""
+    parser = AutoCalls(names, parallel)
+    content, calls = parser.feed(text)
+    more_content, more = parser.finish()
+    content += more_content
+    calls += more
+    return (content or None) if calls else content, calls
+
+
+class AutoCalls:
+    """The calls in freely written text, as it arrives: ``feed`` and ``finish`` give (content, calls)."""
+
+    def __init__(self, names: frozenset[str], parallel: bool = True) -> None:
+        self.names, self.parallel = names, parallel
+        self._held = ""  # text not released yet
+        self._mode = "start"  # start (nothing released) | text | call (inside a block) | json (a bare answer)
+        self._calls = 0
+        self._after_call = False  # drop whitespace that follows a call
+        self._gap = ""  # whitespace before the block being read
+
+    def feed(self, text: str) -> tuple[str, list[tuple[str, str]]]:
+        self._held += text
+        content: list[str] = []
+        calls: list[tuple[str, str]] = []
+        while True:
+            if self._mode == "start":
+                head = self._held.lstrip()
+                if not head:
+                    break
+                self._mode = "json" if head[0] in "{[" else "text"
+            if self._mode == "json":
+                break  # a call or text: known at the end
+            if self._mode == "text":
+                at = self._held.find(OPEN)
+                if at < 0:
+                    keep = _partial_tag(self._held)
+                    content.append(self._release(len(self._held) - keep))
+                    break
+                released = self._release(at, hold_space=False)
+                gap = len(released) - len(released.rstrip())
+                content.append(released[:len(released) - gap])
+                self._gap = released[len(released) - gap:]  # dropped if a call follows
+                self._mode = "call"
+            if self._mode == "call":
+                end = self._held.find(CLOSE)
+                if end < 0:
+                    break
+                block, self._held = self._held[:end + len(CLOSE)], self._held[end + len(CLOSE):]
+                self._mode = "text"
+                found = calls_of_json(block[len(OPEN):-len(CLOSE)].strip(), self.names)
+                if found is None:
+                    content.append(self._gap + block)  # not a call: text, as written
+                    self._after_call = False
+                else:
+                    calls += self._take(found)
+        return "".join(content), calls
+
+    def finish(self) -> tuple[str, list[tuple[str, str]]]:
+        held, self._held = self._held, ""
+        if self._mode == "json":
+            found = calls_of_json(held.strip(), self.names)
+            if found is not None:
+                return "", self._take(found)
+        if self._mode == "call":
+            held = self._gap + held  # a block left open: text, as written
+        if self._after_call:
+            held = held.lstrip()
+        return (held.rstrip() if self._calls else held), []
+
+    def _release(self, upto: int, hold_space: bool = True) -> str:
+        """The text before ``upto``, less whitespace after a call and (``hold_space``) its trailing
+        whitespace, which stays held: if a call follows, it is dropped."""
+        text, rest = self._held[:upto], self._held[upto:]
+        if self._after_call:
+            text = text.lstrip()
+            self._after_call = not text
+        kept = len(text.rstrip()) if hold_space else len(text)
+        self._held = text[kept:] + rest
+        return text[:kept]
+
+    def _take(self, found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if not self.parallel:
+            found = found[: max(0, 1 - self._calls)]
+        self._calls += len(found)
+        self._after_call = True
+        return found
+
+
+def _partial_tag(text: str) -> int:
+    """How many characters at the end of ``text`` could be the start of ``<tool_call>``."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ForcedCalls:
+    """A forced answer's calls as it is written: heads once their name is complete, then argument fragments."""
+
+    def __init__(self) -> None:
+        self._text = ""  # the answer so far
+        self._pos = 0  # where reading goes on
+        self._state = "between"  # between | head | arguments
+        self._call_start = 0
+        self._depth = 0
+        self._in_string = self._escaped = False
+        self.index = -1  # the call being written
+
+    def feed(self, text: str) -> list[tuple[str, int, str]]:
+        """Events (kind, call index, text): ("head", i, name), ("arguments", i, fragment), and ("end", i, "")
+        once call i's arguments are complete."""
+        self._text += text
+        events: list[tuple[str, int, str]] = []
+        while self._pos < len(self._text):
+            if self._state == "between":
+                at = self._text.find("{", self._pos)
+                if at < 0:
+                    self._pos = len(self._text)
+                    break
+                self._state, self._call_start, self._pos = "head", at, at
+            if self._state == "head":
+                match = _HEAD.match(self._text, self._call_start)
+                if match is None:
+                    break  # the name is still being written
+                self.index += 1
+                events.append(("head", self.index, match.group(1)))
+                self._state, self._pos, self._depth = "arguments", match.end(), 0
+            if self._state == "arguments":
+                start = self._pos
+                done = self._scan()
+                if self._pos > start:
+                    events.append(("arguments", self.index, self._text[start:self._pos]))
+                if not done:
+                    break
+                events.append(("end", self.index, ""))
+                self._state = "between"
+        return events
+
+    def _scan(self) -> bool:
+        """Read the arguments' JSON on; True once it is complete."""
+        text = self._text
+        while self._pos < len(text):
+            c = text[self._pos]
+            self._pos += 1
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    return True
+        return False
+
+
+# -- a choice's stream -----------------------------------------------------------------------------
+
+
+@dataclass
+class ToolStep:
+    output: RequestOutput
+    findings: list[Finding] = field(default_factory=list)
+    blocked: bool = False
+
+
+class ToolStream:
+    """One choice's text split into content and calls, the calls' arguments checked by the output guardrails."""
+
+    def __init__(self, plan: ToolPlan, guards: Guardrails | None = None) -> None:
+        self.plan = plan
+        self._guards = guards if guards is not None and guards.checks_output else None
+        names = frozenset(plan.names)
+        self._auto = AutoCalls(names, plan.parallel) if plan.mode == "auto" else None
+        self._forced = ForcedCalls() if plan.mode == "forced" else None
+        self._ids: list[str] = []
+        self._pending: dict[int, list[str]] = {}  # a forced call's arguments, held while guardrails read them
+        self.calls: list[tuple[str, str]] = []  # (name, arguments as sent) of each complete call, for the audit
+        self._heads: dict[int, str] = {}
+        self._blocked = False
+
+    def text(self) -> str:
+        """The calls made, as the generic tool prompt writes them (what the audit digests with the content)."""
+        return "".join(f'<tool_call>{{"name":"{name}","arguments":{arguments}}}</tool_call>'
+                       for name, arguments in self.calls)  # fmt: skip
+
+    def step(self, out: RequestOutput) -> ToolStep:
+        deltas: list[ToolCallDelta] = []
+        findings: list[Finding] = []
+        content = ""
+        if self._auto is not None:
+            content, found = self._auto.feed(out.new_text)
+            if out.finished:
+                more, later = self._auto.finish()
+                content, found = content + more, found + later
+            for name, arguments in found:
+                self._whole_call(name, arguments, deltas, findings)
+        elif self._forced is not None:
+            self._forced_events(self._forced.feed(out.new_text), deltas, findings)
+        reason = out.finish_reason
+        if out.finished and self._ids and reason == "stop":
+            reason = "tool_calls"
+        fields_ = {f.name: getattr(out, f.name) for f in fields(RequestOutput)}
+        fields_.update(new_text=content, finish_reason=reason)
+        return ToolStep(ToolOutput(**fields_, tool_calls=tuple(deltas)), findings, self._blocked)
+
+    def _forced_events(self, events: list[tuple[str, int, str]], deltas: list[ToolCallDelta],
+                       findings: list[Finding]) -> None:  # fmt: skip
+        streamed = self._guards is None  # else a call goes out whole once the guardrails have read it
+        for kind, index, value in events:
+            if kind == "head":
+                self._heads[index] = value
+                self._ids.append(new_call_id())
+                self._pending[index] = []
+                if streamed:
+                    deltas.append(ToolCallDelta(index, self._ids[index], value, ""))
+            elif kind == "arguments":
+                self._pending[index].append(value)
+                if streamed:
+                    deltas.append(ToolCallDelta(index, arguments=value))
+            else:
+                arguments = "".join(self._pending.pop(index))
+                if not streamed:
+                    arguments = self._checked(arguments, findings)
+                    if self._blocked:
+                        return
+                    deltas.append(ToolCallDelta(index, self._ids[index], self._heads[index], arguments))
+                self.calls.append((self._heads[index], arguments))
+
+    def _whole_call(self, name: str, arguments: str, deltas: list[ToolCallDelta], findings: list[Finding]) -> None:
+        if self._blocked:
+            return
+        if self._guards is not None:
+            arguments = self._checked(arguments, findings)
+            if self._blocked:
+                return
+        index = len(self._ids)
+        self._ids.append(new_call_id())
+        deltas.append(ToolCallDelta(index, self._ids[index], name, arguments))
+        self.calls.append((name, arguments))
+
+    def _checked(self, arguments: str, findings: list[Finding]) -> str:
+        """``arguments`` with every string in them passed through the output guardrails (redacted, or blocked)."""
+        guards = self._guards
+        if guards is None:
+            return arguments
+        try:
+            value = json.loads(arguments)
+        except (ValueError, RecursionError):
+            value = arguments  # cut short: checked as one text
+        changed = False
+
+        def check(text: str) -> str:
+            nonlocal changed
+            decision = guards.check_output(text)
+            findings.extend(decision.findings)
+            if not decision.allowed:
+                self._blocked = True
+            if decision.texts[0] != text:
+                changed = True
+            return decision.texts[0]
+
+        try:
+            checked = _map_strings(value, check)
+        except RecursionError:  # deeper than Python recurses: checked as one text, and kept only if clean
+            checked = check(arguments)
+        if self._blocked or not changed:
+            return arguments
+        return checked if isinstance(checked, str) else json.dumps(checked, ensure_ascii=False, separators=(",", ":"))
+
+
+def _map_strings(value: Any, f: Any) -> Any:
+    if isinstance(value, str):
+        return f(value)
+    if isinstance(value, dict):
+        return {f(k): _map_strings(v, f) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, f) for v in value]
+    return value
