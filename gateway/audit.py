@@ -163,6 +163,7 @@ def build_event(scope: Scope, status: int, digester: Any, *, code: str | None = 
         key_id=principal.key_id if principal is not None else None,
         route=route_of(scope),
         model=ctx.model,
+        user=ctx.user,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         status=status,

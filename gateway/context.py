@@ -38,6 +38,8 @@ class RequestContext:
     principal: Any | None = None
     # The served model's canonical name once a route has resolved it.
     model: str | None = None
+    # The end user the caller named (OpenAI's ``user``), for the audit event and OPA: cut, credentials redacted.
+    user: str | None = None
     # Filled by the traffic policy on generation routes, read by the audit event.
     prompt_texts: list[str] | None = None
     completion_texts: list[str] | None = None

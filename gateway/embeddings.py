@@ -40,7 +40,7 @@ from backends.openai.request import RemoteEmbeddingRequest
 from gateway.errors import ContextLengthExceeded, GatewayError, InternalError, InvalidRequest, UnsupportedParameter
 from gateway.generation import engine_error_to_gateway
 from gateway.models import ServedModel
-from gateway.settings import EmbeddingSettings
+from gateway.settings import EmbeddingSettings, Settings
 from gateway.validation_errors import first_error
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
@@ -134,6 +134,7 @@ class EmbeddingPlan:
     request: EmbeddingRequest | RemoteEmbeddingRequest  # the engine's, or the upstream's
     encoding_format: str
     param_names: dict[str, str]
+    user: str | None = None  # the end user the caller named: for the audit event and OPA
 
     @property
     def prompt_tokens(self) -> int:
@@ -153,9 +154,11 @@ def plan_embeddings(served: ServedModel, req: EmbeddingsRequest, settings: Embed
         body: dict[str, Any] = {"model": served.engine.upstream_model, "input": req.input, "encoding_format": "float"}
         if req.dimensions is not None:
             body["dimensions"] = req.dimensions
+        if req.user is not None:
+            body["user"] = req.user
         remote = RemoteEmbeddingRequest(request_id, body, num_inputs=len(inputs), prompt_tokens=estimate,
                                         headers=dict(upstream_headers), tenant=tenant)  # fmt: skip
-        return EmbeddingPlan(served, remote, req.encoding_format, names)
+        return EmbeddingPlan(served, remote, req.encoding_format, names, req.user)
     dimensions = _dimensions(served, req.dimensions, settings)
     tokenizer = served.local_tokenizer
     token_lists = [tokenizer.encode(i) if isinstance(i, str) else i for i in req.inputs()]
@@ -169,7 +172,15 @@ def plan_embeddings(served: ServedModel, req: EmbeddingsRequest, settings: Embed
                                                        tenant=tenant)  # fmt: skip
     except InvalidRequestError as exc:
         raise embedding_error(exc, served, names) from None
-    return EmbeddingPlan(served, request, req.encoding_format, names)
+    return EmbeddingPlan(served, request, req.encoding_format, names, req.user)
+
+
+def embedding_settings(served: ServedModel, settings: Settings) -> EmbeddingSettings:
+    """How ``served`` embeds: the section it was loaded with through the admin API, else its entry's in the
+    configuration, else the defaults."""
+    if served.embedding is not None:
+        return EmbeddingSettings.model_validate(dict(served.embedding))
+    return settings.model_embedding(served.name)
 
 
 def _dimensions(served: ServedModel, wanted: int | None, settings: EmbeddingSettings) -> int | None:

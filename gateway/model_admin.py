@@ -58,6 +58,7 @@ class _Load:
     aliases: tuple[str, ...]
     default: bool
     upstream: dict[str, Any] | None = None  # a remote backend's model: where it is served from
+    embedding: dict[str, Any] | None = None  # a local model's embedding section (None: the defaults)
     # From the store's registry (a convergence), not from this replica's admin API.
     stored: bool = False
     # A failed load from the registry is tried again only past this policy_version.
@@ -83,6 +84,7 @@ class _Load:
             "aliases": list(self.aliases),
             "source": "admin",
             **({"upstream": describe_upstream(self.upstream)} if self.upstream is not None else {}),
+            **({"embedding": self.embedding} if self.embedding is not None else {}),
         }
 
 
@@ -127,6 +129,7 @@ class ModelAdmin:
             "default": self.manager.default_name == served.name,
             "source": "config" if served.name in self.configured else "admin",
             **({"upstream": served.engine.describe()} if served.remote else {}),
+            **({"embedding": dict(served.embedding)} if served.embedding is not None else {}),
         }
 
     # -- changing
@@ -168,13 +171,20 @@ class ModelAdmin:
         aliases: list[str],
         default: bool,
         upstream: dict[str, Any] | None = None,
+        embedding: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Validate now, load in the background; the returned status says 'loading'.
 
         A model with an ``upstream`` is served by the remote backend from the
         endpoints it names (checked against ``upstreams.allowed_hosts``).
+        ``embedding`` (a checked ``EmbeddingSettings``, dumped) is kept with the
+        model, as a configuration file's ``models[].embedding`` is.
         """
         self._check_names(name, aliases)
+        if upstream is not None and embedding is not None:
+            # As the configuration file refuses it (gateway.settings.sections.ModelEntry).
+            raise ValidationFailed("embedding applies to local models; an upstream pools its own embeddings",
+                                   param="embedding")  # fmt: skip
         if upstream is not None:
             if path is not None or dtype is not None:
                 raise ValidationFailed("a model with an upstream takes neither path nor dtype", param="path")
@@ -192,7 +202,7 @@ class ModelAdmin:
             if backend == REMOTE_BACKEND:
                 raise ValidationFailed(f"backend '{REMOTE_BACKEND}' needs an upstream", param="upstream")
         self._check_backend(backend)
-        load = _Load(name, path, backend, dtype or self.settings.dtype, tuple(aliases), default, upstream)
+        load = _Load(name, path, backend, dtype or self.settings.dtype, tuple(aliases), default, upstream, embedding)
         self._start(load, persist=True)
         return load.describe()
 
@@ -219,6 +229,7 @@ class ModelAdmin:
             log.error("loading model %s from %s failed: %s", load.name, load.path, exc)
             self._failed(load, exc)
             return
+        served.embedding = load.embedding
         async with self._lock:  # the model served and recorded together, as a convergence sees it
             previous_default = self.manager.default_name
             added = False
@@ -235,6 +246,7 @@ class ModelAdmin:
                         aliases=list(load.aliases),
                         is_default=load.default,
                         upstream=load.upstream,
+                        embedding=load.embedding,
                     )
             except Exception as exc:
                 log.error("registering model %s failed: %s", load.name, exc)
@@ -360,7 +372,7 @@ class ModelAdmin:
         """Start loading ``record`` in the background, as a load that is not recorded again."""
         self._loads.pop(record.name, None)  # a failed attempt, replaced by this one
         load = _Load(record.name, record.path, record.backend, record.dtype, record.aliases, record.is_default,
-                     record.upstream, stored=True, version=self._version)  # fmt: skip
+                     record.upstream, record.embedding, stored=True, version=self._version)  # fmt: skip
         try:
             self._check_names(record.name, list(record.aliases))
         except Conflict as exc:  # a name this replica's configuration serves: reported, not loaded
@@ -403,6 +415,7 @@ class ModelAdmin:
                 served = load_served_model(spec, record.backend, engine_config_from(self.settings.engine),
                                            priority=self.settings.runtime.backend_priority,
                                            upstream_key=upstream_key(self.store, record.upstream))  # fmt: skip
+                served.embedding = record.embedding
                 self.manager.add(served, default=record.is_default)
             except Exception as exc:
                 log.error("cannot load registered model %s (%s): %s", record.name, record.path, exc)

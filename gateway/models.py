@@ -50,6 +50,9 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
     remote: bool = False
     upstream: Mapping[str, Any] | None = None  # a remote model's upstream section (names its key, never holds it)
+    # A model loaded through the admin API: its ``embedding`` section as loaded (None: the configuration's, or
+    # the defaults; gateway.embeddings.embedding_settings reads both).
+    embedding: Mapping[str, Any] | None = None
 
     @property
     def local_tokenizer(self) -> Tokenizer:
@@ -61,6 +64,15 @@ class ServedModel:
     def max_model_len(self) -> int:
         """The usable context: the engine may be configured below the model's own (0: an upstream's, unknown)."""
         return self.engine.stats().max_model_len
+
+    @property
+    def capabilities(self) -> list[str]:
+        """What the model serves, by route: ``chat``, ``completions``, ``embeddings`` (a model without a chat
+        template is rendered as ChatML; an upstream's model is forwarded all three)."""
+        if self.remote:
+            return ["chat", "completions", "embeddings"]
+        embeds = bool(getattr(getattr(self.engine, "engine", None), "supports_embeddings", False))
+        return ["chat", "completions"] + (["embeddings"] if embeds else [])
 
     @property
     def speculative(self) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 from backends.engine import EngineRequest, InvalidRequestError, SamplingParams
 from backends.models import ChatTemplateError
 
+from gateway.completions import fim_prompt
 from gateway.errors import InvalidRequest
 from gateway.generation import ChoiceSpec, engine_error_to_gateway
 from gateway.models import ServedModel
@@ -95,15 +96,19 @@ def encode_prompts(served: ServedModel, req: CompletionRequest) -> list[Prepared
     raw = req.prompts()
     if len(raw) > MAX_CHOICES:
         raise InvalidRequest(f"At most {MAX_CHOICES} prompts are allowed per request", param="prompt")
+    tokenizer = served.local_tokenizer
+    if req.suffix:  # fill-in-the-middle: the text between the prompt and the suffix
+        return [PreparedPrompt(fim_prompt(tokenizer, served.name, p, req.suffix), text=p if isinstance(p, str) else None)
+                for p in raw]  # fmt: skip
     # Token ids go to the engine as given: its check (in _plan) names a bad one.
-    return [PreparedPrompt(served.local_tokenizer.encode(p), text=p) if isinstance(p, str) else PreparedPrompt(list(p))
+    return [PreparedPrompt(tokenizer.encode(p), text=p) if isinstance(p, str) else PreparedPrompt(list(p))
             for p in raw]  # fmt: skip
 
 
 def param_names(req: GenerationRequest) -> dict[str, str]:
     """Engine parameter names that the API spells differently."""
     if isinstance(req, CompletionRequest):
-        return {"top_logprobs": "logprobs", "guided": req.guided_param}
+        return {"top_logprobs": "logprobs", "prompt_logprobs": "logprobs", "guided": req.guided_param}
     return {"max_tokens": max_tokens_param(req), "prompt": "messages", "guided": req.guided_param}
 
 
@@ -116,22 +121,26 @@ def max_tokens_param(req: GenerationRequest) -> str:
 def _plan(
     served: ServedModel, req: GenerationRequest, prompts: list[PreparedPrompt], placement: Placement, *, prefix: str
 ) -> Plan:
-    if len(prompts) * req.n > MAX_CHOICES:
+    samples = req.samples  # best_of candidates per prompt, when given
+    if len(prompts) * samples > MAX_CHOICES:
+        what = "n" if samples == req.n else "best_of"
         raise InvalidRequest(
-            f"{len(prompts)} prompts x n={req.n} exceeds the limit of {MAX_CHOICES} choices per request",
-            param="n",
+            f"{len(prompts)} prompts x {what}={samples} exceeds the limit of {MAX_CHOICES} choices per request",
+            param=what,
         )
     _check_speculative(served, req)
+    # Candidates are ranked by their logprobs (gateway.completions.keep_best), asked for or not.
+    num_logprobs = req.num_logprobs if samples == req.n or req.num_logprobs is not None else 0
     names = param_names(req)
     completion_id = f"{prefix}-{secrets.token_hex(12)}"
     choices: list[ChoiceSpec] = []
     for p_index, prompt in enumerate(prompts):
         # A bad prompt among several is named by its index.
         prompt_names = names if len(prompts) == 1 else {**names, "prompt": f"prompt[{p_index}]"}
-        for sample in range(req.n):
-            index = p_index * req.n + sample
+        for sample in range(samples):
+            index = p_index * samples + sample
             # max_tokens None: until the context or the KV cache is full (the engine resolves it).
-            kwargs = sampling_kwargs(req, max_tokens=req.requested_max_tokens, num_logprobs=req.num_logprobs,
+            kwargs = sampling_kwargs(req, max_tokens=req.requested_max_tokens, num_logprobs=num_logprobs,
                                      seed_offset=index)  # fmt: skip
             request = _engine_request(served, f"{completion_id}-{index}", prompt.token_ids, kwargs, placement,
                                       prompt_names)  # fmt: skip

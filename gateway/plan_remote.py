@@ -38,8 +38,8 @@ MAX_AFFINITY_CHARS = 16384  # a system prompt beyond this is keyed by its beginn
 # (logit_bias with its keys still strings), and the last seven are the extensions
 # vLLM, SGLang and llama.cpp read. The upstream checks and enforces them
 # (response_format too, passed as the client wrote it): its grammar engine, not ours.
-PASSED = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p",
-          "repetition_penalty", "min_tokens", "ignore_eos", "guided_regex", "guided_choice")  # fmt: skip
+PASSED = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias", "user", "top_k",
+          "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "guided_regex", "guided_choice")  # fmt: skip
 
 
 def plan_remote(served: ServedModel, req: GenerationRequest, placement: Placement) -> Plan:
@@ -91,6 +91,10 @@ def _refuse_local_only(req: GenerationRequest) -> None:
             raise refuse("echo", "echo")
         if req.logprobs is not None:
             raise refuse("logprobs", "logprobs on the completions route")
+        if req.samples > req.n:
+            # Each choice is streamed from the upstream, and upstreams refuse best_of on a stream; ranking
+            # the candidates here would need their logprobs, which a remote completion does not carry.
+            raise refuse("best_of", "best_of above n")
         if any(not isinstance(p, str) for p in req.prompts()):
             raise refuse("prompt", "a prompt of token ids")
 
@@ -118,6 +122,8 @@ def _sampling(req: GenerationRequest, index: int) -> dict[str, Any]:
         fields["stop"] = req.stop_list
     if req.seed is not None:
         fields["seed"] = req.seed + index
+    if isinstance(req, CompletionRequest) and req.suffix:
+        fields["suffix"] = req.suffix  # the upstream's model decides whether it can fill in the middle
     if req.response_format is not None:
         fields["response_format"] = req.response_format.model_dump(by_alias=True, exclude_none=True)
     if isinstance(req, ChatCompletionRequest) and req.logprobs:

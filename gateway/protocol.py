@@ -19,7 +19,9 @@ the engine checks them against the vocabulary, the count and the range.
 Completions ``prompt`` may be a string, a list of token ids, or a list of
 several strings / token-id lists; several prompts are served, and their
 choices are numbered ``prompt_index * n + sample_index`` as OpenAI does. One
-request fans out to at most ``MAX_CHOICES`` engine sequences.
+request fans out to at most ``MAX_CHOICES`` engine sequences (``best_of`` of
+them per prompt, when it is given). ``suffix``, ``best_of`` and ``echo`` with
+``logprobs`` are served as ``gateway.completions`` describes.
 """
 
 from __future__ import annotations
@@ -227,6 +229,16 @@ class _SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """The prompt's own logprobs, with this many alternatives each (the completions route's echo); None: off."""
+        return None
+
+    @property
+    def samples(self) -> int:
+        """Sequences generated per prompt (``best_of`` of them on the completions route)."""
+        return self.n
+
 
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
@@ -389,8 +401,11 @@ class CompletionRequest(_SamplingRequest):
     prompt: PromptInput
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS_COMPLETIONS)
-    suffix: str | None = None
-    best_of: int | None = None
+    suffix: str | None = Field(default=None, description="Text after the completion (fill-in-the-middle): only "
+                               "for a model whose tokenizer has fill-in-the-middle tokens")
+    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES, description="Candidates generated per "
+                                "prompt, of which the n with the highest mean logprob per token are returned; "
+                                "not with stream")
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -411,13 +426,22 @@ class CompletionRequest(_SamplingRequest):
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
-        if self.suffix:
-            raise _Unsupported("suffix", "suffix is not supported by this server")
-        if self.best_of is not None and self.best_of != self.n:
-            raise _Unsupported("best_of", "best_of other than n is not supported by this server")
-        if self.echo and self.logprobs is not None:
-            raise _Unsupported("echo", "echo together with logprobs is not supported by this server")
+        if self.best_of is not None and self.best_of < self.n:
+            raise _Unsupported("best_of", f"best_of ({self.best_of}) must be at least n ({self.n})", code=None)
+        if self.stream and self.samples > self.n:
+            raise _Unsupported("best_of", "best_of cannot be used with stream: the best choices are known only "
+                               "once every candidate has finished", code=None)  # fmt: skip
+        if self.suffix and self.echo:
+            raise _Unsupported("echo", "echo cannot be combined with suffix", code=None)
         return self
+
+    @property
+    def samples(self) -> int:
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
 
     @property
     def requested_max_tokens(self) -> int:
@@ -489,6 +513,7 @@ def sampling_kwargs(
         "speculative_k": None if req.speculative is None else req.speculative.k,
         "logit_bias": req.token_logit_bias,
         "guided": req.guided(),
+        "prompt_logprobs": req.prompt_logprobs,
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     return kwargs

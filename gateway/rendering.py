@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from backends.engine import RequestOutput, TokenLogprob
 
+from gateway.completions import keep_best
 from gateway.errors import GatewayError, error_body
 from gateway.generation import ChoiceEvent, Generation, Usage
 from gateway.streaming import SSE_DONE, sse_event
@@ -180,11 +181,16 @@ class ChatRenderer:
 
 
 class CompletionRenderer:
-    def __init__(self, plan: Plan, logprobs: int | None, echo: bool) -> None:
+    """The completions API's shapes. With ``echo`` the prompt comes first (with ``logprobs``, its tokens'
+    logprobs too, from the engine's first output); with ``n`` below the candidates generated per prompt
+    (``best_of``), a whole answer keeps each prompt's ``n`` best (``gateway.completions.keep_best``)."""
+
+    def __init__(self, plan: Plan, logprobs: int | None, echo: bool, n: int | None = None) -> None:
         self.plan = plan
         self.served = plan.served
         self.logprobs = logprobs
         self.echo = echo
+        self.n = n
         self._offsets: dict[int, int] = {}
 
     def _header(self) -> dict[str, Any]:
@@ -202,33 +208,48 @@ class CompletionRenderer:
             prompt.text = self.served.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
         return prompt.text
 
+    def _prompt_rows(self, index: int, scored: list[TokenLogprob | None]) -> list[_Row]:
+        """The echoed prompt's tokens with their logprobs; the first has none (nothing came before it)."""
+        prompt = self.plan.prompts[self.plan.choices[index].prompt_index]
+        rows: list[_Row] = []
+        for token_id, lp in zip(prompt.token_ids, scored):
+            if lp is None:
+                rows.append((self.served.tokenizer.decode([token_id], skip_special_tokens=False), None, None))
+            else:
+                rows.append((lp.token, float(lp.logprob), {token: float(value) for _id, token, value in lp.top}))
+        return rows
+
     def _logprobs(self, index: int, outputs: list[RequestOutput]) -> dict[str, Any] | None:
         if self.logprobs is None:
             return None
-        tokens: list[str] = []
-        token_logprobs: list[float] = []
-        top: list[dict[str, float]] = []
+        rows: list[_Row] = []
+        for out in outputs:
+            if self.echo and out.prompt_logprobs is not None:
+                rows += self._prompt_rows(index, out.prompt_logprobs)
+            rows += [(lp.token, float(lp.logprob), {token: float(value) for _id, token, value in lp.top})
+                     for lp in out.logprobs or []]  # fmt: skip
         offsets: list[int] = []
         offset = self._offsets.get(index, 0)
-        for out in outputs:
-            for lp in out.logprobs or []:
-                tokens.append(lp.token)
-                token_logprobs.append(float(lp.logprob))
-                top.append({token: float(value) for _id, token, value in lp.top})
-                offsets.append(offset)
-                offset += len(lp.token)
+        for token, _, _ in rows:
+            offsets.append(offset)
+            offset += len(token)
         self._offsets[index] = offset
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+        return {"tokens": [r[0] for r in rows], "token_logprobs": [r[1] for r in rows],
+                "top_logprobs": [r[2] for r in rows], "text_offset": offsets}  # fmt: skip
 
     def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
+        if self.n is not None and len(self.plan.choices) > self.n * len(self.plan.prompts):
+            picked = keep_best(self.plan, outputs, self.n)  # best_of: usage still counts every candidate
+        else:
+            picked = [(index, index, outs) for index, outs in sorted(outputs.items())]
         choices = []
-        for index, outs in sorted(outputs.items()):
+        for answer, index, outs in picked:
             text = "".join(o.new_text for o in outs)
             if self.echo:
                 text = self._prompt_text(index) + text
             choices.append(
                 {
-                    "index": index,
+                    "index": answer,
                     "text": text,
                     "logprobs": self._logprobs(index, outs),
                     "finish_reason": _finish_reason(outs),
@@ -237,7 +258,7 @@ class CompletionRenderer:
         return {**self._header(), "choices": choices, "usage": usage.to_dict()}
 
     def stream_start(self) -> list[dict[str, Any]]:
-        if not self.echo:
+        if not self.echo or self.logprobs is not None:  # with logprobs, the prompt goes with its first output
             return []
         return [
             {
@@ -249,14 +270,15 @@ class CompletionRenderer:
 
     def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None:
         out = event.output
-        if _is_empty(out):
+        echoed = self.echo and out.prompt_logprobs is not None and self.logprobs is not None
+        if _is_empty(out) and not echoed:
             return None
         chunk: dict[str, Any] = {
             **self._header(),
             "choices": [
                 {
                     "index": event.index,
-                    "text": out.new_text,
+                    "text": (self._prompt_text(event.index) if echoed else "") + out.new_text,
                     "logprobs": self._logprobs(event.index, [out]),
                     "finish_reason": out.finish_reason if out.finished else None,
                 }
@@ -268,3 +290,6 @@ class CompletionRenderer:
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self._header(), "choices": [], "usage": usage.to_dict()}
+
+
+_Row = tuple[str, float | None, dict[str, float] | None]  # a token's text, logprob and best alternatives

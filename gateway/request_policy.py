@@ -33,8 +33,8 @@ nothing of it reaches the engine before all of them allow; then 4, with the
 tokens the model counted.
 
 Everything the audit event says about the request's policy (the prompt and
-completion texts, guardrail findings, the reasons of a refusal, the usage) is
-written to the request context here, and only here.
+completion texts, guardrail findings, the reasons of a refusal, the usage, the
+end user the caller named) is written to the request context here, and only here.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from starlette.requests import Request
 from gateway.authz import principal_of
 from gateway.context import RequestContext, get_context
 from gateway.errors import EngineOverloaded, InvalidRequest, RateLimited
+from gateway.log_redaction import redact
 from gateway.generation import Generation
 from gateway.metrics import GatewayMetrics
 from gateway.plan import GenerationRequest, Placement, Plan
@@ -145,6 +146,7 @@ class RequestPolicy:
                     param="priority",
                 )
             priority = req.priority
+        self.ctx.user = end_user(req.user)
         tenant = self.principal.tenant_id
         salt = f"tenant:{tenant}" if self.settings.engine.prefix_cache_per_tenant else None
         return Placement(priority=priority, tenant=tenant, weight=bounds.weight, cache_salt=salt,
@@ -194,6 +196,7 @@ class RequestPolicy:
     async def embedding(self, plan: EmbeddingPlan) -> AsyncIterator[EmbeddingUse]:
         """An embeddings request admitted once every policy allows it (raises the first refusal),
         and settled when the block ends with the tokens the route recorded in the ``EmbeddingUse``."""
+        self.ctx.user = end_user(plan.user)
         work = Work(plan.served, 1, plan.prompt_tokens, 0, plan.prompt_tokens)
         admission = await self._admit_and_reserve(work)
         try:
@@ -265,6 +268,7 @@ class RequestPolicy:
             max_completion_tokens=work.completion_tokens,
             findings=[f for stage, f in self.ctx.findings if stage == "input"],
             request_id=self.ctx.request_id,
+            user=self.ctx.user,
             tools=work.tools,
         )
 
@@ -310,3 +314,15 @@ class RequestPolicy:
         task = asyncio.ensure_future(self.limiter.settle(admission.handle, prompt_tokens, completion_tokens))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
+
+
+END_USER_CHARS = 128  # what the audit event and OPA keep of a request's ``user``
+
+
+def end_user(user: str | None) -> str | None:
+    """OpenAI's ``user`` as the audit event and OPA see it: at most ``END_USER_CHARS`` characters, with
+    anything shaped like a credential (an API key, a JWT, a bearer token) replaced: it is the caller's
+    own id for its end user, and a caller that pastes a secret there must not have it kept."""
+    if not user:
+        return None
+    return redact(user)[:END_USER_CHARS] or None

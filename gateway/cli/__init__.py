@@ -3,8 +3,8 @@
 A module per audience: ``operator`` (``serve``, ``backends``), ``store``
 (``db``, ``admin``, ``audit``: on the policy store itself, no server needed),
 and the clients of a running server: ``generate`` (``models``, ``complete``,
-``chat``, ``embed``), ``admin_api`` (``whoami``, ``tenants``, ``keys``), ``idps`` and
-``credentials``, over ``client`` (the connection, errors, tables). ``common`` holds the exit
+``chat``, ``embed``), ``admin_api`` (``whoami``, ``tenants``, ``keys``), ``idps``,
+``credentials`` and ``served_models``, over ``client`` (the connection, errors, tables). ``common`` holds the exit
 codes and the one-line error every command reports with.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from gateway.cli import admin_api, credentials, generate, idps, operator, store
+from gateway.cli import admin_api, credentials, generate, idps, operator, served_models, store
 from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ClientError, print_error
 from gateway.settings import ConfigError
 
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin_api.add_parsers(sub)
     idps.add_parser(sub)
     credentials.add_parser(sub)
+    served_models.add_parser(sub)
     generate.add_generation_parsers(sub)
     store.add_parsers(sub)
     return parser

@@ -28,7 +28,8 @@ from gateway.adapters import Adapter, AdapterRenderer, MessagesRequest, Response
 from gateway.adapters import parse_responses
 from gateway.authz import principal_of, requires
 from gateway.context import get_context
-from gateway.embeddings import EmbeddingsRequest, embed, parse_embeddings, plan_embeddings, render_embeddings
+from gateway.embeddings import EmbeddingsRequest, embed, embedding_settings, parse_embeddings, plan_embeddings
+from gateway.embeddings import render_embeddings
 from gateway.errors import ModelNotFound, UnsupportedMediaType
 from gateway.generation import ChoiceEvent, Generation
 from gateway.jsonbody import decode_json_body
@@ -202,7 +203,7 @@ async def embeddings(request: Request) -> Response:
     body = await policy.screen(await read_json(request))
     req = parse_embeddings(body)
     served = _resolve(request, req.model)
-    args = (served, req, state_of(request).settings.model_embedding(served.name), policy.principal.tenant_id,
+    args = (served, req, embedding_settings(served, state_of(request).settings), policy.principal.tenant_id,
             policy.upstream_headers())  # fmt: skip
     small = len(await request.body()) <= INLINE_PLAN_BYTES  # tokenised on the loop, as a generation's plan
     plan = plan_embeddings(*args) if small else await run_in_threadpool(plan_embeddings, *args)
@@ -228,6 +229,7 @@ def _model_card(served: ServedModel) -> dict[str, Any]:
         "aliases": list(served.aliases),
         "context_length": served.max_model_len or None,  # None: an upstream's, not advertised
         "backend": served.backend,
+        "capabilities": served.capabilities,  # the routes it serves: chat, completions, embeddings
     }
 
 

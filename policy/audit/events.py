@@ -100,6 +100,7 @@ class AuditEvent:
     key_id: str | None = None
     route: str | None = None  # "POST /v1/chat/completions"
     model: str | None = None
+    user: str | None = None  # the end user the caller named (OpenAI's ``user``): an id of its own, not ours
     reasons: tuple[str, ...] = ()  # machine codes: "rate_limited", "guardrail.blocklist", ...
     findings: tuple[Finding, ...] = ()
     prompt_tokens: int | None = None
@@ -124,7 +125,7 @@ class AuditEvent:
                 raise InvalidAuditEvent(f"{name} must be a string of 1 to 64 characters", param=name)
         if not isinstance(self.at, datetime) or self.at.tzinfo is None:
             raise InvalidAuditEvent("at must be an aware datetime", param="at")
-        for name in ("request_id", "principal", "route", "model", "action", "target_kind",
+        for name in ("request_id", "principal", "route", "model", "user", "action", "target_kind",
                      "target_id", "prompt_hmac", "completion_hmac"):
             _optional_text(getattr(self, name), name)
         if not isinstance(self.reasons, tuple) or len(self.reasons) > _MAX_REASONS:
@@ -169,6 +170,7 @@ class AuditEvent:
             "key_id": self.key_id,
             "route": self.route,
             "model": self.model,
+            "user": self.user,
             "reasons": list(self.reasons),
             "findings": [f.to_json() for f in self.findings],
             "prompt_tokens": self.prompt_tokens,
@@ -207,7 +209,7 @@ class AuditEvent:
 
 
 _SCALARS = (
-    "kind", "decision", "request_id", "tenant_id", "principal", "key_id", "route", "model", "prompt_tokens",
+    "kind", "decision", "request_id", "tenant_id", "principal", "key_id", "route", "model", "user", "prompt_tokens",
     "completion_tokens", "status", "latency_ms", "prompt_hmac", "completion_hmac", "prompt_text",
     "completion_text", "action", "target_kind", "target_id", "detail",
 )  # fmt: skip

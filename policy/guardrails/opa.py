@@ -114,12 +114,14 @@ def opa_input(
     max_completion_tokens: int | None = None,
     findings: Iterable[Finding] = (),
     request_id: str | None = None,
+    user: str | None = None,
     tools: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The input document a policy sees (no prompt text: only findings' types, rules and spans; the names
     of the tools the model may call)."""
     return {
         "request_id": request_id,
+        "user": user,  # the end user the caller named (OpenAI's ``user``), if it named one
         "tenant": {"id": principal.tenant_id, "name": principal.tenant_name},
         "principal": {"subject": principal.subject, "kind": principal.kind, "key_id": principal.key_id},
         "roles": sorted(principal.roles),

@@ -162,6 +162,8 @@ class ServedModel(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # A model of a remote backend: its upstream section (endpoints, upstream model, credential name); path "".
     upstream: Mapped[dict[str, Any] | None] = mapped_column(json_type())
+    # How a local model answers /v1/embeddings (pooling, normalize, matryoshka); NULL: the defaults.
+    embedding: Mapped[dict[str, Any] | None] = mapped_column(json_type())
 
 
 class Policy(Base):

@@ -106,6 +106,7 @@ class ServedModelRecord:
     created_at: datetime
     updated_at: datetime
     upstream: dict[str, Any] | None = None
+    embedding: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

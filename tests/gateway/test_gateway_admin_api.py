@@ -124,3 +124,69 @@ def test_a_failed_load_is_reported_not_raised(world: dict[str, Any], tmp_path: P
     assert world["store"].list_served_models() == []
     assert client.delete("/admin/v1/models/broken", headers=admin).status_code == 204  # forget it
     assert client.get("/admin/v1/models/broken", headers=admin).status_code == 404
+
+
+def test_a_models_embedding_section_is_loaded_kept_and_restored(world: dict[str, Any]) -> None:
+    """The admin API's load takes the section a configuration file's models[] take, checks it the same way,
+    stores it with the model, serves /v1/embeddings by it, and a restart restores it."""
+    import numpy as np
+
+    client, admin, store = world["client"], world["admin"], world["store"]
+    section = {"pooling": "last", "normalize": True, "matryoshka": True}
+    body = {"name": "pooled", "path": default_model_path(), "dtype": "float32", "embedding": section}
+    for bad, param in (({"pooling": "max"}, "embedding.pooling"), ({"pool": "mean"}, "embedding.pool")):
+        refused = client.post("/admin/v1/models", headers=admin, json={**body, "embedding": bad})
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == param, refused.text
+    remote = {"name": "far", "upstream": {"endpoints": ["http://upstream.invalid/v1"]}, "embedding": section}
+    refused = client.post("/admin/v1/models", headers=admin, json=remote)
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "embedding", refused.text
+
+    assert client.post("/admin/v1/models", headers=admin, json=body).status_code == 202
+    loaded = wait_loaded(client, admin, "pooled")
+    assert loaded["status"] == "ready" and loaded["embedding"] == section, loaded
+    assert store.get_served_model_by_name("pooled").embedding == section
+
+    def embed(model: str, **fields: Any) -> Any:
+        return client.post("/v1/embeddings", headers=admin, json={"model": model, "input": "Hello there", **fields})
+
+    full = np.array(embed("pooled").json()["data"][0]["embedding"])
+    cut = embed("pooled", dimensions=64)
+    assert cut.status_code == 200, cut.text  # matryoshka: it may shorten its vectors
+    head = full[:64] / np.linalg.norm(full[:64])
+    np.testing.assert_allclose(cut.json()["data"][0]["embedding"], head, atol=1e-5)
+    assert embed("smollm2-135m-instruct", dimensions=64).status_code == 400  # the configured model may not
+    mean = np.array(embed("smollm2-135m-instruct").json()["data"][0]["embedding"])
+    assert not np.allclose(full, mean, atol=1e-3)  # last-token pooling, not the default mean
+
+    settings = Settings(data_dir=world["data_dir"], engine={"kv_cache_bytes": 32 * 1024 * 1024})
+    manager = ModelManager()
+    try:
+        assert ModelAdmin(manager, store, settings, configured=set()).restore() == []
+        assert manager.get("pooled").embedding == section
+    finally:
+        manager.shutdown()
+    assert client.delete("/admin/v1/models/pooled", headers=admin).status_code == 204
+
+
+def test_v1_models_says_what_each_model_serves(world: dict[str, Any]) -> None:
+    client, admin = world["client"], world["admin"]
+    cards = client.get("/v1/models", headers=admin).json()["data"]
+    assert {card["id"]: card["capabilities"] for card in cards}["smollm2-135m-instruct"] == [
+        "chat", "completions", "embeddings"]  # fmt: skip
+    one = client.get("/v1/models/smollm2", headers=admin).json()
+    assert one["capabilities"] == ["chat", "completions", "embeddings"]
+
+
+def test_inferctl_served_models_load_passes_the_embedding_section(tmp_path: Path) -> None:
+    from gateway.cli import build_parser
+    from gateway.cli.served_models import _load_body
+
+    upstream = tmp_path / "up.json"
+    upstream.write_text('{"endpoints": ["http://10.0.0.5:8000/v1"]}')
+    args = build_parser().parse_args(["served-models", "load", "m", "--path", "/models/m.gguf", "--alias", "a",
+                                      "--alias", "b", "--pooling", "last", "--no-normalize", "--matryoshka"])
+    assert _load_body(args) == {"name": "m", "path": "/models/m.gguf", "aliases": ["a", "b"], "default": False,
+                                "embedding": {"pooling": "last", "normalize": False, "matryoshka": True}}
+    args = build_parser().parse_args(["served-models", "load", "far", "--upstream", f"@{upstream}", "--default"])
+    assert _load_body(args) == {"name": "far", "aliases": [], "default": True,
+                                "upstream": {"endpoints": ["http://10.0.0.5:8000/v1"]}}

@@ -296,7 +296,9 @@ def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
          "prompt": st.one_of(text, st.lists(text, min_size=1, max_size=3), st.lists(HOSTILE_NUMBER.map(_Raw),
                                                                                    min_size=1, max_size=5))},
         optional={"stop": st.one_of(text, st.lists(text, max_size=20)), "echo": st.booleans(),
-                  "logprobs": HOSTILE_NUMBER.map(_Raw), "stream": st.booleans(), **structured_fields()},
+                  "logprobs": HOSTILE_NUMBER.map(_Raw), "stream": st.booleans(), "n": st.integers(1, 2),
+                  "best_of": st.one_of(st.integers(1, 4).map(str), HOSTILE_NUMBER).map(_Raw), "suffix": text, "user": text,
+                  **structured_fields()},
     )  # fmt: skip
     ids = st.lists(HOSTILE_NUMBER.map(_Raw), min_size=1, max_size=5)
     embeddings = st.fixed_dictionaries(

@@ -17,6 +17,7 @@ from gateway.state import state_of
 from gateway.authz import principal_of, requires
 from gateway.openapi import document
 from gateway.routes.admin.common import BODY, PREFIX, NoBody, ok, parse_body, parse_optional_body, record_change
+from gateway.settings import EmbeddingSettings
 from policy.rbac import Scope
 
 
@@ -34,6 +35,11 @@ class ModelLoadRequest(BaseModel):
         description="Serve from remote OpenAI-compatible servers (backend 'openai'): endpoints, model, "
         "credential or api_key_env, timeout_seconds, idle_timeout_seconds, max_inflight_per_endpoint, retries, "
         "routing, context_length",
+    )
+    embedding: EmbeddingSettings | None = Field(
+        default=None,
+        description="How a local model answers /v1/embeddings, as a configuration file's models[].embedding: "
+        "pooling (mean|last), normalize, matryoshka; not for a model with an upstream",
     )
 
 
@@ -54,6 +60,7 @@ async def load_model(request: Request) -> Response:
     status = await admin.load(
         name=body.name, path=body.path, backend=body.backend, dtype=body.dtype, aliases=body.aliases,
         default=body.default, upstream=body.upstream,
+        embedding=None if body.embedding is None else body.embedding.model_dump(),
     )
     where = {"upstream": status["upstream"]["endpoints"]} if "upstream" in status else {"path": body.path}
     await record_change(request, principal, "model.load", None, "model", body.name, backend=status["backend"], **where)

@@ -34,8 +34,12 @@ class ServedModelRepository(Repository):
         aliases: Sequence[str] = (),
         is_default: bool = False,
         upstream: Mapping[str, Any] | None = None,
+        embedding: Mapping[str, Any] | None = None,
     ) -> ServedModelRecord:
-        """Register a model: its weights' ``path`` here, or (a remote backend's) its ``upstream`` and path ""."""
+        """Register a model: its weights' ``path`` here, or (a remote backend's) its ``upstream`` and path "".
+
+        ``embedding``: how a local model answers /v1/embeddings, as the gateway checked it (kept as given).
+        """
         validate.text(name, "name", 200)
         alias_list = validate.strings(aliases, "aliases")
         now = self._now()
@@ -49,7 +53,8 @@ class ServedModelRepository(Repository):
             is_default=validate.boolean(is_default, "is_default"),
             created_at=now,
             updated_at=now,
-            upstream=None if upstream is None else _upstream(upstream),
+            upstream=None if upstream is None else _section(upstream, "upstream"),
+            embedding=None if embedding is None else _section(embedding, "embedding"),
         )
         with self._write() as session:
             _check_model_names_free(session, [name, *alias_list], exclude_id=None)
@@ -139,13 +144,13 @@ def _check_model_names_free(session: Session, names: Sequence[str], *, exclude_i
             raise Conflict(f"The model name or alias '{sorted(taken)[0]}' is taken by the model '{other.name}'")
 
 
-def _upstream(value: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of an upstream section that the database can keep (JSON, no NUL or lone surrogate)."""
+def _section(value: Mapping[str, Any], param: str) -> dict[str, Any]:
+    """A copy of a model's settings section that the database can keep (JSON, no NUL or lone surrogate)."""
     if not isinstance(value, Mapping):
-        raise ValidationFailed("upstream must be an object", param="upstream")
+        raise ValidationFailed(f"{param} must be an object", param=param)
     try:
         text = json.dumps(dict(value), allow_nan=False)
     except (TypeError, ValueError):
-        raise ValidationFailed("upstream must hold JSON values only", param="upstream") from None
-    validate.storable(text, "upstream")
+        raise ValidationFailed(f"{param} must hold JSON values only", param=param) from None
+    validate.storable(text, param)
     return dict(json.loads(text))

@@ -1,0 +1,101 @@
+"""``inferctl served-models``: the models a running server serves and loads (``/admin/v1/models``, platform admin).
+
+``load`` registers a model with every replica (it loads in the background:
+``show`` follows its progress); ``--upstream`` serves it from OpenAI-compatible
+servers elsewhere instead of weights here; ``--pooling``, ``--no-normalize``
+and ``--matryoshka`` are its ``embedding`` section (how it answers
+/v1/embeddings), as a configuration file's ``models[].embedding``. ``unload``
+takes it out of the registry, ``default`` makes it the default model.
+(``inferctl models`` lists what a caller may use, through the OpenAI API.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from gateway.cli.client import add_client_options, admin_call, show
+from gateway.cli.common import EXIT_OK, ClientError
+
+_COLUMNS = ("id", "status", "backend", "dtype", "default", "source", "aliases")
+_PATH = "/models"
+
+
+def _upstream(value: str | None) -> dict[str, Any] | None:
+    """``--upstream``: the section as JSON, inline or ``@file``."""
+    if value is None:
+        return None
+    try:
+        if value.startswith("@"):
+            with open(value[1:], encoding="utf-8") as handle:
+                value = handle.read()
+        section = json.loads(value)
+    except (OSError, ValueError) as exc:
+        raise ClientError(f"--upstream takes a JSON object, inline or as @file: {exc}") from None
+    if not isinstance(section, dict):
+        raise ClientError("--upstream takes a JSON object, e.g. '{\"endpoints\": [\"http://10.0.0.5:8000/v1\"]}'")
+    return section
+
+
+def _embedding(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``embedding`` section from the flags given; None when none was."""
+    section = {"pooling": args.pooling, "normalize": args.normalize, "matryoshka": args.matryoshka}
+    given = {name: value for name, value in section.items() if value is not None}
+    return given or None
+
+
+def _load_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": args.name, "aliases": args.alias or [], "default": args.default}
+    optional = {"path": args.path, "backend": args.backend, "dtype": args.dtype, "upstream": _upstream(args.upstream),
+                "embedding": _embedding(args)}  # fmt: skip
+    return {**body, **{name: value for name, value in optional.items() if value is not None}}
+
+
+def _served_models(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        return show(args, admin_call(args, "GET", _PATH)["data"], _COLUMNS)
+    if args.action == "load":
+        return show(args, admin_call(args, "POST", _PATH, _load_body(args)), _COLUMNS)
+    if args.action == "show":
+        return show(args, admin_call(args, "GET", f"{_PATH}/{args.model}"), _COLUMNS)
+    if args.action == "default":
+        return show(args, admin_call(args, "POST", f"{_PATH}/{args.model}/default"), _COLUMNS)
+    admin_call(args, "DELETE", f"{_PATH}/{args.model}")
+    print(f"unloaded model {args.model}")
+    return EXIT_OK
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Add ``served-models list|load|show|unload|default`` to ``inferctl``'s subcommands."""
+    parser = subparsers.add_parser(
+        "served-models",
+        help="load, list and unload a running server's models (platform admin)",
+        description=__doc__.split("\n\n", 1)[1].replace("``", "'"),
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser("list", help="the served and loading models, with their status")
+    load = actions.add_parser("load", help="load a model on every replica (in the background)")
+    load.add_argument("name", help="the model's name (letters, digits, . _ : -)")
+    load.add_argument("--path", help="a GGUF file or a safetensors directory on the server")
+    load.add_argument("--upstream", metavar="JSON", help="serve it from upstream servers: the upstream section as "
+                      "JSON, inline or @file (endpoints, model, credential, ...)")  # fmt: skip
+    load.add_argument("--backend", help="a registered backend (default: the server's)")
+    load.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
+    load.add_argument("--alias", action="append", metavar="NAME", help="another name for it (repeatable)")
+    load.add_argument("--default", action="store_true", help="make it the default model once loaded")
+    load.add_argument("--pooling", choices=("mean", "last"), help="embedding: pool the final hidden states by "
+                      "their mean or the last token's (default: mean)")  # fmt: skip
+    load.add_argument("--no-normalize", dest="normalize", action="store_const", const=False,
+                      help="embedding: leave vectors unnormalised (default: unit L2 norm)")  # fmt: skip
+    load.add_argument("--matryoshka", action="store_const", const=True,
+                      help="embedding: the model is trained so that a prefix of its vector is an embedding "
+                      "(requests may ask for fewer dimensions)")  # fmt: skip
+    for action, text in (("show", "a model's status and load progress"), ("unload", "unload a model and forget it"),
+                         ("default", "make a model the default")):  # fmt: skip
+        actions.add_parser(action, help=text).add_argument("model", help="the model's name")
+    for sub in actions.choices.values():
+        add_client_options(sub)
+        sub.add_argument("--json", action="store_true", help="print the raw response")
+    parser.set_defaults(handler=_served_models)
+    return parser
