@@ -279,6 +279,27 @@ def structured_fields() -> dict[str, st.SearchStrategy[Any]]:
             "guided_choice": st.one_of(st.lists(HOSTILE_TEXT, max_size=3), hostile_values())}
 
 
+def tool_fields() -> dict[str, st.SearchStrategy[Any]]:
+    """Tool calling: near-valid tools (names, schemas of hostile values), choices and history, and hostile ones."""
+    name = st.one_of(st.sampled_from(["f", "get_weather", "x" * 65, "bad name"]), HOSTILE_TEXT)
+    function = st.fixed_dictionaries({"name": name}, optional={
+        "description": HOSTILE_TEXT, "parameters": st.one_of(hostile_values(), st.dictionaries(
+            st.sampled_from(["type", "properties", "required", "enum", "$defs", "$ref"]), hostile_values(), max_size=3))})
+    tool = st.one_of(hostile_values(), st.fixed_dictionaries({"type": st.just("function"), "function": function}))
+    choice = st.one_of(st.sampled_from(["none", "auto", "required"]), hostile_values(),
+                       st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries({"name": name})}))
+    call = st.fixed_dictionaries({"id": st.one_of(st.just("call_1"), HOSTILE_TEXT), "type": st.just("function"),
+                                  "function": st.fixed_dictionaries({"name": name, "arguments": st.one_of(
+                                      st.just("{}"), HOSTILE_TEXT, hostile_values())})})
+    history = st.lists(st.one_of(
+        st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none(), "tool_calls": st.lists(call, max_size=2)}),
+        st.fixed_dictionaries({"role": st.just("tool"), "tool_call_id": st.one_of(st.just("call_1"), HOSTILE_TEXT),
+                               "content": HOSTILE_TEXT})), min_size=1, max_size=3)
+    return {"tools": st.one_of(hostile_values(), st.lists(tool, max_size=3)), "tool_choice": choice,
+            "parallel_tool_calls": st.one_of(st.booleans(), hostile_values()), "messages": history.map(
+                lambda h: [{"role": "user", "content": "hi"}, *h])}  # fmt: skip
+
+
 def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
     """Requests for the real model (a few tokens at most, or embeddings of a few inputs) with hostile
     prompts, inputs, stops and extras."""
@@ -291,6 +312,8 @@ def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
                   "stream": st.booleans(), "seed": HOSTILE_NUMBER.map(_Raw), "temperature": HOSTILE_NUMBER.map(_Raw),
                   "user": text, **structured_fields()},
     )  # fmt: skip
+    # The chat body again, with tools: their fields and a history of calls and results in place of the messages.
+    tool_chat = st.tuples(chat, st.fixed_dictionaries({}, optional=tool_fields())).map(lambda p: {**p[0], **p[1]})
     completion = st.fixed_dictionaries(
         {"model": st.just(MODEL), "max_tokens": st.integers(1, 3),
          "prompt": st.one_of(text, st.lists(text, min_size=1, max_size=3), st.lists(HOSTILE_NUMBER.map(_Raw),
@@ -307,7 +330,8 @@ def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
         optional={"encoding_format": st.one_of(st.sampled_from(["float", "base64"]), text),
                   "dimensions": HOSTILE_NUMBER.map(_Raw), "user": text},
     )  # fmt: skip
-    return st.one_of(chat.map(lambda b: ("/v1/chat/completions", b)), completion.map(lambda b: ("/v1/completions", b)),
+    return st.one_of(chat.map(lambda b: ("/v1/chat/completions", b)),
+                     tool_chat.map(lambda b: ("/v1/chat/completions", b)), completion.map(lambda b: ("/v1/completions", b)),
                      embeddings.map(lambda b: ("/v1/embeddings", b)), *adapter_bodies())  # fmt: skip
 
 
