@@ -136,7 +136,6 @@ class ChatRenderer:
             {
                 "index": index,
                 "message": self._message(outs),
-
                 "logprobs": self._logprobs(outs),
                 "finish_reason": _finish_reason(outs),
             }
