@@ -8,24 +8,27 @@ user's ``tool_result`` blocks ``tool`` messages before the rest of its text
 (an ``is_error`` result's text starts with ``Error: ``, the chat format having
 no flag for it); ``max_tokens`` (required, as Anthropic requires it),
 ``stop_sequences`` is ``stop``, ``temperature``/``top_p``/``top_k`` as they are,
-``metadata.user_id`` is ``user`` (the audit event's end user); ``tools``
+``metadata.user_id`` is ``user`` (the audit event's end user),
+``output_config.format`` (JSON valid against a schema) is ``response_format``
+``json_schema`` (the structured outputs of the chat path); ``tools``
 (``name``, ``description``, ``input_schema``) are chat function tools and
 ``tool_choice`` ``auto``/``any``/``tool``/``none`` is ``auto``/``required``/the
 named function/``none`` (``disable_parallel_tool_use`` is
 ``parallel_tool_calls: false``). Refused with ``unsupported_parameter``: image
 and document blocks, server tools (``web_search``, ``bash``, ...), extended
-``thinking``, ``mcp_servers``, and a last assistant message (a prefill to
-continue: the chat path always starts a new assistant turn).
+``thinking``, ``mcp_servers``, ``output_config.effort``, and a last assistant
+message (a prefill to continue: the chat path always starts a new assistant turn).
 
 The answer: a ``message`` with a ``text`` block and a ``tool_use`` block per
 tool call; ``stop_reason`` ``end_turn``, ``max_tokens``, ``tool_use``,
 ``refusal`` (an output guardrail cut it) or ``stop_sequence`` with
 ``stop_sequence`` naming it (the engine's ``stop_string``; a model an upstream
-serves does not report it, so there a stop on one reads as ``end_turn``). Streams send ``message_start``, ``ping``, per block
-``content_block_start``, ``content_block_delta`` (``text_delta`` or
-``input_json_delta``), ``content_block_stop``, then ``message_delta`` (stop
-reason, usage) and ``message_stop``; an error after the first event is an
-``error`` event. Error bodies are Anthropic's (``gateway.adapters.errors``).
+serves does not report it, so there a stop on one reads as ``end_turn``).
+Streams send ``message_start``, ``ping``, per block ``content_block_start``,
+``content_block_delta`` (``text_delta`` or ``input_json_delta``),
+``content_block_stop``, then ``message_delta`` (stop reason, usage) and
+``message_stop``; an error after the first event is an ``error`` event. Error
+bodies are Anthropic's (``gateway.adapters.errors``).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ _RENAMES = (
     (r"^tools\[(\d+)\]\.function", r"tools[\1]"),
     (r"^user$", "metadata.user_id"),
     (r"^parallel_tool_calls$", "tool_choice.disable_parallel_tool_use"),
+    (r"^response_format(\.json_schema)?", "output_config.format"),
 )
 
 
@@ -105,6 +109,20 @@ class _ToolChoice(BaseModel):
     disable_parallel_tool_use: bool | None = None
 
 
+class _OutputFormat(BaseModel):
+    model_config = _CONFIG
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class _OutputConfig(BaseModel):
+    model_config = _CONFIG
+
+    effort: str | None = None
+    format: _OutputFormat | None = None
+
+
 class _Metadata(BaseModel):
     model_config = _CONFIG
 
@@ -132,6 +150,7 @@ class MessagesRequest(BaseModel):
     metadata: _Metadata | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: _ToolChoice | None = None
+    output_config: _OutputConfig | None = Field(default=None, description="format: JSON valid against a schema")
     stream: bool = False
     # Refused when given.
     thinking: dict[str, Any] | None = None
@@ -152,6 +171,8 @@ class MessagesRequest(BaseModel):
             raise unsupported("thinking", "extended thinking is not served: no reasoning model here")
         if self.mcp_servers:
             raise unsupported("mcp_servers", "MCP servers are not served")
+        if self.output_config is not None and self.output_config.effort is not None:
+            raise unsupported("output_config.effort", "effort is not served: no reasoning model here")
         if self.tool_choice is not None and self.tool_choice.type == "tool" and self.tool_choice.name is None:
             raise BodyError("tool_choice.name", "tool_choice of type 'tool' needs the tool's name")
 
@@ -252,6 +273,9 @@ class MessagesAdapter:
             body["tool_choice"] = names.get(choice.type) or {"type": "function", "function": {"name": choice.name}}
             if choice.disable_parallel_tool_use:
                 body["parallel_tool_calls"] = False
+        if req.output_config is not None and req.output_config.format is not None:
+            schema = req.output_config.format.schema_
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
         return body
 
     def param(self, chat_param: str | None) -> str | None:

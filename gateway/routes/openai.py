@@ -188,7 +188,9 @@ async def _adapt(request: Request, parse: Callable[[dict[str, Any]], Adapter]) -
         req, plan = await _prepare(request, policy, adapter.chat_body(), ChatCompletionRequest, plan_chat)
         return await _answer(request, policy, plan, req, AdapterRenderer(plan, adapter))
     except ApiError as exc:
-        exc.param = adapter.param(exc.param)
+        chat_param, exc.param = exc.param, adapter.param(exc.param)
+        if chat_param and exc.param != chat_param and exc.message.startswith(f"{chat_param}:"):
+            exc.message = f"{exc.param}{exc.message[len(chat_param):]}"  # "stop[1]: ..." -> "stop_sequences[1]: ..."
         raise
 
 

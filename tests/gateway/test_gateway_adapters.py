@@ -276,6 +276,16 @@ def test_stop_sequences_cut_the_text(an: anthropic.Anthropic) -> None:
     assert free.stop_sequence is None
 
 
+def test_output_config_format_is_json_valid_against_the_schema(an: anthropic.Anthropic) -> None:
+    msg = an.messages.create(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "Describe a pet."}],
+                             output_config={"format": {"type": "json_schema", "schema": PET}})  # fmt: skip
+    jsonschema.validate(json.loads(msg.content[0].text), PET)  # type: ignore[union-attr]
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        an.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}],
+                           output_config={"format": {"type": "json_schema", "schema": {"not": {}}}})  # fmt: skip
+    assert caught.value.body["error"]["param"] == "output_config.format"  # type: ignore[index]
+
+
 def test_a_streamed_message_sends_anthropics_events(an: anthropic.Anthropic) -> None:
     ask = [{"role": "user", "content": QUESTION}]
     whole = an.messages.create(model=MODEL, max_tokens=12, messages=ask, extra_body=GREEDY)  # type: ignore[arg-type]
@@ -314,6 +324,8 @@ def test_a_streamed_message_sends_anthropics_events(an: anthropic.Anthropic) -> 
                                                                                     "budget_tokens": 1024}},
      "thinking", "unsupported_parameter"),
     ({"max_tokens": 10**9, "messages": [{"role": "user", "content": "x"}]}, "max_tokens", None),
+    ({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "stop_sequences": ["ok", "x" * 600]},
+     "stop_sequences[1]", None),
 ])  # fmt: skip
 def test_bad_messages_bodies_are_anthropic_400s_naming_the_field(world: World, key: str, body: dict[str, Any],
                                                                  param: str, code: str | None) -> None:  # fmt: skip
@@ -322,6 +334,7 @@ def test_bad_messages_bodies_are_anthropic_400s_naming_the_field(world: World, k
     payload = response.json()
     assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error", payload
     assert payload["error"]["param"] == param and payload["error"]["message"], payload
+    assert "stop[" not in payload["error"]["message"], payload  # the chat path's names do not show through
     if code is not None:
         assert payload["error"]["code"] == code, payload
 
@@ -425,3 +438,73 @@ def test_one_audit_event_each_naming_the_route(world: World) -> None:
     assert events[refused.headers["x-request-id"]]["route"] == "POST /v1/messages"
     spool = world.data_dir / "audit" / "segments"
     assert "someone@example.com" not in "".join(s.read_text() for s in spool.glob("*.jsonl"))
+
+
+# -- tools, through the chat path's tool calling --------------------------------------------------
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}  # fmt: skip
+ASK_WEATHER = "What is the weather in Paris?"
+
+
+def test_a_responses_tool_round_trip(oa: openai.OpenAI) -> None:
+    tools = [{"type": "function", "name": "weather", "description": "The weather in a city now",
+              "parameters": WEATHER, "strict": True}]  # fmt: skip
+    first = oa.responses.create(model=MODEL, input=ASK_WEATHER, tools=tools, tool_choice="required",  # type: ignore[arg-type]
+                                max_output_tokens=64, temperature=0)  # fmt: skip
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls and all(c.name == "weather" for c in calls)
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), WEATHER)
+        assert call.call_id and call.status == "completed"
+    # The calls go back as items, each with its output; the answer is text.
+    history: list[Any] = [{"role": "user", "content": ASK_WEATHER}, *[c.model_dump(exclude_none=True) for c in calls],
+                          *[{"type": "function_call_output", "call_id": c.call_id, "output": "18 degrees, sunny"}
+                            for c in calls]]  # fmt: skip
+    final = oa.responses.create(model=MODEL, input=history, tools=tools, tool_choice="none",  # type: ignore[arg-type]
+                                max_output_tokens=24, temperature=0)  # fmt: skip
+    assert final.output_text and all(item.type == "message" for item in final.output)
+    # Named and streamed: the same call as whole, in argument fragments.
+    named = {"type": "function", "name": "weather"}
+    whole = oa.responses.create(model=MODEL, input=ASK_WEATHER, tools=tools, tool_choice=named,  # type: ignore[arg-type]
+                                max_output_tokens=64, temperature=0)  # fmt: skip
+    events = list(oa.responses.create(model=MODEL, input=ASK_WEATHER, tools=tools, tool_choice=named,  # type: ignore[arg-type]
+                                      max_output_tokens=64, temperature=0, stream=True))  # fmt: skip
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
+    streamed = [i for i in events[-1].response.output if i.type == "function_call"]  # type: ignore[union-attr]
+    assert [(c.name, c.arguments) for c in streamed] == [(c.name, c.arguments) for c in whole.output
+                                                         if c.type == "function_call"]  # fmt: skip
+    fragments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")  # type: ignore[union-attr]
+    assert fragments == "".join(c.arguments for c in streamed)
+
+
+def test_an_anthropic_tool_round_trip(an: anthropic.Anthropic) -> None:
+    tools = [{"name": "weather", "description": "The weather in a city now", "input_schema": WEATHER}]
+    ask: list[Any] = [{"role": "user", "content": ASK_WEATHER}]
+    first = an.messages.create(model=MODEL, max_tokens=64, messages=ask, tools=tools, tool_choice={"type": "any"},  # type: ignore[arg-type]
+                               extra_body=GREEDY)  # fmt: skip
+    uses = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and uses and all(u.name == "weather" for u in uses)
+    for use in uses:
+        jsonschema.validate(use.input, WEATHER)
+    # The calls go back as the assistant's content, the results as tool_result blocks; the answer is text.
+    history = [*ask, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "18 degrees, sunny"}
+                                            for u in uses]}]  # fmt: skip
+    final = an.messages.create(model=MODEL, max_tokens=24, messages=history, tools=tools, tool_choice={"type": "none"},  # type: ignore[arg-type]
+                               extra_body=GREEDY)  # fmt: skip
+    assert final.stop_reason in ("end_turn", "max_tokens") and final.content[0].type == "text"
+    assert final.content[0].text  # type: ignore[union-attr]
+    # Named and streamed: the SDK puts the input_json_delta fragments back together into the same input.
+    named = {"type": "tool", "name": "weather"}
+    whole = an.messages.create(model=MODEL, max_tokens=64, messages=ask, tools=tools, tool_choice=named,  # type: ignore[arg-type]
+                               extra_body=GREEDY)  # fmt: skip
+    with an.messages.stream(model=MODEL, max_tokens=64, messages=ask, tools=tools, tool_choice=named,  # type: ignore[arg-type]
+                            extra_body=GREEDY) as stream:  # fmt: skip
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_message()
+    assert "content_block_start" in kinds and streamed.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == \
+        [(b.name, b.input) for b in whole.content if b.type == "tool_use"]  # fmt: skip

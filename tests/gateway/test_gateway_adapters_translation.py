@@ -257,6 +257,10 @@ def test_anthropic_blocks_become_chat_messages() -> None:
     assert body["tool_choice"] == {"type": "function", "function": {"name": "weather"}}
     assert (body["parallel_tool_calls"], body["stop"], body["top_k"], body["user"], body["max_tokens"]) == (
         False, ["\n\n"], 5, "u-9", 64)
+    structured = messages(messages=[{"role": "user", "content": "x"}],
+                          output_config={"format": {"type": "json_schema", "schema": WEATHER}}).chat_body()
+    assert structured["response_format"] == {"type": "json_schema", "json_schema": {"name": "output",
+                                                                                  "schema": WEATHER}}  # fmt: skip
 
 
 @pytest.mark.parametrize(("choice", "chat"), [("auto", "auto"), ("any", "required"), ("none", "none")])
@@ -328,6 +332,10 @@ def test_a_streamed_message_with_tool_calls_accumulates_as_the_sdk_does() -> Non
      "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": "x"}], "system": [{"type": "image"}]}, UnsupportedParameter,
      "system[0].type"),
+    ({"messages": [{"role": "user", "content": "x"}], "output_config": {"effort": "high"}}, UnsupportedParameter,
+     "output_config.effort"),
+    ({"messages": [{"role": "user", "content": "x"}], "output_config": {"format": {"type": "json_schema"}}},
+     InvalidRequest, "output_config.format.schema"),
 ])  # fmt: skip
 def test_messages_refusals_name_the_field(body: dict[str, Any], error: type[Exception], param: str) -> None:
     with pytest.raises(error) as caught:
