@@ -435,6 +435,7 @@ def test_one_audit_event_each_naming_the_route(world: World) -> None:
                                                                                      MODEL, tenant.id)  # fmt: skip
     assert first["prompt_tokens"] == ok.json()["usage"]["input_tokens"] and first["prompt_hmac"]
     assert (second["route"], second["status"], second["completion_tokens"]) == ("POST /v1/messages", 200, 3)
+    assert second["user"] == "end-user-7"  # metadata.user_id is the request's end user
     assert events[refused.headers["x-request-id"]]["route"] == "POST /v1/messages"
     spool = world.data_dir / "audit" / "segments"
     assert "someone@example.com" not in "".join(s.read_text() for s in spool.glob("*.jsonl"))
