@@ -90,12 +90,40 @@ def _complete(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.message})
+    body: dict[str, Any] = {"messages": messages}
+    if args.tools is not None:
+        body["tools"] = _read_tools(args.tools)
+    if args.tool_choice is not None:
+        choice = args.tool_choice
+        body["tool_choice"] = choice if choice in ("none", "auto", "required") else {
+            "type": "function", "function": {"name": choice}}  # fmt: skip
+    calls: dict[int, list[str]] = {}  # index -> [name, arguments so far]
 
     def text_of(choice: dict[str, Any], full: bool) -> str:
         part = choice.get("message" if full else "delta") or {}
-        return str(part.get("content") or "")
+        for n, call in enumerate(part.get("tool_calls") or ()):
+            function = call.get("function") or {}
+            entry = calls.setdefault(call.get("index", n), ["", ""])
+            entry[0] += function.get("name") or ""
+            entry[1] += function.get("arguments") or ""
+        text = str(part.get("content") or "")
+        if choice.get("finish_reason") and calls:  # the calls, a line each, once they are complete
+            text += "".join(f"\ntool call: {name}({arguments})" for name, arguments in calls.values())
+        return text
 
-    return _generate(args, "/v1/chat/completions", {"messages": messages}, text_of)
+    return _generate(args, "/v1/chat/completions", body, text_of)
+
+
+def _read_tools(path: str) -> list[Any]:
+    """The tools of ``--tools``: a JSON file holding OpenAI's list of tool objects."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tools = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ClientError(f"cannot read the tools in {path}: {exc}") from None
+    if not isinstance(tools, list):
+        raise ClientError(f"{path} must hold a JSON list of tools ({{\"type\": \"function\", \"function\": ...}})")
+    return tools
 
 
 def _embed(args: argparse.Namespace) -> int:
@@ -141,6 +169,9 @@ def add_generation_parsers(sub: argparse._SubParsersAction[argparse.ArgumentPars
     chat = sub.add_parser("chat", help="send one chat message to a running server")
     chat.add_argument("message", help="the user message")
     chat.add_argument("--system", help="a system prompt")
+    chat.add_argument("--tools", metavar="FILE", help="a JSON file with a list of tools (OpenAI's shape) the model may "
+                      "call; the calls are printed as 'tool call: name(arguments)'")
+    chat.add_argument("--tool-choice", metavar="CHOICE", help="none, auto, required, or a function's name")
     add_client_options(chat)
     _add_generation_options(chat)
     chat.set_defaults(handler=_chat)

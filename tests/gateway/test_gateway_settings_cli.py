@@ -209,6 +209,22 @@ def test_complete_and_chat_commands(live_server: str, admin_key: str, capsys: py
     assert capsys.readouterr().out.strip()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_command_with_tools(live_server: str, admin_key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 stream: bool) -> None:  # fmt: skip
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Rome", "Oslo"]}}, "required": ["city"]}}}]))  # fmt: skip
+    key = ["--url", live_server, "--api-key", admin_key, "--max-tokens", "20", "--temperature", "0"]
+    args = ["chat", "Time in Rome?", *key, "--tools", str(tools), "--tool-choice", "get_time"]
+    assert cli.main(args + ([] if stream else ["--no-stream"])) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tool call: ")]
+    assert line.startswith("tool call: get_time(") and json.loads(line[len("tool call: get_time("):-1])["city"]
+    tools.write_text("{}")
+    assert cli.main(["chat", "x", *key, "--tools", str(tools)]) == 1
+    assert "JSON list of tools" in capsys.readouterr().err
+
+
 def test_embed_command(live_server: str, admin_key: str, capsys: pytest.CaptureFixture[str]) -> None:
     key = ["--url", live_server, "--api-key", admin_key]
     assert cli.main(["embed", "Hello", "the sea", *key]) == 0

@@ -270,10 +270,15 @@ def test_opa_is_told_the_tool_names(world: World) -> None:
     assert _call(world, key, other, max_tokens=2).status_code == 200
 
 
-def test_audit_names_the_called_function_not_its_arguments(world: World) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_audit_names_the_called_function_not_its_arguments(world: World, stream: bool) -> None:
     _, key = world.tenant_key()
-    answered = _call(world, key, _send_mail(["zanzibar-quokka"]))
-    assert "zanzibar-quokka" in answered.text
+    answered = _call(world, key, _send_mail(["zanzibar-quokka"]), stream=stream)
+    if stream:
+        calls = [d for c in _chunks(answered) for d in c["choices"][0]["delta"].get("tool_calls", ())]
+        assert "zanzibar-quokka" in "".join(d["function"]["arguments"] for d in calls)
+    else:
+        assert "zanzibar-quokka" in answered.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
     world.settled()
     event = world.events()[answered.headers["x-request-id"]]
     assert event["detail"] == {"tool_calls": ["send_mail"]} and event["completion_hmac"]
