@@ -6,8 +6,10 @@ admission and metrics), so the gateway's policy chain, renderers and audit run
 the same way whichever kind of backend is behind a model.
 
 Each choice is one upstream request. For a client that streams, it is streamed
-(``stream_options.include_usage`` on): text goes out chunk by chunk as the
-upstream sends it. For a client that takes its answer whole
+(``stream_options.include_usage`` on): text goes out as the upstream sends it,
+one output for the chunks of each network read (one chunk each from an upstream
+that generates slower than the gateway reads; several from a fast one or after
+a pause, which then cost one step downstream instead of one each). For a client that takes its answer whole
 (``RemoteRequest.stream`` false) it is asked for unstreamed, and its one JSON
 answer becomes one finished output: one body to parse instead of an event per
 token, each decoded, queued, checked by the output guardrails and rendered
@@ -143,10 +145,10 @@ class RemoteEngine:
         try:
             if request.stream:
                 body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
-                chunks = self.fleet.stream(route, body, affinity=request.affinity, headers=request.headers)
-                async with contextlib.aclosing(chunks):
-                    async for chunk in chunks:
-                        out = decoder.feed(chunk)
+                reads = self.fleet.reads(route, body, affinity=request.affinity, headers=request.headers)
+                async with contextlib.aclosing(reads):
+                    async for chunks in reads:
+                        out = decoder.feed(chunks)
                         if out is not None:
                             yield out
                 # The usage chunk (or the end of the stream) ends the choice.
@@ -227,18 +229,25 @@ class _Decoder:
             return self.reported
         return max(self.text_chunks, math.ceil(self.chars / 4))
 
-    def feed(self, chunk: dict[str, Any]) -> RequestOutput | None:
-        """One stream chunk's delta (None for a chunk with no text: role, finish or usage only)."""
-        self._usage(chunk.get("usage"))
-        choices = chunk.get("choices")
-        if not isinstance(choices, list) or not choices:
+    def feed(self, chunks: list[dict[str, Any]]) -> RequestOutput | None:
+        """The delta of the stream chunks that came in one read, as one output (None when none has text:
+        role, finish or usage only): one step downstream (queue, guardrails, an SSE chunk) per read."""
+        texts: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        for chunk in chunks:
+            self._usage(chunk.get("usage"))
+            choices = chunk.get("choices")
+            if not isinstance(choices, list) or not choices:
+                continue
+            text, entries = self._choice(choices[0], "delta", "stream chunk")
+            if text or entries:  # a role-only or finish-only chunk is not counted: the finish goes out with ``finish``
+                self.text_chunks += 1
+                self.chars += len(text)
+                texts.append(text)
+                logprobs += entries or ()
+        if not texts:
             return None
-        text, logprobs = self._choice(choices[0], "delta", "stream chunk")
-        if not text and not logprobs:
-            return None  # a role-only or finish-only chunk: the finish goes out with ``finish``
-        self.text_chunks += 1
-        self.chars += len(text)
-        return self._output(text, finished=False, logprobs=logprobs)
+        return self._output("".join(texts), finished=False, logprobs=logprobs or None)
 
     def finish(self) -> RequestOutput:
         if self.finish_reason is None:

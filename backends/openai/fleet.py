@@ -170,15 +170,28 @@ class Fleet:
 
     async def stream(self, path: str, body: Mapping[str, Any], *, affinity: bytes | None = None,
                      headers: Mapping[str, str] | None = None) -> AsyncGenerator[dict[str, Any], None]:  # fmt: skip
-        """POST ``body`` (the caller sets ``"stream": true``) to base + ``path``; yield each event's JSON object.
+        """Each event's JSON object, one at a time: ``reads`` without the grouping."""
+        reads = self.reads(path, body, affinity=affinity, headers=headers)
+        async with contextlib.aclosing(reads):
+            async for events in reads:
+                for event in events:
+                    yield event
 
-        Ends at ``data: [DONE]`` or at the end of the body. Raises
-        ``UpstreamUnavailable`` before anything is sent when no endpoint can
-        take the request, ``UpstreamRejected`` for a 4xx, ``UpstreamFailed``
-        otherwise. Closing the generator early (``aclose``, cancelling the
-        task that reads it) closes the upstream connection at once.
-        ``headers`` are sent as given (the caller's allow-list), except the
-        ones the fleet sets itself.
+    async def reads(self, path: str, body: Mapping[str, Any], *, affinity: bytes | None = None,
+                    headers: Mapping[str, str] | None = None) -> AsyncGenerator[list[dict[str, Any]], None]:  # fmt: skip
+        """POST ``body`` (the caller sets ``"stream": true``) to base + ``path``; yield the JSON objects of
+        the events that came in each network read, in order (never an empty list).
+
+        An upstream that outpaces its reader (a fast one, or a burst after a
+        pause) delivers several events in one read: the caller handles them
+        as one step instead of one step each. Ends at ``data: [DONE]`` or at
+        the end of the body. Raises ``UpstreamUnavailable`` before anything
+        is sent when no endpoint can take the request, ``UpstreamRejected``
+        for a 4xx, ``UpstreamFailed`` otherwise (after yielding the events
+        that came before the failure). Closing the generator early
+        (``aclose``, cancelling the task that reads it) closes the upstream
+        connection at once. ``headers`` are sent as given (the caller's
+        allow-list), except the ones the fleet sets itself.
         """
         if self._closed:
             raise UpstreamUnavailable("the upstream fleet is closed", retry_after=1.0)
@@ -188,17 +201,28 @@ class Fleet:
         reader = EventReader()
         async with self._reading(opened, "stream cut", "mid-stream") as endpoint:
             raw: bytes | None = opened.first
-            while raw is not None:
-                for data in reader.feed(raw):
+            while True:
+                done = raw is None
+                events: list[dict[str, Any]] = []
+                failure: UpstreamError | None = None
+                for data in reader.feed(raw) if raw is not None else reader.close():
                     if data == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        events.append(self._event(data, endpoint))
+                    except UpstreamError as exc:  # what came before it in this read still goes out
+                        failure = exc
+                        break
+                if events:
+                    yield events
+                if failure is not None:
+                    raise failure
+                if done:
+                    if raw is not None:  # [DONE] before the body's end: read on to it, for the pool
                         await opened.answer.drain(DRAIN_SECONDS, DRAIN_READS)
-                        return
-                    yield self._event(data, endpoint)
-                raw = await opened.answer.read(deadline)
-            for data in reader.close():
-                if data == b"[DONE]":
                     return
-                yield self._event(data, endpoint)
+                raw = await opened.answer.read(deadline)
 
     async def post(self, path: str, body: Mapping[str, Any], *, affinity: bytes | None = None,
                    headers: Mapping[str, str] | None = None, patient: bool = False) -> dict[str, Any]:  # fmt: skip

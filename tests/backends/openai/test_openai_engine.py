@@ -7,6 +7,8 @@ Which way the upstream was asked shows in the ``accept`` header it received
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -59,13 +61,45 @@ async def test_a_whole_answer_is_one_unstreamed_request_and_one_finished_output(
     assert engine.stats().num_tokens_generated == 5 and engine.stats().num_running == 0
 
 
-async def test_a_streamed_choice_is_streamed_upstream_with_the_same_text(engine: RemoteEngine,
-                                                                         fake: FakeUpstream) -> None:  # fmt: skip
+async def test_a_streamed_choice_is_streamed_upstream_one_output_per_chunk_as_they_come(
+        engine: RemoteEngine, fake: FakeUpstream) -> None:  # fmt: skip
+    fake.set(token_delay=0.05)  # slower than the gateway reads: each chunk in a read of its own
     outs = await outputs(engine, request(stream=True, max_tokens=5))
-    assert len(outs) == 6 and outs[-1].finished and not any(o.finished for o in outs[:-1])
-    assert "".join(o.new_text for o in outs) == "Hello, this is a" and outs[-1].finish_reason == "length"
+    assert [o.new_text for o in outs] == ["Hello", ",", " this", " is", " a", ""]
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1]) and outs[-1].finish_reason == "length"
     assert outs[-1].completion_tokens == 5
     assert fake.headers[-1]["accept"] == "text/event-stream"
+
+
+async def test_the_chunks_of_one_read_are_one_output() -> None:
+    """An upstream that sends its whole answer in one write (here one body): one output for its text, with
+    every chunk's logprobs, then the finish; no usage chunk, so a token per text chunk is charged."""
+    from servers import start_uvicorn, stop_uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    def event(content: str | None, finish: str | None = None) -> bytes:
+        delta = {"content": content} if content is not None else {}
+        logprobs = {"content": [{"token": content, "logprob": -1.0, "top_logprobs": []}]} if content else None
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+    body = event("") + event("Hi") + event(" there") + event("!") + event(None, "stop") + b"data: [DONE]\n\n"
+
+    async def chat(_: Any) -> Response:
+        return Response(body, media_type="text/event-stream")
+
+    server, thread, sock, url = start_uvicorn(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
+    remote = RemoteEngine(FleetConfig(endpoints=(url + "/v1",), health_interval_seconds=0), upstream_model="m")
+    try:
+        outs = await outputs(remote, request(stream=True))
+    finally:
+        await remote.fleet.aclose()
+        await asyncio.to_thread(stop_uvicorn, server, thread, sock)
+    assert [(o.new_text, o.finished) for o in outs] == [("Hi there!", False), ("", True)]
+    assert [t.token for t in outs[0].logprobs or []] == ["Hi", " there", "!"]
+    assert outs[-1].finish_reason == "stop" and outs[-1].completion_tokens == 3
 
 
 async def test_a_whole_answer_waits_past_the_idle_timeout(engine: RemoteEngine, fake: FakeUpstream) -> None:
