@@ -64,6 +64,7 @@ DEFAULT_TEST_KV_CACHE_BYTES = 64 * 1024 * 1024
 
 MODEL_FIXTURES = frozenset({
     "served_model", "small_batch_model", "live_server", "make_app", "app_for_model",  # this file, gateway/
+    "hf_smollm2",  # gateway/conftest.py: transformers' copy of the model
     "hf_causal_lm",  # backends/conftest.py
     "backend_name", "loaded", "oracle_tokens",  # backends/conformance/ (every backend, the model or transformers)
     "mlx_loaded", "cpu_loaded",  # backends/mlx/

@@ -24,3 +24,32 @@ def small_batch_model() -> Iterator[Any]:
     model = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=32 * 1024 * 1024, max_num_seqs=SEATS))
     yield model
     model.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2() -> Any:
+    """transformers' float32 copy of the default model, from the same GGUF (the oracle; costly: loaded once)."""
+    import os
+
+    import torch
+    import transformers
+
+    from backends.models import default_model_path
+
+    path = default_model_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def fleet_model() -> Iterator[Any]:
+    """A model served by an upstream that does not exist (``upstream.invalid``): planning needs no connection."""
+    from backends.base import ModelSpec
+
+    from gateway.models import load_served_model
+
+    spec = ModelSpec(name="fleet", path="", upstream={"endpoints": ["http://upstream.invalid/v1"], "model": "up"})
+    model = load_served_model(spec, "openai")  # nothing connects until a request streams
+    yield model
+    model.shutdown()

@@ -12,7 +12,6 @@ upstream and refuses ``best_of`` above ``n``.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,6 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from backends.models import default_model_path
 from gateway.completions import FIM_TOKENS, fim_prompt, keep_best, mean_logprob
 from gateway.errors import UnsupportedParameter
 from gateway.plan import encode_prompts
@@ -79,18 +77,13 @@ def key(world: World) -> str:
 
 
 @pytest.fixture(scope="module")
-def log_softmax(served_model: Any) -> Any:
+def log_softmax(hf_smollm2: Any) -> Any:
     """``log_softmax(ids)``: transformers' float32 log-softmax at every position of ``ids``."""
     import torch
-    import transformers
-
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                              dtype=torch.float32).eval()  # fmt: skip
 
     def run(ids: list[int]) -> np.ndarray:
         with torch.no_grad():
-            return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1).numpy()
+            return torch.log_softmax(hf_smollm2(torch.tensor([ids])).logits[0].float(), dim=-1).numpy()
 
     return run
 
@@ -308,30 +301,19 @@ def test_opa_sees_the_user(world: World) -> None:
 # -- a model served by an upstream ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def remote() -> Iterator[Any]:
-    from backends.base import ModelSpec
-    from gateway.models import load_served_model
-
-    spec = ModelSpec(name="fleet", path="", upstream={"endpoints": ["http://upstream.invalid/v1"], "model": "up"})
-    model = load_served_model(spec, "openai")  # nothing connects until a request streams
-    yield model
-    model.shutdown()
-
-
-def test_a_remote_model_passes_user_and_suffix_and_refuses_best_of(remote: Any) -> None:
+def test_a_remote_model_passes_user_and_suffix_and_refuses_best_of(fleet_model: Any) -> None:
     from gateway.plan import Placement
     from gateway.plan_remote import plan_remote
     from gateway.protocol import ChatCompletionRequest
 
     req = CompletionRequest.model_validate({"model": "fleet", "prompt": "def f(", "suffix": ")", "user": "u1",
                                             "n": 2, "best_of": 2})  # fmt: skip
-    bodies = [c.request.body for c in plan_remote(remote, req, Placement()).choices]  # type: ignore[union-attr]
+    bodies = [c.request.body for c in plan_remote(fleet_model, req, Placement()).choices]  # type: ignore[union-attr]
     assert [(b["suffix"], b["user"], "best_of" in b) for b in bodies] == [(")", "u1", False)] * 2
     chat = ChatCompletionRequest.model_validate({"model": "fleet", "messages": [{"role": "user", "content": "x"}],
                                                  "user": "u2"})  # fmt: skip
-    assert plan_remote(remote, chat, Placement()).choices[0].request.body["user"] == "u2"  # type: ignore[union-attr]
+    assert plan_remote(fleet_model, chat, Placement()).choices[0].request.body["user"] == "u2"  # type: ignore[union-attr]
     with pytest.raises(UnsupportedParameter) as refused:
-        plan_remote(remote, CompletionRequest.model_validate({"model": "fleet", "prompt": "x", "best_of": 3}),
+        plan_remote(fleet_model, CompletionRequest.model_validate({"model": "fleet", "prompt": "x", "best_of": 3}),
                     Placement())  # fmt: skip
     assert refused.value.param == "best_of"

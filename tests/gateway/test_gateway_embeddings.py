@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,18 +89,13 @@ def key(world: World) -> str:
 
 
 @pytest.fixture(scope="module")
-def hidden_states(served_model: Any) -> Any:
+def hidden_states(hf_smollm2: Any) -> Any:
     """``hidden_states(token_ids)``: transformers' final hidden states (after the final norm) of the default model."""
     import torch
-    import transformers
-
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                              dtype=torch.float32).eval()  # fmt: skip
 
     def run(ids: list[int]) -> np.ndarray:
         with torch.no_grad():
-            return model.model(torch.tensor([ids])).last_hidden_state[0].numpy()
+            return hf_smollm2.model(torch.tensor([ids])).last_hidden_state[0].numpy()
 
     return run
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from backends.base import ModelSpec
-from gateway.models import load_served_model
 from gateway.plan import Placement
 from gateway.plan_remote import AFFINITY_CHARS, plan_remote
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
@@ -17,11 +14,8 @@ SYSTEM = "You are the support assistant of ACME. " * 40  # longer than AFFINITY_
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Any]:
-    spec = ModelSpec(name="fleet", path="", upstream={"endpoints": ["http://upstream.invalid/v1"], "model": "up"})
-    model = load_served_model(spec, "openai")  # nothing connects until a request streams
-    yield model
-    model.shutdown()
+def served(fleet_model: Any) -> Any:
+    return fleet_model
 
 
 def chat_key(served: Any, tenant: str, *messages: tuple[str, str]) -> bytes:
