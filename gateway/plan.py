@@ -23,7 +23,7 @@ from gateway.errors import InvalidRequest
 from gateway.generation import ChoiceSpec, engine_error_to_gateway
 from gateway.models import ServedModel
 from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, sampling_kwargs
-from gateway.tools import ToolPlan, render_chat
+from gateway.tools import ToolPlan, check_parameters, render_chat
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
 
@@ -75,6 +75,7 @@ class Plan:
 
 
 def plan_chat(served: ServedModel, req: ChatCompletionRequest, placement: Placement) -> Plan:
+    check_parameters(req.tools or ())
     return _plan(served, req, [PreparedPrompt(encode_chat(served, req))], placement, prefix="chatcmpl")
 
 

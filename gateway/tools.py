@@ -3,7 +3,7 @@
 Checked here (each refusal a 400 naming the parameter, ``tools[2].function.name``):
 names match ``^[a-zA-Z0-9_-]{1,64}$`` and are unique; ``parameters`` is a JSON
 Schema of an object that the grammar engine compiles (llguidance, as for
-``response_format``); at most ``MAX_TOOLS`` tools of at most
+``response_format``; checked while planning, ``check_parameters``); at most ``MAX_TOOLS`` tools of at most
 ``MAX_PARAMETERS_BYTES`` of schema each; a named ``tool_choice`` names one of
 them; a ``tool`` message answers a call an earlier assistant message made.
 
@@ -40,12 +40,15 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from backends.engine import GuidedSpec
 from backends.models.tool_prompt import generic_tool_messages, template_uses_tools
+
+from gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from backends.models.tokenizer import Tokenizer
@@ -172,17 +175,27 @@ def _check_parameters(schema: dict[str, Any], param: str) -> None:
     kind = schema.get("type", "object")
     if kind != "object":
         raise ToolError(param, f"parameters must be the JSON Schema of an object (type 'object'), not {kind!r}")
-    error = _grammar_error(_arguments_schema(schema))
-    if error is not None:
-        raise ToolError(param, f"parameters cannot be enforced: {error}")
 
 
-def _grammar_error(schema: dict[str, Any]) -> str | None:
-    """llguidance's objection to ``schema``, or None (checked without a vocabulary: no model needed)."""
+def check_parameters(tools: Sequence[ToolDefinition]) -> None:
+    """Each tool's ``parameters`` compiles (llguidance, without a vocabulary: no model needed); raises
+    ``InvalidRequest`` naming the tool. Run while planning, not parsing: a large schema takes tens of
+    milliseconds, and a large body is planned on the thread pool, not on the event loop."""
+    for i, tool in enumerate(tools):
+        if tool.function.parameters is not None:
+            key = json.dumps(_arguments_schema(tool.function.parameters), sort_keys=True, separators=(",", ":"))
+            error = _grammar_error(key)
+            if error is not None:
+                raise InvalidRequest(f"parameters cannot be enforced: {error}", param=f"tools[{i}].function.parameters")
+
+
+@lru_cache(maxsize=256)  # an application sends the same tools with every request
+def _grammar_error(schema_json: str) -> str | None:
+    """llguidance's objection to the schema, or None."""
     from llguidance import LLMatcher
 
     try:
-        grammar = GuidedSpec("json_schema", schema=schema).grammar()
+        grammar = GuidedSpec("json_schema", schema=json.loads(schema_json)).grammar()
     except ValueError as exc:
         return str(exc).split("\n", 1)[0]
     error = LLMatcher.validate_grammar(grammar, None)
