@@ -39,7 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.adapters.common import BodyError, ChatReader, ToolCall, json_args, named_event, parse_body, parse_part
-from gateway.adapters.common import rename, unsupported
+from gateway.adapters.common import ParsedRequest, unsupported
 from gateway.adapters.errors import anthropic_error
 from gateway.generation import Usage
 from policy.errors import ApiError
@@ -245,13 +245,11 @@ def _messages(req: MessagesRequest) -> list[dict[str, Any]]:
     return messages
 
 
-class MessagesAdapter:
+class MessagesAdapter(ParsedRequest):
     """One parsed Messages request: its chat body, and its answers in Anthropic's shape."""
 
-    def __init__(self, req: MessagesRequest, messages: list[dict[str, Any]]) -> None:
-        self.req = req
-        self.messages = messages
-        self.stream = req.stream
+    RENAMES = _RENAMES
+    req: MessagesRequest
 
     def chat_body(self) -> dict[str, Any]:
         req = self.req
@@ -277,9 +275,6 @@ class MessagesAdapter:
             schema = req.output_config.format.schema_
             body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
         return body
-
-    def param(self, chat_param: str | None) -> str | None:
-        return rename(chat_param, _RENAMES)
 
     def whole(self, answer: ChatReader, usage: Usage, header: dict[str, Any]) -> dict[str, Any]:
         content: list[dict[str, Any]] = [{"type": "text", "text": answer.text}] if answer.text else []

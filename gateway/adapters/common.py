@@ -182,6 +182,21 @@ class ChatReader:
 # -- the route's side -------------------------------------------------------------------
 
 
+class ParsedRequest:
+    """What both adapters hold: the vendor's parsed request, its messages in the chat format, and the
+    renames of chat parameters into its own (``RENAMES``, for ``rename``)."""
+
+    RENAMES: Sequence[tuple[str, str]] = ()
+
+    def __init__(self, req: Any, messages: list[dict[str, Any]]) -> None:
+        self.req = req
+        self.messages = messages
+        self.stream: bool = req.stream
+
+    def param(self, chat_param: str | None) -> str | None:
+        return rename(chat_param, self.RENAMES)
+
+
 class StreamTranslator(Protocol):
     """One stream's vendor events from the chat path's events; stateful."""
 

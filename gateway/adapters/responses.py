@@ -40,8 +40,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.adapters.common import BodyError, ChatReader, ToolCall, named_event, parse_body, parse_part, rename
-from gateway.adapters.common import unsupported
+from gateway.adapters.common import BodyError, ChatReader, ParsedRequest, ToolCall, named_event, parse_body
+from gateway.adapters.common import parse_part, unsupported
 from gateway.generation import Usage
 from policy.errors import ApiError
 
@@ -281,14 +281,12 @@ def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     return messages
 
 
-class ResponsesAdapter:
+class ResponsesAdapter(ParsedRequest):
     """One parsed Responses request: its chat body, and its answers in the Responses API's shape."""
 
-    def __init__(self, req: ResponsesRequest, messages: list[dict[str, Any]]) -> None:
-        self.req = req
-        self.messages = messages
-        self.stream = req.stream
-        self._out: ResponseStream | None = None
+    RENAMES = _RENAMES
+    req: ResponsesRequest
+    _out: ResponseStream | None = None  # the stream's translator, once it started
 
     def chat_body(self) -> dict[str, Any]:
         req = self.req
@@ -310,9 +308,6 @@ class ResponsesAdapter:
         if req.text is not None and req.text.format is not None:
             body["response_format"] = req.text.format.response_format()
         return body
-
-    def param(self, chat_param: str | None) -> str | None:
-        return rename(chat_param, _RENAMES)
 
     # -- the answer
 

@@ -509,3 +509,39 @@ def test_an_anthropic_tool_round_trip(an: anthropic.Anthropic) -> None:
     assert "content_block_start" in kinds and streamed.stop_reason == "tool_use"
     assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == \
         [(b.name, b.input) for b in whole.content if b.type == "tool_use"]  # fmt: skip
+
+
+# -- a model an upstream serves ---------------------------------------------------------------------
+
+
+def test_both_apis_front_a_model_an_upstream_serves(world: World, key: str, oa: openai.OpenAI, an: anthropic.Anthropic,
+                                                    app_for_model: Any, tmp_path: Path) -> None:  # fmt: skip
+    """A gateway in front of this module's live server (backend openai): the adapters plan through
+    plan_remote like chat does, and say what the upstream said; a stop on a stop sequence reads end_turn there
+    (an upstream does not report which stop string matched)."""
+    from backends.base import ModelSpec
+    from gateway.models import load_served_model
+
+    spec = ModelSpec(name="fleet", path="", upstream={"endpoints": [f"{world.url}/v1"], "model": MODEL})
+    model = load_served_model(spec, "openai", upstream_key=key)
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    front_key = str(store.ensure_bootstrap_admin())
+    server, thread, sock, url = start_uvicorn(app_for_model(model, store, data_dir=str(tmp_path / "app")))
+    ask = [{"role": "user", "content": QUESTION}]
+    try:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key=front_key, max_retries=0, timeout=120) as front_oa, \
+                anthropic.Anthropic(base_url=url, api_key=front_key, max_retries=0, timeout=120) as front_an:  # fmt: skip
+            remote = front_oa.responses.create(model="fleet", input=QUESTION, max_output_tokens=8, temperature=0)
+            local = oa.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8, temperature=0)
+            assert remote.output_text == local.output_text and remote.model == "fleet"
+            assert remote.usage is not None and local.usage is not None
+            assert remote.usage.output_tokens == local.usage.output_tokens  # the upstream's count
+            streamed = list(front_an.messages.create(model="fleet", max_tokens=8, messages=ask, extra_body=GREEDY,  # type: ignore[arg-type]
+                                                     stream=True))  # fmt: skip
+            whole = an.messages.create(model=MODEL, max_tokens=8, messages=ask, extra_body=GREEDY)  # type: ignore[arg-type]
+            text = "".join(e.delta.text for e in streamed if e.type == "content_block_delta")  # type: ignore[union-attr]
+            assert text == whole.content[0].text and streamed[-1].type == "message_stop"  # type: ignore[union-attr]
+    finally:
+        stop_uvicorn(server, thread, sock)
+        model.shutdown()
+        store.close()

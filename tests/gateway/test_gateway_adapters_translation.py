@@ -361,3 +361,13 @@ def test_error_bodies_are_rewritten_in_anthropics_shape() -> None:
                          (500, "api_error"), (415, "invalid_request_error")]:  # fmt: skip
         assert json.loads(rewrite(openai_shaped, status))["error"]["type"] == kind
     assert rewrite(b"not json", 400) == b"not json"
+
+
+def test_a_failed_message_stream_ends_with_anthropics_error_event() -> None:
+    from gateway.errors import ServiceUnavailable
+
+    out = messages(messages=[{"role": "user", "content": "x"}]).streamer(HEADER)
+    [(name, data)] = events_of([out.failed(ServiceUnavailable("the engine stopped"))])
+    assert name == "error" and data == {"type": "error", "error": {"type": "overloaded_error", "param": None,
+                                                                   "message": "the engine stopped",
+                                                                   "code": "service_unavailable"}}  # fmt: skip
