@@ -4,8 +4,9 @@ The gateway validates the API's own rules here (how many choices, which
 speculative methods a model allows); everything the engine has a rule for
 (sampling ranges, the prompt's tokens, the fit in the context and the KV
 cache) is checked once, by the engine's ``make_request``, whose errors are
-renamed to the API's parameter names. The ``EngineRequest``s a ``Plan`` holds
-are what the engine runs, unchecked from then on.
+renamed to the API's parameter names (``sampling_kwargs`` translates the API's
+fields to the engine's). The ``EngineRequest``s a ``Plan`` holds are what the
+engine runs, unchecked from then on.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from backends.engine import EngineRequest, InvalidRequestError, SamplingParams
 from backends.models import ChatTemplateError
 
 from gateway.completions import fim_prompt
+from gateway.completions import fim_prompt
 from gateway.errors import InvalidRequest
 from gateway.generation import ChoiceSpec, engine_error_to_gateway
 from gateway.models import ServedModel
-from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, sampling_kwargs
+from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
 from gateway.tools import ToolPlan, check_parameters, render_chat
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
@@ -117,6 +119,42 @@ def max_tokens_param(req: GenerationRequest) -> str:
     if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
         return "max_completion_tokens"
     return "max_tokens"
+
+
+def sampling_kwargs(
+    req: GenerationRequest, *, max_tokens: int | None, num_logprobs: int | None, seed_offset: int = 0
+) -> dict[str, Any]:
+    """Keyword arguments for ``backends.engine.SamplingParams``.
+
+    OpenAI's defaults (temperature 1, top_p 1) are spelled out so the result
+    does not depend on the engine's own defaults. Choice ``i`` of a request
+    with a seed gets ``seed + i``; otherwise ``n`` seeded samples would all be
+    the same text.
+    """
+    kwargs: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "stop": req.stop_list,
+        "ignore_eos": req.ignore_eos,
+        "logprobs": num_logprobs is not None,
+        "top_logprobs": num_logprobs or 0,
+    }
+    optional = {
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty,
+        "min_tokens": req.min_tokens,
+        "seed": None if req.seed is None else req.seed + seed_offset,
+        "speculative_k": None if req.speculative is None else req.speculative.k,
+        "logit_bias": req.token_logit_bias,
+        "guided": req.guided(),
+        "prompt_logprobs": req.prompt_logprobs,
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    return kwargs
 
 
 def _plan(

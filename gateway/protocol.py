@@ -1,4 +1,5 @@
-"""OpenAI request schemas and their translation to engine sampling parameters.
+"""OpenAI request schemas: the generation routes' bodies, parsed and checked (``gateway.plan`` turns them into the
+engine's sampling parameters).
 
 Unknown fields are ignored, as OpenAI does. Known OpenAI fields this server
 does not implement (``functions``, ``suffix``, ...) are rejected with
@@ -228,6 +229,16 @@ class _SamplingRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """The prompt's own logprobs, with this many alternatives each (the completions route's echo); None: off."""
+        return None
+
+    @property
+    def samples(self) -> int:
+        """Sequences generated per prompt (``best_of`` of them on the completions route)."""
+        return self.n
 
     @property
     def prompt_logprobs(self) -> int | None:
@@ -478,42 +489,3 @@ def parse_request(
                 raise InvalidRequest(cause.message, param=cause.param) from None
             raise UnsupportedParameter(cause.message, param=cause.param, code=cause.code) from None
         raise InvalidRequest(first.line(), param=first.path) from None
-
-
-# -- engine parameters --------------------------------------------------------
-
-
-def sampling_kwargs(
-    req: _SamplingRequest, *, max_tokens: int | None, num_logprobs: int | None, seed_offset: int = 0
-) -> dict[str, Any]:
-    """Keyword arguments for ``backends.engine.SamplingParams``.
-
-    OpenAI's defaults (temperature 1, top_p 1) are spelled out so the result
-    does not depend on the engine's own defaults. Choice ``i`` of a request
-    with a seed gets ``seed + i``; otherwise ``n`` seeded samples would all be
-    the same text.
-    """
-    kwargs: dict[str, Any] = {
-        "max_tokens": max_tokens,
-        "temperature": 1.0 if req.temperature is None else req.temperature,
-        "top_p": 1.0 if req.top_p is None else req.top_p,
-        "stop": req.stop_list,
-        "ignore_eos": req.ignore_eos,
-        "logprobs": num_logprobs is not None,
-        "top_logprobs": num_logprobs or 0,
-    }
-    optional = {
-        "top_k": req.top_k,
-        "min_p": req.min_p,
-        "presence_penalty": req.presence_penalty,
-        "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty,
-        "min_tokens": req.min_tokens,
-        "seed": None if req.seed is None else req.seed + seed_offset,
-        "speculative_k": None if req.speculative is None else req.speculative.k,
-        "logit_bias": req.token_logit_bias,
-        "guided": req.guided(),
-        "prompt_logprobs": req.prompt_logprobs,
-    }
-    kwargs.update({k: v for k, v in optional.items() if v is not None})
-    return kwargs
