@@ -20,7 +20,6 @@ from backends.engine import EngineRequest, InvalidRequestError, SamplingParams
 from backends.models import ChatTemplateError
 
 from gateway.completions import fim_prompt
-from gateway.completions import fim_prompt
 from gateway.errors import InvalidRequest
 from gateway.generation import ChoiceSpec, engine_error_to_gateway
 from gateway.models import ServedModel

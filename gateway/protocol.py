@@ -240,16 +240,6 @@ class _SamplingRequest(BaseModel):
         """Sequences generated per prompt (``best_of`` of them on the completions route)."""
         return self.n
 
-    @property
-    def prompt_logprobs(self) -> int | None:
-        """The prompt's own logprobs, with this many alternatives each (the completions route's echo); None: off."""
-        return None
-
-    @property
-    def samples(self) -> int:
-        """Sequences generated per prompt (``best_of`` of them on the completions route)."""
-        return self.n
-
 
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 
