@@ -226,7 +226,9 @@ def test_a_hostile_tenant_cannot_affect_another(world: World, small_batch_model:
         overtaken = flood_and_watch(world, acme_member_key, small_batch_model.engine)
         assert overtaken, "acme's flood was served before globex could be measured"
         for queued, served_first in overtaken:
-            assert queued >= 2 * SEATS and served_first < SEATS, overtaken
+            # FIFO would serve all of acme's queue first; one batch's worth may start while globex's
+            # request crosses the gateway (the bound of test_gateway_fairness.py)
+            assert queued >= 2 * SEATS and served_first <= SEATS, overtaken
 
         # Everything acme may do to itself (words globex uses blocked, its own identity provider under
         # globex's issuer), and the operator choking acme (tenant admins read their limits, never write them).
