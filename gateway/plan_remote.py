@@ -5,7 +5,7 @@ choice ``i`` seeded ``seed + i`` like a local model's), in the upstream's model
 name, with only the fields the request set. The prompt's tokens are estimated
 for the limiter and settled with the upstream's own ``usage``. What only a
 local engine can do (echo, completion logprobs, token-id prompts, our
-speculative decoding) is refused with a reason instead of being half-done;
+speculative decoding, best_of ranked across several choices) is refused with a reason instead of being half-done;
 so is tool calling, for now (``tools`` or tool history in the messages).
 """
 
@@ -91,10 +91,11 @@ def _refuse_local_only(req: GenerationRequest) -> None:
             raise refuse("echo", "echo")
         if req.logprobs is not None:
             raise refuse("logprobs", "logprobs on the completions route")
-        if req.samples > req.n:
-            # Each choice is streamed from the upstream, and upstreams refuse best_of on a stream; ranking
-            # the candidates here would need their logprobs, which a remote completion does not carry.
-            raise refuse("best_of", "best_of above n")
+        if req.samples > req.n > 1:
+            # Each choice is one upstream request, so best_of travels upstream only for a single choice
+            # (never streamed: the protocol refuses best_of with stream, and a whole answer is asked for
+            # whole); ranking several here would need logprobs a remote completion does not carry.
+            raise refuse("best_of", "best_of above n with n above 1")
         if any(not isinstance(p, str) for p in req.prompts()):
             raise refuse("prompt", "a prompt of token ids")
 
@@ -122,6 +123,8 @@ def _sampling(req: GenerationRequest, index: int) -> dict[str, Any]:
         fields["stop"] = req.stop_list
     if req.seed is not None:
         fields["seed"] = req.seed + index
+    if isinstance(req, CompletionRequest) and req.samples > req.n:
+        fields["best_of"] = req.best_of  # the upstream generates them and returns its best; its usage counts all
     if isinstance(req, CompletionRequest) and req.suffix:
         fields["suffix"] = req.suffix  # the upstream's model decides whether it can fill in the middle
     if req.response_format is not None:
@@ -135,7 +138,11 @@ def _sampling(req: GenerationRequest, index: int) -> dict[str, Any]:
 
 def _params(req: GenerationRequest) -> SamplingParams:
     try:
-        return SamplingParams(max_tokens=req.requested_max_tokens, stop=req.stop_list)
+        # What the limits reserve: an upstream told best_of generates that many candidates for the choice.
+        most = req.requested_max_tokens
+        if most is not None and req.samples > req.n:
+            most *= req.samples
+        return SamplingParams(max_tokens=most, stop=req.stop_list)
     except SamplingParamsError as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
 

@@ -6,7 +6,7 @@ mean logprob (the same seeded candidates ``n`` returns), counts every candidate 
 and reserves for all of them; ``suffix`` is refused for SmolLM2 (no fill-in-the-middle tokens)
 and builds the PSM prompt for a tokenizer that has them; ``user`` reaches the audit event
 (cut, credentials redacted) and OPA's input. A remote model passes ``user`` and ``suffix``
-upstream and refuses ``best_of`` above ``n``.
+upstream, and ``best_of`` for a single choice (above ``n`` with several: refused).
 """
 
 from __future__ import annotations
@@ -301,19 +301,27 @@ def test_opa_sees_the_user(world: World) -> None:
 # -- a model served by an upstream ---------------------------------------------------------------
 
 
-def test_a_remote_model_passes_user_and_suffix_and_refuses_best_of(fleet_model: Any) -> None:
+def test_a_remote_model_passes_user_suffix_and_best_of_upstream(fleet_model: Any) -> None:
     from gateway.plan import Placement
     from gateway.plan_remote import plan_remote
     from gateway.protocol import ChatCompletionRequest
 
     req = CompletionRequest.model_validate({"model": "fleet", "prompt": "def f(", "suffix": ")", "user": "u1",
-                                            "n": 2, "best_of": 2})  # fmt: skip
-    bodies = [c.request.body for c in plan_remote(fleet_model, req, Placement()).choices]  # type: ignore[union-attr]
+                                            "n": 2, "best_of": 2, "max_tokens": 5})  # fmt: skip
+    plan = plan_remote(fleet_model, req, Placement())
+    bodies = [c.request.body for c in plan.choices]  # type: ignore[union-attr]
     assert [(b["suffix"], b["user"], "best_of" in b) for b in bodies] == [(")", "u1", False)] * 2
+    assert plan.requested_completion_tokens == 10
     chat = ChatCompletionRequest.model_validate({"model": "fleet", "messages": [{"role": "user", "content": "x"}],
                                                  "user": "u2"})  # fmt: skip
     assert plan_remote(fleet_model, chat, Placement()).choices[0].request.body["user"] == "u2"  # type: ignore[union-attr]
+    # one choice: best_of goes upstream (asked whole, never streamed), and the limits reserve every candidate
+    best = plan_remote(fleet_model, CompletionRequest.model_validate(
+        {"model": "fleet", "prompt": "x", "best_of": 3, "max_tokens": 5}), Placement())  # fmt: skip
+    assert [c.request.body["best_of"] for c in best.choices] == [3]  # type: ignore[union-attr]
+    assert not best.choices[0].request.stream and best.requested_completion_tokens == 15  # type: ignore[union-attr]
+    # several: each choice is its own upstream request, which cannot rank across them
     with pytest.raises(UnsupportedParameter) as refused:
-        plan_remote(fleet_model, CompletionRequest.model_validate({"model": "fleet", "prompt": "x", "best_of": 3}),
-                    Placement())  # fmt: skip
+        plan_remote(fleet_model, CompletionRequest.model_validate({"model": "fleet", "prompt": "x", "n": 2,
+                                                                   "best_of": 4}), Placement())  # fmt: skip
     assert refused.value.param == "best_of"
