@@ -1,4 +1,4 @@
-"""What only the legacy completions route does: ``suffix`` (fill-in-the-middle), ``best_of``, and ``echo`` with ``logprobs``.
+"""What only the legacy completions route does: ``suffix`` (fill-in-the-middle), ``best_of``, ``echo`` + ``logprobs``.
 
 - ``suffix``: the model completes the text between the prompt and the suffix.
   That needs a model trained for it, whose tokenizer has fill-in-the-middle

@@ -100,8 +100,8 @@ def encode_prompts(served: ServedModel, req: CompletionRequest) -> list[Prepared
         raise InvalidRequest(f"At most {MAX_CHOICES} prompts are allowed per request", param="prompt")
     tokenizer = served.local_tokenizer
     if req.suffix:  # fill-in-the-middle: the text between the prompt and the suffix
-        return [PreparedPrompt(fim_prompt(tokenizer, served.name, p, req.suffix), text=p if isinstance(p, str) else None)
-                for p in raw]  # fmt: skip
+        return [PreparedPrompt(fim_prompt(tokenizer, served.name, p, req.suffix),
+                               text=p if isinstance(p, str) else None) for p in raw]  # fmt: skip
     # Token ids go to the engine as given: its check (in _plan) names a bad one.
     return [PreparedPrompt(tokenizer.encode(p), text=p) if isinstance(p, str) else PreparedPrompt(list(p))
             for p in raw]  # fmt: skip

@@ -1,4 +1,4 @@
-"""Prompt logprobs: how likely the model found each token of a prompt (the completions API's ``echo`` with ``logprobs``).
+"""Prompt logprobs: how likely the model found each token of a prompt (the completions API's echo with logprobs).
 
 A request asking for them (``SamplingParams.prompt_logprobs``) has its prefill
 chunks run with a logits row for every position (``ScheduledSeq.prompt_logits``

@@ -430,5 +430,6 @@ def _entry(seq: Sequence, num_tokens: int, draft: list[int] | None = None) -> Sc
         return ScheduledSeq(seq, start, num_tokens + len(draft), 1 + len(draft), tuple(draft))
     reaches_end = start + num_tokens == seq.num_tokens
     if seq.needs_prompt_logits:  # a row for every position, the last sampled if the chunk reaches the end
-        return ScheduledSeq(seq, start, num_tokens, num_tokens, prompt_logits=num_tokens - 1 if reaches_end else num_tokens)
+        prompt_rows = num_tokens - 1 if reaches_end else num_tokens
+        return ScheduledSeq(seq, start, num_tokens, num_tokens, prompt_logits=prompt_rows)
     return ScheduledSeq(seq=seq, start_pos=start, num_tokens=num_tokens, num_logits=1 if reaches_end else 0)

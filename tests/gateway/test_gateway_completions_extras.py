@@ -278,7 +278,7 @@ def test_user_reaches_the_audit_event_on_every_route(world: World, key: str) -> 
         assert response.status_code == 200, (name, response.text)
     events = world.events()
     user = {name: events[r.headers["x-request-id"]]["user"] for name, r in calls.items()}
-    assert user["chat"] == "end-user-42" and user["completions"] == "end-user-43" and user["embeddings"] == "end-user-44"
+    assert (user["chat"], user["completions"], user["embeddings"]) == ("end-user-42", "end-user-43", "end-user-44")
     assert user["long"] == "u" * 128
     assert secret not in user["secret"] and user["secret"].startswith("token ifx_aaaaaaaaaaaa_[REDACTED]")
     assert user["none"] is None
@@ -288,7 +288,8 @@ def test_opa_sees_the_user(world: World) -> None:
     tenant, key = world.tenant_key()
     rego = ("package inferflux.guardrails\n"
             "default decision := {\"allow\": true}\n"
-            "decision := {\"allow\": false, \"reasons\": [\"user blocked\"]} if { input.user == \"mallory\" }\n")  # fmt: skip
+            "decision := {\"allow\": false, \"reasons\": [\"user blocked\"]} "
+            "if { input.user == \"mallory\" }\n")  # fmt: skip
     world.store.create_policy(tenant.id, "guardrail", "opa", {"opa": {"engine": "embedded", "rego": rego}})
     time.sleep(3 * POLL)
     assert world.complete(key, prompt="Hi", max_tokens=2, user="alice").status_code == 200
@@ -314,7 +315,8 @@ def test_a_remote_model_passes_user_suffix_and_best_of_upstream(fleet_model: Any
     assert plan.requested_completion_tokens == 10
     chat = ChatCompletionRequest.model_validate({"model": "fleet", "messages": [{"role": "user", "content": "x"}],
                                                  "user": "u2"})  # fmt: skip
-    assert plan_remote(fleet_model, chat, Placement()).choices[0].request.body["user"] == "u2"  # type: ignore[union-attr]
+    chat_body = plan_remote(fleet_model, chat, Placement()).choices[0].request.body  # type: ignore[union-attr]
+    assert chat_body["user"] == "u2"
     # one choice: best_of goes upstream (asked whole, never streamed), and the limits reserve every candidate
     best = plan_remote(fleet_model, CompletionRequest.model_validate(
         {"model": "fleet", "prompt": "x", "best_of": 3, "max_tokens": 5}), Placement())  # fmt: skip
