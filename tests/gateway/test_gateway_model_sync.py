@@ -5,7 +5,7 @@ the default or unloaded through A's admin API reaches B within a few of its
 polls (``model_registry.poll_seconds``) plus B's own load time. A load from
 the registry that fails is tried again only once the store changes, and a
 store that cannot be read does not stop the loop. Real processes over
-PostgreSQL: ``test_gateway_model_registry_replicas.py``.
+PostgreSQL: ``test_gateway_three_replicas.py``.
 """
 
 from __future__ import annotations

@@ -7,11 +7,17 @@ and their audit trail (issue 20, point 4):
   replica admitted them;
 - one audit query, on any replica, returns the events of all three, in time order, each
   naming the chain (the replica) that recorded it, scoped to the caller's tenant as on one
-  replica; and every replica's chain still verifies.
+  replica; and every replica's chain still verifies;
+- they follow the store's model registry: a model loaded through replica 1's admin API is
+  taken up by replicas 2 and 3 within 2 s (then served once their own load is done), a
+  default set through one replica moves every replica's, and an unload through one leaves
+  every replica (the in-process version, with the failure and outage cases, is
+  ``test_gateway_model_sync.py``).
 
-The replicas are started once for the module (their model loads overlap). Two replicas
-and a credential change: ``test_gateway_replicas.py``; the model registry:
-``test_gateway_model_registry_replicas.py``.
+The replicas are started once for the module (their model loads overlap, and every start
+of three processes that load the model costs the suite about a minute on two cores); each
+test works in tenants of its own, and the registry test leaves the replicas serving what
+they started with. Two replicas and a credential change: ``test_gateway_replicas.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from http_helpers import bearer
 from replica import Replica, fleet
 from services import fresh_schema
 
+from backends.models import default_model_path
 from policy.audit.chain import parse_record
 from policy.audit.cli import spool_chain_id, verify_spool
 from policy.audit.spool import segment_files
@@ -300,3 +307,80 @@ def spooled_hashes(spool: Path) -> dict[int, str]:
                 record = json.loads(line)
                 out[record["seq"]] = record["hash"]
     return out
+
+
+# -- the model registry -------------------------------------------------------------------
+
+REGISTRY_BOUND_SECONDS = 2.0  # from a change in the store to every replica acting on it (model_registry.poll_seconds: 1)
+LOAD_TIMEOUT = 180.0
+
+
+def model_state(cluster: Cluster, replica: Replica, name: str) -> str:
+    """The model's status on ``replica``: loading, ready, failed, or 'absent'."""
+    response = cluster.call(replica, "GET", f"/admin/v1/models/{name}")
+    return str(response.json()["status"]) if response.status_code == 200 else "absent"
+
+
+def served_models(cluster: Cluster, replica: Replica) -> list[str]:
+    return [m["id"] for m in cluster.call(replica, "GET", "/v1/models").json()["data"]]
+
+
+def default_model(cluster: Cluster, replica: Replica) -> str:
+    listed = cluster.call(replica, "GET", "/admin/v1/models").json()["data"]
+    return next(m["id"] for m in listed if m.get("default"))
+
+
+def seconds_until_each(
+    replicas: list[Replica], check: Callable[[Replica], bool], timeout: float, start: float | None = None
+) -> dict[str, float]:
+    """How long from ``start`` (default: now) until ``check`` holds on each replica (fails past ``timeout``)."""
+    start = time.monotonic() if start is None else start
+    took: dict[str, float] = {}
+    while len(took) < len(replicas):
+        for replica in replicas:
+            if replica.name not in took and check(replica):
+                took[replica.name] = time.monotonic() - start
+        elapsed = time.monotonic() - start
+        pending = [r.name for r in replicas if r.name not in took]
+        if pending and elapsed > timeout:
+            raise AssertionError(f"{pending} not there after {elapsed:.1f} s")
+        time.sleep(0.05)
+    return took
+
+
+def test_a_model_loaded_defaulted_and_unloaded_through_one_replica_reaches_the_others(cluster: Cluster) -> None:
+    first, second, third = cluster.replicas
+    assert all(served_models(cluster, r) == [MODEL] for r in cluster.replicas)
+    body = {"name": "extra", "path": default_model_path(), "dtype": "float32", "aliases": ["extra-alias"]}
+    started = time.monotonic()
+    assert cluster.call(first, "POST", "/admin/v1/models", body).status_code == 202
+    seconds_until_each([first], lambda r: model_state(cluster, r, "extra") != "loading", LOAD_TIMEOUT)
+    assert model_state(cluster, first, "extra") == "ready"
+    registered = time.monotonic()  # in the store: replica 1 records a model once it is ready
+
+    # The others take it up (start loading) within the bound, and serve it once loaded.
+    others = [second, third]
+    taken_up = seconds_until_each(
+        others, lambda r: model_state(cluster, r, "extra") in ("loading", "ready"), 2 * REGISTRY_BOUND_SECONDS
+    )
+    serving = seconds_until_each(others, lambda r: "extra" in served_models(cluster, r), LOAD_TIMEOUT, start=registered)
+    print(f"\nload on replica 1 alone: {registered - started:.2f} s; after that, taken up by the others in "
+          f"{taken_up} s, served by them (both loading at once) in {serving} s")
+    assert max(taken_up.values()) <= REGISTRY_BOUND_SECONDS, taken_up
+    for replica in others:
+        chat = {"model": "extra-alias", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        answer = cluster.call(replica, "POST", "/v1/chat/completions", chat)
+        assert answer.status_code == 200 and answer.json()["model"] == "extra", (replica.name, answer.text)
+    assert served_models(cluster, first).count("extra") == 1  # replica 1 did not load its own model twice
+
+    # A default set through replica 2 moves every replica's.
+    assert cluster.call(second, "POST", "/admin/v1/models/extra/default").status_code == 200
+    took = seconds_until_each([first, third], lambda r: default_model(cluster, r) == "extra", 2 * REGISTRY_BOUND_SECONDS)
+    assert max(took.values()) <= REGISTRY_BOUND_SECONDS, took
+
+    # An unload through replica 3 leaves every replica; the configured model stays, and is the default again.
+    assert cluster.call(third, "DELETE", "/admin/v1/models/extra").status_code == 204
+    took = seconds_until_each([first, second], lambda r: "extra" not in served_models(cluster, r), 2 * REGISTRY_BOUND_SECONDS)
+    assert max(took.values()) <= REGISTRY_BOUND_SECONDS, took
+    for replica in (first, second, third):
+        assert served_models(cluster, replica) == [MODEL] and default_model(cluster, replica) == MODEL
