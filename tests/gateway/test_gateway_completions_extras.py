@@ -14,36 +14,27 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-from starlette.testclient import TestClient
 
 from gateway.completions import FIM_TOKENS, fim_prompt, keep_best, mean_logprob
 from gateway.errors import UnsupportedParameter
 from gateway.plan import encode_prompts
 from gateway.protocol import CompletionRequest
 from gateway.settings import DEFAULT_MODEL_NAME
+from app_world import AppWorld, open_world
 from http_helpers import bearer, error_of
-from policy.store import PolicyStore, StoreSettings
 
 MODEL = DEFAULT_MODEL_NAME
 POLL = 0.05
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
-class World:
-    def __init__(self, store: PolicyStore, app: Any, client: TestClient, data_dir: Path) -> None:
-        self.store, self.app, self.client, self.data_dir = store, app, client, data_dir
-        self.n = 0
-
-    def tenant_key(self) -> tuple[Any, str]:
-        self.n += 1
-        record = self.store.create_tenant(f"c{self.n}")
-        return record, self.store.create_api_key(record.id, "k", "member")[1]
+class World(AppWorld):
+    tenant_prefix = "c"
 
     def post(self, key: str, path: str, **body: Any) -> Any:
         return self.client.post(path, json={"model": MODEL, **body}, headers=bearer(key))
@@ -52,10 +43,7 @@ class World:
         return self.post(key, "/v1/completions", **body)
 
     def events(self) -> dict[str, dict[str, Any]]:
-        deadline = time.monotonic() + 10
-        while self.app.state.traffic_tasks:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        self.settled()
         segments = sorted((self.data_dir / "audit" / "segments").glob("*.jsonl"))
         return {e["event"]["request_id"]: e["event"] for s in segments for line in s.read_text().splitlines()
                 if (e := json.loads(line))}  # fmt: skip
@@ -64,11 +52,8 @@ class World:
 @pytest.fixture(scope="module")
 def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     data_dir = tmp_path_factory.mktemp("completions")
-    store = PolicyStore.open(StoreSettings(), data_dir)
-    app = make_app(store, data_dir=str(data_dir), auth={"revocation_poll_seconds": POLL})
-    with TestClient(app) as client:
-        yield World(store, app, client, data_dir)
-    store.close()
+    with open_world(World, make_app, data_dir, auth={"revocation_poll_seconds": POLL}) as world:
+        yield world
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from app_world import AppWorld, open_world, wait_until
 from audit_support import make_event
 from gateway.settings import DEFAULT_MODEL_NAME, Settings
 from gateway.traffic import TrafficPolicy
@@ -29,28 +30,7 @@ MODEL = DEFAULT_MODEL_NAME
 POLL = 0.05  # the apps here re-read policies this often
 
 
-def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
-class World:
-    def __init__(self, store: PolicyStore, app: Any, client: TestClient, data_dir: Path) -> None:
-        self.store, self.app, self.client, self.data_dir = store, app, client, data_dir
-        self.n = 0
-
-    def tenant_key(self) -> tuple[Any, str]:
-        """A fresh tenant with a member key: policies of one test never touch another's."""
-        self.n += 1
-        tenant = self.store.create_tenant(f"t{self.n}")
-        return tenant, self.store.create_api_key(tenant.id, "k", "member")[1]
-
-    def settled(self) -> None:
-        """Rate-limit settlements run after the response; wait for them."""
-        wait_until(lambda: not self.app.state.traffic_tasks)
-
+class World(AppWorld):
     def policies_seen(self) -> None:
         time.sleep(3 * POLL)  # longer than the resolvers' poll interval
 
@@ -58,11 +38,8 @@ class World:
 @pytest.fixture(scope="module")
 def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     data_dir = tmp_path_factory.mktemp("traffic")
-    store = PolicyStore.open(StoreSettings(), data_dir)
-    app = make_app(store, data_dir=str(data_dir), auth={"revocation_poll_seconds": POLL})
-    with TestClient(app) as client:
-        yield World(store, app, client, data_dir)
-    store.close()
+    with open_world(World, make_app, data_dir, auth={"revocation_poll_seconds": POLL}) as world:
+        yield world
 
 
 def chat(world: World, key: str, content: str, **extra: Any) -> Any:

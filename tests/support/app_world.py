@@ -1,0 +1,55 @@
+"""An in-process app over its own SQLite store, shared by a test module: tenants of each test its own.
+
+``AppWorld`` holds the store, the app, its TestClient and its data directory;
+``open_world`` builds one (a module fixture's body) and closes the store after.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from starlette.testclient import TestClient
+
+from policy.store import PolicyStore, StoreSettings
+
+W = TypeVar("W", bound="AppWorld")
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+class AppWorld:
+    tenant_prefix = "t"
+
+    def __init__(self, store: PolicyStore, app: Any, client: TestClient, data_dir: Path) -> None:
+        self.store, self.app, self.client, self.data_dir = store, app, client, data_dir
+        self.n = 0
+
+    def tenant_key(self) -> tuple[Any, str]:
+        """A fresh tenant with a member key: policies of one test never touch another's."""
+        self.n += 1
+        tenant = self.store.create_tenant(f"{self.tenant_prefix}{self.n}")
+        return tenant, self.store.create_api_key(tenant.id, "k", "member")[1]
+
+    def settled(self) -> None:
+        """Rate-limit settlements (and the audit events after them) run after the response; wait for them."""
+        wait_until(lambda: not self.app.state.traffic_tasks)
+
+
+@contextmanager
+def open_world(cls: type[W], make_app: Any, data_dir: Path, **app_options: Any) -> Iterator[W]:
+    store = PolicyStore.open(StoreSettings(), data_dir)
+    app = make_app(store, data_dir=str(data_dir), **app_options)
+    try:
+        with TestClient(app) as client:
+            yield cls(store, app, client, data_dir)
+    finally:
+        store.close()
