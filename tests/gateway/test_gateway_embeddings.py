@@ -375,8 +375,8 @@ def test_a_remote_model_forwards_to_its_upstreams_embeddings(live_server: str, a
         assert refused.status_code == 400 and error_of(refused)["param"] == "dimensions", refused.text
         assert "upstream" in error_of(refused)["message"]
     finally:
+        model.shutdown()  # while the server's loop runs: the fleet's connections close in it
         stop_uvicorn(server, thread, sock)
-        model.shutdown()
         store.close()
     spool = tmp_path / "app" / "audit" / "segments"
     events = [json.loads(line)["event"] for s in spool.glob("*.jsonl") for line in s.read_text().splitlines()]
