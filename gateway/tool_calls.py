@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from gateway.tools import ToolPlan
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _HEAD = re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","arguments":')
 
 

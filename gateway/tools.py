@@ -37,7 +37,6 @@ refused (two grammars cannot both hold).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -331,5 +330,3 @@ def call_names(messages: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Call id -> function name, over the history's assistant messages (a template may want a tool message's name)."""
     return {c["id"]: c["function"]["name"] for m in messages for c in (m.get("tool_calls") or ())}
 
-
-NAME_RE = re.compile(NAME_PATTERN)

@@ -156,7 +156,7 @@ class RemoteEngine:
             else:
                 # Silent until the whole generation is done: no idle timeout, only timeout_seconds.
                 answer = await self.fleet.post(route, {**request.body, "stream": False}, affinity=request.affinity,
-                                               headers=request.headers, patient=True)  # fmt: skip
+                                               headers=request.headers, patient=True, key="choices")  # fmt: skip
                 yield decoder.whole(answer)
             self._finished_tokens += decoder.completion_tokens
         finally:

@@ -60,7 +60,6 @@ from backends.openai.health import EndpointState, EndpointStatus
 from backends.openai.routing import LeastOutstanding, PrefixRing
 from backends.openai.sse import EventReader
 from backends.openai.transport import (
-    KEEPALIVE_SECONDS,
     Answer,
     ConnectFailed,
     ConnectionLost,
@@ -70,7 +69,7 @@ from backends.openai.transport import (
     Transport,
 )
 
-__all__ = ["KEEPALIVE_SECONDS", "EndpointStatus", "Fleet", "FleetConfig"]
+__all__ = ["EndpointStatus", "Fleet", "FleetConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -225,14 +224,17 @@ class Fleet:
                 raw = await opened.answer.read(deadline)
 
     async def post(self, path: str, body: Mapping[str, Any], *, affinity: bytes | None = None,
-                   headers: Mapping[str, str] | None = None, patient: bool = False) -> dict[str, Any]:  # fmt: skip
+                   headers: Mapping[str, str] | None = None, patient: bool = False,
+                   key: str = "data") -> dict[str, Any]:  # fmt: skip
         """POST ``body`` to base + ``path`` and return the JSON object it answers.
 
         Placement, retries before the first byte, errors and headers as for
         ``stream``; the answer is read whole (up to ``MAX_JSON_ANSWER`` bytes),
         within ``timeout_seconds``, and must be a JSON object. ``patient``: the
         upstream works before it answers (a generation not streamed), so no
-        idle timeout bounds the wait for it, only ``timeout_seconds``.
+        idle timeout bounds the wait for it, only ``timeout_seconds``. ``key``: the
+        field every answer of ``path`` has (``data`` for embeddings, ``choices`` for a
+        generation); an ``error`` without it is the upstream's failure.
         """
         if self._closed:
             raise UpstreamUnavailable("the upstream fleet is closed", retry_after=1.0)
@@ -247,8 +249,7 @@ class Fleet:
                     endpoint.failed("answer too large")
                     raise UpstreamFailed(f"the upstream's answer is larger than {MAX_JSON_ANSWER // 2**20} MiB")
                 parts.append(raw)
-        return self._json_object(parts[0] if len(parts) == 1 else b"".join(parts), endpoint, "an answer", "data",
-                                 "in its answer")  # fmt: skip
+        return self._json_object(b"".join(parts), endpoint, "an answer", key, "in its answer")
 
     @contextlib.asynccontextmanager
     async def _reading(self, opened: _Opened, cut: str, where: str) -> AsyncIterator[EndpointState]:

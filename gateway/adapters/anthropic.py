@@ -286,7 +286,7 @@ class MessagesAdapter(ParsedRequest):
         return MessageStream(header)
 
     def error_end(self, exc: ApiError) -> bytes:
-        return named_event("error", anthropic_error(exc.status_code, exc.message, exc.code))
+        return named_event("error", anthropic_error(exc.status_code, exc.message, exc.code, exc.param))
 
 
 def _function(tool: dict[str, Any]) -> dict[str, Any]:
@@ -377,4 +377,4 @@ class MessageStream:
         return [*self._stop(), named_event("message_delta", delta), end]
 
     def failed(self, exc: ApiError) -> bytes:
-        return named_event("error", anthropic_error(exc.status_code, exc.message, exc.code))
+        return named_event("error", anthropic_error(exc.status_code, exc.message, exc.code, exc.param))

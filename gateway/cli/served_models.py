@@ -15,6 +15,7 @@ import argparse
 import json
 from typing import Any
 
+from backends.base import POOLINGS
 from gateway.cli.client import add_client_options, admin_call, show
 from gateway.cli.common import EXIT_OK, ClientError
 
@@ -84,7 +85,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     load.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
     load.add_argument("--alias", action="append", metavar="NAME", help="another name for it (repeatable)")
     load.add_argument("--default", action="store_true", help="make it the default model once loaded")
-    load.add_argument("--pooling", choices=("mean", "last"), help="embedding: pool the final hidden states by "
+    load.add_argument("--pooling", choices=POOLINGS, help="embedding: pool the final hidden states by "
                       "their mean or the last token's (default: mean)")  # fmt: skip
     load.add_argument("--no-normalize", dest="normalize", action="store_const", const=False,
                       help="embedding: leave vectors unnormalised (default: unit L2 norm)")  # fmt: skip
