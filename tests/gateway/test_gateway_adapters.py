@@ -542,6 +542,6 @@ def test_both_apis_front_a_model_an_upstream_serves(world: World, key: str, oa: 
             text = "".join(e.delta.text for e in streamed if e.type == "content_block_delta")  # type: ignore[union-attr]
             assert text == whole.content[0].text and streamed[-1].type == "message_stop"  # type: ignore[union-attr]
     finally:
+        model.shutdown()  # while the server's loop runs: the fleet's connections close in it
         stop_uvicorn(server, thread, sock)
-        model.shutdown()
         store.close()
