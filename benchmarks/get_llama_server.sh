@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build llama.cpp's `llama-server` (the peer for benchmarks/bench_serving.py) from the
+# Build llama.cpp's `llama-server` (the peer for benchmarks/bench_serving.py) and
+# `llama-perplexity` (the accuracy peer for benchmarks/bench_perplexity.py) from the
 # llama.cpp source vendored inside the PyPI source distribution of llama-cpp-python.
 #
 # Only PyPI is contacted (via pip). The embedded web UI is disabled: recent llama.cpp
 # otherwise tries to download prebuilt UI assets from huggingface.co at build time.
 # Everything is built outside the repo, under
 #   ${INFERFLUX_CACHE:-~/.cache/inferflux}/llama.cpp/
-# Idempotent: if the binary already exists, it only prints its path.
+# Idempotent: if both binaries already exist, it only prints their paths.
 #
 # Env overrides:
 #   PIP                   pip to use (default: <repo>/.venv/bin/pip, else `python3 -m pip`)
@@ -17,10 +18,12 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${INFERFLUX_CACHE:-$HOME/.cache/inferflux}/llama.cpp"
 BIN="$CACHE/build/bin/llama-server"
+PPL_BIN="$CACHE/build/bin/llama-perplexity"
 JOBS="${JOBS:-2}"
 
-if [[ -x "$BIN" ]]; then
+if [[ -x "$BIN" && -x "$PPL_BIN" ]]; then
   echo "llama-server already built: $BIN"
+  echo "llama-perplexity already built: $PPL_BIN"
   exit 0
 fi
 
@@ -73,14 +76,18 @@ nice -n 19 cmake -S "$CACHE/src" -B "$CACHE/build" \
   -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_TOOLS=ON \
   -DLLAMA_BUILD_UI=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF \
   -DBUILD_SHARED_LIBS=OFF
-echo "[get_llama_server] building target llama-server with -j$JOBS (nice 19) ..."
-nice -n 19 cmake --build "$CACHE/build" --config Release --target llama-server -j"$JOBS"
+echo "[get_llama_server] building targets llama-server llama-perplexity with -j$JOBS (nice 19) ..."
+nice -n 19 cmake --build "$CACHE/build" --config Release --target llama-server llama-perplexity -j"$JOBS"
 end=$(date +%s)
 
-[[ -x "$BIN" ]] || { echo "error: build finished but $BIN is missing" >&2; exit 1; }
+for b in "$BIN" "$PPL_BIN"; do
+  [[ -x "$b" ]] || { echo "error: build finished but $b is missing" >&2; exit 1; }
+done
 echo "[get_llama_server] build took $((end - start)) s"
 "$BIN" --version 2>&1 | head -n 4 || true
 echo "llama-server built: $BIN"
+echo "llama-perplexity built: $PPL_BIN"
