@@ -106,6 +106,27 @@ class BlockManager:
     def num_cached_blocks(self) -> int:
         return len(self.cached)
 
+    def kv_slots(self, seqs: Iterable[Sequence]) -> tuple[int, int]:
+        """(used, allocated) token slots: positions of ``seqs`` holding computed KV, and
+        the slots of every block in use (``num_used_blocks * block_size``).
+
+        Their ratio is the cache's utilisation: what paging wastes is the unfilled
+        tail of each sequence's last block, plus room taken for tokens not yet run
+        (a draft, a prefill chunk). A block shared through the prefix cache counts
+        once, however many tables name it.
+        """
+        bs = self.block_size
+        filled: dict[int, int] = {}
+        for seq in seqs:
+            computed = seq.num_computed_tokens
+            for i, block_id in enumerate(seq.block_table):
+                n = min(bs, computed - i * bs)
+                if n <= 0:
+                    break
+                if n > filled.get(block_id, 0):
+                    filled[block_id] = n
+        return sum(filled.values()), self.num_used_blocks * bs
+
     def blocks_needed(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)
 

@@ -258,7 +258,10 @@ class LLMEngine(EngineEmbeddings):
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
+        used, allocated = bm.kv_slots(self.scheduler.running)
         return EngineStats(
+            kv_slots_used=used,
+            kv_slots_allocated=allocated,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
             waiting_per_tenant=dict(self.scheduler.queued),

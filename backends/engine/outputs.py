@@ -74,6 +74,9 @@ class EngineStats:
     num_waiting_embeddings: int = 0
     embeddings_waiting_per_tenant: dict[str | None, int] = field(default_factory=dict)
     num_tokens_embedded: int = 0  # input tokens run for embeddings, total
+    # Token slots holding computed KV of running sequences, and slots of the blocks in use (BlockManager.kv_slots).
+    kv_slots_used: int = 0
+    kv_slots_allocated: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -83,3 +86,8 @@ class EngineStats:
     @property
     def kv_cache_usage(self) -> float:
         return self.num_blocks_used / self.num_blocks_total if self.num_blocks_total else 0.0
+
+    @property
+    def kv_slot_utilisation(self) -> float:
+        """Used / allocated KV slots (1.0 with nothing allocated: no slot is wasted)."""
+        return self.kv_slots_used / self.kv_slots_allocated if self.kv_slots_allocated else 1.0

@@ -55,6 +55,11 @@ def test_metrics_after_requests(live_server: str, auth_headers: dict[str, str]) 
     used = _sample(text, "inferflux_kv_blocks_used", model=MODEL)
     free = _sample(text, "inferflux_kv_blocks_free", model=MODEL)
     assert used is not None and free is not None and free > 0
+    slots_used = _sample(text, "inferflux_kv_slots_used", model=MODEL)
+    slots_allocated = _sample(text, "inferflux_kv_slots_allocated", model=MODEL)
+    utilisation = _sample(text, "inferflux_kv_slot_utilisation", model=MODEL)
+    assert slots_used is not None and slots_allocated is not None and utilisation is not None
+    assert 0 <= slots_used <= slots_allocated and 0 <= utilisation <= 1
 
 
 def test_livez_and_readyz(live_server: str) -> None:

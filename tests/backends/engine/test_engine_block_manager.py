@@ -115,3 +115,27 @@ def test_random_alloc_grow_free_keeps_books_balanced(num_blocks, block_size, ops
     for s in live.values():
         bm.free(s)
     assert bm.num_free_blocks == num_blocks
+
+
+def test_kv_slots_count_computed_positions_over_blocks_in_use():
+    bm = BlockManager(num_blocks=10, block_size=4, enable_prefix_caching=True)
+    assert bm.kv_slots([]) == (0, 0)
+    a = seq(9)  # 3 blocks (12 slots), 9 positions computed
+    bm.allocate(a)
+    assert bm.kv_slots([a]) == (0, 12)  # nothing computed yet: allocated, all unused
+    a.num_computed_tokens = 9
+    assert bm.kv_slots([a]) == (9, 12)
+    a.append_token(50)
+    bm.append_slots(a, 5)  # room for a 5-token draft: positions 9..13, one more block
+    assert bm.kv_slots([a]) == (9, 16)
+    bm.commit(a)  # its two full blocks join the prefix cache
+    # b shares a's two full blocks (8 slots, counted once) and computes 2 positions of its own.
+    b = Sequence(1, "r1", list(range(1, 9)) + [77, 78], SamplingParams(), max_tokens=1000)
+    bm.allocate(b)
+    assert b.block_table[:2] == a.block_table[:2] and b.num_computed_tokens == 8
+    b.num_computed_tokens = 10
+    used, allocated = bm.kv_slots([a, b])
+    assert (used, allocated) == (9 + 2, 20)  # a's 9 + b's own tail 2; blocks: a's 4, b's 1
+    bm.free(a)
+    bm.free(b)
+    assert bm.kv_slots([]) == (0, 0)
