@@ -278,3 +278,53 @@ class AuditCheckpointRow(Base):
     hash: Mapped[str] = mapped_column(String(64))
     at: Mapped[datetime] = mapped_column(UTCDateTime)
     signature: Mapped[str] = mapped_column(String(64))
+
+
+class ModelPrice(Base):
+    """What a model's tokens cost (``policy.usage.cost``): micro-dollars per million prompt and completion tokens.
+
+    Keyed by the served model's name, not a foreign key: models come and go from
+    the configuration file as well as the registry, and a price set before a
+    model is loaded is kept for when it is.
+    """
+
+    __tablename__ = "model_prices"
+
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    prompt_micros_per_million: Mapped[int] = mapped_column(BigInteger)
+    completion_micros_per_million: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class UsageRow(Base):
+    """Usage rolled up from the audit trail (``policy.usage.rollup``), in the indexer's transaction.
+
+    One row per grain (``day``, or ``minute`` for the last day), bucket, tenant,
+    key, model and refusal reason ('' for a request that was answered); each
+    indexed event adds to its rows, so the rows are the sum of the indexed events.
+    No foreign key, like the events: usage outlives its tenant.
+    """
+
+    __tablename__ = "usage_rollup"
+    __table_args__ = (Index(None, "tenant_id", "grain", "bucket"), Index(None, "grain", "bucket"))
+
+    grain: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bucket: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(64), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
+class BudgetAlert(Base):
+    """A budget threshold (50, 80, 100 %) crossed in one period: the row makes its audit event once across replicas."""
+
+    __tablename__ = "budget_alerts"
+
+    counter: Mapped[str] = mapped_column(String(255), primary_key=True)  # the limiter's counter, period included
+    threshold: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -18,6 +18,9 @@ from policy.store.models import Base
 
 TABLES = {
     "store_meta",
+    "model_prices",
+    "usage_rollup",
+    "budget_alerts",
     "tenants",
     "api_keys",
     "oidc_providers",
@@ -46,7 +49,7 @@ def tables(engine: Engine) -> set[str]:
 def test_upgrade_downgrade_upgrade(engine: Engine) -> None:
     assert migrate.current(engine) is None
     migrate.upgrade(engine)
-    assert migrate.current(engine) == migrate.head() == "0008"
+    assert migrate.current(engine) == migrate.head() == "0009"
     assert tables(engine) == TABLES
     migrate.upgrade(engine)  # at head already: nothing to do
     migrate.downgrade(engine, "base")
