@@ -2,7 +2,9 @@
 
 The build goes through ``torch.utils.cpp_extension`` (a C++ compiler and
 ``ninja``, which the ``cpu`` extra installs) into torch's extension cache, so
-later processes load the cached library at once. Where the build is not
+later processes load the cached library at once. Every ``.cpp`` file in this
+directory goes into the one library: ``kernels.h`` declares each kernel and
+``bindings.cpp`` (the only file with a ``PYBIND11_MODULE``) exposes it. Where the build is not
 possible, ``load()`` returns None and says why in ``load_error()``; callers fall
 back to the PyTorch reference kernels in ``kernels.reference``.
 """
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
+SOURCE_DIR = Path(__file__).parent
 # Off switch, for comparing against the reference path and for machines where
 # the build misbehaves.
 DISABLE_ENV = "INFERFLUX_CPU_KERNELS"
@@ -52,6 +54,11 @@ def load_error() -> str | None:
     return _error
 
 
+def sources() -> list[str]:
+    """The C++ files of the extension: all of this directory's, in a stable order."""
+    return [str(p) for p in sorted(SOURCE_DIR.glob("*.cpp"))]
+
+
 def _build() -> ModuleType:
     if os.environ.get(DISABLE_ENV, "1").strip().lower() in {"0", "off", "false", "no"}:
         raise RuntimeError(f"disabled by {DISABLE_ENV}")
@@ -62,8 +69,9 @@ def _build() -> ModuleType:
     # -march=native: the library is built on, and cached for, the machine that runs it.
     return cpp_extension.load(
         name="inferflux_cpu_kernels",
-        sources=[str(SOURCE)],
+        sources=sources(),
         extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        extra_include_paths=[str(SOURCE_DIR)],
         verbose=False,
     )
 

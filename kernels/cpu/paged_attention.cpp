@@ -6,7 +6,7 @@
 // (sequence, KV head) pair streams its blocks once, scores every query of its
 // group against each key while the row is hot, and accumulates the values the
 // same way. Arithmetic is float32 whatever the cache holds.
-#include <torch/extension.h>
+#include "kernels.h"
 
 #include <ATen/Parallel.h>
 
@@ -197,9 +197,4 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
     run<float>(qc, k_cache, v_cache, tables, lens, starts, scale, out);
   }
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention", &paged_attention,
-        "Causal attention of a few query tokens per sequence over the paged KV cache");
 }
