@@ -6,6 +6,9 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
     port: 8080
     data_dir: ~/.local/share/inferflux
     log_level: info
+    log_format: text        # text | json: one JSON object a line (request id, trace id, tenant; never a secret)
+    tracing:                # OpenTelemetry (gateway.tracing); OTEL_* variables configure exporter, endpoint, sampler
+      enabled: false
     backend: auto           # default for models that name none: auto (the priority chain) or a backend name
     runtime:
       backend_priority: [cuda, metal, cpu, mlx]   # the chain 'auto' walks (default: backends.registry.default_priority)
@@ -96,6 +99,8 @@ Environment variables (each sets the key beside it):
     INFERFLUX_PORT                   port
     INFERFLUX_DATA_DIR               data_dir
     INFERFLUX_LOG_LEVEL              log_level
+    INFERFLUX_LOG_FORMAT             log_format
+    INFERFLUX_TRACING                tracing.enabled (true/false)
     INFERFLUX_BACKEND                backend
     INFERFLUX_BACKEND_PRIORITY       runtime.backend_priority (comma separated)
     INFERFLUX_DTYPE                  dtype
@@ -141,6 +146,7 @@ from gateway.settings.sections import (
     RuntimeSettings,
     ServerSettings,
     SpeculativeSettings,
+    TracingSettings,
     parse_size,
 )
 
@@ -165,6 +171,7 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "SpeculativeSettings",
+    "TracingSettings",
     "default_data_dir",
     "ensure_data_dir",
     "load_settings",

@@ -33,6 +33,8 @@ ENV_KEYS: dict[str, str] = {
     "INFERFLUX_PORT": "port",
     "INFERFLUX_DATA_DIR": "data_dir",
     "INFERFLUX_LOG_LEVEL": "log_level",
+    "INFERFLUX_LOG_FORMAT": "log_format",
+    "INFERFLUX_TRACING": "tracing.enabled",
     "INFERFLUX_BACKEND": "backend",
     "INFERFLUX_BACKEND_PRIORITY": "runtime.backend_priority",
     "INFERFLUX_DTYPE": "dtype",

@@ -18,6 +18,7 @@ from gateway.settings.sections import (
     EmbeddingSettings,
     EngineSettings,
     InputLimitSettings,
+    LogFormat,
     LogLevel,
     ModelEntry,
     ModelRegistrySettings,
@@ -25,6 +26,7 @@ from gateway.settings.sections import (
     RuntimeSettings,
     ServerSettings,
     SpeculativeSettings,
+    TracingSettings,
     UpstreamPolicySettings,
 )
 from policy.store.config import StoreSettings
@@ -46,6 +48,7 @@ class Settings(BaseModel):
     port: int = Field(default=8080, ge=1, le=65535)
     data_dir: Path = Field(default_factory=default_data_dir)
     log_level: LogLevel = "info"
+    log_format: LogFormat = "text"
     # "auto": the first available backend of runtime.backend_priority (see backends.registry).
     backend: str = Field(default="auto", min_length=1)
     dtype: Dtype = "auto"
@@ -67,13 +70,14 @@ class Settings(BaseModel):
     server: ServerSettings = Field(default_factory=ServerSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     upstreams: UpstreamPolicySettings = Field(default_factory=UpstreamPolicySettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
 
     @field_validator("data_dir", mode="before")
     @classmethod
     def _expand(cls, value: Any) -> Any:
         return Path(value).expanduser() if isinstance(value, str | Path) else value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value

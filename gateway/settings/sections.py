@@ -40,6 +40,7 @@ def parse_size(value: Any) -> Any:
 ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 Dtype = Literal["auto", "float32", "bfloat16"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+LogFormat = Literal["text", "json"]  # json: one object a line (gateway.structured_logs)
 
 
 class SpeculativeSettings(BaseModel):
@@ -364,6 +365,15 @@ class ServerSettings(BaseModel):
     # terminationGracePeriodSeconds, 30 s by default): the process exits a few
     # seconds after it.
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=3600)
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces (``gateway.tracing``); the standard ``OTEL_*`` variables configure the
+    exporter, endpoint, service name, sampler and propagators."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
 
 
 class InputLimitSettings(BaseModel):
