@@ -42,9 +42,11 @@ from policy.errors import StoreUnavailable, ValidationFailed
 from policy.ids import random_id
 from policy.store.config import StoreSettings
 from policy.store.db import create_store_engine
-from policy.store.models import AuditCheckpointRow, AuditEventRow
+from policy.store.models import AuditCheckpointRow, AuditEventRow, ModelPrice, UsageRow
 from policy.store.pagination import paginate
 from policy.store.records import Page
+from policy.usage import rollup
+from policy.usage.cost import Price
 
 log = logging.getLogger("inferflux.policy.audit")
 
@@ -129,6 +131,8 @@ class AuditStore:
                 new = [row for event_id, row in rows.items() if event_id not in present]
                 if new:
                     session.execute(AuditEventRow.__table__.insert(), new)  # type: ignore[attr-defined]
+                    # In the same transaction: usage is the sum of the indexed events, exactly.
+                    _roll_up(session, [row["record"]["event"] for row in new])
         except IntegrityError:
             # Not a re-delivery (those are found by id above): another event holds one of these
             # (chain, seq), so another spool writes this chain. Retrying cannot help; say why.
@@ -290,6 +294,15 @@ class Retention(Worker):
             except Exception as exc:  # the store is down: next interval
                 log.error("audit retention failed: %s", exc)
             self._stop.wait(self._interval)
+
+
+def _roll_up(session: Session, events: list[dict[str, Any]]) -> None:
+    if not any(event.get("kind") == "api" and event.get("tenant_id") for event in events):
+        return
+    prices = {row.model: Price(row.prompt_micros_per_million, row.completion_micros_per_million)
+              for row in session.scalars(select(ModelPrice))}  # fmt: skip
+    rows = rollup.increments(events, prices.get, datetime.now(UTC))
+    rollup.add(session, UsageRow.__table__, rows)  # type: ignore[arg-type]
 
 
 def _row(spooled: SpooledRecord) -> dict[str, Any] | None:

@@ -1,0 +1,107 @@
+"""The usage rollup on SQLite and PostgreSQL: indexed audit events add up, exactly once; prices; money arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from audit_support import make_event
+
+from policy.audit.events import AuditEvent
+from policy.audit.spool import Spool, SpoolSettings
+from policy.audit.store import AuditStore
+from policy.errors import NotFound, ValidationFailed
+from policy.store import PolicyStore, StoreSettings
+from policy.usage import Price, UsageStore, cost_micros, format_usd, parse_usd
+
+
+@pytest.fixture
+def stores(store_settings: StoreSettings, data_dir: Path) -> Iterator[tuple[AuditStore, UsageStore, PolicyStore]]:
+    with PolicyStore.open(store_settings, data_dir) as policy:
+        audit = AuditStore.open(store_settings, data_dir)
+        yield audit, UsageStore(audit.engine), policy
+        audit.close()
+
+
+def index(tmp_path: Path, audit: AuditStore, events: list[AuditEvent], chain: str = "gw-a") -> None:
+    with Spool.open(SpoolSettings(tmp_path / chain, chain_id=chain)) as spool:
+        start = spool.durable_cursor()
+        assert all(r.wait(10) for r in [spool.append(e) for e in events])
+        records, _ = spool.read(start, max_records=10_000)
+    audit.index(records)
+    audit.index(records)  # a re-delivery adds nothing
+
+
+def test_money_is_exact() -> None:
+    assert parse_usd("0.15", "p") == 150_000 and parse_usd(2, "p") == 2_000_000
+    assert format_usd(150) == "0.000150" and format_usd(2_500_000) == "2.500000"
+    for bad in (0.1, "abc", "1.0000001", "-1", True, "NaN", None):
+        with pytest.raises(ValidationFailed):
+            parse_usd(bad, "p")
+    price = Price(prompt=150_000, completion=600_000)  # $0.15 and $0.60 per 1M tokens
+    assert cost_micros(1_000_000, 0, price) == 150_000
+    assert cost_micros(1, 0, price) == 1  # rounded up per request, never free
+    assert cost_micros(10, 20, price) == 14  # (1.5 + 12) micro-dollars, up
+    assert cost_micros(10, 20, None) == 0
+
+
+def test_usage_is_the_sum_of_indexed_events(tmp_path: Path, stores: tuple[AuditStore, UsageStore, PolicyStore]) -> None:
+    audit, usage, _ = stores
+    usage.set_price("smollm2", Price(1_000_000, 2_000_000))  # $1 / $2 per 1M: 1 and 2 micro-dollars a token
+    now = datetime.now(UTC).replace(microsecond=0)
+    events = [
+        make_event("ten_a", at=now, prompt_tokens=10, completion_tokens=5),
+        make_event("ten_a", at=now, prompt_tokens=7, completion_tokens=3, model="other"),
+        make_event("ten_b", at=now, prompt_tokens=1, completion_tokens=1),
+        make_event("ten_a", "deny", at=now, prompt_tokens=None, completion_tokens=None, status=429,
+                   reasons=("rate limit: requests_per_minute (tenant)",)),
+        make_event("ten_a", "deny", at=now, prompt_tokens=None, completion_tokens=None, status=429, request_id=None,
+                   reasons=("rate limit: requests_per_minute (tenant)",), detail={"aggregated": 4}),
+        make_event("ten_a", at=now - timedelta(days=3), prompt_tokens=100, completion_tokens=0),
+    ]
+    index(tmp_path, audit, events)
+    index(tmp_path, audit, [make_event("ten_a", at=now, prompt_tokens=2, completion_tokens=2)], chain="gw-b")
+
+    items, more = usage.query(tenant_id="ten_a", group_by=("tenant",), since=now - timedelta(days=1))
+    assert not more and len(items) == 1
+    today = items[0]
+    assert (today.requests, today.prompt_tokens, today.completion_tokens) == (1 + 1 + 1 + 4 + 1, 19, 10)
+    assert today.cost_micros == (10 + 10) + (2 + 4)  # "other" has no price
+    assert today.refusals == {"rate limit: requests_per_minute (tenant)": 5}
+
+    by_model, _ = usage.query(tenant_id="ten_a", group_by=("model",), since=now - timedelta(days=1))
+    assert {i.group["model"]: i.prompt_tokens for i in by_model if i.prompt_tokens} == {"other": 7, "smollm2": 12}
+
+    everyone, _ = usage.query(tenant_id=None, group_by=("tenant", "key"), since=now - timedelta(days=1))
+    assert {(i.group["tenant"], i.group["key"]): i.requests for i in everyone} == {
+        ("ten_a", "ten_a-k1"): 8, ("ten_b", "ten_b-k1"): 1}
+    old, _ = usage.query(tenant_id="ten_a", until=now - timedelta(days=1))
+    assert [i.prompt_tokens for i in old] == [100]
+
+    minutes, _ = usage.query(tenant_id="ten_a", grain="minute", group_by=())
+    assert sum(i.requests for i in minutes) == 8  # the three-day-old event has no minute row
+    assert usage.prune_minutes(now + timedelta(hours=25)) >= 1
+    assert usage.query(tenant_id="ten_a", grain="minute")[0] == []
+
+    page, more = usage.query(tenant_id=None, group_by=("tenant",), limit=1)
+    assert more and len(page) == 1
+
+
+def test_prices_and_alerts(stores: tuple[AuditStore, UsageStore, PolicyStore]) -> None:
+    _, usage, policy = stores
+    version = policy.policy_version()
+    record, created = usage.set_price("m", Price(1, 2))
+    assert created and record.price == Price(1, 2) and policy.policy_version() > version  # replicas reload
+    _, created = usage.set_price("m", Price(3, 4))
+    assert not created and usage.get_price("m").price == Price(3, 4) and list(usage.prices()) == ["m"]
+    usage.delete_price("m")
+    with pytest.raises(NotFound):
+        usage.get_price("m")
+    with pytest.raises(NotFound):
+        usage.delete_price("m")
+    assert usage.claim_alert("{ten}:t:spend:2026-11", 50)
+    assert not usage.claim_alert("{ten}:t:spend:2026-11", 50)
+    assert usage.claim_alert("{ten}:t:spend:2026-11", 80)
