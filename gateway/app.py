@@ -14,7 +14,8 @@ Middleware order, outermost first::
     ExceptionMiddleware        ApiError (GatewayError, PolicyError) -> OpenAI-shaped JSON
     routes                     each requires its scope (gateway.authz)
 
-Only /livez, /readyz and /metrics answer without credentials.
+Only /livez, /readyz and /metrics answer without credentials; /console
+(gateway.console) signs its users in itself and calls the admin routes for them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from starlette.routing import Route
 from gateway.adapters import AnthropicErrors
 from gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
 from gateway.authz import requires
+from gateway.console import Console
 from gateway.context import RequestContextMiddleware, get_context
 from gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
 from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
@@ -163,6 +165,7 @@ def create_app(
         *health.routes(),
         Route("/metrics", metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Console(store, authenticator, metrics).mount(),
     ]
     middleware = [
         Middleware(RequestContextMiddleware),

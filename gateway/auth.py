@@ -57,6 +57,9 @@ T = TypeVar("T")
 # Routes that answer without credentials: probes and the scrape endpoint.
 PUBLIC_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
 
+# The web console (gateway.console) authenticates its own requests, by a session cookie.
+CONSOLE_PREFIX = "/console"
+
 # The tenant whose principals may hold platform-admin (created at bootstrap).
 PLATFORM_TENANT = "platform"
 
@@ -392,7 +395,9 @@ class AuthMiddleware:
         self.public_paths = frozenset(public_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.public_paths:
+        path = scope.get("path", "")
+        console = path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
+        if scope["type"] != "http" or path in self.public_paths or console:
             await self.app(scope, receive, send)
             return
         ctx = get_context(scope)

@@ -1,0 +1,21 @@
+"""The web console at ``/console``: server-rendered pages over the admin API, for operators and tenant admins.
+
+``Console.mount()`` is a Starlette ``Mount``; ``gateway.app`` serves it and
+leaves its authentication to it (``AuthMiddleware`` skips ``/console``, whose
+callers hold a session cookie rather than a bearer credential). Every read and
+change goes through the admin API's own route (``gateway.console.dispatch``),
+so RBAC, validation, the other-tenant 404 and the audit record are the API's.
+
+Unauthenticated: a page (GET) redirects to ``/console/login``; a data
+endpoint (``/console/api/...``, ``/console/live/events``) and a form post
+answer 401 JSON, as the API would. A form post needs the session's CSRF token
+(403 ``csrf_failed`` otherwise). The routes are in ``gateway.console.views``;
+sessions in ``sessions``, the CSP and its reports in ``security``, OIDC sign-in
+in ``oidc``.
+"""
+
+from __future__ import annotations
+
+from gateway.console.views import Console
+
+__all__ = ["Console"]

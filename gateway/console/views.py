@@ -1,0 +1,378 @@
+"""The console's routes: sign-in and out, the resource pages and their forms, data, usage, the live panel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from gateway.auth import Authenticator
+from gateway.console.dispatch import API_PREFIX, ApiAnswer, call_api
+from gateway.console.oidc import BINDING_COOKIE, OidcLogin, continue_page
+from gateway.console.pages import Page, cell, find_action, find_page, form_body, menu
+from gateway.console.security import REPORT_PATH, CspReports, SecurityHeaders
+from gateway.console.sessions import (
+    COOKIE,
+    LOGIN_COOKIE,
+    Session,
+    SessionStore,
+    clear_cookie,
+    csrf_matches,
+    set_cookie,
+)
+from gateway.context import get_context
+from gateway.errors import render_error
+from gateway.metrics import GatewayMetrics
+from gateway.state import state_of
+from policy.errors import ApiError, AuthenticationError, PolicyError
+from policy.rbac import Principal, Scope
+from policy.store import PolicyStore
+
+_HERE = Path(__file__).parent
+_MAX_FORM = 256 * 1024
+_NEXT = re.compile(r"/console/[A-Za-z0-9/_.-]{0,500}")
+LIVE_SECONDS = 300.0  # one live-panel stream; the browser's EventSource reconnects after it
+
+
+class CsrfFailed(PolicyError):
+    status_code = 403
+    error_type = "permission_error"
+    default_code = "csrf_failed"
+
+
+def _safe_next(value: str | None) -> str:
+    """Where to go after signing in: a console path only (no open redirect)."""
+    if value and _NEXT.fullmatch(value) and "//" not in value:
+        return value
+    return "/console/"
+
+
+class Console:
+    def __init__(self, store: PolicyStore, authenticator: Authenticator, metrics: GatewayMetrics) -> None:
+        self.sessions = SessionStore(store, authenticator)
+        self.reports = CspReports()
+        self.oidc = OidcLogin(store)
+        self.metrics = metrics
+        self.templates = Environment(loader=FileSystemLoader(_HERE / "templates"),
+                                     autoescape=select_autoescape(default=True))  # fmt: skip
+        self.templates.filters["cell"] = cell
+        metrics.gauge("inferflux_console_csp_violations", "CSP violations browsers reported from console pages",
+                      lambda: float(self.reports.count))  # fmt: skip
+        metrics.gauge("inferflux_console_sessions", "Console sessions open on this replica",
+                      lambda: float(len(self.sessions)))  # fmt: skip
+
+    def mount(self) -> Mount:
+        routes: list[BaseRoute] = [
+            Route("/", self._page(self.home), methods=["GET"]),
+            Route("/login", self.login_form, methods=["GET"]),
+            Route("/login", self.login, methods=["POST"]),
+            Route("/logout", self._action(self.logout), methods=["POST"]),
+            Route("/oidc/callback", self.oidc_callback, methods=["GET"]),
+            Route("/oidc/{provider_id}/start", self.oidc_start, methods=["GET"]),
+            Route(REPORT_PATH.removeprefix("/console"), self.reports.receive, methods=["POST"]),
+            Route("/live", self._page(self.live), methods=["GET"]),
+            Route("/live/events", self._data(self.live_events), methods=["GET"]),
+            Route("/usage", self._page(self.usage), methods=["GET"]),
+            Route("/api/{path:path}", self._data(self.data), methods=["GET"]),
+            Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="console-static"),
+            Route("/{path:path}", self._page(self.resource), methods=["GET"]),
+            Route("/{path:path}", self._action(self.act), methods=["POST"]),
+        ]
+        return Mount("/console", app=SecurityHeaders(_Router(routes)))
+
+    # -- who is calling ---------------------------------------------------------
+
+    async def _session(self, request: Request) -> Session | None:
+        session = await self.sessions.resolve(request.cookies.get(COOKIE))
+        if session is not None:
+            get_context(request).principal = session.principal
+        return session
+
+    def _page(self, view: Callable[[Request, Session], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """A page: without a live session, a redirect to the sign-in page."""
+
+        async def page(request: Request) -> Response:
+            session = await self._session(request)
+            if session is None:
+                return RedirectResponse("/console/login?next=" + quote(request.url.path), status_code=303)
+            return await view(request, session)
+
+        return page
+
+    def _data(self, view: Callable[[Request, Session], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """A data endpoint: without a live session, the API's 401."""
+
+        async def data(request: Request) -> Response:
+            session = await self._session(request)
+            if session is None:
+                return _unauthenticated(request)
+            return await view(request, session)
+
+        return data
+
+    def _action(
+        self, view: Callable[[Request, Session, dict[str, str]], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """A form post: a live session (401 JSON), this session's CSRF token and a same-origin request (403)."""
+
+        async def action(request: Request) -> Response:
+            session = await self._session(request)
+            if session is None:
+                return _unauthenticated(request)
+            form = await _form(request)
+            if not csrf_matches(session.csrf, form.get("csrf")) or not _same_origin(request):
+                return render_error(CsrfFailed("The form's CSRF token is missing or wrong; reload the page"),
+                                    get_context(request).request_id)  # fmt: skip
+            return await view(request, session, form)
+
+        return action
+
+    # -- rendering --------------------------------------------------------------
+
+    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        session: Session | None = context.pop("session", None)
+        principal = session.principal if session else None
+        html = self.templates.get_template(template).render(
+            principal=principal, menu=menu(principal) if principal else [], csrf=session.csrf if session else "",
+            path=request.url.path, **context,
+        )  # fmt: skip
+        return HTMLResponse(html, status_code=status)
+
+    def failure(self, request: Request, session: Session | None, answer: ApiAnswer, title: str) -> HTMLResponse:
+        error = answer.error
+        return self.render(request, "error.html", answer.status, session=session, title=title,
+                           message=error.get("message", f"HTTP {answer.status}"), code=error.get("code"))  # fmt: skip
+
+    # -- sign-in ----------------------------------------------------------------
+
+    async def login_form(self, request: Request, *, status: int = 200, message: str = "") -> Response:
+        token = request.cookies.get(LOGIN_COOKIE) or _token()
+        providers = await self.oidc.providers()
+        response = self.render(request, "login.html", status, title="Sign in", login_csrf=token, message=message,
+                               next=_safe_next(request.query_params.get("next")), providers=providers)  # fmt: skip
+        set_cookie(response, request, LOGIN_COOKIE, token, 3600)
+        return response
+
+    async def login(self, request: Request) -> Response:
+        form = await _form(request)
+        expected = request.cookies.get(LOGIN_COOKIE)
+        if not expected or not csrf_matches(expected, form.get("csrf")) or not _same_origin(request):
+            return render_error(CsrfFailed("The sign-in form's CSRF token is missing or wrong; reload the page"),
+                                get_context(request).request_id)  # fmt: skip
+        try:
+            principal = await state_of(request).authenticator.authenticate(None, form.get("api_key", ""))
+        except AuthenticationError as exc:
+            return await self.login_form(request, status=exc.status_code, message=exc.message)
+        return self._signed_in(request, principal, None, form.get("next"))
+
+    def _signed_in(self, request: Request, principal: Principal, id_token: str | None, next_path: str | None) -> Response:
+        get_context(request).principal = principal
+        cookie, _ = self.sessions.open(principal, id_token=id_token)
+        target = _safe_next(next_path)
+        # Back from an identity provider's site: a page of ours moves on (see continue_page).
+        response = continue_page(target) if id_token else RedirectResponse(target, status_code=303)
+        set_cookie(response, request, COOKIE, cookie, int(self.sessions.lifetime))
+        clear_cookie(response, request, LOGIN_COOKIE)
+        return response
+
+    async def logout(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        self.sessions.close(request.cookies.get(COOKIE))
+        response = RedirectResponse("/console/login", status_code=303)
+        clear_cookie(response, request, COOKIE)
+        return response
+
+    async def oidc_start(self, request: Request) -> Response:
+        try:
+            return await self.oidc.start(request, request.path_params["provider_id"])
+        except ApiError as exc:
+            return await self.login_form(request, status=exc.status_code, message=exc.message)
+
+    async def oidc_callback(self, request: Request) -> Response:
+        try:
+            id_token, next_path = await self.oidc.finish(request)
+            principal = await state_of(request).authenticator.authenticate(f"Bearer {id_token}", None)
+        except ApiError as exc:
+            return await self.login_form(request, status=exc.status_code, message=exc.message)
+        response = self._signed_in(request, principal, id_token, next_path)
+        clear_cookie(response, request, BINDING_COOKIE)
+        return response
+
+    # -- pages ------------------------------------------------------------------
+
+    async def home(self, request: Request, session: Session) -> Response:
+        answer = await call_api(request, "GET", API_PREFIX + "/whoami")
+        if not answer.ok:
+            return self.failure(request, session, answer, "Home")
+        return self.render(request, "home.html", session=session, title="Home", whoami=answer.json())
+
+    async def resource(self, request: Request, session: Session, **extra: Any) -> Response:
+        found = find_page(request.path_params["path"])
+        if found is None:
+            answer = ApiAnswer(404, json.dumps({"error": {"message": f"No console page {request.url.path}",
+                                                          "code": "not_found"}}).encode(), "application/json")
+            return self.failure(request, session, answer, "Not found")
+        page, values = found
+        answer = await call_api(request, "GET", _api_path(page, values), query=page.query)
+        if not answer.ok:
+            return self.failure(request, session, answer, page.title)
+        rows = answer.json().get("data", [])
+        return self.render(request, "resource.html", extra.pop("status", 200), session=session, title=page.title,
+                           page=page, rows=rows, base=request.url.path.rstrip("/"), **extra)  # fmt: skip
+
+    async def act(self, request: Request, session: Session, form: dict[str, str]) -> Response:
+        path = request.path_params["path"]
+        created = find_page(path)
+        if created is not None and created[0].create:
+            page, values = created
+            body, raw = form_body(page, form)
+            answer = await call_api(request, "POST", _api_path(page, values), body, raw=raw)
+            base = path
+        else:
+            found = find_action(path)
+            if found is None:
+                return render_error(_no_route(request), get_context(request).request_id)
+            page, values, item, action = found
+            target = _api_path(page, values) + "/" + quote(item, safe="")
+            if action.api_suffix:
+                target += "/" + action.api_suffix
+            answer = await call_api(request, action.method, target)
+            base = path.rsplit("/", 2)[0]
+        request.path_params["path"] = base
+        if not answer.ok:
+            return await self.resource(request, session, status=answer.status,
+                                       message=answer.error.get("message", f"HTTP {answer.status}"))  # fmt: skip
+        data = answer.json()
+        if isinstance(data, dict) and isinstance(data.get("key"), str):
+            # A new key: shown in this answer only (not stored, not in a redirect's URL), never again.
+            return await self.resource(request, session, secret=data["key"], secret_prefix=data.get("prefix"))
+        return RedirectResponse("/console/" + base, status_code=303)
+
+    async def data(self, request: Request, session: Session) -> Response:
+        """``GET /admin/v1/<path>``'s answer as it is: status and JSON."""
+        query = dict(request.query_params)
+        answer = await call_api(request, "GET", API_PREFIX + "/" + request.path_params["path"], query=query)
+        return Response(answer.body, status_code=answer.status, media_type=answer.content_type or None)
+
+    async def usage(self, request: Request, session: Session) -> Response:
+        principal = session.principal
+        query = {} if principal.is_platform_admin else {"tenant_id": principal.tenant_id}
+        answer = await call_api(request, "GET", API_PREFIX + "/usage", query=query)
+        if answer.status == 404 and answer.error.get("message", "").startswith("No route"):
+            return self.render(request, "usage.html", session=session, title="Usage", missing=True, rows=[])
+        if not answer.ok:
+            return self.failure(request, session, answer, "Usage")
+        rows = [r for r in (answer.json() or {}).get("data", []) if isinstance(r, dict)]
+        numeric = [k for k in (rows[0] if rows else {}) if isinstance(rows[0][k], int | float)
+                   and not isinstance(rows[0][k], bool)]  # fmt: skip
+        bar = numeric[-1] if numeric else None
+        top = max((float(r.get(bar) or 0) for r in rows), default=0.0) if bar else 0.0
+        return self.render(request, "usage.html", session=session, title="Usage", missing=False, rows=rows,
+                           columns=list(rows[0]) if rows else [], bar=bar, top=top or 1.0)  # fmt: skip
+
+    async def live(self, request: Request, session: Session) -> Response:
+        return self.render(request, "live.html", session=session, title="Live")
+
+    async def live_events(self, request: Request, session: Session) -> Response:
+        """Server-sent events, one a second: each model's queue, running sequences, KV blocks, tokens/s."""
+        try:
+            session.principal.require(Scope.READ)
+        except PolicyError as exc:
+            return render_error(exc, get_context(request).request_id)
+        state = state_of(request)
+        allowed = session.principal.allowed_models
+
+        async def events() -> AsyncIterator[bytes]:
+            end = time.monotonic() + LIVE_SECONDS
+            last, last_at = _tokens(self.metrics), time.monotonic()
+            while time.monotonic() < end and not state.drain.draining:
+                now, tokens = time.monotonic(), _tokens(self.metrics)
+                rate = {m: (tokens.get(m, 0.0) - last.get(m, 0.0)) / max(now - last_at, 1e-3) for m in tokens}
+                last, last_at = tokens, now
+                models = []
+                for model in state.manager:
+                    if allowed is not None and model.name not in allowed:
+                        continue
+                    stats = model.engine.stats()
+                    models.append({"model": model.name, "waiting": stats.num_waiting, "running": stats.num_running,
+                                   "kv_used": stats.num_blocks_used, "kv_free": stats.num_blocks_free,
+                                   "tokens_per_second": round(rate.get(model.name, 0.0), 2)})  # fmt: skip
+                yield f"data: {json.dumps({'at': time.time(), 'models': models})}\n\n".encode()
+                await asyncio.sleep(1.0)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+
+
+class _Router:
+    """The console's routes as an ASGI app (a Router, with the app's own 404/405 answers)."""
+
+    def __init__(self, routes: list[BaseRoute]) -> None:
+        from starlette.routing import Router
+
+        self.router = Router(routes)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.router(scope, receive, send)
+
+
+def _api_path(page: Page, values: dict[str, str]) -> str:
+    path = API_PREFIX + "/" + page.pattern
+    for name, value in values.items():
+        path = path.replace("{" + name + "}", quote(value, safe=""))
+    return path
+
+
+def _tokens(metrics: GatewayMetrics) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in metrics.completion_tokens.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[sample.labels["model"]] = sample.value
+    return out
+
+
+def _token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+def _unauthenticated(request: Request) -> Response:
+    error = AuthenticationError("Authentication is required: sign in at /console/login", code="missing_credentials")
+    return render_error(error, get_context(request).request_id)
+
+
+def _no_route(request: Request) -> ApiError:
+    from gateway.errors import NotFound
+
+    return NotFound(f"No route for {request.method} {request.url.path}")
+
+
+def _same_origin(request: Request) -> bool:
+    """An Origin header, when the browser sends one, names this host (SameSite=Strict already keeps the cookie home)."""
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    host = request.headers.get("host", "")
+    return origin.split("://", 1)[-1] == host
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An urlencoded form (the console's forms are no more), bounded; the last of a repeated field."""
+    body = await request.body()
+    if len(body) > _MAX_FORM:
+        return {}
+    try:
+        return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=64))
+    except (UnicodeDecodeError, ValueError):
+        return {}
