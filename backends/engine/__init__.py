@@ -26,7 +26,7 @@ from .errors import (
 )
 from .guided import GuidedSpec
 from .llm_engine import DEFAULT_KV_CACHE_BYTES, EngineConfig, LLMEngine
-from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
 from .request import EngineRequest
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -59,6 +59,7 @@ __all__ = [
     "LLMEngine",
     "PromptTooLongError",
     "RequestOutput",
+    "RequestTimings",
     "Sampler",
     "SamplingParams",
     "SamplingParamsError",

@@ -29,8 +29,9 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .embedding import EmbeddingJob, EmbeddingQueue, EmbeddingRequest, EmbeddingResult
@@ -53,6 +54,7 @@ class _Stream:
 class _Add:
     stream: _Stream
     request: EngineRequest
+    arrived: float = field(default_factory=time.perf_counter)  # handed over: its queue wait starts here
 
 
 @dataclass
@@ -274,7 +276,7 @@ class AsyncEngine:
                 self._embeddings.add(cmd.job)
             elif isinstance(cmd, _Add):
                 try:
-                    self.engine.add(cmd.request)
+                    self.engine.add(cmd.request, arrived=cmd.arrived)
                 except Exception as exc:
                     outbox.put(cmd.stream, exc)
                 else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,7 +34,7 @@ from .errors import (
     PromptTooLongError,
 )
 from .guided import GrammarCompiler
-from .outputs import EngineStats, RequestOutput, TokenLogprob
+from .outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
 from .prompt_logprobs import entries, prompt_rows, score_rows
 from .request import EngineRequest
 from .sampler import SampleResult, Sampler
@@ -187,8 +188,9 @@ class LLMEngine(EngineEmbeddings):
             raise DuplicateRequestError(request_id)
         self.add(self.make_request(request_id, prompt_token_ids, *args, **kwargs))
 
-    def add(self, request: EngineRequest) -> None:
-        """Queue a request ``make_request`` checked (on this engine); only its id's uniqueness is checked here."""
+    def add(self, request: EngineRequest, arrived: float | None = None) -> None:
+        """Queue a request ``make_request`` checked (on this engine); only its id's uniqueness is checked here.
+        ``arrived``: when it was handed over (``time.perf_counter()``; default now), its timings' start."""
         if request.engine_id != id(self):
             raise InvalidRequestError("the request was checked by another engine", param=None)
         if request.request_id in self._requests:
@@ -200,6 +202,7 @@ class LLMEngine(EngineEmbeddings):
             priority=request.priority, arrival=seq_id, cache_salt=request.cache_salt, tenant=request.tenant,
             weight=request.weight,
         )
+        seq.arrived_at = time.perf_counter() if arrived is None else arrived
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, request.prompt, request.params, self.eos_token_ids)
         if request.grammar is not None:
             seq.guide = request.grammar.guide()
@@ -381,6 +384,7 @@ class LLMEngine(EngineEmbeddings):
     def _push(self, seq: Sequence, token_id: int) -> str | None:
         """Append one token; its finish reason if it ends the sequence."""
         seq.append_token(token_id)
+        seq.first_token_at = seq.first_token_at or time.perf_counter()
         if seq.guide is not None:
             seq.guide.consume(token_id)  # the grammar's state follows the output, and nothing else
         detok = seq.detokenizer
@@ -406,6 +410,8 @@ class LLMEngine(EngineEmbeddings):
             logprobs=[self._logprob(s) for s in samples] if seq.params.logprobs else None,
             prompt_logprobs=self._take_prompt_logprobs(seq),
             stop_string=seq.detokenizer.stop_string if reason == "stop" else None,
+            timings=None if reason is None else RequestTimings(
+                seq.arrived_at, seq.admitted_at, seq.first_token_at, time.perf_counter()),
         )
 
     @staticmethod

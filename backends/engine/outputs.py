@@ -21,6 +21,17 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class RequestTimings:
+    """When a request reached each stage, as ``time.perf_counter()`` readings (the gateway's traces
+    take its queue wait, prefill and decode from these)."""
+
+    arrived: float  # handed to the engine
+    admitted: float  # first scheduled into a batch
+    first_token: float  # its first token sampled
+    finished: float  # its last token sampled
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """One request's progress in one step (deltas, not totals).
 
@@ -44,6 +55,7 @@ class RequestOutput:
     # The stop string that ended the text (finish_reason "stop"); None when an end-of-sequence or
     # stop token did, or for any other finish (Anthropic's stop_sequence, vLLM's stop_reason).
     stop_string: str | None = None
+    timings: RequestTimings | None = None  # in a request's last output, unless it was aborted
 
 
 @dataclass(frozen=True)

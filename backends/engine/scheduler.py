@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -292,6 +293,7 @@ class Scheduler:
 
     def _join_running(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.RUNNING
+        seq.admitted_at = seq.admitted_at or time.perf_counter()  # the first admission; a resumed one keeps it
         bisect.insort(self.running, seq, key=_key)
         self.seats[seq.tenant] += 1
         self._admissions += 1

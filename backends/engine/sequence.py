@@ -73,6 +73,11 @@ class Sequence:
         self.tenant = tenant
         self.weight = weight
         self.status = SequenceStatus.WAITING
+        # time.perf_counter() when it was handed to the engine, first scheduled and got its first
+        # token (0.0: not yet): its last output's RequestTimings.
+        self.arrived_at = 0.0
+        self.admitted_at = 0.0
+        self.first_token_at = 0.0
 
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)

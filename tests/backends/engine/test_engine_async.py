@@ -224,3 +224,17 @@ def test_start_lets_the_backend_release_the_loading_threads_resources():
         assert calls == [threading.current_thread()]
     finally:
         a.shutdown(timeout=5)
+
+
+async def test_last_output_carries_the_request_timings_in_order(aengine):
+    """Queue wait, prefill and decode (the gateway's trace stages) come from these: each moment at or
+    after the one before, arrival no earlier than the hand-over, and only the last output has them."""
+    a, _ = aengine()
+    handed = time.perf_counter()
+    outputs = await collect(a.generate("timed", [1, 2, 3, 4, 5], greedy(6, ignore_eos=True)))
+    got = time.perf_counter()
+    assert all(out.timings is None for out in outputs[:-1])
+    t = outputs[-1].timings
+    assert t is not None
+    assert handed <= t.arrived <= t.admitted <= t.first_token <= t.finished <= got
+    assert t.finished > t.first_token  # six tokens: decoding took some steps
