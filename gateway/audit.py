@@ -89,7 +89,8 @@ class AuditMiddleware:
                         return
                     await send(start)
                 elif refused is not None:  # a stream: it ends in error, not with a bare [DONE], when not on record
-                    message = {**message, "body": sse_error_end(refused)}
+                    error_end = get_context(scope).stream_error_end or sse_error_end
+                    message = {**message, "body": error_end(refused)}
             await send(message)
 
         try:

@@ -12,11 +12,15 @@ import re
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from policy.errors import ApiError
 
 SCOPE_KEY = "inferflux.context"
 REQUEST_ID_HEADER = "x-request-id"
@@ -47,6 +51,9 @@ class RequestContext:
     reasons: list[str] = field(default_factory=list)  # why a policy refused, if one did
     usage: tuple[int, int] | None = None  # prompt and completion tokens
     tool_calls: list[str] = field(default_factory=list)  # the functions the answer called (names only)
+    # How this call's SSE stream ends in error, once its headers are gone: each API frames it its own
+    # way (OpenAI's [DONE], the Responses and Messages APIs' events). Set by the streaming response.
+    stream_error_end: Callable[[ApiError], bytes] | None = None
 
 
 def get_context(conn: HTTPConnection | Scope) -> RequestContext:

@@ -142,6 +142,7 @@ class SSEResponse:
             await on_close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        get_context(scope).stream_error_end = self.error_end  # the audit layer ends it this way too
         await send(
             {
                 "type": "http.response.start",

@@ -418,6 +418,35 @@ def test_opa_is_told_each_route(world: World) -> None:
     assert "no messages here" in denied.value.body["error"]["message"]  # type: ignore[index]
 
 
+@pytest.mark.parametrize(("path", "body", "last_event"), [
+    ("/v1/messages", {"max_tokens": 6, "messages": [{"role": "user", "content": QUESTION}]}, "error"),
+    ("/v1/responses", {"max_output_tokens": 6, "input": QUESTION}, "response.failed"),
+])  # fmt: skip
+def test_a_stream_the_audit_refuses_at_its_end_ends_in_its_own_apis_error(
+    world: World, key: str, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any], last_event: str
+) -> None:
+    """The audit layer holds a stream's last event until the call is on record; when the trail refuses it
+    (a full spool, say) the stream ends in that API's error framing, never in OpenAI's ``[DONE]``."""
+    from policy.audit.errors import AuditUnavailable
+
+    async def refuse(*_: Any, **__: Any) -> None:
+        raise AuditUnavailable("the audit spool is full")
+
+    monkeypatch.setattr(world.app.state.audit_trail, "record", refuse)  # a fault on the live trail, this call only
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.stream("POST", f"{world.url}{path}", json={**body, "model": MODEL, "stream": True, **GREEDY},
+                      headers=headers, timeout=120) as response:  # fmt: skip
+        assert response.status_code == 200
+        lines = list(response.iter_lines())
+    monkeypatch.undo()
+    events = [line[len("event: "):] for line in lines if line.startswith("event: ")]
+    data = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    assert events[-1] == last_event, events
+    assert "[DONE]" not in data
+    error = next(json.loads(d) for d, e in zip(data, events) if e == "error")
+    assert "audit_unavailable" in json.dumps(error), error
+
+
 def test_one_audit_event_each_naming_the_route(world: World) -> None:
     tenant, key = world.tenant_key()
     ok = world.post("/v1/responses", key, {"model": MODEL, "input": "my e-mail is someone@example.com",
