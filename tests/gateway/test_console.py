@@ -1,0 +1,191 @@
+"""The web console over HTTP (no browser): it answers as the API would, and its sessions, CSRF and headers hold.
+
+The browser test is test_console_browser.py; OIDC sign-in is test_console_oidc.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from admin_seed import Seeded, seed_store
+from console_support import CSRF, console_app, key_of, sign_in
+from http_helpers import error_of
+
+from gateway.console.security import CSP
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Seeded, Any]]:
+    data_dir: Path = tmp_path_factory.mktemp("console")
+    seeded = seed_store(data_dir)
+    app = console_app(seeded.store, data_dir / "app")
+    try:
+        with TestClient(app):  # one lifespan (audit trail, authenticator) for the module
+            yield seeded, app
+    finally:
+        seeded.store.close()
+
+
+def client_of(app: Any, base_url: str = "http://testserver") -> TestClient:
+    return TestClient(app, base_url=base_url)  # a cookie jar of its own; the app is already started
+
+
+def test_unauthenticated_pages_redirect_and_data_answers_as_the_api(world: tuple[Seeded, Any]) -> None:
+    seeded, app = world
+    client = client_of(app)
+    page = client.get(f"/console/tenants/{seeded.acme.id}/keys", follow_redirects=False)
+    assert page.status_code == 303
+    assert page.headers["location"] == f"/console/login?next=/console/tenants/{seeded.acme.id}/keys"
+    api = client.get(f"/admin/v1/tenants/{seeded.acme.id}/keys")
+    data = client.get(f"/console/api/tenants/{seeded.acme.id}/keys")
+    assert api.status_code == data.status_code == 401
+    assert error_of(data)["code"] == error_of(api)["code"] == "missing_credentials"
+    assert error_of(data)["type"] == error_of(api)["type"]
+    before = len(seeded.store.list_api_keys(seeded.acme.id).items)
+    form = client.post(f"/console/tenants/{seeded.acme.id}/keys", data={"csrf": "x", "name": "n", "role": "member"})
+    assert form.status_code == 401 and error_of(form)["code"] == "missing_credentials"
+    live = client.get("/console/live/events")
+    assert live.status_code == 401
+    assert len(seeded.store.list_api_keys(seeded.acme.id).items) == before
+    # A wrong key on the sign-in form: the API's 401 and message, on the form.
+    token = CSRF.search(client.get("/console/login").text).group(1)  # type: ignore[union-attr]
+    refused = client.post("/console/login", data={"csrf": token, "api_key": "ifx_" + "0" * 40})
+    assert refused.status_code == 401 and "Invalid, expired or revoked API key" in refused.text
+
+
+def test_cross_tenant_and_platform_routes_answer_as_the_api(world: tuple[Seeded, Any]) -> None:
+    seeded, app = world
+    client = client_of(app)
+    sign_in(client, key_of(seeded.acme_admin))
+    for path in (f"tenants/{seeded.globex.id}/keys", f"tenants/{seeded.globex.id}/audit", "tenants/ten_missing/keys",
+                 "tenants", "models", f"tenants/{seeded.globex.id}/role-bindings"):
+        api = client.get(f"/admin/v1/{path}", headers=seeded.acme_admin)
+        data = client.get(f"/console/api/{path}")
+        assert api.status_code == data.status_code == 404, (path, data.text)
+        assert data.json() == api.json(), path
+        page = client.get(f"/console/{path}")
+        assert page.status_code == 404, path
+        assert error_of(api)["message"] in page.text.replace("&#39;", "'"), path
+    # A change aimed at another tenant: the API's 404, and nothing changed.
+    csrf = CSRF.search(client.get("/console/").text).group(1)  # type: ignore[union-attr]
+    before = len(seeded.store.list_api_keys(seeded.globex.id).items)
+    posted = client.post(f"/console/tenants/{seeded.globex.id}/keys", data={"csrf": csrf, "name": "x", "role": "member"})
+    assert posted.status_code == 404
+    assert len(seeded.store.list_api_keys(seeded.globex.id).items) == before
+    # Its own tenant: the page lists what the API lists.
+    own = client.get(f"/admin/v1/tenants/{seeded.acme.id}/keys", headers=seeded.acme_admin).json()["data"]
+    page = client.get(f"/console/tenants/{seeded.acme.id}/keys")
+    assert page.status_code == 200
+    assert page.text.count("<tr data-id=") == len(own) and all(k["prefix"] in page.text for k in own)
+
+
+def test_forms_get_the_api_validation_and_a_new_key_is_shown_once(world: tuple[Seeded, Any]) -> None:
+    seeded, app = world
+    client = client_of(app)
+    csrf = sign_in(client, key_of(seeded.acme_admin))
+    keys = f"/console/tenants/{seeded.acme.id}/keys"
+    for body in ({"name": "k", "role": "platform-admin"}, {"name": "k", "role": "nobody"},
+                 {"name": "k", "role": "member", "expires_in_seconds": "5"}):
+        api = client.post(f"/admin/v1/tenants/{seeded.acme.id}/keys", headers=seeded.acme_admin,
+                          json={k: int(v) if k.startswith("expires") else v for k, v in body.items()})  # fmt: skip
+        page = client.post(keys, data={"csrf": csrf, **body})
+        assert page.status_code == api.status_code and api.status_code in (400, 403, 422), (body, page.text)
+        assert error_of(api)["message"] in page.text.replace("&#39;", "'").replace("&#34;", '"'), body
+    created = client.post(keys, data={"csrf": csrf, "name": "once", "role": "viewer"})
+    assert created.status_code == 200 and 'id="new-key-value"' in created.text
+    secret = created.text.split('id="new-key-value"')[0].rsplit('value="', 1)[1].split('"')[0]
+    assert client.get("/admin/v1/whoami", headers={"authorization": f"Bearer {secret}"}).status_code == 200
+    assert secret not in client.get(keys).text and 'id="new-key-value"' not in client.get(keys).text
+    assert created.headers["cache-control"] == "no-store"
+
+
+def test_csrf_is_required_and_bound_to_the_session(world: tuple[Seeded, Any]) -> None:
+    seeded, app = world
+    alice, bob = client_of(app), client_of(app)
+    alice_csrf = sign_in(alice, key_of(seeded.acme_admin))
+    bob_csrf = sign_in(bob, key_of(seeded.acme_admin))
+    assert alice_csrf != bob_csrf
+    keys = f"/console/tenants/{seeded.acme.id}/keys"
+    before = len(seeded.store.list_api_keys(seeded.acme.id).items)
+    for data, headers in (({}, {}), ({"csrf": bob_csrf}, {}), ({"csrf": alice_csrf}, {"origin": "https://evil.example"})):
+        refused = alice.post(keys, data={"name": "n", "role": "member", **data}, headers=headers)
+        assert refused.status_code == 403 and error_of(refused)["code"] == "csrf_failed", data
+    assert alice.post(keys, data={"csrf": alice_csrf, "name": "n", "role": "member"},
+                      headers={"origin": "http://testserver"}).status_code == 200  # fmt: skip
+    assert len(seeded.store.list_api_keys(seeded.acme.id).items) == before + 1
+    # Sign-in's double-submit token: a form without the cookie's token is refused.
+    fresh = client_of(app)
+    refused = fresh.post("/console/login", data={"csrf": "forged", "api_key": key_of(seeded.acme_admin)})
+    assert refused.status_code == 403 and error_of(refused)["code"] == "csrf_failed"
+    # Signing out needs the token too.
+    assert alice.post("/console/logout", data={}).status_code == 403
+    assert alice.post("/console/logout", data={"csrf": alice_csrf}, follow_redirects=False).status_code == 303
+    assert alice.get("/console/", follow_redirects=False).status_code == 303
+
+
+def test_security_headers_and_cookie_flags(world: tuple[Seeded, Any]) -> None:
+    seeded, app = world
+    client = client_of(app)
+    sign_in(client, key_of(seeded.acme_admin))
+    for path in ("/console/login", "/console/", f"/console/tenants/{seeded.globex.id}/keys", "/console/nowhere",
+                 "/console/static/console.js", "/console/api/whoami"):
+        headers = client.get(path).headers
+        assert headers["content-security-policy"] == CSP, path
+        assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "no-referrer"
+    for directive in ("default-src 'self'", "script-src 'self'", "style-src 'self'", "frame-ancestors 'none'",
+                      "report-uri /console/csp-report"):
+        assert directive in CSP
+    assert "unsafe-inline" not in CSP and "unsafe-eval" not in CSP
+    for base_url, secure in (("http://testserver", False), ("https://testserver", True)):
+        fresh = client_of(app, base_url)
+        token = CSRF.search(fresh.get("/console/login").text).group(1)  # type: ignore[union-attr]
+        answer = fresh.post("/console/login", data={"csrf": token, "api_key": key_of(seeded.acme_admin)},
+                            follow_redirects=False)  # fmt: skip
+        cookie = next(c for c in answer.headers.get_list("set-cookie") if c.startswith("inferflux_console="))
+        flags = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+        assert {"httponly", "path", "samesite", "max-age"} <= flags and "samesite=strict" in cookie.lower()
+        assert ("secure" in flags) is secure, cookie
+        value = cookie.split(";")[0].split("=", 1)[1]
+        assert len(value) >= 40 and key_of(seeded.acme_admin) not in cookie
+
+
+def test_a_revoked_key_ends_its_session_and_the_key_is_never_logged(
+    world: tuple[Seeded, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    seeded, app = world
+    record, key = seeded.store.create_api_key(seeded.acme.id, "short-lived", "tenant-admin")
+    client = client_of(app)
+    with caplog.at_level(logging.DEBUG):
+        sign_in(client, key)
+    assert key not in caplog.text
+    assert client.get(f"/console/tenants/{seeded.acme.id}/keys").status_code == 200
+    revoked = client.post(f"/admin/v1/tenants/{seeded.acme.id}/keys/{record.id}/revoke", headers=seeded.acme_admin)
+    assert revoked.status_code == 200
+    assert client.get(f"/console/tenants/{seeded.acme.id}/keys", follow_redirects=False).status_code == 303
+    assert client.get("/console/api/whoami").status_code == 401
+
+
+def test_csp_reports_are_recorded(world: tuple[Seeded, Any]) -> None:
+    _, app = world
+    client = client_of(app)
+    before = _violations(client)
+    report = {"csp-report": {"document-uri": "http://testserver/console/", "violated-directive": "script-src-elem",
+                             "blocked-uri": "inline"}}  # fmt: skip
+    answer = client.post("/console/csp-report", content=__import__("json").dumps(report),
+                         headers={"content-type": "application/csp-report"})  # fmt: skip
+    assert answer.status_code == 204
+    assert _violations(client) == before + 1
+    assert client.post("/console/csp-report", content=b"not json").status_code == 400
+
+
+def _violations(client: TestClient) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("inferflux_console_csp_violations "):
+            return float(line.split()[1])
+    raise AssertionError("no inferflux_console_csp_violations gauge")
