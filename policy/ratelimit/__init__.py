@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from policy.ratelimit.checks import Backend, BackendUnavailable, Dimension, Level
-from policy.ratelimit.errors import QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
+from policy.ratelimit.errors import BudgetExceeded, QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
 from policy.ratelimit.headers import RateLimitInfo, Usage
-from policy.ratelimit.limiter import Admission, Denial, FixedLimits, Handle, LimitSource, RateLimiter
+from policy.ratelimit.limiter import Admission, BudgetCrossing, Denial, FixedLimits, Handle, LimitSource, RateLimiter
 from policy.ratelimit.memory import MemoryBackend
 from policy.ratelimit.resolver import (
     DEFAULT_SCHEDULING,
@@ -40,6 +40,8 @@ __all__ = [
     "Admission",
     "Backend",
     "BackendUnavailable",
+    "BudgetCrossing",
+    "BudgetExceeded",
     "Denial",
     "Dimension",
     "EffectiveLimits",

@@ -36,12 +36,17 @@ class Dimension(StrEnum):
     CONCURRENCY = "concurrent_requests"
     DAY = "tokens_per_day"
     MONTH = "tokens_per_month"
+    SPEND = "spend_micros_per_month"
+    BUDGET_TOKENS = "budget_tokens_per_month"
 
     @property
     def kind(self) -> str:
-        """How it is counted: ``w`` sliding window, ``c`` concurrency leases, ``q`` period quota."""
+        """How it is counted: ``w`` sliding window, ``c`` concurrency leases, ``q`` period quota, ``b`` budget
+        (a period counter like a quota's, which admits while it is below its limit: the crossing request runs)."""
         if self in (Dimension.REQUESTS, Dimension.TOKENS):
             return "w"
+        if self in (Dimension.SPEND, Dimension.BUDGET_TOKENS):
+            return "b"
         return "c" if self is Dimension.CONCURRENCY else "q"
 
 
@@ -88,9 +93,11 @@ class Backend(Protocol):
         ...
 
     async def settle(
-        self, checks: Sequence[Check], lease_id: str, reserved_at: float, token_delta: int, now: float
-    ) -> None:
-        """Correct token counters by ``token_delta`` (real minus estimate); release the leases."""
+        self, checks: Sequence[Check], lease_id: str, reserved_at: float, token_delta: int, now: float,
+        spend_delta: int = 0,
+    ) -> list[int]:
+        """Correct token counters by ``token_delta`` (real minus estimate), the spend counters by ``spend_delta``;
+        release the leases. Returns the budget (``b``) counters' values after the correction, in ``checks`` order."""
         ...
 
     async def renew(self, leases: Sequence[tuple[str, Sequence[Check]]], expires_at: float, now: float) -> None:

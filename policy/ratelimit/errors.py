@@ -47,3 +47,9 @@ class RateLimiterUnavailable(PolicyError):
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         super().__init__(message, headers={"retry-after": str(retry_after)})
+
+
+class BudgetExceeded(QuotaExceeded):
+    """429: a monthly spend or token budget is spent (100 %); refused until the month renews or an admin raises it."""
+
+    default_code = "budget_exceeded"

@@ -53,25 +53,19 @@ from typing import NamedTuple, Protocol
 from policy.bounded import remember
 from policy.errors import ValidationFailed
 from policy.ratelimit.background import every, stop
-from policy.ratelimit.checks import (
-    Backend,
-    BackendUnavailable,
-    Check,
-    CheckResult,
-    Dimension,
-    Level,
-    bucket_expiry,
-    bucket_of,
-    millis,
-)
-from policy.ratelimit.errors import QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
-from policy.ratelimit.headers import RateLimitInfo, Usage, duration, retry_after_seconds, tightest
+from policy.ratelimit.checks import Backend, BackendUnavailable, Check, Dimension, Level
+from policy.ratelimit.errors import RateLimiterUnavailable
+from policy.ratelimit.headers import RateLimitInfo
+from policy.ratelimit.outcomes import BudgetCrossing, Denial, denial_of, info_of
 from policy.ratelimit.resolver import EffectiveLimits, Limits, Scheduling
 from policy.rbac import Principal
+from policy.usage.cost import Price, cost_micros
 
 log = logging.getLogger("inferflux.policy.ratelimit")
 
 LOG_EVERY = 10.0  # seconds between two log lines about a failing backend
+BUDGET_THRESHOLDS = (50, 80, 100)  # percent of a budget whose crossing is reported (on_budget)
+MAX_ALERTS_KEPT = 10_000
 
 
 class LimitSource(Protocol):
@@ -116,6 +110,10 @@ class Handle:
     reserved_at: float  # the limiter's clock
     counted: bool  # False: admitted without counting (no limits, or fail-open)
     started: float = field(default_factory=time.monotonic)
+    price: Price | None = None  # the model's, for the spend counters
+    estimated_cost: int = 0  # micro-dollars charged to the spend counters at admission
+    tenant_id: str = ""
+    subject: str | None = None  # the caller's key id or subject
     settled: bool = False
 
 
@@ -129,53 +127,6 @@ class Admission:
     @property
     def headers(self) -> dict[str, str]:
         return self.info.headers()
-
-
-@dataclass(frozen=True, slots=True)
-class Denial:
-    """The request must not run: which limit, for whom, and when to try again."""
-
-    dimension: Dimension
-    level: Level
-    limit: int
-    used: int
-    requested: int
-    retry_after: float  # seconds
-    info: RateLimitInfo
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {**self.info.headers(), "retry-after": str(retry_after_seconds(self.retry_after))}
-
-    def error(self) -> RateLimited:
-        """The 429 to answer with: ``rate_limit_exceeded`` (type requests/tokens) or ``insufficient_quota``."""
-        whose = "this tenant" if self.level is Level.TENANT else "this API key or user"
-        wait = f"Please try again in {duration(self.retry_after)}."
-        if self.dimension in (Dimension.DAY, Dimension.MONTH):
-            period = "day" if self.dimension is Dimension.DAY else "month"
-            return QuotaExceeded(
-                f"You exceeded the token quota of {whose} for the {period} (UTC): limit {self.limit}, "
-                f"used {self.used}, requested {self.requested}. The quota renews in {duration(self.retry_after)}.",
-                headers=self.headers,
-            )
-        if self.dimension is Dimension.CONCURRENCY:
-            return RateLimited(
-                f"Too many concurrent requests for {whose}: limit {self.limit}. {wait}", headers=self.headers
-            )
-        unit = "requests" if self.dimension is Dimension.REQUESTS else "tokens"
-        if self.requested > self.limit:
-            message = (
-                f"Request too large for {whose}: it may use {self.requested} tokens, more than the limit of "
-                f"{self.limit} tokens per minute. Lower max_tokens or shorten the prompt."
-            )
-        else:
-            message = (
-                f"Rate limit reached for {whose} on {unit} per minute: limit {self.limit}, used {self.used}, "
-                f"requested {self.requested}. {wait}"
-            )
-        if self.dimension is Dimension.TOKENS:
-            return TokensRateLimited(message, headers=self.headers)
-        return RateLimited(message, headers=self.headers)
 
 
 def period_of(dimension: Dimension, now: float) -> tuple[str, float]:
@@ -252,6 +203,7 @@ class RateLimiter:
         fail_open: bool = False,
         retry_backend_after: float = 1.0,
         on_failure: Callable[[str], None] | None = None,
+        on_budget: Callable[[BudgetCrossing], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not window_seconds > 0 or buckets < 1 or not lease_seconds > 0:
@@ -266,6 +218,8 @@ class RateLimiter:
         self.fail_open = fail_open
         self.retry_backend_after = retry_backend_after
         self.on_failure = on_failure
+        self.on_budget = on_budget
+        self._alerted: dict[tuple[str, int], bool] = {}  # (counter, threshold) reported by this process
         self.backend_failures = 0  # every backend call that failed or was skipped as down
         self._clock = clock
         self._down_until = float("-inf")  # monotonic
@@ -308,7 +262,7 @@ class RateLimiter:
         return (await self.limits.limits_for(principal)).scheduling
 
     async def check_and_reserve(
-        self, principal: Principal, *, prompt_tokens: int, max_tokens: int | None = None
+        self, principal: Principal, *, prompt_tokens: int, max_tokens: int | None = None, price: Price | None = None
     ) -> Admission | Denial:
         """Admit (and charge) the request, or say which limit refuses it.
 
@@ -319,10 +273,11 @@ class RateLimiter:
         prompt_tokens = _tokens(prompt_tokens, "prompt_tokens")
         completion = self.completion_estimate if max_tokens is None else _tokens(max_tokens, "max_tokens")
         estimated = prompt_tokens + completion
+        cost = cost_micros(prompt_tokens, completion, price)
         limits = await self.limits.limits_for(principal)
         now = self._clock()
         lease_id = _lease_ids.next()
-        checks = tuple(self._checks(principal, limits, estimated, now))
+        checks = tuple(self._checks(principal, limits, estimated, cost, now))
         if not checks:
             return Admission(Handle(lease_id, (), estimated, now, counted=False), RateLimitInfo())
         try:
@@ -333,10 +288,11 @@ class RateLimiter:
             if not self.fail_open:
                 raise RateLimiterUnavailable("Rate limiting is unavailable; retry shortly") from None
             return Admission(Handle(lease_id, (), estimated, now, counted=False), RateLimitInfo())
-        info = _info(checks, results, now if admitted else None)
+        info = info_of(checks, results, now if admitted else None)
         if not admitted:
-            return _denial(checks, results, info)
-        handle = Handle(lease_id, checks, estimated, now, counted=True)
+            return denial_of(checks, results, info)
+        handle = Handle(lease_id, checks, estimated, now, counted=True, price=price, estimated_cost=cost,
+                        tenant_id=principal.tenant_id, subject=principal.key_id or principal.subject)
         if any(c.dimension is Dimension.CONCURRENCY for c in checks):
             self._running[lease_id] = handle
         return Admission(handle, info)
@@ -354,14 +310,18 @@ class RateLimiter:
         self._running.pop(handle.lease_id, None)
         error: ValidationFailed | None = None
         try:
-            delta = _tokens(prompt_tokens, "prompt_tokens") + _tokens(completion_tokens, "completion_tokens")
-            delta -= handle.estimated_tokens
+            prompt, completion = _tokens(prompt_tokens, "prompt_tokens"), _tokens(completion_tokens, "completion_tokens")
+            delta = prompt + completion - handle.estimated_tokens
+            spend = cost_micros(prompt, completion, handle.price) - handle.estimated_cost
         except ValidationFailed as exc:
-            error, delta = exc, 0
+            error, delta, spend = exc, 0, 0
         if handle.counted:
             try:
                 self._ensure_up()
-                await self.backend.settle(handle.checks, handle.lease_id, handle.reserved_at, delta, self._clock())
+                budgets = await self.backend.settle(
+                    handle.checks, handle.lease_id, handle.reserved_at, delta, self._clock(), spend_delta=spend
+                )
+                self._report_budgets(handle, budgets)
             except BackendUnavailable as exc:
                 self._failed("settle", exc)
         if error is not None:
@@ -388,13 +348,34 @@ class RateLimiter:
 
     # -- internals
 
-    def _checks(self, principal: Principal, limits: EffectiveLimits, estimated: int, now: float) -> list[Check]:
+    def _report_budgets(self, handle: Handle, values: list[int]) -> None:
+        """Call ``on_budget`` for each threshold a budget counter has reached, once per counter and threshold."""
+        budgets = [c for c in handle.checks if c.dimension.kind == "b"]
+        if self.on_budget is None:
+            return
+        for check, used in zip(budgets, values, strict=False):
+            for threshold in BUDGET_THRESHOLDS:
+                if used * 100 < threshold * check.limit or (check.key, threshold) in self._alerted:
+                    continue
+                remember(self._alerted, (check.key, threshold), True, MAX_ALERTS_KEPT)
+                subject = handle.subject if check.level is Level.KEY else None
+                crossing = BudgetCrossing(handle.tenant_id, subject, check.dimension, check.level, check.key,
+                                          check.limit, used, threshold)  # fmt: skip
+                try:
+                    self.on_budget(crossing)
+                except Exception:  # a reporting hook must not break settlement
+                    log.exception("rate limiter on_budget hook failed")
+
+    def _checks(
+        self, principal: Principal, limits: EffectiveLimits, estimated: int, cost: int, now: float
+    ) -> list[Check]:
         out = []
         for counter in self._counters(principal, limits):
             if counter.quota:
                 period, end = period_of(counter.dimension, now)
+                charge = cost if counter.dimension is Dimension.SPEND else estimated
                 out.append(Check(counter.dimension, counter.level, f"{counter.key}:{period}", counter.limit,
-                                 estimated, expires_at=end))  # fmt: skip
+                                 charge, expires_at=end))  # fmt: skip
             else:
                 cost = estimated if counter.tokens else 1
                 out.append(Check(counter.dimension, counter.level, counter.key, counter.limit, cost,
@@ -426,10 +407,11 @@ class RateLimiter:
                 out.append(_Counter(dimension, level, f"{base}:{name}", limit, tokens, self.window_seconds, self.buckets))
         if limits.concurrent_requests is not None:
             out.append(_Counter(Dimension.CONCURRENCY, level, f"{base}:conc", limits.concurrent_requests, False))
-        for dimension in (Dimension.DAY, Dimension.MONTH):
+        for dimension, name in ((Dimension.DAY, "quota"), (Dimension.MONTH, "quota"), (Dimension.SPEND, "spend"),
+                                (Dimension.BUDGET_TOKENS, "budget")):  # fmt: skip
             limit = getattr(limits, dimension.value)
             if limit is not None:  # the key gets the period's name per request
-                out.append(_Counter(dimension, level, f"{base}:quota", limit, True, quota=True))
+                out.append(_Counter(dimension, level, f"{base}:{name}", limit, True, quota=True))
         return out
 
     def _ensure_up(self) -> None:
@@ -458,29 +440,3 @@ class RateLimiter:
             )
             self._logged_at = now
             self._unlogged = 0
-
-
-def _usage(check: Check, result: CheckResult, charged_at: float | None) -> Usage:
-    """A window counter for the headers, including this request's charge if it was admitted."""
-    if charged_at is None or check.cost == 0:
-        return Usage(check.limit, max(0, check.limit - result.used), result.reset_ms / 1000)
-    # The charge went into the current bucket, the newest there is: it sets the reset.
-    ends = bucket_expiry(bucket_of(charged_at, check.window, check.buckets), check.window, check.buckets)
-    return Usage(check.limit, max(0, check.limit - result.used - check.cost), millis(ends - charged_at) / 1000)
-
-
-def _info(checks: tuple[Check, ...], results: list[CheckResult], charged_at: float | None) -> RateLimitInfo:
-    """The headers' values; ``charged_at`` is the time of the charge, None if the request was refused."""
-    pairs = list(zip(checks, results, strict=True))
-    requests = [_usage(c, r, charged_at) for c, r in pairs if c.dimension is Dimension.REQUESTS]
-    tokens = [_usage(c, r, charged_at) for c, r in pairs if c.dimension is Dimension.TOKENS]
-    return RateLimitInfo(tightest(requests), tightest(tokens))
-
-
-def _denial(checks: tuple[Check, ...], results: list[CheckResult], info: RateLimitInfo) -> Denial:
-    # The request can only pass once every refusing counter has eased: report the slowest.
-    check, result = max(
-        ((c, r) for c, r in zip(checks, results, strict=True) if not r.allowed), key=lambda p: p[1].retry_after_ms
-    )
-    retry_after = result.retry_after_ms / 1000
-    return Denial(check.dimension, check.level, check.limit, result.used, check.cost, retry_after, info)

@@ -106,21 +106,26 @@ class MemoryBackend:
             return admitted, results
 
     async def settle(
-        self, checks: Sequence[Check], lease_id: str, reserved_at: float, token_delta: int, now: float
-    ) -> None:
+        self, checks: Sequence[Check], lease_id: str, reserved_at: float, token_delta: int, now: float,
+        spend_delta: int = 0,
+    ) -> list[int]:
+        budgets: list[int] = []
         with self._lock:
             for check in checks:
                 kind = check.dimension.kind
+                delta = spend_delta if check.dimension is Dimension.SPEND else token_delta
                 if kind == "c":
                     self._leases.get(check.key, {}).pop(lease_id, None)
-                elif not token_delta:
-                    continue
-                elif kind == "q":
+                elif kind in ("q", "b"):
                     entry = self._quotas.setdefault(check.key, [0, check.expires_at + QUOTA_GRACE_SECONDS])
-                    entry[0] = max(0, int(entry[0]) + token_delta)
-                    self._dirty = True
-                elif check.dimension is Dimension.TOKENS:
-                    self._correct_window(check, reserved_at, token_delta, now)
+                    if delta:
+                        entry[0] = max(0, int(entry[0]) + delta)
+                        self._dirty = True
+                    if kind == "b":
+                        budgets.append(int(entry[0]))
+                elif delta and check.dimension is Dimension.TOKENS:
+                    self._correct_window(check, reserved_at, delta, now)
+        return budgets
 
     async def renew(self, leases: Sequence[tuple[str, Sequence[Check]]], expires_at: float, now: float) -> None:
         with self._lock:
@@ -164,7 +169,8 @@ class MemoryBackend:
 
         entry = self._quotas.get(check.key)
         used = 0 if entry is None else int(entry[0])
-        allowed = used + check.cost <= check.limit
+        # A quota admits what fits; a budget admits until it is spent (the crossing request runs).
+        allowed = used < check.limit if kind == "b" else used + check.cost <= check.limit
         until_end = millis(check.expires_at - now)
         result = CheckResult(allowed, used, 0 if allowed else until_end, until_end)
 

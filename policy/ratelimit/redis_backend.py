@@ -119,7 +119,7 @@ for i, key in ipairs(KEYS) do
   else
     used = tonumber(redis.call('GET', key) or '0')
     local period_end = tonumber(ARGV[a + 6])
-    allowed = used + cost <= limit
+    if kind == 'b' then allowed = used < limit else allowed = used + cost <= limit end
     reset = millis(period_end - now)
     if allowed then
       commits[#commits + 1] = {'q', key, cost, math.ceil((period_end + grace) * 1000)}
@@ -151,24 +151,34 @@ end
 return out
 """
 
-# ARGV: now, lease id, reserved at, token delta, quota grace; then four per
-# check: kind (t: token window, q: quota, c: concurrency), window, buckets, period end.
+# ARGV: now, lease id, reserved at, (unused), quota grace; then five per check: kind (t: token
+# window, q: quota, b: budget, c: concurrency), window, buckets, period end, its delta. Returns the
+# budget counters' values after the correction, in order.
 SETTLE = """
 local now = tonumber(ARGV[1])
 local lease = ARGV[2]
 local reserved = tonumber(ARGV[3])
-local delta = tonumber(ARGV[4])
 local grace = tonumber(ARGV[5])
+local out = {}
 for i, key in ipairs(KEYS) do
-  local a = 5 + (i - 1) * 4
+  local a = 5 + (i - 1) * 5
   local kind = ARGV[a + 1]
+  local delta = tonumber(ARGV[a + 5])
   if kind == 'c' then
     redis.call('ZREM', key, lease)
+  elseif kind == 'b' or kind == 'q' then
+    local value = tonumber(redis.call('GET', key) or '0')
+    if delta ~= 0 then
+      value = redis.call('INCRBY', key, delta)
+      if value < 0 then
+        redis.call('SET', key, 0)
+        value = 0
+      end
+      redis.call('PEXPIREAT', key, math.ceil((tonumber(ARGV[a + 4]) + grace) * 1000))
+    end
+    if kind == 'b' then out[#out + 1] = value end
   elseif delta == 0 then
     -- nothing to correct
-  elseif kind == 'q' then
-    if redis.call('INCRBY', key, delta) < 0 then redis.call('SET', key, 0) end
-    redis.call('PEXPIREAT', key, math.ceil((tonumber(ARGV[a + 4]) + grace) * 1000))
   else
     local window = tonumber(ARGV[a + 2])
     local n = tonumber(ARGV[a + 3])
@@ -184,7 +194,7 @@ for i, key in ipairs(KEYS) do
     end
   end
 end
-return 1
+return out
 """
 
 # ARGV: now, lease id, new expiry. Extends the lease where it is still held
@@ -259,19 +269,23 @@ class RedisBackend:
         return bool(values[0]), results
 
     async def settle(
-        self, checks: Sequence[Check], lease_id: str, reserved_at: float, token_delta: int, now: float
-    ) -> None:
+        self, checks: Sequence[Check], lease_id: str, reserved_at: float, token_delta: int, now: float,
+        spend_delta: int = 0,
+    ) -> list[int]:
         keys: list[str] = []
-        args: list[str | int] = [_num(now), lease_id, _num(reserved_at), token_delta, QUOTA_GRACE_SECONDS]
+        args: list[str | int] = [_num(now), lease_id, _num(reserved_at), 0, QUOTA_GRACE_SECONDS]
         for check in checks:
             kind = check.dimension.kind
-            # A request is a request whatever it cost, and an exact estimate needs no correction.
-            if check.dimension is Dimension.REQUESTS or (kind != "c" and token_delta == 0):
+            delta = spend_delta if check.dimension is Dimension.SPEND else token_delta
+            # A request is a request whatever it cost, and an exact estimate needs no correction
+            # (a budget's value is read all the same, for its thresholds).
+            if check.dimension is Dimension.REQUESTS or (kind not in ("c", "b") and delta == 0):
                 continue
             keys.append(self._key(check))
-            args += ["t" if kind == "w" else kind, _num(check.window), check.buckets, _num(check.expires_at)]
-        if keys:
-            await self._run(_SETTLE, keys, args)
+            args += ["t" if kind == "w" else kind, _num(check.window), check.buckets, _num(check.expires_at), delta]
+        if not keys:
+            return []
+        return [int(v) for v in await self._run(_SETTLE, keys, args)]
 
     async def renew(self, leases: Sequence[tuple[str, Sequence[Check]]], expires_at: float, now: float) -> None:
         # One call per lease rather than one for all: a lease's keys share a

@@ -67,6 +67,8 @@ class Limits:
     concurrent_requests: int | None = None
     tokens_per_day: int | None = None
     tokens_per_month: int | None = None
+    spend_micros_per_month: int | None = None
+    budget_tokens_per_month: int | None = None
 
     @property
     def unlimited(self) -> bool:

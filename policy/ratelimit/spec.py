@@ -23,6 +23,14 @@ A ``quota`` policy (UTC calendar periods)::
 
     {"scope": "tenant", "period": "month", "tokens": 50000000, "per_key": {"tokens": 1000000}}
 
+A ``budget`` policy (the UTC calendar month; ``policy.usage.cost`` prices the spend)::
+
+    {"scope": "tenant", "spend_usd": "250.00", "tokens": 100000000, "per_key": {"spend_usd": "20"}}
+
+Dollars are a decimal string (or an integer), never a JSON float. Unlike a
+quota, which refuses a request that would not fit, a budget admits requests
+while it is not spent and refuses from 100 %: the request that crosses it runs.
+
 A ``key``-scoped policy names the one it binds in ``principal``: an API key's id
 (``key_...``), or a subject as authentication writes it (``key:<prefix>``,
 ``oidc:<provider>:<sub>``). A policy with no tenant (the global default) must
@@ -42,10 +50,12 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from policy.errors import ValidationFailed
+from policy.usage.cost import parse_usd
 
 RATE_LIMIT: Final = "rate_limit"
 QUOTA: Final = "quota"
-KINDS: Final = (RATE_LIMIT, QUOTA)
+BUDGET: Final = "budget"
+KINDS: Final = (RATE_LIMIT, QUOTA, BUDGET)
 
 REQUESTS_PER_MINUTE: Final = "requests_per_minute"
 TOKENS_PER_MINUTE: Final = "tokens_per_minute"
@@ -56,7 +66,10 @@ RATE_FIELDS: Final = (REQUESTS_PER_MINUTE, TOKENS_PER_MINUTE, CONCURRENT_REQUEST
 # A quota policy's (period, tokens) is stored under one of these, so that a day
 # and a month quota are two independent limits like any other pair of fields.
 PERIOD_FIELDS: Final = MappingProxyType({"day": TOKENS_PER_DAY, "month": TOKENS_PER_MONTH})
-LIMIT_FIELDS: Final = (*RATE_FIELDS, *PERIOD_FIELDS.values())
+SPEND_PER_MONTH: Final = "spend_micros_per_month"
+BUDGET_TOKENS_PER_MONTH: Final = "budget_tokens_per_month"
+BUDGET_FIELDS: Final = MappingProxyType({"spend_usd": SPEND_PER_MONTH, "tokens": BUDGET_TOKENS_PER_MONTH})
+LIMIT_FIELDS: Final = (*RATE_FIELDS, *PERIOD_FIELDS.values(), *BUDGET_FIELDS.values())
 
 SCOPES: Final = ("tenant", "key")
 # Counters must stay exact in Redis' Lua, whose numbers are doubles.
@@ -104,6 +117,13 @@ def parse_spec(kind: str, spec: Mapping[str, Any], *, is_global: bool = False) -
         limits = _limits(spec, RATE_FIELDS, "spec")
         per_key = _per_key(spec, scope, RATE_FIELDS)
         scheduling = _scheduling(spec, scope)
+    elif kind == BUDGET:
+        _no_unknown(spec, common | {"period", *BUDGET_FIELDS}, "spec")
+        scope, principal = _scope(spec, is_global)
+        if spec.get("period", "month") != "month":
+            raise ValidationFailed("spec.period of a budget must be month", param="spec.period")
+        limits = _budget(spec, "spec")
+        per_key = _budget_per_key(spec, scope)
     else:
         _no_unknown(spec, common | {"period", "tokens"}, "spec")
         scope, principal = _scope(spec, is_global)
@@ -112,7 +132,7 @@ def parse_spec(kind: str, spec: Mapping[str, Any], *, is_global: bool = False) -
         per_key = {target: lim for lim in _per_key(spec, scope, ("tokens",)).values()}
 
     if not limits and not per_key and not scheduling:
-        names = ", ".join(("tokens", "per_key") if kind == QUOTA else (*RATE_FIELDS, "per_key", *SCHEDULING_FIELDS))
+        names = ", ".join(("tokens", "per_key") if kind == QUOTA else (*BUDGET_FIELDS, "per_key") if kind == BUDGET else (*RATE_FIELDS, "per_key", *SCHEDULING_FIELDS))
         raise ValidationFailed(f"spec sets no limit; give at least one of {names}", param="spec")
     return LimitPolicy(scope, principal, MappingProxyType(limits), MappingProxyType(per_key),
                        MappingProxyType(scheduling))  # fmt: skip
@@ -168,6 +188,24 @@ def _per_key(spec: Mapping[str, Any], scope: str, names: tuple[str, ...]) -> dic
         )
     _no_unknown(per_key, set(names), "spec.per_key")
     return _limits(per_key, names, "spec.per_key")
+
+
+def _budget(values: Mapping[str, Any], param: str) -> dict[str, int | None]:
+    out = {BUDGET_FIELDS[name]: v for name, v in _limits(values, ("tokens",), param).items()}
+    if "spend_usd" in values:
+        value = values["spend_usd"]
+        out[SPEND_PER_MONTH] = None if value is None else parse_usd(value, f"{param}.spend_usd", allow_zero=False)
+    return out
+
+
+def _budget_per_key(spec: Mapping[str, Any], scope: str) -> dict[str, int | None]:
+    if "per_key" not in spec:
+        return {}
+    per_key = spec["per_key"]  # _scope refused it for scope key
+    if not isinstance(per_key, Mapping) or not per_key:
+        raise ValidationFailed("spec.per_key must be an object with spend_usd or tokens", param="spec.per_key")
+    _no_unknown(per_key, set(BUDGET_FIELDS), "spec.per_key")
+    return _budget(per_key, "spec.per_key")
 
 
 def _limits(values: Mapping[str, Any], names: tuple[str, ...], param: str) -> dict[str, int | None]:

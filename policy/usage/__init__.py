@@ -4,10 +4,6 @@
 turns indexed audit events into additive increments of the ``usage_rollup``
 table (inside the audit indexer's transaction), ``store`` reads usage and
 manages prices and budget alerts. docs/usage.md says why usage is rolled up
-from the audit trail.
+from the audit trail. Import the modules themselves: the limiter needs only
+``cost``, without the store.
 """
-
-from policy.usage.cost import Price, cost_micros, format_usd, parse_usd
-from policy.usage.store import GRAINS, GROUPS, UsageItem, UsageStore
-
-__all__ = ["GRAINS", "GROUPS", "Price", "UsageItem", "UsageStore", "cost_micros", "format_usd", "parse_usd"]

@@ -19,7 +19,7 @@ from policy.store.repos.base import UNSET, Repository, Unset, check_owner_exists
 from policy.store.repos.mapper import RecordMapper
 from policy.store.types import new_id
 
-POLICY_KINDS = ("rate_limit", "quota", "guardrail", "opa")
+POLICY_KINDS = ("rate_limit", "quota", "budget", "guardrail", "opa")
 
 POLICY = RecordMapper(Policy, PolicyRecord, spec=dict)
 

@@ -15,7 +15,8 @@ from policy.audit.spool import Spool, SpoolSettings
 from policy.audit.store import AuditStore
 from policy.errors import NotFound, ValidationFailed
 from policy.store import PolicyStore, StoreSettings
-from policy.usage import Price, UsageStore, cost_micros, format_usd, parse_usd
+from policy.usage.cost import Price, cost_micros, format_usd, parse_usd
+from policy.usage.store import UsageStore
 
 
 @pytest.fixture
