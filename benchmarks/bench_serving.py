@@ -47,6 +47,7 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks.serving_extras import KVSampler, plot_levels  # noqa: E402
 from policy.fileio import write_atomically  # noqa: E402
 
 DEFAULT_LLAMA_SERVER = Path(
@@ -404,6 +405,8 @@ class LevelResult:
     cpu_server_cores: float | None = None
     cpu_client_cores: float | None = None
     cpu_other_cores: float | None = None
+    # InferFlux only: used / allocated KV token slots over the level (serving_extras.KVSampler).
+    kv_slot_utilisation: float | None = None
     errors: list[str] = field(default_factory=list)
 
 
@@ -445,6 +448,8 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
                 await one_request(client, url, body(i), request_timeout, res)
 
         sys0, srv0, cli0 = _system_cpu(), _group_cpu(server_pgid), _self_cpu()
+        kv = KVSampler(base_url, HEADERS)
+        kv.start()
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, num_requests))]
         done, pending = await asyncio.wait(tasks, timeout=level_timeout)
@@ -456,6 +461,7 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
                 await t
         wall = time.perf_counter() - t0
         sys1, srv1, cli1 = _system_cpu(), _group_cpu(server_pgid), _self_cpu()
+        kv_util = await kv.stop()
 
     busy = (sys1[0] - sys0[0]) / wall if wall > 0 and sys1[1] > 0 else None
     srv_c = (srv1 - srv0) / wall if srv0 is not None and srv1 is not None and wall > 0 else None
@@ -496,7 +502,7 @@ async def run_level(base_url: str, model: str, prompts: list[str], concurrency: 
         mean_prompt_tokens_reported=statistics.fmean(prompt_reported) if prompt_reported else None,
         mean_tokens_per_request=statistics.fmean([r.tokens for r in ok]) if ok else None,
         cpu_server_cores=srv_c, cpu_client_cores=cli_c, cpu_other_cores=other,
-        errors=errs,
+        kv_slot_utilisation=kv_util, errors=errs,
     )
 
 
@@ -720,6 +726,7 @@ METRICS = [  # (key, label, higher_is_better, fmt)
 CPU_METRICS = [
     ("cpu_server_cores", "server CPU (cores)", "{:.2f}"),
     ("cpu_other_cores", "other load (cores)", "{:.2f}"),
+    ("kv_slot_utilisation", "KV slots used/allocated", "{:.1%}"),
 ]
 
 
@@ -879,6 +886,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--level-timeout", type=float, default=900.0)
     o = p.add_argument_group("output")
     o.add_argument("--json", help="write all results (per round) and the summary here")
+    o.add_argument("--plots", metavar="DIR",
+                   help="write PNG plots (tok/s and TTFT p50 vs concurrency, one line a server) here")
+    o.add_argument("--plot-stem", default="serving", help="file name start of the plots (default: serving)")
     return p.parse_args(argv)
 
 
@@ -1026,6 +1036,10 @@ def main(argv: list[str] | None = None) -> int:
 
     report = finish(final="interrupted" not in meta)
     print(report)
+    if args.plots:
+        summary = summarize(results, levels, list(labels))
+        for path in plot_levels(summary, levels, labels, Path(args.plots), args.plot_stem):
+            print(f"[bench] wrote {path}", file=sys.stderr)
     if args.json:
         print(f"[bench] wrote {args.json}; server logs in {log_dir}", file=sys.stderr)
     return 0 if "interrupted" not in meta else 130
