@@ -95,3 +95,23 @@ def paged_attention(
     if _module is None:
         raise RuntimeError(f"CPU kernels are not loaded: {_error or 'call kernels.cpu.load() first'}")
     return _module.paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start, scale)
+
+
+def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    """``x @ W.T`` in float32, ``W`` given as ggml blocks ``uint8 [N, row_bytes]`` of type ``qtype``.
+
+    Row ``m`` of the result depends only on row ``m`` of ``x`` (never on how many
+    rows are in the call or where it sits): the batch-invariant matmul.
+    """
+    return _loaded().qmatmul(x, blocks, qtype)
+
+
+def dequantize_blocks(blocks: torch.Tensor, qtype: int, k: int, bf16: bool) -> torch.Tensor:
+    """ggml blocks ``uint8 [N, row_bytes]`` as a dense ``[N, k]`` float32 (or bfloat16) tensor."""
+    return _loaded().dequantize_blocks(blocks, qtype, k, bf16)
+
+
+def _loaded() -> ModuleType:
+    if _module is None:
+        raise RuntimeError(f"CPU kernels are not loaded: {_error or 'call kernels.cpu.load() first'}")
+    return _module

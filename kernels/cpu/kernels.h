@@ -10,3 +10,15 @@
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start,
                               double scale);
+
+// qmatmul.cpp: y = x @ W^T (float32 [M, N]) with W as ggml blocks (uint8 [N, row_bytes]) of type qtype
+// (ggml's ids: Q4_0 = 2, Q4_1 = 3, Q8_0 = 8); each row's result is independent of M and of its position.
+torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype);
+// qmatmul.cpp: ggml blocks to a dense [N, K] tensor, float32 or (bf16) bfloat16.
+torch::Tensor dequantize_blocks(torch::Tensor w, int64_t qtype, int64_t K, bool bf16);
+
+// invariant.cpp: batch-invariant y = x @ w^T (+ bias), x [M, K], w [N, K], float32 or bfloat16 (the dtype of x);
+// each element reduced over K in one fixed order, so a row's result never depends on M, its position or threads.
+torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+// invariant.cpp: RMSNorm over the last dimension, each row in float32 in the same fixed order.
+torch::Tensor invariant_rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
