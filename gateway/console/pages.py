@@ -50,6 +50,7 @@ class Page:
     query: dict[str, str] = field(default_factory=dict)
     scope: Scope = Scope.ADMIN_TENANT  # for the menu only: the API route decides
     note: str = ""
+    tail: bool = False  # the audit log: its newest events first (the API pages oldest first)
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -59,6 +60,11 @@ class Page:
         return next((a for a in self.actions if a.name == name), None)
 
 
+TAIL_SECONDS = 900
+TAIL_ROWS = 200
+TAIL_PAGES = 20
+TAIL_NOTE = (f"The newest {TAIL_ROWS} events of the last {TAIL_SECONDS // 60} minutes, newest first "
+             f"(at most {TAIL_PAGES * TAIL_ROWS} scanned); refreshed every 5 s. GET /admin/v1/.../audit has the rest.")
 _JSON = (Field("body", "JSON body, as the admin API takes it", "json", required=True),)
 _DELETE = Action("delete", "Delete", "DELETE", danger=True)
 _POLICY_COLUMNS = ("id", "name", "kind", "model", "enabled", "updated_at")
@@ -85,22 +91,22 @@ PAGES: tuple[Page, ...] = (
     Page("limits", "Limits", "tenants/{tenant_id}/policies", _POLICY_COLUMNS, create=_JSON, actions=(_DELETE,),
          note="Rate limits and quotas of this tenant (POST /admin/v1/tenants/{id}/policies)."),
     Page("audit", "Audit", "tenants/{tenant_id}/audit",
-         ("at", "kind", "principal", "route", "status", "decision", "action", "code"), query={"limit": "200"},
-         note="This tenant's newest events."),
+         ("at", "kind", "principal", "route", "status", "decision", "action", "reasons"), tail=True,
+         note=TAIL_NOTE),
     Page("idps", "Identity providers", "oidc-providers", ("id", "name", "issuer", "audience", "client_id", "enabled"),
          create=_JSON, actions=(_DELETE,)),
-    Page("models", "Models", "models", ("name", "status", "progress", "backend", "default", "error"),
+    Page("models", "Models", "models", ("id", "status", "stage", "elapsed_seconds", "backend", "default", "error"),
          create=_JSON, actions=(Action("default", "Make default", "POST", "default"),
                                 Action("unload", "Unload", "DELETE", danger=True)),
-         id_field="name", scope=Scope.ADMIN_PLATFORM,
+         scope=Scope.ADMIN_PLATFORM,
          note='Load: {"name": ..., "path": ...} or {"name": ..., "backend": "openai", "upstream": {...}}.'),
     Page("guardrails", "Guardrails", "guardrails", _POLICY_COLUMNS, create=_JSON, actions=(_DELETE,),
          scope=Scope.ADMIN_PLATFORM),
     Page("global-limits", "Global limits", "policies", _POLICY_COLUMNS, create=_JSON, actions=(_DELETE,),
          scope=Scope.ADMIN_PLATFORM),
     Page("all-audit", "Audit (all tenants)", "audit",
-         ("at", "tenant_id", "kind", "principal", "route", "status", "decision", "action", "code"),
-         query={"limit": "200"}, scope=Scope.ADMIN_PLATFORM),
+         ("at", "tenant_id", "kind", "principal", "route", "status", "decision", "action", "reasons"), tail=True,
+         scope=Scope.ADMIN_PLATFORM, note=TAIL_NOTE),
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +21,7 @@ from starlette.staticfiles import StaticFiles
 from gateway.auth import Authenticator
 from gateway.console.dispatch import API_PREFIX, ApiAnswer, call_api
 from gateway.console.oidc import BINDING_COOKIE, OidcLogin, continue_page
-from gateway.console.pages import Page, cell, find_action, find_page, form_body, menu
+from gateway.console.pages import TAIL_PAGES, TAIL_ROWS, TAIL_SECONDS, Page, cell, find_action, find_page, form_body, menu
 from gateway.console.security import REPORT_PATH, CspReports, SecurityHeaders
 from gateway.console.sessions import (
     COOKIE,
@@ -223,10 +224,13 @@ class Console:
                                                           "code": "not_found"}}).encode(), "application/json")
             return self.failure(request, session, answer, "Not found")
         page, values = found
-        answer = await call_api(request, "GET", _api_path(page, values), query=page.query)
+        if page.tail:
+            answer, rows = await _tail(request, _api_path(page, values))
+        else:
+            answer = await call_api(request, "GET", _api_path(page, values), query=page.query)
+            rows = answer.json().get("data", []) if answer.ok else []
         if not answer.ok:
             return self.failure(request, session, answer, page.title)
-        rows = answer.json().get("data", [])
         return self.render(request, "resource.html", extra.pop("status", 200), session=session, title=page.title,
                            page=page, rows=rows, base=request.url.path.rstrip("/"), **extra)  # fmt: skip
 
@@ -323,6 +327,23 @@ class _Router:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await self.router(scope, receive, send)
+
+
+async def _tail(request: Request, path: str) -> tuple[ApiAnswer, list[dict[str, Any]]]:
+    """The newest events of the last TAIL_SECONDS, newest first: the API's pages (oldest first) walked forward."""
+    since = datetime.fromtimestamp(time.time() - TAIL_SECONDS, UTC).isoformat().replace("+00:00", "Z")
+    query = {"since": since, "limit": str(TAIL_ROWS)}
+    rows: list[dict[str, Any]] = []
+    for _ in range(TAIL_PAGES):
+        answer = await call_api(request, "GET", path, query=query)
+        if not answer.ok:
+            return answer, []
+        page = answer.json()
+        rows = (rows + page.get("data", []))[-TAIL_ROWS:]
+        if not page.get("next_cursor"):
+            break
+        query["after"] = page["next_cursor"]
+    return answer, rows[::-1]
 
 
 def _api_path(page: Page, values: dict[str, str]) -> str:

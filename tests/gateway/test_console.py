@@ -137,7 +137,7 @@ def test_security_headers_and_cookie_flags(world: tuple[Seeded, Any]) -> None:
                  "/console/static/console.js", "/console/api/whoami"):
         headers = client.get(path).headers
         assert headers["content-security-policy"] == CSP, path
-        assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "no-referrer"
+        assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "same-origin"
     for directive in ("default-src 'self'", "script-src 'self'", "style-src 'self'", "frame-ancestors 'none'",
                       "report-uri /console/csp-report"):
         assert directive in CSP

@@ -23,32 +23,22 @@ function confirmDangerous() {
   }
 }
 
-// Refreshes the status columns of a list (models while they load, the audit tail) from the JSON the page came from.
+// Refreshes the cells of a list (the models' status while they load) from the JSON the page came from.
 function refreshList(table, everyMs, keepGoing) {
-  const columns = [...table.tHead.rows[0].cells].map((th) => th.textContent);
   async function tick() {
     let answer;
     try {
-      const response = await fetch(apiOf(location.pathname) + "?limit=200", { credentials: "same-origin" });
+      const response = await fetch(apiOf(location.pathname), { credentials: "same-origin" });
       if (!response.ok) return;
       answer = await response.json();
     } catch (_) {
       return setTimeout(tick, everyMs * 4);
     }
     const rows = answer.data || [];
-    if (table.dataset.page.endsWith("audit")) {
-      const body = document.createElement("tbody");
-      for (const row of rows) {
-        const tr = body.insertRow();
-        for (const c of columns) tr.insertCell().textContent = cellText(row[c]);
-      }
-      table.tBodies[0].replaceWith(body);
-    } else {
-      for (const row of rows) {
-        const tr = table.querySelector(`tr[data-id="${CSS.escape(String(row.name ?? row.id))}"]`);
-        if (!tr) continue;
-        for (const td of tr.querySelectorAll("td[data-col]")) td.textContent = cellText(row[td.dataset.col]);
-      }
+    for (const row of rows) {
+      const tr = table.querySelector(`tr[data-id="${CSS.escape(String(row.id))}"]`);
+      if (!tr) continue;
+      for (const td of tr.querySelectorAll("td[data-col]")) td.textContent = cellText(row[td.dataset.col]);
     }
     if (keepGoing(rows)) setTimeout(tick, everyMs);
   }
@@ -83,11 +73,13 @@ document.addEventListener("DOMContentLoaded", () => {
   if (key) key.addEventListener("focus", () => key.select());
   const list = document.getElementById("rows");
   if (list && list.dataset.page === "models") {
+    // While a model loads, its status and stage (progress) are polled each second; then polling stops.
     const loading = (rows) => (rows || [...list.querySelectorAll('td[data-col="status"]')].map((td) => ({ status: td.textContent })))
-      .some((r) => /load/.test(String(r.status)));
+      .some((r) => r.status === "loading");
     refreshList(list, 1000, loading);
   } else if (list && list.dataset.page.endsWith("audit")) {
-    refreshList(list, 5000, () => true);
+    // The tail is put together on the server (newest first over the API's pages): reload it.
+    setInterval(() => { if (!document.hidden) location.reload(); }, 5000);
   }
   const live = document.getElementById("live");
   if (live) livePanel(live);

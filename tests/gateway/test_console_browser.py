@@ -1,0 +1,129 @@
+"""The console in a real headless browser (Playwright driving Debian's chromium): sign in with an API key,
+create a key and see it once, revoke it, watch the API refuse it and the refusal reach the audit tail,
+with no CSP violation reported on the way.
+
+chromium comes from Debian (``.ci/run`` installs it when missing), never from ``playwright install``.
+Outside CI a machine without it skips this test, saying so; under CI (``CI=true``) it fails.
+``INFERFLUX_CONSOLE_SCREENSHOTS=1`` writes the screenshots the docs show into docs/img/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from admin_seed import Seeded, seed_store
+from console_support import console_app, key_of
+from servers import start_uvicorn, stop_uvicorn
+
+pytestmark = pytest.mark.slow  # a browser process and a live server
+
+CHROMIUM = Path(os.environ.get("INFERFLUX_CHROMIUM", "/usr/bin/chromium"))
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+def _browser_or_skip() -> Any:
+    reason = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        reason = "the playwright package is not installed (pip install -e '.[dev]')"
+    if reason is None and not CHROMIUM.exists():
+        reason = f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)"
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the console's browser test cannot run under CI: {reason}")
+        pytest.skip(reason)
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Seeded, str]]:
+    data_dir = tmp_path_factory.mktemp("console-browser")
+    seeded = seed_store(data_dir)
+    server, thread, sock, url = start_uvicorn(console_app(seeded.store, data_dir / "app"))
+    try:
+        yield seeded, url
+    finally:
+        stop_uvicorn(server, thread, sock)
+        seeded.store.close()
+
+
+def _violations(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("inferflux_console_csp_violations "):
+            return float(line.split()[1])
+    raise AssertionError("no CSP violation gauge")
+
+
+def test_sign_in_create_see_once_revoke_refused_audited(live: tuple[Seeded, str], tmp_path: Path) -> None:
+    sync_playwright = _browser_or_skip()
+    seeded, url = live
+    shots = DOCS_IMG if os.environ.get("INFERFLUX_CONSOLE_SCREENSHOTS") == "1" else tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    keys_url = f"{url}/console/tenants/{seeded.acme.id}/keys"
+    csp_messages: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1200, "height": 760})
+        page.on("console", lambda m: csp_messages.append(m.text) if "Content Security Policy" in m.text else None)
+        page.on("dialog", lambda dialog: dialog.accept())
+
+        page.goto(f"{url}/console/tenants/{seeded.acme.id}/keys")
+        assert page.url.startswith(f"{url}/console/login?next=")
+        page.screenshot(path=str(shots / "console-login.png"))
+        page.fill("input[name=api_key]", key_of(seeded.admin))
+        page.click("#login button[type=submit]")
+        page.wait_for_load_state()
+        assert page.url == keys_url, (page.url, page.content()[:3000])
+
+        page.fill("#create input[name=name]", "browser-made")
+        page.select_option("#create select[name=role]", "member")
+        page.click("#create button[type=submit]")
+        secret = page.input_value("#new-key-value")
+        assert secret.startswith("ifx_"), secret
+        prefix = page.text_content("#new-key h2").split()[-1]  # type: ignore[union-attr]
+        page.screenshot(path=str(shots / "console-keys.png"), full_page=True)
+        assert httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {secret}"}).status_code == 200
+
+        page.goto(keys_url)  # again: the key is not shown any more, only its prefix
+        assert page.locator("#new-key-value").count() == 0 and secret not in page.content()
+        row = page.locator("tr", has_text=prefix)
+        row.locator("button[value=revoke]").click()
+        page.wait_for_load_state()
+        assert page.locator("tr", has_text=prefix).locator("td[data-col=revoked_at]").text_content()
+
+        refused = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {secret}"})
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+        page.goto(f"{url}/console/audit")  # the audit tail: the refusal is there once the indexer has it
+        deadline = time.monotonic() + 30
+        while not page.locator("tbody tr", has_text=prefix).filter(has_text="401").count():
+            assert time.monotonic() < deadline, page.text_content("#rows")
+            time.sleep(1)
+            page.reload()
+        page.screenshot(path=str(shots / "console-audit.png"), full_page=True)
+
+        page.goto(f"{url}/console/live")
+        page.wait_for_function("document.getElementById('live-status').textContent === 'Live.'")
+        page.screenshot(path=str(shots / "console-live.png"))
+
+        # No page broke the policy; and a violation would have been seen: an inline script is refused and reported.
+        assert csp_messages == [] and _violations(url) == 0
+        page.evaluate("() => { const s = document.createElement('script'); s.textContent = '1'; "
+                      "document.body.append(s); }")  # fmt: skip
+        deadline = time.monotonic() + 15
+        while _violations(url) < 1:
+            assert time.monotonic() < deadline, "an inline script was not reported"
+            time.sleep(0.2)
+        assert any(re.search("script-src", m) for m in csp_messages)
+        browser.close()
