@@ -33,3 +33,11 @@ def sign_in(client: TestClient, key: str) -> str:
     home = client.get("/console/")
     assert home.status_code == 200, home.text
     return CSRF.search(home.text).group(1)  # type: ignore[union-attr]
+
+
+def sibling(main: TestClient, base_url: str = "http://testserver") -> TestClient:
+    """Another browser (its own cookie jar) on ``main``'s started app, in the app's own event loop: clients
+    the app creates while serving (the OIDC verifier's) must not outlive a loop of one request."""
+    client = TestClient(main.app, base_url=base_url)
+    client.portal = main.portal
+    return client

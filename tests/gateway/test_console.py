@@ -14,7 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from admin_seed import Seeded, seed_store
-from console_support import CSRF, console_app, key_of, sign_in
+from console_support import CSRF, console_app, key_of, sibling, sign_in
 from http_helpers import error_of
 
 from gateway.console.security import CSP
@@ -26,14 +26,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Seeded, An
     seeded = seed_store(data_dir)
     app = console_app(seeded.store, data_dir / "app")
     try:
-        with TestClient(app):  # one lifespan (audit trail, authenticator) for the module
-            yield seeded, app
+        with TestClient(app) as main:  # one lifespan (audit trail, authenticator) for the module
+            yield seeded, main
     finally:
         seeded.store.close()
 
 
-def client_of(app: Any, base_url: str = "http://testserver") -> TestClient:
-    return TestClient(app, base_url=base_url)  # a cookie jar of its own; the app is already started
+def client_of(main: TestClient, base_url: str = "http://testserver") -> TestClient:
+    return sibling(main, base_url)
 
 
 def test_unauthenticated_pages_redirect_and_data_answers_as_the_api(world: tuple[Seeded, Any]) -> None:

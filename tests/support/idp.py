@@ -123,6 +123,7 @@ class LoopbackIdP:
                 Route("/jwks.json", self._jwks),
                 # A redirect to the real key set: a verifier must not follow it.
                 Route("/moved", lambda request: RedirectResponse("/jwks.json", status_code=302)),
+                *self.routes(),
             ]
         )
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
@@ -136,6 +137,10 @@ class LoopbackIdP:
                 raise RuntimeError("the loopback IdP did not start")
             time.sleep(0.01)
         return self
+
+    def routes(self) -> list[Route]:
+        """More routes a subclass serves (an authorization code flow's endpoints)."""
+        return []
 
     def stop(self) -> None:
         if self._server is not None:
