@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any, Iterator
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from backends.models import quants
 from backends.models.config import ModelConfig
@@ -244,6 +244,30 @@ class GGUFModel:
             if unpermute and hf is not None and (".q_proj." in hf or ".k_proj." in hf):
                 arr = np.ascontiguousarray(unpermute_rows(arr, cfg.num_heads if ".q_proj." in hf else cfg.num_kv_heads))
             yield hf, arr  # type: ignore[misc]  # check_tensors guaranteed every name maps
+
+    def stored_blocks(self, hf_name: str) -> tuple[int, np.ndarray] | None:
+        """The tensor ``hf_name`` as the file stores it, when quantised: ``(ggml type id,
+        uint8 [rows, row_bytes])``, a copy, rows in the model's order; None for float tensors.
+
+        The ``quantise`` pass (backends/cpu/passes.py) keeps these blocks instead of the
+        dequantised weights. Llama's q/k rows are unpermuted here as ``tensors()`` does:
+        a row's blocks move whole, so the reorder is exact.
+        """
+        if self._reader is None:
+            raise ModelLoadError(f"{self.path}: the model source is closed", {"path": self.path})
+        t = self._by_canonical.get(hf_name)
+        if t is None or int(t.tensor_type) in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
+                                                GGMLQuantizationType.BF16):
+            return None
+        arr = np.array(t.data, dtype=np.uint8, copy=True)
+        if self.config.architecture == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
+            heads = self.config.num_heads if ".q_proj." in hf_name else self.config.num_kv_heads
+            arr = np.ascontiguousarray(unpermute_rows(arr, heads))
+        return int(t.tensor_type), arr
+
+    @cached_property
+    def _by_canonical(self) -> dict[str, Any]:
+        return {canonical_name(n): t for n, t in self._tensors.items() if n != _ROPE_FREQS}
 
     @cached_property
     def _tokenizer(self) -> Tokenizer:

@@ -1,0 +1,142 @@
+"""Projections whose weights stay in ggml's quantised blocks (the ``quantise`` pass).
+
+``QuantLinear`` takes an ``nn.Linear``'s place (same call, same result dtype) and keeps
+its weight as ``uint8 [out, row_bytes]`` blocks (Q4_0, Q4_1 or Q8_0), four to eight
+times smaller than bfloat16. Which kernel runs depends on the number of rows:
+
+* below ``gemm_from`` rows (decode: memory-bound), ``kernels.cpu.qmatmul``, which reads
+  the blocks as they are and is batch-invariant (a row's result never depends on
+  the other rows);
+* from ``gemm_from`` rows on (prefill: compute-bound), the weight is dequantised tile
+  by tile into the activations' dtype and multiplied with torch's GEMM; only one tile
+  is ever dense, so memory stays at the blocks' size.
+
+A deterministic model (``deterministic`` True) always takes the first path.
+``QuantEmbedding`` is the token embedding in blocks (a lookup dequantises the rows
+it needs); with tied embeddings it shares its blocks with the output head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels import cpu as cpu_kernels
+
+# ggml type ids the C++ kernel multiplies (kernels/cpu/qmatmul.cpp), and their block
+# sizes in bytes per 32 weights.
+BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
+QTYPE_NAMES: dict[int, str] = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
+
+# Batch rows from which a dense GEMM over dequantised tiles beats qmatmul. Measured by
+# benchmarks/bench_qmatmul.py on the 2-core AMD EPYC (AVX-512 VNNI, bfloat16) for this
+# model's shapes: see docs/benchmarks.md, "Quantised matmuls".
+GEMM_FROM_ROWS = 16
+# Output rows dequantised at a time on the GEMM path: a tile of bfloat16 weights
+# (1024 x 1536 x 2 bytes = 3 MiB at most here) stays within the caches' reach.
+TILE_ROWS = 1024
+
+
+class QuantLinear(nn.Module):
+    """``y = x @ W.T (+ bias)`` with ``W`` as ggml blocks; drop-in for ``nn.Linear``."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None = None,
+                 *, gemm_from: int = GEMM_FROM_ROWS, deterministic: bool = False) -> None:
+        super().__init__()
+        if qtype not in BLOCK_BYTES:
+            raise ValueError(f"no kernel for ggml type {qtype}; quantised types: {sorted(QTYPE_NAMES.values())}")
+        if in_features % 32 or blocks.dim() != 2 or blocks.shape[1] != in_features // 32 * BLOCK_BYTES[qtype]:
+            raise ValueError(f"blocks of shape {tuple(blocks.shape)} do not hold {in_features} inputs of type "
+                             f"{QTYPE_NAMES[qtype]}")
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.qtype = qtype
+        self.in_features = in_features
+        self.out_features = blocks.shape[0]
+        self.gemm_from = gemm_from
+        self.deterministic = deterministic
+
+    @property
+    def qtype_name(self) -> str:
+        return QTYPE_NAMES[self.qtype]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.deterministic or rows.shape[0] < self.gemm_from:
+            y = cpu_kernels.qmatmul(rows, self.blocks, self.qtype).to(x.dtype)
+        else:
+            y = self._gemm(rows)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _gemm(self, rows: torch.Tensor) -> torch.Tensor:
+        bf16 = rows.dtype == torch.bfloat16
+        x = rows if bf16 else rows.float()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype)
+        for start in range(0, self.out_features, TILE_ROWS):
+            tile = cpu_kernels.dequantize_blocks(self.blocks[start : start + TILE_ROWS], self.qtype,
+                                                 self.in_features, bf16)
+            torch.mm(x, tile.t(), out=out[:, start : start + tile.shape[0]])
+        return out.to(rows.dtype)
+
+    def dense(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight dequantised, ``[out, in]`` (the reference the tests compare against)."""
+        w = cpu_kernels.dequantize_blocks(self.blocks, self.qtype, self.in_features, dtype == torch.bfloat16)
+        return w.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, {self.qtype_name}, gemm_from={self.gemm_from}"
+
+
+class QuantEmbedding(nn.Module):
+    """Token embedding in ggml blocks: a lookup dequantises only the rows it reads."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        if qtype not in BLOCK_BYTES:
+            raise ValueError(f"no kernel for ggml type {qtype}")
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.qtype = qtype
+        self.dim = dim
+        self.dtype = dtype
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The blocks, where ``Transformer.forward`` reads a tied head's weight for ``head_linear``
+        (a ``QuantHead`` then, which ignores it)."""
+        return self.blocks
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.blocks.index_select(0, ids.reshape(-1))
+        out = cpu_kernels.dequantize_blocks(rows, self.qtype, self.dim, self.dtype == torch.bfloat16)
+        return out.to(self.dtype).view(*ids.shape, self.dim)
+
+
+class QuantHead:
+    """The output projection for ``Transformer.head_linear``: ``(h, _) -> logits`` from blocks.
+
+    The second argument (the dense head weight the default ``F.linear`` takes) is ignored:
+    here the head is ``linear``'s blocks.
+    """
+
+    def __init__(self, linear: QuantLinear) -> None:
+        self.linear = linear
+
+    def __call__(self, h: torch.Tensor, _weight: object = None) -> torch.Tensor:
+        return self.linear(h)
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of every parameter and buffer under ``module``, each storage counted once."""
+    seen: set[int] = set()
+    total = 0
+    for t in (*module.parameters(), *module.buffers()):
+        if t.device.type == "meta":
+            continue
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        total += t.untyped_storage().nbytes()
+    return total

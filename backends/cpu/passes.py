@@ -1,0 +1,267 @@
+"""The load-time pass pipeline of the CPU backend: the loaded model goes through named passes.
+
+``PASSES`` lists them in order. Each takes the model, the model source and the
+``PassConfig`` and returns what it did (a ``PassRecord``: ran, or done at load by
+the model's own code, with a detail and the weight bytes before and after); the
+records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
+``inferctl backends --json``.
+
+* ``fuse_qkv`` and ``fuse_gate_up``: the projections are fused as the weights are read
+  (``backends/models/layout.py`` stacks q/k/v and gate/up into one matrix each); the
+  pass checks the fused shapes and records it.
+* ``fuse_add_rmsnorm``: ``Block`` adds the residual and normalises in one kernel call
+  (``add_rms_norm`` of the kernel set); recorded.
+* ``quantise``: the weights' format. ``native`` keeps the GGUF file's own blocks
+  (Q4_0/Q4_1/Q8_0: no re-quantisation error; other types stay dense); ``int8`` re-quantises
+  float weights to Q8_0 (int8, a float16 scale per 32); ``int4`` to Q4_1 (4 bits, a
+  scale and minimum per 32); ``bf16``/``f32`` keep dense weights in the model's dtype.
+* ``choose_kernels``: each quantised projection's row threshold for the GEMM path
+  (``backends.cpu.linear.GEMM_FROM_ROWS`` unless configured), and the deterministic flag.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from backends.cpu import linear as ql
+from backends.models import layout
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "native", "int8", "int4", "bf16", "f32")
+DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+# The ggml types int8 and int4 re-quantise to.
+_REQUANT = {"int8": 8, "int4": 3}  # Q8_0, Q4_1
+_KEYS = ("quantise", "gemm_from")
+_LINEAR_ROLES = ("qkv", "o_proj", "gate_up", "down")
+
+
+@dataclass(frozen=True)
+class PassConfig:
+    """``passes`` in the settings (``engine.passes``, ``models[].passes``, admin model load)."""
+
+    quantise: str = "auto"
+    gemm_from: int | None = None  # rows from which quantised projections use the GEMM path
+
+    @classmethod
+    def parse(cls, value: Mapping[str, Any] | None) -> PassConfig:
+        """Validate a ``passes`` mapping; ``ValueError`` naming the bad key or value."""
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise ValueError("passes must be a mapping, e.g. {quantise: native}")
+        unknown = sorted(set(value) - set(_KEYS))
+        if unknown:
+            raise ValueError(f"passes: unknown key {unknown[0]!r}; known: {', '.join(_KEYS)}")
+        mode = value.get("quantise", "auto")
+        if mode not in MODES:
+            raise ValueError(f"passes.quantise must be one of {', '.join(MODES)}, not {mode!r}")
+        gemm_from = value.get("gemm_from")
+        if gemm_from is not None and (isinstance(gemm_from, bool) or not isinstance(gemm_from, int)
+                                      or not 1 <= gemm_from <= 1 << 20):
+            raise ValueError(f"passes.gemm_from must be an integer from 1 to {1 << 20}, not {gemm_from!r}")
+        return cls(quantise=mode, gemm_from=gemm_from)
+
+    def merged(self, override: PassConfig | None) -> PassConfig:
+        """A model's own passes over the engine's: each key the model sets wins."""
+        if override is None:
+            return self
+        return PassConfig(quantise=override.quantise if override.quantise != "auto" else self.quantise,
+                          gemm_from=override.gemm_from if override.gemm_from is not None else self.gemm_from)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    name: str
+    status: str  # "ran" | "done at load" | "skipped"
+    detail: str
+    bytes_before: int
+    bytes_after: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def requested_dtype(dtype: str, config: PassConfig) -> str:
+    """The dtype to load in: ``bf16``/``f32`` name one (which an explicit, different dtype contradicts)."""
+    want = DENSE_DTYPES.get(config.quantise)
+    if want is None or dtype == want:
+        return dtype
+    if dtype != "auto":
+        raise ValueError(f"passes.quantise {config.quantise} contradicts dtype {dtype}")
+    return want
+
+
+def resolve_mode(mode: str, *, kernels_ok: bool, quantised_file: bool, dtype_name: str) -> str:
+    """``auto``: the file's own blocks where the C++ kernels run and the file is quantised, else dense."""
+    if mode != "auto":
+        return mode
+    if kernels_ok and quantised_file:
+        return "native"
+    return "bf16" if dtype_name == "bfloat16" else "f32"
+
+
+def run(model: nn.Module, source: Any, config: PassConfig, mode: str) -> list[PassRecord]:
+    """Every pass in order over ``model`` (loaded), with ``mode`` the resolved quantisation."""
+    records = []
+    for name, fn in PASSES:
+        before = ql.weight_bytes(model)
+        status, detail = fn(model, source, config, mode)
+        records.append(PassRecord(name, status, detail, before, ql.weight_bytes(model)))
+    return records
+
+
+def fuse_qkv(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
+    cfg = model.cfg
+    width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    got = {_out_features(layer.attn.qkv) for layer in model.layers}
+    if got != {width}:
+        raise ValueError(f"fuse_qkv: projections of {sorted(got)} rows, expected {width}")
+    return "done at load", f"q, k, v stacked into one [{width}, {cfg.hidden_size}] projection a layer (layout.py)"
+
+
+def fuse_gate_up(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
+    width = 2 * model.cfg.intermediate_size
+    got = {_out_features(layer.mlp.gate_up) for layer in model.layers}
+    if got != {width}:
+        raise ValueError(f"fuse_gate_up: projections of {sorted(got)} rows, expected {width}")
+    return "done at load", f"gate and up stacked into one [{width}, {model.cfg.hidden_size}] projection a layer"
+
+
+def fuse_add_rmsnorm(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
+    return "done at load", "residual add + RMSNorm run as one add_rms_norm kernel call (Block.forward)"
+
+
+def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
+    if mode in DENSE_DTYPES:
+        return "skipped", f"dense {DENSE_DTYPES[mode]} weights"
+    counts: dict[str, int] = {}
+    dense_left = 0
+    for slot in _slots(model):
+        qtype, blocks = _blocks_for(slot, source, mode)
+        if blocks is None:
+            dense_left += 1
+            continue
+        slot.replace(qtype, torch.from_numpy(blocks))
+        counts[ql.QTYPE_NAMES[qtype]] = counts.get(ql.QTYPE_NAMES[qtype], 0) + 1
+    kept = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+    how = "kept as stored in the file" if mode == "native" else f"re-quantised ({mode})"
+    detail = f"{kept or 'no'} projections {how}" + (f"; {dense_left} left dense (no kernel for their type)"
+                                                     if dense_left else "")
+    return "ran", detail
+
+
+def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
+    deterministic = bool(getattr(model, "deterministic", False))
+    gemm_from = config.gemm_from or ql.GEMM_FROM_ROWS
+    quantised = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
+    for m in quantised:
+        m.gemm_from, m.deterministic = gemm_from, deterministic
+    if not quantised:
+        return "ran", "dense projections: torch GEMM at every batch size"
+    if deterministic:
+        return "ran", "deterministic: the batch-invariant qmatmul kernel at every batch size"
+    return "ran", f"qmatmul kernel below {gemm_from} rows, dequantise-per-tile + GEMM from {gemm_from}"
+
+
+PASSES: tuple[tuple[str, Callable[..., tuple[str, str]]], ...] = (
+    ("fuse_qkv", fuse_qkv), ("fuse_gate_up", fuse_gate_up), ("fuse_add_rmsnorm", fuse_add_rmsnorm),
+    ("quantise", quantise), ("choose_kernels", choose_kernels),
+)
+
+
+def quantised_file(source: Any) -> bool:
+    """Whether the source stores the first layer's projections in a type the kernel multiplies."""
+    stored = getattr(source, "stored_blocks", None)
+    if stored is None:
+        return False
+    got = stored("model.layers.0.self_attn.o_proj.weight")
+    return got is not None and got[0] in ql.BLOCK_BYTES
+
+
+# ----- the projections a pass may replace ---------------------------------------------
+
+
+def _out_features(module: nn.Module) -> int:
+    return int(module.out_features)
+
+
+@dataclass
+class _Slot:
+    """One dense weight the quantise pass may replace: a layer projection, the embedding or the head."""
+
+    model: Any
+    role: str
+    layer: int | None
+    names: tuple[str, ...]  # canonical tensor names, in fused order
+
+    def dense(self) -> torch.Tensor:
+        if self.role == "embed":
+            return self.model.embed.weight
+        if self.role == "head":
+            return self.model.lm_head.weight
+        return self._owner()[0].weight
+
+    def _owner(self) -> tuple[nn.Module, str]:
+        block = self.model.layers[self.layer]
+        parent = block.attn if self.role in ("qkv", "o_proj") else block.mlp
+        return getattr(parent, self.role), self.role
+
+    def replace(self, qtype: int, blocks: torch.Tensor) -> None:
+        m = self.model
+        if self.role == "embed":
+            m.embed = ql.QuantEmbedding(blocks, qtype, m.cfg.hidden_size, m.dtype)
+            if m.lm_head is None:  # tied: the head multiplies the same blocks
+                m.head_linear = ql.QuantHead(ql.QuantLinear(m.embed.blocks, qtype, m.cfg.hidden_size))
+            return
+        if self.role == "head":
+            m.head_linear = ql.QuantHead(ql.QuantLinear(blocks, qtype, m.cfg.hidden_size))
+            m.lm_head = _Placeholder()
+            return
+        old, name = self._owner()
+        parent = m.layers[self.layer].attn if self.role in ("qkv", "o_proj") else m.layers[self.layer].mlp
+        bias = None if old.bias is None else old.bias.detach()
+        setattr(parent, name, ql.QuantLinear(blocks, qtype, old.in_features, bias))
+
+
+class _Placeholder(nn.Module):
+    """An untied head whose weights live in ``head_linear``'s blocks: ``weight`` is an empty
+    tensor, which ``Transformer.forward`` hands to ``head_linear`` unused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.empty(0), persistent=False)
+
+
+def _slots(model: Any) -> list[_Slot]:
+    by_role = {(d.role, d.layer): d for d in layout.destinations(model.cfg)}
+    out = [_Slot(model, "embed", None, by_role[("embed", None)].names)]
+    if ("head", None) in by_role:
+        out.append(_Slot(model, "head", None, by_role[("head", None)].names))
+    for i in range(model.cfg.num_layers):
+        out += [_Slot(model, role, i, by_role[(role, i)].names) for role in _LINEAR_ROLES]
+    return out
+
+
+def _blocks_for(slot: _Slot, source: Any, mode: str) -> tuple[int, np.ndarray | None]:
+    """The blocks a slot becomes: the file's (native) or a re-quantisation of its weights."""
+    if mode == "native":
+        stored = getattr(source, "stored_blocks", None)
+        parts = [stored(n) for n in slot.names] if stored is not None else [None]
+        if any(p is None for p in parts) or len({p[0] for p in parts}) != 1 or parts[0][0] not in ql.BLOCK_BYTES:
+            return 0, None
+        return parts[0][0], np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+    from gguf.quants import quantize
+
+    qtype = _REQUANT[mode]
+    weights = slot.dense().detach().float().numpy()
+    return qtype, quantize(weights, qtype)
