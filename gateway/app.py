@@ -2,7 +2,7 @@
 
 Middleware order, outermost first::
 
-    RequestContextMiddleware   request id, the context later layers fill in
+    RequestContextMiddleware   request id, the context later layers fill in; the request's trace span (gateway.tracing)
     AnthropicErrors            /v1/messages: every error body in Anthropic's shape (gateway.adapters.errors)
     AuditMiddleware            one audit event per /v1 call, on disk before the answer
     MetricsMiddleware          status and latency per route template
@@ -24,7 +24,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -47,6 +47,7 @@ from gateway.gate import AuditHealth, ServiceGate
 from gateway.middleware import BodyLimitMiddleware
 from gateway.slowclients import BodyDeadlineMiddleware
 from gateway.state import GatewayState
+from gateway.tracing import Tracing
 from gateway.traffic import TrafficPolicy
 from gateway.model_admin import ModelAdmin
 from gateway.models import _VERSION, ModelManager
@@ -57,6 +58,9 @@ from policy.errors import ApiError
 from policy.rbac import Scope
 from policy.snapshot import StoreSnapshot
 from policy.store import PolicyStore
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logging.getLogger("inferflux.gateway")
 
@@ -101,6 +105,7 @@ def create_app(
     traffic: TrafficPolicy | None = None,
     owns_models: bool = True,
     configured_models: set[str] | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> Starlette:
     """Build the app serving ``manager``'s models, guarded by ``store``'s policies.
 
@@ -109,7 +114,9 @@ def create_app(
     ``owns_models`` the app shuts the engines down when
     it stops; tests that share one engine across apps pass False.
     ``configured_models`` names the models from the configuration, which the
-    admin API may not unload (default: those in ``manager`` now).
+    admin API may not unload (default: those in ``manager`` now). With
+    ``tracing.enabled``, ``span_exporter`` replaces the exporters the OTEL_*
+    variables name (tests pass an in-memory one).
     """
     log_redaction.install()  # tests and embedders serve the app without ``serve``'s logging setup
     if owns_store is None:
@@ -138,6 +145,7 @@ def create_app(
 
     audit_health = AuditHealth()
     _watch(metrics, snapshot, audit_health)
+    tracing = Tracing.build(settings.tracing, exporter=span_exporter)  # None: off
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -157,6 +165,8 @@ def create_app(
                 await asyncio.to_thread(manager.shutdown)
             if owns_store:
                 await asyncio.to_thread(store.close)
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
 
     openapi = document("This document", tag="meta")(requires(Scope.READ)(openapi_route("InferFlux", _VERSION)))
     routes = [
@@ -168,7 +178,7 @@ def create_app(
         Console(store, authenticator, metrics).mount(),
     ]
     middleware = [
-        Middleware(RequestContextMiddleware),
+        Middleware(RequestContextMiddleware, tracing=tracing),
         Middleware(AnthropicErrors),
         Middleware(AuditMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),

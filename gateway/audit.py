@@ -41,6 +41,7 @@ from gateway.errors import render_error
 from gateway.log_redaction import redact
 from gateway.metrics import _KNOWN_METHODS, CLIENT_CLOSED_STATUS, route_template
 from gateway.streaming import sse_error_end
+from gateway.tracing import stage
 from policy.audit import AuditEvent, AuditUnavailable, Finding, admin_event, api_event
 from policy.authn.apikeys import parse_key
 
@@ -117,13 +118,15 @@ class AuditMiddleware:
             if refusal:
                 event = build_event(scope, status, app.state.traffic.digester, code=error_code(body))
                 if wait:
-                    await trail.record_refusal(refusal_key(event), event)
+                    with stage(get_context(scope), "audit"):
+                        await trail.record_refusal(refusal_key(event), event)
                 elif trail.refusals.admit(refusal_key(event), event):
                     trail.record_nowait(event)
                 return None
             event = build_event(scope, status, app.state.traffic.digester)
             if wait:
-                await trail.record(event)
+                with stage(get_context(scope), "audit"):  # on disk before the answer: part of its latency
+                    await trail.record(event)
             else:
                 trail.record_nowait(event)
             return None

@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.context import get_context
 from gateway.errors import render_error
+from gateway.tracing import stage
 from policy.authn.apikeys import looks_like_key
 from policy.authn.oidc import OidcProviderConfig, OidcVerifier, VerifiedToken
 from policy.errors import (
@@ -402,9 +403,10 @@ class AuthMiddleware:
             return
         ctx = get_context(scope)
         try:
-            ctx.principal = await self.authenticator.authenticate(
-                _header(scope, b"authorization"), _header(scope, b"x-api-key")
-            )
+            with stage(ctx, "authentication"):
+                ctx.principal = await self.authenticator.authenticate(
+                    _header(scope, b"authorization"), _header(scope, b"x-api-key")
+                )
         except PolicyError as exc:
             await render_error(exc, ctx.request_id)(scope, receive, send)
             return

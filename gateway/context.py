@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
+    from gateway.tracing import RequestTrace, Tracing
     from policy.errors import ApiError
 
 SCOPE_KEY = "inferflux.context"
@@ -54,6 +56,12 @@ class RequestContext:
     # How this call's SSE stream ends in error, once its headers are gone: each API frames it its own
     # way (OpenAI's [DONE], the Responses and Messages APIs' events). Set by the streaming response.
     stream_error_end: Callable[[ApiError], bytes] | None = None
+    # The request's OpenTelemetry span and its stages (gateway.tracing); None while tracing is off.
+    trace: RequestTrace | None = None
+
+
+# The context of the request this task serves, for what has no scope at hand (the JSON log lines).
+CURRENT: ContextVar[RequestContext | None] = ContextVar("inferflux_request", default=None)
 
 
 def get_context(conn: HTTPConnection | Scope) -> RequestContext:
@@ -67,10 +75,12 @@ def get_context(conn: HTTPConnection | Scope) -> RequestContext:
 
 
 class RequestContextMiddleware:
-    """Creates the RequestContext and echoes the request id in the response."""
+    """Creates the RequestContext and echoes the request id in the response; with ``tracing``, the
+    request's span runs from here to its last byte (the audit event's write included)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, tracing: Tracing | None = None) -> None:
         self.app = app
+        self.tracing = tracing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -82,13 +92,23 @@ class RequestContextMiddleware:
                 incoming = value.decode("latin-1")
                 break
         request_id = incoming if _REQUEST_ID_RE.match(incoming) else new_request_id()
-        scope[SCOPE_KEY] = RequestContext(request_id=request_id)
+        scope[SCOPE_KEY] = ctx = RequestContext(request_id=request_id)
+        if self.tracing is not None:
+            ctx.trace = self.tracing.begin(scope, ctx)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
                 if REQUEST_ID_HEADER not in headers:
                     headers.append(REQUEST_ID_HEADER, request_id)
+                if ctx.trace is not None:
+                    ctx.trace.status = message["status"]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        token = CURRENT.set(ctx)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            CURRENT.reset(token)
+            if ctx.trace is not None:
+                ctx.trace.end(scope, ctx)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from backends.engine import RequestTimings
 from backends.engine.errors import (
     CacheCapacityError,
     EngineDeadError,
@@ -73,6 +74,26 @@ class _Failed:
 
 
 @dataclass
+class _Clock:
+    """One choice's moments (``time.perf_counter()``): the engine's timings from its last output; a
+    remote model's, or a choice cut short, from what the gateway saw (no queue: admitted on arrival)."""
+
+    started: float = 0.0
+    first: float = 0.0
+    last: float = 0.0
+    engine: RequestTimings | None = None
+
+    def saw(self, out: RequestOutput) -> None:
+        self.last = time.perf_counter()
+        if not self.first and (out.new_token_ids or out.new_text):
+            self.first = self.last
+        self.engine = out.timings or self.engine
+
+    def timings(self) -> RequestTimings:
+        return self.engine or RequestTimings(self.started, self.started, self.first or self.last, self.last)
+
+
+@dataclass
 class Usage:
     prompt_tokens_by_prompt: dict[int, int] = field(default_factory=dict)
     completion_tokens_by_choice: dict[int, int] = field(default_factory=dict)
@@ -114,6 +135,7 @@ class Generation:
         param_names: dict[str, str] | None = None,
         output_check: Callable[[], OutputStream] | None = None,
         tool_stream: Callable[[], ToolStream] | None = None,
+        timed: bool = False,
     ) -> None:
         self.served = served
         self.choices = choices
@@ -137,6 +159,8 @@ class Generation:
         self._tools = {c.index: tool_stream() for c in choices} if tool_stream is not None else {}
         self.output_findings: list[Any] = []
         self._text: dict[int, list[str]] = {c.index: [] for c in choices}  # what went out, for the audit digest
+        # ``timed`` (a traced request): each choice's moments, for ``timings``.
+        self._clocks = {c.index: _Clock() for c in choices} if timed else None
 
     async def __aenter__(self) -> Generation:
         self.start()
@@ -153,6 +177,8 @@ class Generation:
         self._task_of = {c.index: t for c, t in zip(self.choices, self._tasks)}
 
     async def _run(self, choice: ChoiceSpec) -> None:
+        if self._clocks is not None:
+            self._clocks[choice.index].started = time.perf_counter()
         stream = self.served.engine.stream(choice.request)
         try:
             # aclosing: the generator is closed in the task that iterated it,
@@ -181,6 +207,8 @@ class Generation:
             if isinstance(item, _Failed):
                 raise self._to_gateway_error(item.error)
             out = item.output
+            if self._clocks is not None:
+                self._clocks[item.index].saw(out)
             self.usage.prompt_tokens_by_prompt[self._by_index[item.index].prompt_index] = out.prompt_tokens
             self.usage.completion_tokens_by_choice[item.index] = out.completion_tokens
             # A remote model's outputs carry text but no token ids.
@@ -201,6 +229,18 @@ class Generation:
             self._text[item.index].append(item.output.new_text)
             return item
         raise StopAsyncIteration
+
+    def timings(self) -> RequestTimings | None:
+        """When the request's choices arrived, were admitted, got their first and last tokens (the
+        earliest of each, the latest last): its trace's engine stages. None unless ``timed``, or
+        before any choice said anything."""
+        if self._clocks is None:
+            return None
+        seen = [clock.timings() for clock in self._clocks.values() if clock.last]
+        if not seen:
+            return None
+        return RequestTimings(min(t.arrived for t in seen), min(t.admitted for t in seen),
+                              min(t.first_token for t in seen), max(t.finished for t in seen))  # fmt: skip
 
     def texts(self) -> list[str]:
         """Each choice's text as sent so far (its calls written after it), in choice order."""

@@ -12,12 +12,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.context import SCOPE_KEY
 
 if TYPE_CHECKING:
     from backends.engine import EngineStats
@@ -169,6 +172,12 @@ class GatewayMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def render_for(self, accept: str) -> tuple[bytes, str]:
+        """The scrape in the format ``accept`` negotiates: OpenMetrics (which carries the latency
+        histograms' exemplars, the trace ids of sampled requests) or Prometheus' text format."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type
+
 
 def route_template(scope: Scope) -> str:
     """The matched route's path template; a fixed label for unmatched paths.
@@ -210,9 +219,13 @@ class MetricsMiddleware:
             method = scope.get("method", "")
             method = method if method in _KNOWN_METHODS else "other"
             self.metrics.requests.labels(route, method, str(status)).inc()
-            self.metrics.latency.labels(route, method).observe(time.perf_counter() - started)
+            # A traced request links its latency to its trace (an exemplar, shown in OpenMetrics scrapes).
+            trace = ctx.trace if (ctx := scope.get(SCOPE_KEY)) is not None else None
+            exemplar = trace.exemplar() if trace is not None else None
+            self.metrics.latency.labels(route, method).observe(time.perf_counter() - started, exemplar)
 
 
 async def metrics_route(request: Request) -> Response:
     metrics: GatewayMetrics = request.app.state.metrics
-    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    body, content_type = metrics.render_for(request.headers.get("accept", ""))
+    return Response(body, headers={"content-type": content_type})

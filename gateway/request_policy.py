@@ -56,6 +56,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.plan import GenerationRequest, Placement, Plan
 from gateway.state import state_of
 from gateway.tool_calls import ToolStream
+from gateway.tracing import TRACE_HEADERS, GuardMeter, stage
 from policy.errors import ApiError
 from policy.guardrails import Guardrails, OpaDecision, opa_input, request_texts, with_texts
 from policy.ratelimit import Admission, Denial, RateLimiter, Scheduling
@@ -102,16 +103,18 @@ class RequestPolicy:
         self._settling: set[asyncio.Task[None]] = state.traffic_tasks
         self.guards: Guardrails | None = None
         self.headers: dict[str, str] = {}  # the rate-limit headers of the admitted request (set by ``start``)
+        self._meter: GuardMeter | None = None  # the output guardrails' time, for a traced request
 
     # -- 1. input guardrails
 
     async def screen(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body as the tenant's input guardrails let it through (redacted, perhaps); raises on a block."""
-        self.guards = guards = await self._resolver.resolve(self.principal.tenant_id)
-        self.ctx.prompt_texts = request_texts(body)
-        if not guards.checks_input:
-            return body
-        decision = guards.check_input(self.ctx.prompt_texts)
+        with stage(self.ctx, "guardrails.input"):
+            self.guards = guards = await self._resolver.resolve(self.principal.tenant_id)
+            self.ctx.prompt_texts = request_texts(body)
+            if not guards.checks_input:
+                return body
+            decision = guards.check_input(self.ctx.prompt_texts)
         self._note_findings("input", decision.findings)
         if not decision.allowed:
             self.ctx.reasons += list(decision.reasons)
@@ -153,9 +156,13 @@ class RequestPolicy:
                          upstream_headers=self.upstream_headers())  # fmt: skip
 
     def upstream_headers(self) -> tuple[tuple[str, str], ...]:
-        """Of the client's headers, the only ones a remote model's upstream sees (its credentials never do)."""
-        headers = self.request.headers
-        return tuple((h, headers[h]) for h in self.settings.upstreams.forward_headers if h in headers)
+        """Of the client's headers, the only ones a remote model's upstream sees (its credentials never do).
+        A traced request's ``traceparent`` (and ``tracestate``) name its span instead of the client's."""
+        headers, allowed = self.request.headers, self.settings.upstreams.forward_headers
+        if self.ctx.trace is not None:
+            ours = self.ctx.trace.headers()
+            headers = {**{h: headers[h] for h in allowed if h in headers and h not in TRACE_HEADERS}, **ours}
+        return tuple((h, headers[h]) for h in allowed if h in headers)
 
     # -- 3. admission, limits, OPA; the engine starts
 
@@ -168,13 +175,15 @@ class RequestPolicy:
         gen: Generation | None = None
         try:
             if document is not None and guards.inline_engines:
-                self._refuse_if_denied(guards.authorize_inline(document))  # before the engine gets it
+                with stage(self.ctx, "opa"):
+                    self._refuse_if_denied(guards.authorize_inline(document))  # before the engine gets it
             gen = self._generation(plan, admission)
             # The engine starts, the awaited policies decide while it works, and none of
             # its output goes out before they allow.
             gen.start()
             if document is not None and guards.deferred_engines:
-                self._refuse_if_denied(await guards.authorize_deferred(document))
+                with stage(self.ctx, "opa", **{"inferflux.concurrent": True}):
+                    self._refuse_if_denied(await guards.authorize_deferred(document))
         except BaseException:
             # Refused after all: abort the sequences, and give back the tokens reserved
             # for them (the request itself was counted when it was admitted).
@@ -214,8 +223,9 @@ class RequestPolicy:
     async def _admit_and_reserve(self, work: Work) -> Admission:
         """3a: the engine's queue, then the limits; a request refused here is first put to every OPA policy."""
         try:
-            self._admit(work)
-            return await self._reserve(work)
+            with stage(self.ctx, "limits"):
+                self._admit(work)
+                return await self._reserve(work)
         except ApiError:
             await self._authorize_all(work)  # a policy's refusal answers first
             raise
@@ -250,8 +260,9 @@ class RequestPolicy:
 
     async def _reserve(self, work: Work) -> Admission:
         """Rate limits and quotas for the request's estimated tokens; raises 429 (or 503) when refused."""
+        price = await state_of(self.request).traffic.prices.price_for(work.served.name)  # for spend budgets
         result = await self.limiter.check_and_reserve(
-            self.principal, prompt_tokens=work.prompt_tokens, max_tokens=work.completion_tokens
+            self.principal, prompt_tokens=work.prompt_tokens, max_tokens=work.completion_tokens, price=price
         )
         if isinstance(result, Denial):
             self.metrics.ratelimit_denied.labels(result.dimension.value, result.level.value).inc()
@@ -276,7 +287,8 @@ class RequestPolicy:
         """Every OPA policy's decision, at once (for a request refused anyway, whose policy refusal answers
         first, and for an embeddings request, which has no engine start to overlap them with)."""
         if self._guards.engines:
-            self._refuse_if_denied(await self._guards.authorize(self._opa_document(work)))
+            with stage(self.ctx, "opa"):
+                self._refuse_if_denied(await self._guards.authorize(self._opa_document(work)))
 
     def _refuse_if_denied(self, decision: OpaDecision) -> None:
         """PolicyDenied (403), or 503 when a policy failed closed, unless ``decision`` allows."""
@@ -285,16 +297,24 @@ class RequestPolicy:
         decision.raise_for_deny()
 
     def _generation(self, plan: Plan, admission: Admission) -> Generation:
-        guards, model = self._guards, plan.served.name
+        guards, model, trace = self._guards, plan.served.name, self.ctx.trace
+        output_check = guards.output_stream if guards.checks_output else None
+        ttft = self.metrics.ttft.labels(model)
+        on_first_token = ttft.observe
+        if trace is not None:  # its stages timed: the output guardrails' checks, the engine's moments
+            self._meter = meter = GuardMeter()
+            output_check = meter.timed(output_check) if output_check is not None else None
+            on_first_token = lambda seconds: ttft.observe(seconds, trace.exemplar())  # noqa: E731
         return Generation(
             plan.served,
             plan.choices,
             param_names=plan.param_names,
             started=self.ctx.started,
-            on_first_token=self.metrics.ttft.labels(model).observe,
+            on_first_token=on_first_token,
             on_close=lambda gen: self._finish(gen, model, admission),
-            output_check=guards.output_stream if guards.checks_output else None,
+            output_check=output_check,
             tool_stream=(lambda: ToolStream(tools, guards)) if (tools := plan.tools) is not None else None,
+            timed=trace is not None,
         )
 
     # -- 4. settlement
@@ -302,6 +322,11 @@ class RequestPolicy:
     def _finish(self, gen: Generation, model: str, admission: Admission) -> None:
         """Record what the request used and settle it with the limiter (real counts, off the request path)."""
         self._note_findings("output", gen.output_findings)
+        if (trace := self.ctx.trace) is not None:
+            if (timings := gen.timings()) is not None:
+                trace.engine(timings)
+            if self._meter is not None:
+                trace.output_checks(self._meter)
         self.ctx.completion_texts = gen.texts()
         self.ctx.tool_calls = gen.tool_names()
         self._settle(model, admission, gen.usage.prompt_tokens, gen.usage.completion_tokens)

@@ -43,6 +43,7 @@ from gateway.rendering import ChatRenderer, CompletionRenderer, Renderer, collec
 from gateway.request_policy import RequestPolicy
 from gateway.state import state_of
 from gateway.streaming import ClientDisconnected, SSEResponse, drain_deadline, run_until_disconnect
+from gateway.tracing import stage
 from policy.errors import ApiError
 from policy.rbac import Scope
 
@@ -61,7 +62,8 @@ async def read_json(request: Request) -> dict[str, Any]:
         media_type = content_type.split(";", 1)[0].strip().lower()
         if media_type != "application/json" and not media_type.endswith("+json"):
             raise UnsupportedMediaType(f"Content-Type must be application/json, not {media_type or 'empty'!r}")
-    return decode_json_body(await request.body(), state_of(request).json_limits)
+    with stage(get_context(request), "read_body"):
+        return decode_json_body(await request.body(), state_of(request).json_limits)
 
 
 def _manager(request: Request) -> ModelManager:
@@ -114,15 +116,16 @@ async def _prepare(
 ) -> tuple[Req, Plan]:
     """The generation's checked plan: input guardrails on ``body``, parse, allow-list, placement, plan."""
     body = await policy.screen(body)
-    req = parse_request(kind, body, state_of(request).stop_limits)
-    served = _resolve(request, req.model)
-    placement = await policy.place(req)
-    if served.remote:  # no tokenizer to run: an upstream serves it
-        plan_for = plan_remote  # type: ignore[assignment]
-    # A grammar is compiled while planning (milliseconds; the model's first builds its vocabulary, ~0.5 s).
-    if len(await request.body()) <= INLINE_PLAN_BYTES and req.guided() is None:
-        return req, plan_for(served, req, placement)
-    return req, await run_in_threadpool(plan_for, served, req, placement)
+    with stage(policy.ctx, "plan"):
+        req = parse_request(kind, body, state_of(request).stop_limits)
+        served = _resolve(request, req.model)
+        placement = await policy.place(req)
+        if served.remote:  # no tokenizer to run: an upstream serves it
+            plan_for = plan_remote  # type: ignore[assignment]
+        # A grammar is compiled while planning (milliseconds; the model's first builds its vocabulary, ~0.5 s).
+        if len(await request.body()) <= INLINE_PLAN_BYTES and req.guided() is None:
+            return req, plan_for(served, req, placement)
+        return req, await run_in_threadpool(plan_for, served, req, placement)
 
 
 async def _answer(
@@ -211,7 +214,8 @@ async def embeddings(request: Request) -> Response:
     plan = plan_embeddings(*args) if small else await run_in_threadpool(plan_embeddings, *args)
     try:
         async with policy.embedding(plan) as use:
-            result = await run_until_disconnect(request.receive, embed(plan), drain_deadline(request.scope))
+            with stage(policy.ctx, "embed"):
+                result = await run_until_disconnect(request.receive, embed(plan), drain_deadline(request.scope))
             use.prompt_tokens = result.prompt_tokens
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED_STATUS)
