@@ -189,3 +189,30 @@ def _violations(client: TestClient) -> float:
         if line.startswith("inferflux_console_csp_violations "):
             return float(line.split()[1])
     raise AssertionError("no inferflux_console_csp_violations gauge")
+
+
+def test_models_usage_and_live_pages(world: tuple[Seeded, Any]) -> None:
+    seeded, main = world
+    client = client_of(main)
+    csrf = sign_in(client, key_of(seeded.admin))
+    # A JSON-body form: the body goes to the API as typed, and comes back with the API's refusal.
+    for body in ("{", '{"name": "ghost", "path": "/nonexistent/ghost.gguf", "colour": 1}', '{"path": "/x"}'):
+        api = client.post("/admin/v1/models", headers={**seeded.admin, "content-type": "application/json"},
+                          content=body)  # fmt: skip
+        page = client.post("/console/models", data={"csrf": csrf, "body": body})
+        assert page.status_code == api.status_code and 400 <= api.status_code < 500, (body, api.text)
+        assert error_of(api)["message"] in page.text.replace("&#39;", "'").replace("&#34;", '"'), body
+    listed = client.get("/console/models")
+    assert listed.status_code == 200 and 'data-page="models"' in listed.text
+    # Usage: the API's route when the gateway has one, a note when it has not.
+    api = client.get("/admin/v1/usage", headers=seeded.admin)
+    usage = client.get("/console/usage")
+    if api.status_code == 404 and error_of(api)["message"].startswith("No route"):
+        assert usage.status_code == 200 and 'id="usage-missing"' in usage.text
+    else:
+        assert usage.status_code == api.status_code
+    # The live panel's events: one JSON snapshot a second (no model is served here).
+    with client.stream("GET", "/console/live/events") as events:
+        assert events.status_code == 200 and events.headers["content-type"].startswith("text/event-stream")
+        first = next(line for line in events.iter_lines() if line.startswith("data: "))
+    assert __import__("json").loads(first[len("data: "):])["models"] == []
