@@ -179,6 +179,7 @@ class Console:
 
     def _signed_in(self, request: Request, principal: Principal, id_token: str | None, next_path: str | None) -> Response:
         get_context(request).principal = principal
+        self.sessions.close(request.cookies.get(COOKIE))  # a session id is never carried over a sign-in
         cookie, _ = self.sessions.open(principal, id_token=id_token)
         target = _safe_next(next_path)
         # Back from an identity provider's site: a page of ours moves on (see continue_page).
@@ -263,7 +264,10 @@ class Console:
         return RedirectResponse("/console/" + base, status_code=303)
 
     async def data(self, request: Request, session: Session) -> Response:
-        """``GET /admin/v1/<path>``'s answer as it is: status and JSON."""
+        """``GET /admin/v1/<path>``'s answer as it is: status and JSON (a stream is not relayed: the audit's
+        live tail is the API's own ``/admin/v1/audit/stream``; the console would hold it open forever)."""
+        if request.path_params["path"].rstrip("/").endswith("/stream"):
+            return render_error(_no_route(request), get_context(request).request_id)
         query = dict(request.query_params)
         answer = await call_api(request, "GET", API_PREFIX + "/" + request.path_params["path"], query=query)
         return Response(answer.body, status_code=answer.status, media_type=answer.content_type or None)

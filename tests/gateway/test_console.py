@@ -216,3 +216,16 @@ def test_models_usage_and_live_pages(world: tuple[Seeded, Any]) -> None:
         assert events.status_code == 200 and events.headers["content-type"].startswith("text/event-stream")
         first = next(line for line in events.iter_lines() if line.startswith("data: "))
     assert __import__("json").loads(first[len("data: "):])["models"] == []
+
+
+def test_signing_in_again_replaces_the_session_and_streams_are_not_relayed(world: tuple[Seeded, Any]) -> None:
+    seeded, main = world
+    client = client_of(main)
+    sign_in(client, key_of(seeded.admin))
+    first = client.cookies["inferflux_console"]
+    sign_in(client, key_of(seeded.admin))
+    assert client.cookies["inferflux_console"] != first
+    stale = client_of(main)
+    stale.cookies.set("inferflux_console", first, path="/console")
+    assert stale.get("/console/", follow_redirects=False).status_code == 303
+    assert client.get("/console/api/audit/stream").status_code == 404
