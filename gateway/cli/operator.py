@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 
@@ -42,8 +41,9 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
     level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from gateway import log_redaction
+    from gateway import log_redaction, structured_logs
+
+    structured_logs.configure(settings.log_format, level)  # text, or one JSON object a line
 
     log_redaction.install()  # no credential reaches a log line (the access log prints query strings)
 
@@ -53,6 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway import drain
     from gateway.app import create_app
     from gateway.slowclients import server_options
+    from gateway.tracing import TracingConfigError
     from gateway.models import ModelManager, engine_config_from, load_served_model
 
     from gateway.model_admin import ModelAdmin
@@ -93,13 +94,19 @@ def _serve(args: argparse.Namespace) -> int:
 
     # The app closes the store at shutdown: uvicorn re-raises the signal that
     # stopped it, so nothing after uvicorn.run() is sure to run.
-    app = create_app(settings, manager, store=store, owns_store=True, configured_models=configured)
+    try:
+        app = create_app(settings, manager, store=store, owns_store=True, configured_models=configured)
+    except TracingConfigError as exc:  # an OTEL_* variable asks for what is not installed
+        print_error(str(exc))
+        manager.shutdown()
+        store.close()
+        return EXIT_FAILURE
     drain.serve(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        log_config=log_redaction.log_config(),
+        log_config=log_redaction.log_config(settings.log_format),
         # SIGTERM: readiness fails, new requests get 503, requests in flight get this long.
         grace=settings.server.shutdown_grace_seconds,
         # Slow clients: header and keep-alive deadlines (the body's is a middleware of the app).
