@@ -29,7 +29,11 @@ sockets, whose noise would swamp the difference):
   has a Rego policy of its own, one that reads the request id, so that no
   decision of it can be remembered (``policy.guardrails.opa_cache``): a
   tenant's policy is evaluated on the OPA thread pool, beside the engine, for
-  every request: what a tenant's uncacheable Rego adds.
+  every request: what a tenant's uncacheable Rego adds;
+* ``on-traced`` (with ``--traced``): ``on`` with ``tracing.enabled``, every
+  request sampled, a span per stage made and ended on the request path, exported
+  where ``OTEL_TRACES_EXPORTER`` says (``none`` unless it is set): what tracing
+  adds to the request; its ``on`` variant is the chain with tracing off.
 
 The request is ``POST /v1/completions`` with a 12-token prompt that holds an
 e-mail address (``off`` sends it already redacted, so the engine's work is the
@@ -68,6 +72,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import platform
 import statistics
 import sys
@@ -88,7 +93,7 @@ from backends.engine import EngineConfig, RequestOutput  # noqa: E402
 from backends.models import default_model_path  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.models import ModelManager, load_served_model  # noqa: E402
-from gateway.settings import DEFAULT_MODEL_NAME, AuditSettings, Settings  # noqa: E402
+from gateway.settings import DEFAULT_MODEL_NAME, AuditSettings, Settings, TracingSettings  # noqa: E402
 from policy.audit.events import api_event  # noqa: E402
 from policy.guardrails import EMPTY, opa_input  # noqa: E402
 from policy.guardrails.opa import EmbeddedRego  # noqa: E402
@@ -301,7 +306,7 @@ class Setup:
         self.store.close()
 
 
-def setup(dtype: str, *, stand_in_engine: bool = False) -> Setup:
+def setup(dtype: str, *, stand_in_engine: bool = False, traced: bool = False) -> Setup:
     """The store with the ``on`` tenant's policies, the model, and the three apps (not started)."""
     data_dir = Path(tempfile.mkdtemp(prefix="bench-policy-"))
     store = PolicyStore.open(Settings(data_dir=data_dir).store, data_dir)
@@ -345,15 +350,21 @@ def setup(dtype: str, *, stand_in_engine: bool = False) -> Setup:
                                          owns_models=False)  # its engines' caches are turned off once built (run)
     apps["on-tenant-rego"] = create_app(Settings(data_dir=data_dir / "on-tenant-rego"), manager, store=store,
                                         owns_models=False)
+    if traced:
+        apps["on-traced"] = create_app(Settings(data_dir=data_dir / "on-traced", tracing=TracingSettings(enabled=True)),
+                                       manager, store=store, owns_models=False)  # fmt: skip
     bearer, own_bearer = {"authorization": f"Bearer {key}"}, {"authorization": f"Bearer {own_key}"}
-    headers = {"off": {}, "on": bearer, "on-fsync": bearer, "on-opa-uncached": bearer, "on-tenant-rego": own_bearer}
+    headers = {"off": {}, "on": bearer, "on-fsync": bearer, "on-opa-uncached": bearer, "on-tenant-rego": own_bearer,
+               "on-traced": bearer}  # fmt: skip
     own_principal = Principal(tenant_id=own.id, tenant_name="bench-rego", subject="key:bench", kind="api_key",
                               roles=frozenset({"member"}))
     return Setup(apps, headers, served, store, principal, own_principal)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    bench = setup(args.dtype, stand_in_engine=args.stand_in_engine)
+    if args.traced:  # spans made and ended on the request path; exported nowhere unless the OTEL_* variables say
+        os.environ.setdefault("OTEL_TRACES_EXPORTER", "none")
+    bench = setup(args.dtype, stand_in_engine=args.stand_in_engine, traced=args.traced)
     apps, headers, principal = bench.apps, bench.headers, bench.principal
     clock = EngineClock(bench.served.engine)
     # Per variant, per round: the round's requests' end-to-end latencies and gateway times (seconds).
@@ -396,12 +407,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "rps": statistics.median(rps[name]),
         }
 
-    def added(name: str, q: float, rounds: dict[str, list[list[float]]]) -> float:
-        """ms ``name`` adds to ``off`` at percentile ``q``: p50 paired round by round, p99 over all requests."""
+    def added(name: str, q: float, rounds: dict[str, list[list[float]]], base: str = "off") -> float:
+        """ms ``name`` adds to ``base`` at percentile ``q``: p50 paired round by round, p99 over all requests."""
         if q == 50:
-            return statistics.median(pct(a, 50) - pct(b, 50) for a, b in zip(rounds[name], rounds["off"])) * 1000
-        pooled = {n: [x for r in rounds[n] for x in r] for n in (name, "off")}
-        return (pct(pooled[name], q) - pct(pooled["off"], q)) * 1000
+            return statistics.median(pct(a, 50) - pct(b, 50) for a, b in zip(rounds[name], rounds[base])) * 1000
+        pooled = {n: [x for r in rounds[n] for x in r] for n in (name, base)}
+        return (pct(pooled[name], q) - pct(pooled[base], q)) * 1000
 
     off, on, fsync, own = summary("off"), summary("on"), summary("on-fsync"), summary("on-tenant-rego")
     uncached = summary("on-opa-uncached")
@@ -429,6 +440,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "tenant_rego_added_gateway_p50_ms": added("on-tenant-rego", 50, gateway),
         "tenant_rego_rps_ratio": own["rps"] / off["rps"],
         "components": stages,
+        **({"on-traced": summary("on-traced"), "traced_added_to_on_p50_ms": added("on-traced", 50, latency, "on"),
+            "traced_added_to_on_gateway_p50_ms": added("on-traced", 50, gateway, "on")} if args.traced else {}),
     }
 
 
@@ -447,6 +460,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--stand-in-engine", action="store_true",
                         help="answer at once instead of generating: the gateway's own cost alone (a diagnostic)")
+    parser.add_argument("--traced", action="store_true",
+                        help="add on-traced: on with tracing.enabled (OTEL_TRACES_EXPORTER, default here none)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
     report = asyncio.run(run(args))
@@ -456,7 +471,7 @@ def main() -> None:
           f"{args.throughput_rounds} rounds x {args.throughput_requests} requests at concurrency {args.concurrency}")
     print("| variant | end-to-end p50 ms | p99 ms | gateway time p50 ms | p99 ms | requests/s |")
     print("|---|---|---|---|---|---|")
-    for name in ("off", "on", "on-fsync", "on-opa-uncached", "on-tenant-rego"):
+    for name in ("off", "on", "on-fsync", "on-opa-uncached", "on-tenant-rego", *(("on-traced",) if args.traced else ())):
         row = report[name]
         print(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['gateway_p50_ms']:.2f} "
               f"| {row['gateway_p99_ms']:.2f} | {row['rps']:.1f} |")
@@ -475,6 +490,9 @@ def main() -> None:
     print(f"with a tenant's own, uncacheable Rego policy too: p50 {report['tenant_rego_added_p50_ms']:+.2f} ms end to end, "
           f"gateway time p50 {report['tenant_rego_added_gateway_p50_ms']:+.2f} ms, "
           f"requests/s on-tenant-rego/off = {report['tenant_rego_rps_ratio']:.2f}")
+    if args.traced:
+        print(f"with tracing on (on-traced minus on, same round): p50 {report['traced_added_to_on_p50_ms']:+.2f} ms "
+              f"end to end, gateway time p50 {report['traced_added_to_on_gateway_p50_ms']:+.2f} ms")
     print("\neach stage alone, engine idle (500 calls):")
     print("| stage | p50 ms | p99 ms |")
     print("|---|---|---|")
