@@ -1,11 +1,16 @@
 """``inferctl``: run the server, administer its store, and small clients for a running one.
 
 A module per audience: ``operator`` (``serve``, ``backends``), ``store``
-(``db``, ``admin``, ``audit``: on the policy store itself, no server needed),
-and the clients of a running server: ``generate`` (``models``, ``complete``,
-``chat``, ``embed``), ``admin_api`` (``whoami``, ``tenants``, ``keys``), ``idps``,
-``credentials`` and ``served_models``, over ``client`` (the connection, errors, tables). ``common`` holds the exit
-codes and the one-line error every command reports with.
+(``db``, ``admin rotate-key``, ``audit verify``: on the policy store itself,
+no server needed), and the clients of a running server: ``status``,
+``generate`` (``models``, ``complete``, ``chat``; ``interactive``: ``chat
+--interactive``), ``admin_api`` (``whoami``, ``tenants``, ``keys``), ``idps``,
+``credentials`` and ``served_models`` (also as ``admin oidc|credentials|models``),
+``guardrails`` and ``limits`` (``admin guardrails|limits``), ``audit_tail``
+(``audit tail``), over ``client`` (the connection, errors, tables) and
+``progress`` (a progress line on a terminal). ``completion`` prints shell
+completion from this parser. ``common`` holds the exit codes and the one-line
+error every command reports with.
 """
 
 from __future__ import annotations
@@ -15,8 +20,21 @@ from collections.abc import Sequence
 
 import httpx
 
-from gateway.cli import admin_api, credentials, generate, idps, operator, served_models, store
-from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ClientError, print_error
+from gateway.cli import (
+    admin_api,
+    audit_tail,
+    completion,
+    credentials,
+    generate,
+    guardrails,
+    idps,
+    limits,
+    operator,
+    served_models,
+    status,
+    store,
+)
+from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ClientError, print_error, subparsers_of
 from gateway.settings import ConfigError
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "ClientError", "build_parser", "main"]
@@ -31,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # The order of 'inferctl --help': the server, the clients, then the store.
     operator.add_parsers(sub)
+    status.add_parser(sub)
     generate.add_models_parser(sub)
     admin_api.add_parsers(sub)
     idps.add_parser(sub)
@@ -38,7 +57,24 @@ def build_parser() -> argparse.ArgumentParser:
     served_models.add_parser(sub)
     generate.add_generation_parsers(sub)
     store.add_parsers(sub)
+    _add_admin_api_groups(sub.choices["admin"])
+    audit_tail.add_parser(sub.choices["audit"])
+    completion.add_parser(sub, parser)
     return parser
+
+
+def _add_admin_api_groups(admin: argparse.ArgumentParser) -> None:
+    """``inferctl admin``'s groups over a running server's API, beside ``rotate-key`` (the store itself).
+
+    ``models``, ``oidc`` and ``credentials`` are the top-level ``served-models``,
+    ``idps`` and ``credentials`` under the names the admin group gives them.
+    """
+    groups = subparsers_of(admin)
+    served_models.add_parser(groups, "models")
+    guardrails.add_parser(groups)
+    limits.add_parser(groups)
+    idps.add_parser(groups, "oidc")
+    credentials.add_parser(groups, "credentials")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

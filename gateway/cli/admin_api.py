@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from gateway.cli.client import add_client_options, admin_call, list_all, show
+from gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
 from gateway.cli.common import EXIT_OK, positive_int
 
 _TENANT_COLUMNS = ("id", "name", "display_name", "disabled", "allowed_models")
@@ -33,8 +33,7 @@ def _tenants(args: argparse.Namespace) -> int:
     if args.action == "enable":
         return show(args, admin_call(args, "PATCH", f"/tenants/{args.tenant}", {"disabled": False}), _TENANT_COLUMNS)
     admin_call(args, "DELETE", f"/tenants/{args.tenant}")
-    print(f"deleted tenant {args.tenant}")
-    return EXIT_OK
+    return deleted(args, "tenant", args.tenant)
 
 
 def _print_new_key(args: argparse.Namespace, record: dict[str, Any]) -> int:

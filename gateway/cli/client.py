@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, SSEError
 
 from gateway.cli.common import EXIT_OK, ClientError
 
@@ -96,3 +97,40 @@ def _cell(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(map(str, value)) or "(none)"
     return str(value)
+
+
+def json_object(value: str, flag: str) -> dict[str, Any]:
+    """A JSON object given inline or as ``@file`` (for ``flag``); ClientError naming the flag otherwise."""
+    try:
+        if value.startswith("@"):
+            with open(value[1:], encoding="utf-8") as handle:
+                value = handle.read()
+        parsed = json.loads(value)
+    except (OSError, ValueError) as exc:
+        raise ClientError(f"{flag} takes a JSON object, inline or as @file: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise ClientError(f"{flag} takes a JSON object, e.g. '{{\"key\": \"value\"}}'")
+    return parsed
+
+
+def deleted(args: argparse.Namespace, what: str, ident: str) -> int:
+    """Report a deletion: one line, or ``{"id": ..., "deleted": true}`` with ``--json``."""
+    if getattr(args, "json", False):
+        print(json.dumps({"id": ident, "deleted": True}))
+    else:
+        print(f"deleted {what} {ident}")
+    return EXIT_OK
+
+
+def stream_payloads(events: EventSource) -> Iterator[dict[str, Any]]:
+    """The JSON payloads of a generation's stream, until ``[DONE]``; ClientError for an error in it."""
+    try:
+        for event in events.iter_sse():
+            if event.data == "[DONE]":
+                return
+            payload = json.loads(event.data)
+            if "error" in payload:
+                raise ClientError(payload["error"].get("message", "error in stream"))
+            yield payload
+    except SSEError as exc:  # a 2xx answer that is not an event stream
+        raise ClientError(str(exc)) from None

@@ -27,3 +27,16 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"not a positive integer: {value!r}")
     return number
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name (aliases included); empty for a leaf command."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def subparsers_of(parser: argparse.ArgumentParser) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """The action holding a parser's subcommands, to add more to it (the parser must have them)."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

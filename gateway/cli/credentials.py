@@ -14,8 +14,8 @@ import getpass
 import os
 import sys
 
-from gateway.cli.client import add_client_options, admin_call, list_all, show
-from gateway.cli.common import EXIT_OK, ClientError
+from gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
+from gateway.cli.common import ClientError
 
 _COLUMNS = ("id", "name", "created_at", "updated_at")
 _PATH = "/credentials"
@@ -51,8 +51,7 @@ def _credentials(args: argparse.Namespace) -> int:
         body = {"secret": read_secret(args)}
         return show(args, admin_call(args, "POST", f"{_PATH}/{args.credential}/rotate", body), _COLUMNS)
     admin_call(args, "DELETE", f"{_PATH}/{args.credential}")
-    print(f"deleted credential {args.credential}")
-    return EXIT_OK
+    return deleted(args, "credential", args.credential)
 
 
 def _add_secret_options(parser: argparse.ArgumentParser) -> None:
@@ -62,10 +61,12 @@ def _add_secret_options(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--secret-env", metavar="VAR", help="read the secret from environment variable VAR")
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str = "credentials"
+) -> argparse.ArgumentParser:
     """Add ``credentials list|create|show|rotate|delete`` to ``inferctl``'s subcommands."""
     credentials = subparsers.add_parser(
-        "credentials",
+        name,
         help="manage the upstream credentials of a running server (platform admin)",
         description=(__doc__ or "").split("\n\n", 1)[1].replace("``", "'"),
     )

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from httpx_sse import EventSource, SSEError, connect_sse
+from httpx_sse import connect_sse
 
-from gateway.cli.client import add_client_options, connect, raise_for_error
+from gateway.cli import interactive
+from gateway.cli.client import add_client_options, connect, raise_for_error, stream_payloads
 from gateway.cli.common import EXIT_OK, ClientError
 
 # (a choice of the answer, whether it is the whole answer rather than a stream's chunk) -> its text
@@ -35,20 +36,6 @@ def _models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _payloads(events: EventSource) -> Iterator[dict[str, Any]]:
-    """The JSON payloads of a generation's stream, until ``[DONE]``; ClientError for an error in it."""
-    try:
-        for event in events.iter_sse():
-            if event.data == "[DONE]":
-                return
-            payload = json.loads(event.data)
-            if "error" in payload:
-                raise ClientError(payload["error"].get("message", "error in stream"))
-            yield payload
-    except SSEError as exc:  # a 2xx answer that is not an event stream
-        raise ClientError(str(exc)) from None
-
-
 def _model(client: Any, model: str | None) -> str:
     """``model``, or the first model the server lists."""
     if model is not None:
@@ -66,14 +53,16 @@ def _generate(args: argparse.Namespace, path: str, body: dict[str, Any], text_of
         body = {**body, "model": _model(client, args.model), "max_tokens": args.max_tokens, "stream": not args.no_stream}
         if args.temperature is not None:
             body["temperature"] = args.temperature
-        if args.no_stream:
+        if args.no_stream or args.json:
+            body["stream"] = False
             response = client.post(path, json=body)
             raise_for_error(response)
-            print(text_of(response.json()["choices"][0], True))
+            answer = response.json()
+            print(json.dumps(answer, indent=2) if args.json else text_of(answer["choices"][0], True))
             return EXIT_OK
         with connect_sse(client, "POST", path, json=body) as events:
             raise_for_error(events.response)
-            for payload in _payloads(events):
+            for payload in stream_payloads(events):
                 for choice in payload.get("choices", []):
                     print(text_of(choice, False), end="", flush=True)
         print()
@@ -88,6 +77,12 @@ def _complete(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
+    if args.interactive:
+        if args.message is not None or args.json or args.tools is not None:
+            raise ClientError("--interactive takes no MESSAGE, --json or --tools: the conversation is typed")
+        return interactive.run(args, _model)
+    if args.message is None:
+        raise ClientError("give a MESSAGE, or --interactive for a conversation")
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.message})
     body: dict[str, Any] = {"messages": messages}
@@ -148,6 +143,7 @@ def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
     parser.add_argument("--temperature", type=float, help="sampling temperature, 0 for greedy (default: the server's)")
     parser.add_argument("--no-stream", action="store_true", help="wait for the whole answer instead of streaming it")
+    parser.add_argument("--json", action="store_true", help="print the whole answer as JSON (not streamed)")
 
 
 def add_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -166,8 +162,10 @@ def add_generation_parsers(sub: argparse._SubParsersAction[argparse.ArgumentPars
     _add_generation_options(complete)
     complete.set_defaults(handler=_complete)
 
-    chat = sub.add_parser("chat", help="send one chat message to a running server")
-    chat.add_argument("message", help="the user message")
+    chat = sub.add_parser("chat", help="send one chat message to a running server, or converse (--interactive)")
+    chat.add_argument("message", nargs="?", help="the user message (not with --interactive)")
+    chat.add_argument("-i", "--interactive", action="store_true", help="a conversation on the terminal: history, "
+                      "streaming, /reset, /model NAME, /system TEXT, /exit; Ctrl-C cancels an answer, Ctrl-D leaves")
     chat.add_argument("--system", help="a system prompt")
     chat.add_argument("--tools", metavar="FILE", help="a JSON file with a list of tools (OpenAI's shape) the model may "
                       "call; the calls are printed as 'tool call: name(arguments)'")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway.cli.client import add_client_options, admin_call, list_all, show
-from gateway.cli.common import EXIT_OK, ClientError
+from gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
+from gateway.cli.common import ClientError
 
 _COLUMNS = ("id", "name", "tenant_id", "tenant_ids", "allow_platform", "issuer", "audience", "enabled")
 _PATH = "/oidc-providers"
@@ -65,8 +65,7 @@ def _idps(args: argparse.Namespace) -> int:
     if args.action == "update":
         return show(args, admin_call(args, "PATCH", f"{_PATH}/{args.provider}", _settings(args)), _COLUMNS)
     admin_call(args, "DELETE", f"{_PATH}/{args.provider}")
-    print(f"deleted identity provider {args.provider} and its role bindings")
-    return EXIT_OK
+    return deleted(args, "identity provider (and its role bindings)", args.provider)
 
 
 def _add_settings(parser: argparse.ArgumentParser) -> None:
@@ -87,10 +86,12 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
                          help="stop accepting its tokens (every replica within seconds)")  # fmt: skip
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str = "idps"
+) -> argparse.ArgumentParser:
     """Add ``idps list|create|show|update|delete`` to ``inferctl``'s subcommands."""
     idps = subparsers.add_parser(
-        "idps",
+        name,
         help="manage OIDC identity providers on a running server (a tenant admin: its tenant's)",
         description=__doc__.split("\n\n", 1)[1].replace("``", "'"),
     )

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 from backends.base import POOLINGS
 from gateway.cli.client import add_client_options, admin_call, show
-from gateway.cli.common import EXIT_OK, ClientError
+from gateway.cli.common import EXIT_FAILURE, EXIT_OK, ClientError
+from gateway.cli.progress import Progress
+
+POLL_SECONDS = 0.5
 
 _COLUMNS = ("id", "status", "backend", "dtype", "default", "source", "aliases")
 _PATH = "/models"
@@ -53,24 +57,44 @@ def _load_body(args: argparse.Namespace) -> dict[str, Any]:
     return {**body, **{name: value for name, value in optional.items() if value is not None}}
 
 
+def wait_for_load(args: argparse.Namespace, record: dict[str, Any]) -> dict[str, Any]:
+    """Poll a loading model until it is ready or failed; its stage on a progress line (stderr, a terminal only)."""
+    with Progress(f"loading {record['id']}", enabled=not args.json) as progress:
+        while record.get("status") == "loading":
+            progress.update(f"{record.get('stage', '')} ({record.get('elapsed_seconds', 0):.0f} s)")
+            time.sleep(POLL_SECONDS)
+            record = admin_call(args, "GET", f"{_PATH}/{args.name}")
+        progress.update(str(record.get("status")))
+    return record
+
+
 def _served_models(args: argparse.Namespace) -> int:
     if args.action == "list":
         return show(args, admin_call(args, "GET", _PATH)["data"], _COLUMNS)
     if args.action == "load":
-        return show(args, admin_call(args, "POST", _PATH, _load_body(args)), _COLUMNS)
+        record = admin_call(args, "POST", _PATH, _load_body(args))
+        if args.wait:
+            record = wait_for_load(args, record)
+        show(args, record, _COLUMNS)
+        return EXIT_FAILURE if record.get("status") == "failed" else EXIT_OK
     if args.action == "show":
         return show(args, admin_call(args, "GET", f"{_PATH}/{args.model}"), _COLUMNS)
     if args.action == "default":
         return show(args, admin_call(args, "POST", f"{_PATH}/{args.model}/default"), _COLUMNS)
     admin_call(args, "DELETE", f"{_PATH}/{args.model}")
-    print(f"unloaded model {args.model}")
+    if args.json:
+        print(json.dumps({"id": args.model, "unloaded": True}))
+    else:
+        print(f"unloaded model {args.model}")
     return EXIT_OK
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str = "served-models"
+) -> argparse.ArgumentParser:
     """Add ``served-models list|load|show|unload|default`` to ``inferctl``'s subcommands."""
     parser = subparsers.add_parser(
-        "served-models",
+        name,
         help="load, list and unload a running server's models (platform admin)",
         description=__doc__.split("\n\n", 1)[1].replace("``", "'"),
     )
@@ -85,6 +109,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     load.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
     load.add_argument("--alias", action="append", metavar="NAME", help="another name for it (repeatable)")
     load.add_argument("--default", action="store_true", help="make it the default model once loaded")
+    load.add_argument("--wait", action="store_true", help="wait until it is ready (a progress line on a terminal); "
+                      "exit status 1 if it fails")  # fmt: skip
     load.add_argument("--pooling", choices=POOLINGS, help="embedding: pool the final hidden states by "
                       "their mean or the last token's (default: mean)")  # fmt: skip
     load.add_argument("--no-normalize", dest="normalize", action="store_const", const=False,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import getpass
+import json
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from gateway.cli.common import EXIT_OK, ClientError, positive_int
+from gateway.cli.progress import Progress
 from gateway.settings import ConfigError, Settings, ensure_data_dir, load_settings
 from policy.audit.cli import add_audit_parser  # stdlib only: --help stays fast
 from policy.errors import PolicyError, StoreConfigError
@@ -90,10 +92,13 @@ def _store_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
         engine.dispose()
 
 
-def _print_revision(engine: Engine, where: str) -> None:
+def _print_revision(engine: Engine, where: str, as_json: bool = False) -> None:
     from policy.store import migrate
 
     revision, head = migrate.current(engine), migrate.head()
+    if as_json:
+        print(json.dumps({"store": where, "revision": revision, "head": head, "at_head": revision == head}))
+        return
     state = "head" if revision == head else f"head is {head}"
     print(f"{where}: revision {revision or 'none (empty)'} ({state})")
 
@@ -106,14 +111,14 @@ def _db_migrate(args: argparse.Namespace) -> int:
     step = migrate.upgrade if args.direction == "upgrade" else migrate.downgrade
     with _store_engine(args) as (engine, where):
         step(engine, args.revision)
-        _print_revision(engine, where)
+        _print_revision(engine, where, args.json)
     return EXIT_OK
 
 
 @_store_command
 def _db_current(args: argparse.Namespace) -> int:
     with _store_engine(args) as (engine, where):
-        _print_revision(engine, where)
+        _print_revision(engine, where, args.json)
     return EXIT_OK
 
 
@@ -138,14 +143,24 @@ def _rotate_key(args: argparse.Namespace) -> int:
     settings = _store_settings(args)
     new_passphrase = _new_passphrase() if args.new_passphrase else None
 
+    # -v: a line per table; on a terminal without --json (or -v): a progress line that is redrawn.
+    bar = Progress("re-encrypting", enabled=not (args.json or args.verbose))
+
     def progress(table: str, rows: int) -> None:
+        bar.update(f"{table}: {rows} rows")
         if rows and args.verbose:
             print(f"  {table}: {rows} rows re-encrypted", file=sys.stderr)
 
-    with PolicyStore.open(settings.store, settings.data_dir) as store:
+    with bar, PolicyStore.open(settings.store, settings.data_dir) as store:
         report = store.rotate_key(
             new_passphrase=new_passphrase, prune=args.prune, batch_size=args.batch_size, on_progress=progress
         )
+    if args.json:
+        print(json.dumps({"active_version": report.active_version, "values": report.values, "rows": report.rows,
+                          "pruned_versions": list(report.pruned_versions),
+                          "previous_versions": list(report.previous_versions),
+                          "restart_with_new_passphrase": new_passphrase is not None}))  # fmt: skip
+        return EXIT_OK
     print(
         f"key version {report.active_version} is active; "
         f"re-encrypted {report.values} secret(s) in {report.rows} row(s)"
@@ -186,8 +201,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     current.set_defaults(handler=_db_current)
     for command in (upgrade, downgrade, current):
         add_store_options(command)
+        command.add_argument("--json", action="store_true", help="print the revision as JSON")
 
-    admin = sub.add_parser("admin", help="administer the policy store directly")
+    admin = sub.add_parser(
+        "admin",
+        help="administer: the policy store directly (rotate-key), or a running server's models, guardrails, "
+        "limits, oidc, credentials over its API",
+    )
     admin_sub = admin.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
     rotate = admin_sub.add_parser(
         "rotate-key",
@@ -210,6 +230,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--batch-size", type=positive_int, default=200, help="rows per transaction (default: %(default)s)"
     )
     rotate.add_argument("-v", "--verbose", action="store_true", help="report progress per table")
+    rotate.add_argument("--json", action="store_true", help="print the report as JSON")
     add_store_options(rotate)
     rotate.set_defaults(handler=_rotate_key)
 

@@ -10,7 +10,9 @@ the input cannot be read.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -89,7 +91,9 @@ def add_audit_parser(
     ``load_checkpoint`` reads a chain's latest checkpoint from it, for
     ``--checkpoints`` (the audit package does not open stores itself).
     """
-    audit = subparsers.add_parser("audit", help="check the tamper-evident audit trail")
+    audit = subparsers.add_parser(
+        "audit", help="verify the tamper-evident audit trail (verify), or follow a running server's (tail)"
+    )
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="COMMAND", required=True)
     verify = audit_sub.add_parser(
         "verify",
@@ -116,6 +120,7 @@ def add_audit_parser(
         )  # fmt: skip
         if store_options is not None:
             store_options(verify)
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(handler=functools.partial(run_verify, load_checkpoint=load_checkpoint))
     return audit
 
@@ -131,15 +136,28 @@ def run_verify(args: argparse.Namespace, load_checkpoint: CheckpointLoader | Non
         elif checked and load_checkpoint is not None:
             checkpoint, signer = load_checkpoint(args, spool_chain_id(args.spool))
             report = verify_spool(args.spool, checkpoint=checkpoint, signer=signer)
-            if checkpoint is None:
+            if checkpoint is None and not getattr(args, "json", False):
                 print(f"no checkpoint of chain {spool_chain_id(args.spool)} in the store: the tail is not checked")
         else:
             report = verify_spool(args.spool)
     except OSError as exc:
         print(f"inferctl: error: cannot read the audit trail: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    print(format_report(report))
+    print(json.dumps(report_json(report), indent=2) if getattr(args, "json", False) else format_report(report))
     return EXIT_OK if report.ok else EXIT_TAMPERED
+
+
+def report_json(report: VerifyReport) -> dict[str, Any]:
+    """``audit verify --json``: the report as data (what ``format_report`` writes as text)."""
+    problem = report.problem
+    return {
+        "ok": report.ok,
+        "records": report.records,
+        "duplicates": report.duplicates,
+        "chains": [dataclasses.asdict(chain) for chain in report.chains],
+        "checkpoint": None if report.checkpoint is None else report.checkpoint.describe(),
+        "problem": None if problem is None else {"location": problem.location, "message": problem.message},
+    }
 
 
 def format_report(report: VerifyReport) -> str:

@@ -157,6 +157,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/models/{model_id:path}"): Case(R, 200, lambda w: (f"/v1/models/{MODEL}", None)),
     ("GET", "/openapi.json"): Case(R, 200, lambda w: ("/openapi.json", None)),
     ("GET", "/admin/v1/whoami"): Case(R, 200, lambda w: ("/admin/v1/whoami", None)),
+    ("GET", "/admin/v1/status"): Case(R, 200, lambda w: ("/admin/v1/status", None)),
     ("GET", "/admin/v1/tenants"): Case(P, 200, lambda w: ("/admin/v1/tenants", None)),
     ("POST", "/admin/v1/tenants"): Case(P, 201, lambda w: ("/admin/v1/tenants", {"name": f"new-{w.uid()}"})),
     ("GET", TEN): Case(T, 200, lambda w: (f"/admin/v1/tenants/{w.acme.id}", None)),

@@ -14,7 +14,8 @@ and on the others within their poll interval. Lists are paginated with
 ``limit`` (1-200, default 50) and the opaque ``after`` cursor of the previous
 page's ``next_cursor``.
 
-The resources: ``whoami``, ``tenants`` (and their model allow-lists),
+The resources: ``whoami``, ``status`` (readiness, version, queue and KV per
+model), ``tenants`` (and their model allow-lists),
 ``keys``, ``role_bindings``, ``idps`` (OIDC providers), ``models`` (served
 models), ``credentials`` (the secrets upstream model servers are called
 with), ``policies`` (rate limits and quotas), ``guardrails``, ``audit`` (the
@@ -34,6 +35,7 @@ from gateway.routes.admin import (
     models,
     policies,
     role_bindings,
+    status,
     tenants,
     whoami,
 )
@@ -43,6 +45,7 @@ def routes() -> list[BaseRoute]:
     """Every admin route, in the order the route table and the OpenAPI document list them."""
     return [
         *whoami.routes(),
+        *status.routes(),
         *tenants.routes(),
         *keys.routes(),
         *role_bindings.routes(),
