@@ -9,8 +9,11 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from admin_seed import Seeded, seed_store
@@ -229,3 +232,37 @@ def test_signing_in_again_replaces_the_session_and_streams_are_not_relayed(world
     stale.cookies.set("inferflux_console", first, path="/console")
     assert stale.get("/console/", follow_redirects=False).status_code == 303
     assert client.get("/console/api/audit/stream").status_code == 404
+
+
+_SEGMENT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(_SEGMENT, max_size=5), form=st.dictionaries(_SEGMENT, _SEGMENT, max_size=4),
+       with_csrf=st.booleans())  # fmt: skip
+def test_fuzzed_console_requests_never_fail_the_server(
+    world: tuple[Seeded, Any], parts: list[str], form: dict[str, str], with_csrf: bool
+) -> None:
+    seeded, main = world
+    client = _fuzz_client(main, seeded)
+    path = "/console/" + "/".join(quote(p, safe="") for p in parts)
+    if with_csrf:
+        form = {**form, "csrf": client.csrf}  # type: ignore[attr-defined]
+    for response in (client.get(path, follow_redirects=False), client.post(path, data=form, follow_redirects=False),
+                     client.get("/console/api/" + "/".join(quote(p, safe="") for p in parts))):  # fmt: skip
+        assert response.status_code < 500, (path, form, response.text[:300])
+        if response.headers.get("content-type", "").startswith("text/html"):  # every page (the router's own
+            # JSON 404 for a path the console's Mount cannot match, e.g. one with a newline, is not one)
+            assert response.headers.get("content-security-policy") == CSP, (response.request.url, response.status_code)
+
+
+_FUZZ: dict[int, TestClient] = {}
+
+
+def _fuzz_client(main: TestClient, seeded: Seeded) -> TestClient:
+    """One signed-in platform admin for every example (a sign-in per example would be most of the time)."""
+    if id(main) not in _FUZZ:
+        client = client_of(main)
+        client.csrf = sign_in(client, key_of(seeded.admin))  # type: ignore[attr-defined]
+        _FUZZ[id(main)] = client
+    return _FUZZ[id(main)]
