@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
@@ -43,7 +43,8 @@ from policy.store import PolicyStore
 _HERE = Path(__file__).parent
 _MAX_FORM = 256 * 1024
 _NEXT = re.compile(r"/console/[A-Za-z0-9/_.-]{0,500}")
-LIVE_SECONDS = 300.0  # one live-panel stream; the browser's EventSource reconnects after it
+LIVE_SECONDS = 300.0
+_USAGE_FILTERS = ("group", "by", "from", "to", "model", "key_id", "tenant_id", "limit", "offset")  # one live-panel stream; the browser's EventSource reconnects after it
 
 
 class CsrfFailed(PolicyError):
@@ -274,7 +275,9 @@ class Console:
 
     async def usage(self, request: Request, session: Session) -> Response:
         principal = session.principal
-        query = {} if principal.is_platform_admin else {"tenant_id": principal.tenant_id}
+        query = {k: v for k, v in request.query_params.items() if k in _USAGE_FILTERS and v}
+        if not principal.is_platform_admin:
+            query["tenant_id"] = principal.tenant_id
         answer = await call_api(request, "GET", API_PREFIX + "/usage", query=query)
         if answer.status == 404 and answer.error.get("message", "").startswith("No route"):
             return self.render(request, "usage.html", session=session, title="Usage", missing=True, rows=[])
@@ -283,10 +286,11 @@ class Console:
         rows = [r for r in (answer.json() or {}).get("data", []) if isinstance(r, dict)]
         numeric = [k for k in (rows[0] if rows else {}) if isinstance(rows[0][k], int | float)
                    and not isinstance(rows[0][k], bool)]  # fmt: skip
-        bar = numeric[-1] if numeric else None
+        bar = "total_tokens" if "total_tokens" in numeric else (numeric[-1] if numeric else None)
         top = max((float(r.get(bar) or 0) for r in rows), default=0.0) if bar else 0.0
         return self.render(request, "usage.html", session=session, title="Usage", missing=False, rows=rows,
-                           columns=list(rows[0]) if rows else [], bar=bar, top=top or 1.0)  # fmt: skip
+                           columns=list(rows[0]) if rows else [], bar=bar, top=top or 1.0, filters=query,
+                           csv="/console/api/usage?" + urlencode({**query, "format": "csv"}))  # fmt: skip
 
     async def live(self, request: Request, session: Session) -> Response:
         return self.render(request, "live.html", session=session, title="Live")

@@ -213,7 +213,10 @@ def test_models_usage_and_live_pages(world: tuple[Seeded, Any]) -> None:
     if api.status_code == 404 and error_of(api)["message"].startswith("No route"):
         assert usage.status_code == 200 and 'id="usage-missing"' in usage.text
     else:
-        assert usage.status_code == api.status_code
+        assert usage.status_code == api.status_code == 200 and 'id="usage-filters"' in usage.text
+        csv = client.get("/console/api/usage", params={"format": "csv"})
+        assert csv.status_code == 200 and csv.text == client.get("/admin/v1/usage", params={"format": "csv"},
+                                                                 headers=seeded.admin).text  # fmt: skip
     # The live panel's events: one JSON snapshot a second (no model is served here).
     with client.stream("GET", "/console/live/events") as events:
         assert events.status_code == 200 and events.headers["content-type"].startswith("text/event-stream")
