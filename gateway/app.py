@@ -175,15 +175,19 @@ def create_app(
         *health.routes(),
         Route("/metrics", metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
-        Console(store, authenticator, metrics).mount(),
     ]
+    if settings.console.enabled:
+        console = Console(store, authenticator, metrics, lifetime=settings.console.session_seconds,
+                          idle=settings.console.idle_seconds)  # fmt: skip
+        routes.append(console.mount())
     middleware = [
         Middleware(RequestContextMiddleware, tracing=tracing),
         Middleware(AnthropicErrors),
         Middleware(AuditMiddleware),
         Middleware(MetricsMiddleware, metrics=metrics),
         Middleware(ServiceGate, exempt=PUBLIC_PATHS, audit=audit_health),
-        Middleware(AuthMiddleware, authenticator=authenticator, public_paths=PUBLIC_PATHS),
+        Middleware(AuthMiddleware, authenticator=authenticator, public_paths=PUBLIC_PATHS,
+                   console=settings.console.enabled),
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
         Middleware(BodyDeadlineMiddleware, seconds=settings.input_limits.body_timeout_seconds),
     ]

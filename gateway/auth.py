@@ -390,14 +390,21 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class AuthMiddleware:
     """Authenticates every request outside ``public_paths``; 401 before the route runs."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator, public_paths: Iterable[str] = PUBLIC_PATHS) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        authenticator: Authenticator,
+        public_paths: Iterable[str] = PUBLIC_PATHS,
+        console: bool = False,
+    ) -> None:
         self.app = app
         self.authenticator = authenticator
         self.public_paths = frozenset(public_paths)
+        self.console = console  # the console is served: /console signs its callers in itself
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        console = path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
+        console = self.console and (path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/"))
         if scope["type"] != "http" or path in self.public_paths or console:
             await self.app(scope, receive, send)
             return

@@ -25,7 +25,9 @@ from gateway.console.pages import TAIL_PAGES, TAIL_ROWS, TAIL_SECONDS, Page, cel
 from gateway.console.security import REPORT_PATH, CspReports, SecurityHeaders
 from gateway.console.sessions import (
     COOKIE,
+    IDLE_SECONDS,
     LOGIN_COOKIE,
+    SESSION_SECONDS,
     Session,
     SessionStore,
     clear_cookie,
@@ -61,8 +63,16 @@ def _safe_next(value: str | None) -> str:
 
 
 class Console:
-    def __init__(self, store: PolicyStore, authenticator: Authenticator, metrics: GatewayMetrics) -> None:
-        self.sessions = SessionStore(store, authenticator)
+    def __init__(
+        self,
+        store: PolicyStore,
+        authenticator: Authenticator,
+        metrics: GatewayMetrics,
+        *,
+        lifetime: float = SESSION_SECONDS,
+        idle: float = IDLE_SECONDS,
+    ) -> None:
+        self.sessions = SessionStore(store, authenticator, lifetime=lifetime, idle=idle)
         self.reports = CspReports()
         self.oidc = OidcLogin(store)
         self.metrics = metrics

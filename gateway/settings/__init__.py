@@ -73,6 +73,10 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       cache_ttl_seconds: 30         # longest a cached authentication decision lives
       revocation_poll_seconds: 1    # how often the store is checked for revocations and role changes
       last_used_flush_seconds: 5    # how often API keys' last-used times are written
+    console:                # the web console at /console (docs/operators.md#console)
+      enabled: true         # false: /console is an unknown route, like any other (401 without credentials)
+      session_seconds: 28800   # a console session's absolute lifetime
+      idle_seconds: 1800    # it ends after this long without a request
     ratelimit:              # the limits themselves are policies in the store (admin API)
       backend: memory       # memory (per process: N replicas admit N times each limit) | redis (use for replicas)
       redis_url: redis://127.0.0.1:6379/0

@@ -14,6 +14,7 @@ from gateway.settings.sections import (
     AuditSettings,
     AuthSettings,
     ByteSize,
+    ConsoleSettings,
     Dtype,
     EmbeddingSettings,
     EngineSettings,
@@ -65,6 +66,7 @@ class Settings(BaseModel):
     model_registry: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     audit: AuditSettings = Field(default_factory=AuditSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)

@@ -242,6 +242,16 @@ class EngineSettings(BaseModel):
         return None if value is None else os.path.expanduser(value)
 
 
+class ConsoleSettings(BaseModel):
+    """The web console (``gateway.console``): whether it is served, and how long its sessions live."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    session_seconds: float = Field(default=8 * 3600.0, ge=60, le=7 * 86400)
+    idle_seconds: float = Field(default=1800.0, ge=60, le=86400)
+
+
 class AuthSettings(BaseModel):
     """How long authentication decisions are cached (see ``gateway.auth``)."""
 

@@ -269,3 +269,36 @@ def _fuzz_client(main: TestClient, seeded: Seeded) -> TestClient:
         client.csrf = sign_in(client, key_of(seeded.admin))  # type: ignore[attr-defined]
         _FUZZ[id(main)] = client
     return _FUZZ[id(main)]
+
+
+async def test_sessions_expire_idle_and_absolute(world: tuple[Seeded, Any]) -> None:
+    from gateway.console.sessions import SessionStore
+
+    seeded, main = world
+    now = [1000.0]
+    sessions = SessionStore(seeded.store, main.app.state.authenticator, lifetime=3600, idle=600, clock=lambda: now[0])
+    principal = await main.app.state.authenticator.authenticate(None, key_of(seeded.acme_admin))
+    cookie, _ = sessions.open(principal)
+    for step in (599, 599, 599, 599, 599):  # used within each idle window: lives on
+        now[0] += step
+        assert await sessions.resolve(cookie) is not None
+    now[0] += 599 + 10  # past the absolute lifetime (3600 s after sign-in), though not idle
+    assert await sessions.resolve(cookie) is None and len(sessions) == 0
+    idle, _ = sessions.open(principal)
+    now[0] += 600
+    assert await sessions.resolve(idle) is None
+    assert await sessions.resolve("x" * 200) is None and await sessions.resolve(None) is None
+
+
+def test_a_disabled_console_is_an_unknown_route(world: tuple[Seeded, Any], tmp_path: Path) -> None:
+    from gateway.app import create_app
+    from gateway.models import ModelManager
+    from gateway.settings import Settings
+
+    seeded, _ = world
+    settings = Settings(data_dir=tmp_path, console={"enabled": False})
+    app = create_app(settings, ModelManager(expected=[]), store=seeded.store, owns_store=False, owns_models=False)
+    client = TestClient(app)  # not started: nothing here reaches the store
+    for path in ("/console/login", "/console/static/console.js", "/console/"):
+        answer = client.get(path)
+        assert answer.status_code == 401 and error_of(answer)["code"] == "missing_credentials", path
