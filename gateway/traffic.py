@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from policy.audit import (
@@ -32,6 +32,9 @@ from policy.errors import StoreUnavailable
 from policy.guardrails import GuardrailResolver
 from policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter, RedisBackend
 from policy.snapshot import StoreSnapshot
+from policy.usage.store import UsageStore
+
+from gateway.usage import BudgetAlerts, PriceBook
 
 if TYPE_CHECKING:
     from policy.audit.delivery import Sink
@@ -63,6 +66,17 @@ class TrafficPolicy:
     # Opened by start(): the spool takes a lock on its directory, so an app
     # that is built but never started holds none.
     audit_trail: AuditTrail | None = None
+    # Usage and budgets (gateway/usage.py), over the audit store's database.
+    usage: UsageStore = field(init=False)
+    prices: PriceBook = field(init=False)
+    budget_alerts: BudgetAlerts = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.usage = UsageStore(self.audit_store.engine)
+        self.prices = PriceBook(self.usage, lambda: getattr(self.limiter.limits, "version", None))
+        self.budget_alerts = BudgetAlerts(self.usage)
+        self.limiter.on_budget = self.budget_alerts
+        self.retention.also(self.usage.prune_minutes)
 
     @classmethod
     def build(
@@ -126,6 +140,7 @@ class TrafficPolicy:
             spool, self.sinks, wait_durable=self.wait_durable, linger_seconds=self.sink_linger_seconds,
             refusals=RefusalAggregator(self.refusal_aggregation_seconds), checkpointer=checkpointer,
         ).start()  # fmt: skip
+        self.budget_alerts.trail = self.audit_trail
         self.retention.start()
         await self.limiter.start()
         return self.audit_trail
@@ -141,6 +156,7 @@ class TrafficPolicy:
 
     async def close(self) -> None:
         await self.limiter.close()
+        await self.budget_alerts.drain()
         await self.guardrails.aclose()
         self.retention.stop()
         if self.audit_trail is not None:

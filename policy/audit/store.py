@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -279,12 +279,20 @@ class Retention(Worker):
         self.store = store
         self.keep = timedelta(days=days)
         self._interval = float(interval_seconds)
+        self._also: list[Callable[[datetime], int]] = []
+
+    def also(self, prune: Callable[[datetime], int]) -> None:
+        """Run ``prune(now)`` on each pass too (the usage rollup's minute rows, ``UsageStore.prune_minutes``)."""
+        self._also.append(prune)
 
     def run_once(self, now: datetime | None = None) -> int:
         """Delete what is older than the retention now; returns how many events."""
-        removed = self.store.purge_before((now or datetime.now(UTC)) - self.keep)
+        now = now or datetime.now(UTC)
+        removed = self.store.purge_before(now - self.keep)
         if removed:
             log.info("audit retention: deleted %d events older than %s", removed, self.keep)
+        for prune in self._also:
+            prune(now)
         return removed
 
     def _run(self) -> None:

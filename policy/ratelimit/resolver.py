@@ -248,6 +248,12 @@ class PolicyResolver:
                 self._tenants[principal.tenant_id] = compiled
         return compiled.for_subject(subject_ids(principal))
 
+    @property
+    def version(self) -> int | None:
+        """The store's ``policy_version`` at the last poll (None before the first): caches of other
+        policy-versioned tables (the price book) reload when it moves."""
+        return self._version
+
     async def refresh(self, force: bool = False) -> bool:
         """Drop the cache if the store's policy changed since the last look; True if it did."""
         version = await asyncio.to_thread(self.store.policy_version)

@@ -35,6 +35,8 @@ from gateway.settings import DEFAULT_MODEL_NAME
 from policy.errors import ValidationFailed
 from policy.rbac import ROLE_SCOPES, Scope
 from policy.store import PolicyStore, StoreSettings
+from policy.usage.cost import Price
+from policy.usage.store import UsageStore
 from http_helpers import assert_same_answer, bearer, error_of
 
 MODEL = DEFAULT_MODEL_NAME
@@ -105,6 +107,11 @@ class World:
     def guardrail(self, tenant_id: str | None = None) -> Any:
         return self.store.create_policy(tenant_id or self.acme.id, "guardrail", f"g{self.uid()}", GUARD_SPEC)
 
+    def price(self) -> str:
+        model = f"priced-{self.uid()}"
+        UsageStore(self.store.engine).set_price(model, Price(150_000, 600_000))
+        return model
+
     def credential(self) -> Any:
         """A platform credential (what an upstream names)."""
         return self.store.create_credential(None, f"c{self.uid()}", "sk-test")
@@ -142,6 +149,7 @@ class Case:
     build: Callable[[World], tuple[str, Any]]
 
 
+PRICE_BODY = {"prompt_usd_per_million": "0.15", "completion_usd_per_million": 1}
 TEN = "/admin/v1/tenants/{tenant_id}"
 POL = "/admin/v1/policies"
 GRD = "/admin/v1/guardrails"
@@ -197,6 +205,12 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/admin/v1/audit"): Case(T, 200, lambda w: ("/admin/v1/audit", None)),
     # Bounded, so that the allowed request ends (an unbounded stream would wait for events forever).
     ("GET", "/admin/v1/audit/stream"): Case(T, 200, lambda w: ("/admin/v1/audit/stream?max_seconds=0.05", None)),
+    # Usage is read like the audit log; the price table is the platform's.
+    ("GET", "/admin/v1/usage"): Case(T, 200, lambda w: ("/admin/v1/usage?by=model", None)),
+    ("GET", "/admin/v1/prices"): Case(P, 200, lambda w: ("/admin/v1/prices", None)),
+    ("GET", "/admin/v1/prices/{model}"): Case(P, 200, lambda w: (f"/admin/v1/prices/{w.price()}", None)),
+    ("PUT", "/admin/v1/prices/{model}"): Case(P, 201, lambda w: (f"/admin/v1/prices/m{w.uid()}", PRICE_BODY)),
+    ("DELETE", "/admin/v1/prices/{model}"): Case(P, 204, lambda w: (f"/admin/v1/prices/{w.price()}", None)),
     # Reading a tenant's limits is the tenant admin's; writing them is the platform's.
     ("GET", TEN + "/policies"): Case(T, 200, lambda w: (f"/admin/v1/tenants/{w.acme.id}/policies", None)),
     ("POST", TEN + "/policies"): Case(P, 201, lambda w: (f"/admin/v1/tenants/{w.acme.id}/policies", LIMIT_BODY)),

@@ -47,7 +47,7 @@ def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[W
     global_limit = store.create_policy(None, "rate_limit", "everyone", {"requests_per_minute": 10**9})
     credential = store.create_credential(None, "upstream", "sk-platform-only")  # the platform's: no tenant has one
     params = {"tenant_id": globex.id, "key_id": key.id, "binding_id": binding.id, "provider_id": provider.id,
-              "name": DEFAULT_MODEL_NAME, "credential_id": credential.id}  # fmt: skip
+              "name": DEFAULT_MODEL_NAME, "model": DEFAULT_MODEL_NAME, "credential_id": credential.id}  # fmt: skip
     policy_ids = {f"{PREFIX}/tenants/": limit.id, f"{PREFIX}/policies/": global_limit.id,
                   f"{PREFIX}/guardrails/": guardrail.id}  # fmt: skip
     app = make_app(store)
@@ -72,10 +72,12 @@ FILTERED = {
     ("GET", f"{PREFIX}/oidc-providers"),
     ("GET", f"{PREFIX}/guardrails"),
     ("GET", f"{PREFIX}/audit"),
+    ("GET", f"{PREFIX}/usage"),
 }
 # Global routes that take the tenant in the query (or, to create, in the body).
 TENANT_IN_QUERY = {f"{PREFIX}/audit", f"{PREFIX}/audit/stream", f"{PREFIX}/guardrails",
-                   f"{PREFIX}/guardrails/{{policy_id}}", f"{PREFIX}/whoami", f"{PREFIX}/oidc-providers"}  # fmt: skip
+                   f"{PREFIX}/guardrails/{{policy_id}}", f"{PREFIX}/whoami", f"{PREFIX}/oidc-providers",
+                   f"{PREFIX}/usage"}  # fmt: skip
 BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", f"{PREFIX}/guardrails"): {"name": "mine", "spec": GUARD_SPEC},
     ("POST", f"{PREFIX}/oidc-providers"): {"name": "mine", "issuer": "https://mine.example.com", "audience": "a"},

@@ -18,8 +18,9 @@ The resources: ``whoami``, ``status`` (readiness, version, queue and KV per
 model), ``tenants`` (and their model allow-lists),
 ``keys``, ``role_bindings``, ``idps`` (OIDC providers), ``models`` (served
 models), ``credentials`` (the secrets upstream model servers are called
-with), ``policies`` (rate limits and quotas), ``guardrails``, ``audit`` (the
-log and its live tail). ``routes()`` serves them all, in this order.
+with), ``policies`` (rate limits, quotas and budgets), ``guardrails``, ``audit`` (the
+log and its live tail), ``usage`` (usage and spend, the price table). ``routes()`` serves them all,
+in this order.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from gateway.routes.admin import (
     role_bindings,
     status,
     tenants,
+    usage,
     whoami,
 )
 
@@ -55,4 +57,5 @@ def routes() -> list[BaseRoute]:
         *policies.routes(),
         *guardrails.routes(),
         *audit.routes(),
+        *usage.routes(),
     ]

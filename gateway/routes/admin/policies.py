@@ -1,4 +1,4 @@
-"""Traffic policies: rate limits and quotas (kinds ``rate_limit`` and ``quota``, ``policy.ratelimit.spec``).
+"""Traffic policies: rate limits, quotas and budgets (kinds ``rate_limit``, ``quota``, ``budget``; ``policy.ratelimit.spec``).
 
 * ``/admin/v1/tenants/{tenant_id}/policies[/{policy_id}]``: a tenant's.
   Reading needs ``admin:tenant`` (one's own tenant; another's answers 404);
@@ -48,7 +48,7 @@ TRAFFIC_KINDS = ratelimit.KINDS
 
 class TrafficPolicyCreate(BaseModel):
     model_config = BODY
-    kind: str = Field(pattern=r"^(rate_limit|quota)$", description="rate_limit | quota")
+    kind: str = Field(pattern=r"^(rate_limit|quota|budget)$", description="rate_limit | quota | budget")
     name: str = Field(min_length=1, max_length=200)
     spec: dict[str, Any] = Field(description="See policy.ratelimit.spec: limits, scope, principal, per_key")
     enabled: bool = True
