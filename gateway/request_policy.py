@@ -115,10 +115,10 @@ class RequestPolicy:
             if not guards.checks_input:
                 return body
             decision = guards.check_input(self.ctx.prompt_texts)
-        self._note_findings("input", decision.findings)
-        if not decision.allowed:
-            self.ctx.reasons += list(decision.reasons)
-        decision.raise_if_blocked("input")
+            self._note_findings("input", decision.findings)
+            if not decision.allowed:
+                self.ctx.reasons += list(decision.reasons)
+            decision.raise_if_blocked("input")
         if decision.redacted:
             body = with_texts(body, list(decision.texts))
             self.ctx.prompt_texts = list(decision.texts)
