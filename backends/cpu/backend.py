@@ -7,6 +7,7 @@ machine without it (the probe then says what to install).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -20,6 +21,7 @@ from backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed
 if TYPE_CHECKING:
     import torch
 
+    from backends.cpu import passes
     from backends.cpu.model import AttentionMetadata, Transformer
     from backends.cpu.swap import DiskSwap, HostSwap
 
@@ -41,6 +43,17 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         pass
     return False
+
+
+def release_freed_heap() -> bool:
+    """Hand the heap's free pages back to the kernel once (glibc's malloc_trim), e.g. after
+    the load passes dropped the dense copies of quantised weights; a no-op off glibc."""
+    if platform.system() != "Linux":
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim(0) == 1
+    except (OSError, AttributeError):
+        return False
 
 
 def keep_freed_memory() -> bool:
@@ -135,11 +148,13 @@ class CPUBackend:
     # -- loading -----------------------------------------------------------------
 
     def load(self, spec: ModelSpec) -> ModelInfo:
+        from backends.cpu import passes
         from backends.cpu.model import Transformer
         from backends.models import open_model
 
         torch = self._torch
-        dtype_name = self._resolve_dtype(spec.dtype)
+        pass_config = self._pass_config(spec)
+        dtype_name = self._resolve_dtype(passes.requested_dtype(spec.dtype, pass_config))
         dtype = getattr(torch, dtype_name)
         source = open_model(spec.path)
         cfg = source.config
@@ -154,12 +169,49 @@ class CPUBackend:
             raise BackendError(f"cannot load {spec.path}: {exc}") from exc
         model.eval()
         self.kernel_error = self._use_kernels(model)
+        records = self._run_passes(spec, model, source, pass_config, dtype_name)
         self.model = model
         self.dtype = dtype
         self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
         log.info("%s backend: loaded %s (%s, %s, %d threads, %s attention)", self.name, spec.name, cfg.architecture,
                  dtype_name, torch.get_num_threads(), self._attention_name())
-        return cfg.model_info(spec.name, dtype_name)
+        return dataclasses.replace(cfg.model_info(spec.name, dtype_name), passes=tuple(r.as_dict() for r in records))
+
+    def _pass_config(self, spec: ModelSpec) -> passes.PassConfig:
+        from backends.cpu import passes
+
+        try:
+            config = passes.PassConfig.parse(spec.passes)
+            passes.requested_dtype(spec.dtype, config)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from exc
+        if str(self.device) != "cpu" and config.quantise not in ("auto", *passes.DENSE_DTYPES):
+            raise BackendError(f"passes.quantise {config.quantise} runs on the cpu backend only, not on {self.name}")
+        return config
+
+    def _run_passes(self, spec: ModelSpec, model: Transformer, source: Any, config: passes.PassConfig,
+                    dtype_name: str) -> list[passes.PassRecord]:
+        """The load-time pass pipeline (backends/cpu/passes.py), logged; none off the CPU."""
+        from backends.cpu import passes
+
+        if str(self.device) != "cpu":
+            return []
+        mode = passes.resolve_mode(config.quantise, kernels_ok=self.kernel_error is None,
+                                   quantised_file=passes.quantised_file(source), dtype_name=dtype_name)
+        if mode not in passes.DENSE_DTYPES and self.kernel_error is not None:
+            raise BackendError(f"passes.quantise {mode} needs the C++ CPU kernels, which are unavailable: "
+                               f"{self.kernel_error}")
+        try:
+            records = passes.run(model, source, config, mode)
+        except ValueError as exc:
+            raise BackendError(f"cannot load {spec.path}: {exc}") from exc
+        if records[-1].bytes_after < records[0].bytes_before:
+            release_freed_heap()  # the dense weights the passes replaced (keep_freed_memory holds freed pages)
+        log.info("%s backend: %s passes: %s; weights %.1f -> %.1f MB", self.name, spec.name,
+                 ", ".join(f"{r.name} ({r.status})" for r in records),
+                 records[0].bytes_before / 1e6, records[-1].bytes_after / 1e6)
+        return records
+
 
     def _attention_name(self) -> str:
         return "reference" if self.kernel_error else "C++ paged"

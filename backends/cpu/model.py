@@ -177,6 +177,8 @@ class Transformer(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype
         )
+        # The output projection, (hidden, weight) -> logits; use_invariant_kernels swaps it.
+        self.head_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.nn.functional.linear
 
     def forward(
         self,
@@ -189,7 +191,7 @@ class Transformer(nn.Module):
         # the (large) output projection.
         h = self.hidden_states(input_ids, meta, kv_caches, logits_index)
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(h, head).float()
+        return self.head_linear(h, head).float()
 
     def hidden_states(
         self,
@@ -251,9 +253,25 @@ class Transformer(nn.Module):
         self-draft), sharing every weight, the optional biases this model has included."""
         with torch.device("meta"):
             head = type(self)(dataclasses.replace(self.cfg, num_layers=num_layers), self.dtype, self.kernels)
+        # Modules a load pass put in place of nn.Linear / nn.Embedding (quantised blocks:
+        # backends/cpu/passes.py) are shared whole, with the head function that reads them.
+        def replaced(m: nn.Module | None) -> bool:
+            return m is not None and not isinstance(m, (nn.Linear, nn.Embedding))
+
+        if replaced(self.embed):
+            head.embed = self.embed
+        if replaced(self.lm_head):
+            head.lm_head = self.lm_head
+        for mine, theirs in zip(head.layers, self.layers):
+            for parent, other in ((mine.attn, theirs.attn), (mine.mlp, theirs.mlp)):
+                for name in ("qkv", "o_proj", "gate_up", "down"):
+                    if replaced(getattr(other, name, None)):
+                        setattr(parent, name, getattr(other, name))
+        head.head_linear = self.head_linear
         for dest in layout.destinations(head.cfg):
             (owner, attr), (source, _) = head._slot(dest), self._slot(dest)
-            setattr(owner, attr, getattr(source, attr))
+            if owner is not source:  # else shared whole above
+                setattr(owner, attr, getattr(source, attr))
         return head
 
     def _slot(self, dest: layout.Destination) -> tuple[nn.Module, str]:
