@@ -130,6 +130,8 @@ class ModelAdmin:
             "source": "config" if served.name in self.configured else "admin",
             **({"upstream": served.engine.describe()} if served.remote else {}),
             **({"embedding": dict(served.embedding)} if served.embedding is not None else {}),
+            # The load-time passes (backends/cpu/passes.py): what ran, weight bytes before and after.
+            **({"passes": [dict(r) for r in served.info.passes]} if served.info.passes else {}),
         }
 
     # -- changing

@@ -102,6 +102,12 @@ class Settings(BaseModel):
                 self.upstreams.check_hosts(entry.upstream.endpoints)
         return self
 
+    def _passes(self, entry: ModelEntry) -> dict[str, Any] | None:
+        """A model's load passes: the engine section's, each key its entry sets overriding."""
+        merged = {**(self.engine.passes.model_dump(exclude_none=True) if self.engine.passes else {}),
+                  **(entry.passes.model_dump(exclude_none=True) if entry.passes else {})}
+        return merged or None
+
     def model_specs(self) -> list[tuple[ModelSpec, str]]:
         """Each model to serve with its backend name; the default SmolLM2 if none is configured."""
         entries = self.models or [ModelEntry(name=DEFAULT_MODEL_NAME, path=default_model_path(), aliases=["smollm2"])]
@@ -113,6 +119,7 @@ class Settings(BaseModel):
                     dtype=e.dtype or self.dtype,
                     aliases=tuple(e.aliases),
                     upstream=None if e.upstream is None else e.upstream.model_dump(),
+                    passes=self._passes(e),
                 ),
                 e.backend or self.backend,
             )

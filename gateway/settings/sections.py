@@ -186,6 +186,8 @@ class ModelEntry(BaseModel):
     backend: str | None = None
     dtype: Dtype | None = None
     aliases: list[str] = Field(default_factory=list)
+    # This model's load passes (quantisation), over the engine section's; unset: the engine's.
+    passes: PassesSettings | None = None
     # This model's speculative decoding; unset: the engine section's (off by default).
     speculative: SpeculativeSettings | None = None
     # A model served by upstream servers (backend "openai") instead of weights here.
@@ -205,12 +207,23 @@ class ModelEntry(BaseModel):
             raise ValueError("give a model a path or an upstream, not both")
         if self.backend not in (None, REMOTE_BACKEND):
             raise ValueError(f"a model with an upstream is served by backend {REMOTE_BACKEND!r}")
-        if self.speculative is not None or self.dtype is not None:
-            raise ValueError("speculative and dtype apply to local models; an upstream decides its own")
+        if self.speculative is not None or self.dtype is not None or self.passes is not None:
+            raise ValueError("speculative, dtype and passes apply to local models; an upstream decides its own")
         if self.embedding is not None:
             raise ValueError("embedding applies to local models; an upstream pools its own embeddings")
         self.backend = REMOTE_BACKEND
         return self
+
+
+class PassesSettings(BaseModel):
+    """The CPU backend's load-time passes (backends/cpu/passes.py; docs/backends.md): the weights'
+    format (auto: the file's own blocks where the C++ kernels run and the file is quantised, else
+    dense) and the rows from which a quantised projection uses the GEMM path."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    quantise: Literal["auto", "native", "int8", "int4", "bf16", "f32"] | None = None
+    gemm_from: int | None = Field(default=None, ge=1, le=1 << 20)
 
 
 class EngineSettings(BaseModel):
@@ -225,6 +238,7 @@ class EngineSettings(BaseModel):
     max_model_len: int | None = Field(default=None, gt=0)
     enable_prefix_caching: bool | None = None  # engine default: on
     speculative: SpeculativeSettings | None = None  # every model's, unless its entry sets its own; unset: off
+    passes: PassesSettings | None = None  # every local model's load passes, under each entry's own
     # Each tenant's prompts reuse only that tenant's cached KV, so one tenant's
     # prompts can neither speed up nor be probed through another's timings.
     prefix_cache_per_tenant: bool = True

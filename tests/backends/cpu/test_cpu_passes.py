@@ -146,3 +146,19 @@ def test_fusion_passes_check_the_shapes() -> None:
     model.layers[3].mlp.gate_up = torch.nn.Linear(model.cfg.hidden_size, 10, bias=False)
     with pytest.raises(ValueError, match="fuse_gate_up"):
         passes.fuse_gate_up(model, None, passes.PassConfig(), "f32")
+
+
+def test_settings_merge_engine_and_model_passes() -> None:
+    from pydantic import ValidationError
+
+    from gateway.settings.schema import Settings
+
+    settings = Settings.model_validate({
+        "engine": {"passes": {"quantise": "int8", "gemm_from": 4}},
+        "models": [{"name": "a", "path": "/a.gguf", "passes": {"quantise": "native"}}, {"name": "b", "path": "/b.gguf"}],
+    })
+    assert [spec.passes for spec, _ in settings.model_specs()] == [
+        {"quantise": "native", "gemm_from": 4}, {"quantise": "int8", "gemm_from": 4}]
+    for bad in ({"quantise": "int2"}, {"gemm_from": 0}, {"quantize": "native"}):
+        with pytest.raises(ValidationError):
+            Settings.model_validate({"models": [{"name": "a", "path": "/a.gguf", "passes": bad}]})
