@@ -6,6 +6,7 @@ import asyncio
 import json
 from datetime import UTC, datetime
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Mount, Route, Router
 from starlette.staticfiles import StaticFiles
 
 from gateway.auth import Authenticator
@@ -35,9 +36,10 @@ from gateway.console.sessions import (
     set_cookie,
 )
 from gateway.context import get_context
-from gateway.errors import render_error
+from gateway.errors import NotFound, render_error
 from gateway.metrics import GatewayMetrics
 from gateway.state import state_of
+from policy.audit.events import admin_event
 from policy.errors import ApiError, AuthenticationError, PolicyError
 from policy.rbac import Principal, Scope
 from policy.store import PolicyStore
@@ -101,7 +103,8 @@ class Console:
             Route("/{path:path}", self._page(self.resource), methods=["GET"]),
             Route("/{path:path}", self._action(self.act), methods=["POST"]),
         ]
-        return Mount("/console", app=SecurityHeaders(_Router(routes)))
+        # Unknown paths and methods raise to the app's handlers: the API's JSON 404 and 405.
+        return Mount("/console", app=SecurityHeaders(Router(routes)))
 
     # -- who is calling ---------------------------------------------------------
 
@@ -169,7 +172,7 @@ class Console:
     # -- sign-in ----------------------------------------------------------------
 
     async def login_form(self, request: Request, *, status: int = 200, message: str = "") -> Response:
-        token = request.cookies.get(LOGIN_COOKIE) or _token()
+        token = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
         providers = await self.oidc.providers()
         response = self.render(request, "login.html", status, title="Sign in", login_csrf=token, message=message,
                                next=_safe_next(request.query_params.get("next")), providers=providers)  # fmt: skip
@@ -186,10 +189,14 @@ class Console:
             principal = await state_of(request).authenticator.authenticate(None, form.get("api_key", ""))
         except AuthenticationError as exc:
             return await self.login_form(request, status=exc.status_code, message=exc.message)
-        return self._signed_in(request, principal, None, form.get("next"))
+        return await self._signed_in(request, principal, None, form.get("next"))
 
-    def _signed_in(self, request: Request, principal: Principal, id_token: str | None, next_path: str | None) -> Response:
+    async def _signed_in(
+        self, request: Request, principal: Principal, id_token: str | None, next_path: str | None
+    ) -> Response:
         get_context(request).principal = principal
+        # On the trail before the session exists: a sign-in the trail cannot take is refused (503).
+        await _record(request, principal, "console.sign_in", method="oidc" if id_token else "api_key")
         self.sessions.close(request.cookies.get(COOKIE))  # a session id is never carried over a sign-in
         cookie, _ = self.sessions.open(principal, id_token=id_token)
         target = _safe_next(next_path)
@@ -201,6 +208,7 @@ class Console:
 
     async def logout(self, request: Request, session: Session, form: dict[str, str]) -> Response:
         self.sessions.close(request.cookies.get(COOKIE))
+        await _record(request, session.principal, "console.sign_out")
         response = RedirectResponse("/console/login", status_code=303)
         clear_cookie(response, request, COOKIE)
         return response
@@ -217,7 +225,7 @@ class Console:
             principal = await state_of(request).authenticator.authenticate(f"Bearer {id_token}", None)
         except ApiError as exc:
             return await self.login_form(request, status=exc.status_code, message=exc.message)
-        response = self._signed_in(request, principal, id_token, next_path)
+        response = await self._signed_in(request, principal, id_token, next_path)
         clear_cookie(response, request, BINDING_COOKIE)
         return response
 
@@ -335,18 +343,6 @@ class Console:
         return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-store"})
 
 
-class _Router:
-    """The console's routes as an ASGI app (a Router, with the app's own 404/405 answers)."""
-
-    def __init__(self, routes: list[BaseRoute]) -> None:
-        from starlette.routing import Router
-
-        self.router = Router(routes)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await self.router(scope, receive, send)
-
-
 async def _tail(request: Request, path: str) -> tuple[ApiAnswer, list[dict[str, Any]]]:
     """The newest events of the last TAIL_SECONDS, newest first: the API's pages (oldest first) walked forward."""
     since = datetime.fromtimestamp(time.time() - TAIL_SECONDS, UTC).isoformat().replace("+00:00", "Z")
@@ -362,6 +358,17 @@ async def _tail(request: Request, path: str) -> tuple[ApiAnswer, list[dict[str, 
             break
         query["after"] = page["next_cursor"]
     return answer, rows[::-1]
+
+
+async def _record(request: Request, principal: Principal, action: str, **detail: Any) -> None:
+    """A console sign-in or sign-out as an admin event (the changes made in the console are the API's own)."""
+    event = admin_event(principal=principal.subject, action=action, target_kind="console_session",
+                        target_id=principal.subject, tenant_id=principal.tenant_id, detail=detail or None,
+                        key_id=principal.key_id, request_id=get_context(request).request_id,
+                        route=f"{request.method} {request.url.path}")  # fmt: skip
+    trail = state_of(request).audit_trail
+    if trail is not None:
+        await trail.record(event)
 
 
 def _api_path(page: Page, values: dict[str, str]) -> str:
@@ -380,20 +387,12 @@ def _tokens(metrics: GatewayMetrics) -> dict[str, float]:
     return out
 
 
-def _token() -> str:
-    import secrets
-
-    return secrets.token_urlsafe(32)
-
-
 def _unauthenticated(request: Request) -> Response:
     error = AuthenticationError("Authentication is required: sign in at /console/login", code="missing_credentials")
     return render_error(error, get_context(request).request_id)
 
 
 def _no_route(request: Request) -> ApiError:
-    from gateway.errors import NotFound
-
     return NotFound(f"No route for {request.method} {request.url.path}")
 
 

@@ -6,6 +6,7 @@ The browser test is test_console_browser.py; OIDC sign-in is test_console_oidc.p
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -302,3 +303,23 @@ def test_a_disabled_console_is_an_unknown_route(world: tuple[Seeded, Any], tmp_p
     for path in ("/console/login", "/console/static/console.js", "/console/"):
         answer = client.get(path)
         assert answer.status_code == 401 and error_of(answer)["code"] == "missing_credentials", path
+
+
+def test_sign_in_and_out_are_on_the_audit_trail(world: tuple[Seeded, Any]) -> None:
+    seeded, main = world
+    record, key = seeded.store.create_api_key(seeded.acme.id, "audited", "viewer")
+    client = client_of(main)
+    csrf = sign_in(client, key)
+    assert client.post("/console/logout", data={"csrf": csrf}, follow_redirects=False).status_code == 303
+    subject = f"key:{record.prefix}"
+    deadline = time.monotonic() + 15  # the indexer writes the spool's events into the store
+    while True:
+        events = client.get("/admin/v1/audit", params={"principal": subject, "kind": "admin"},
+                            headers=seeded.admin).json()["data"]  # fmt: skip
+        actions = [e.get("action") for e in events]
+        if actions == ["console.sign_in", "console.sign_out"]:
+            break
+        assert time.monotonic() < deadline, events
+        time.sleep(0.2)
+    assert all(e["tenant_id"] == seeded.acme.id and e["key_id"] == record.id for e in events)
+    assert events[0]["detail"] == {"method": "api_key"}

@@ -82,13 +82,14 @@ def test_sign_in_create_see_once_revoke_refused_audited(live: tuple[Seeded, str]
         assert page.url.startswith(f"{url}/console/login?next=")
         page.screenshot(path=str(shots / "console-login.png"))
         page.fill("input[name=api_key]", key_of(seeded.admin))
-        page.click("#login button[type=submit]")
-        page.wait_for_load_state()
+        with page.expect_navigation():  # each form post is a navigation: wait for its page, not the old one
+            page.click("#login button[type=submit]")
         assert page.url == keys_url, (page.url, page.content()[:3000])
 
         page.fill("#create input[name=name]", "browser-made")
         page.select_option("#create select[name=role]", "member")
-        page.click("#create button[type=submit]")
+        with page.expect_navigation():
+            page.click("#create button[type=submit]")
         secret = page.input_value("#new-key-value")
         assert secret.startswith("ifx_"), secret
         prefix = page.text_content("#new-key h2").split()[-1]  # type: ignore[union-attr]
@@ -98,8 +99,8 @@ def test_sign_in_create_see_once_revoke_refused_audited(live: tuple[Seeded, str]
         page.goto(keys_url)  # again: the key is not shown any more, only its prefix
         assert page.locator("#new-key-value").count() == 0 and secret not in page.content()
         row = page.locator("tr", has_text=prefix)
-        row.locator("button[value=revoke]").click()
-        page.wait_for_load_state()
+        with page.expect_navigation():
+            row.locator("button[value=revoke]").click()
         assert page.locator("tr", has_text=prefix).locator("td[data-col=revoked_at]").text_content()
 
         refused = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {secret}"})
