@@ -146,11 +146,17 @@ class NoGuardrails:
     async def aclose(self) -> None: ...
 
 
+class NoPrices:
+    async def price_for(self, model: str) -> None:
+        return None
+
+
 class NoTraffic:
     """The ``off`` variant's traffic policy: nothing to check, no audit trail."""
 
     limiter = NoLimits()
     guardrails = NoGuardrails()
+    prices = NoPrices()
     audit_store = None
     digester = None
 
