@@ -65,6 +65,7 @@ TAIL_ROWS = 200
 TAIL_PAGES = 20
 TAIL_NOTE = (f"The newest {TAIL_ROWS} events of the last {TAIL_SECONDS // 60} minutes, newest first "
              f"(at most {TAIL_PAGES * TAIL_ROWS} scanned); refreshed every 5 s. GET /admin/v1/.../audit has the rest.")
+_ROLES = tuple(reversed(ROLE_NAMES))  # the least privilege first: what a form left alone grants
 _JSON = (Field("body", "JSON body, as the admin API takes it", "json", required=True),)
 _DELETE = Action("delete", "Delete", "DELETE", danger=True)
 _POLICY_COLUMNS = ("id", "name", "kind", "model", "enabled", "updated_at")
@@ -76,7 +77,7 @@ PAGES: tuple[Page, ...] = (
          actions=(_DELETE,), scope=Scope.ADMIN_PLATFORM),
     Page("keys", "API keys", "tenants/{tenant_id}/keys",
          ("prefix", "name", "role", "created_at", "expires_at", "revoked_at", "last_used_at"),
-         create=(Field("name", "Name", required=True), Field("role", "Role", "select", ROLE_NAMES, required=True),
+         create=(Field("name", "Name", required=True), Field("role", "Role", "select", _ROLES, required=True),
                  Field("expires_in_seconds", "Expires in (seconds; empty: never)", "number"),
                  Field("allowed_models", "Allowed models (comma separated; empty: the tenant's)", "list")),
          actions=(Action("revoke", "Revoke", "POST", "revoke", unless="revoked_at", danger=True),
@@ -86,7 +87,7 @@ PAGES: tuple[Page, ...] = (
          create=(Field("provider_id", "Identity provider id", required=True),
                  Field("kind", "Kind", "select", ("subject", "group"), required=True),
                  Field("subject", "Subject or group", required=True),
-                 Field("role", "Role", "select", ROLE_NAMES, required=True)),
+                 Field("role", "Role", "select", _ROLES, required=True)),
          actions=(_DELETE,)),
     Page("limits", "Limits", "tenants/{tenant_id}/policies", _POLICY_COLUMNS, create=_JSON, actions=(_DELETE,),
          note="Rate limits and quotas of this tenant (POST /admin/v1/tenants/{id}/policies)."),
