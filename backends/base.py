@@ -26,6 +26,9 @@ class ModelSpec:
     # The load-time pass pipeline's settings (backends/cpu/passes.py PassConfig: quantise, gemm_from);
     # None: the engine's, else the backend's default.
     passes: Mapping[str, Any] | None = field(default=None, hash=False)
+    # Batch-invariant kernels: a request's logits are the same bits alone, in any batch, after
+    # preemption and under speculative verification (the cpu backend; others refuse it).
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class ModelInfo:
     hidden_size: int = 0  # the width of an embedding (``embed``); 0: unknown (an upstream's model)
     # What the load-time passes did (backends/cpu/passes.py PassRecord.as_dict), in order; () if none ran.
     passes: tuple[Mapping[str, Any], ...] = field(default=(), hash=False, compare=False)
+    deterministic: bool = False  # batch-invariant kernels in use (ModelSpec.deterministic)
 
 
 @dataclass(frozen=True)

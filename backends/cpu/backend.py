@@ -169,13 +169,17 @@ class CPUBackend:
             raise BackendError(f"cannot load {spec.path}: {exc}") from exc
         model.eval()
         self.kernel_error = self._use_kernels(model)
+        if spec.deterministic:
+            self._use_invariant_kernels(model)
         records = self._run_passes(spec, model, source, pass_config, dtype_name)
         self.model = model
         self.dtype = dtype
         self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
-        log.info("%s backend: loaded %s (%s, %s, %d threads, %s attention)", self.name, spec.name, cfg.architecture,
-                 dtype_name, torch.get_num_threads(), self._attention_name())
-        return dataclasses.replace(cfg.model_info(spec.name, dtype_name), passes=tuple(r.as_dict() for r in records))
+        log.info("%s backend: loaded %s (%s, %s, %d threads, %s attention%s)", self.name, spec.name,
+                 cfg.architecture, dtype_name, torch.get_num_threads(), self._attention_name(),
+                 ", deterministic" if spec.deterministic else "")
+        return dataclasses.replace(cfg.model_info(spec.name, dtype_name), deterministic=spec.deterministic,
+                                   passes=tuple(r.as_dict() for r in records))
 
     def _pass_config(self, spec: ModelSpec) -> passes.PassConfig:
         from backends.cpu import passes
@@ -225,6 +229,17 @@ class CPUBackend:
             return cpu_kernels.load_error()
         model.use_paged_attention(cpu_kernels.paged_attention)
         return None
+
+    def _use_invariant_kernels(self, model: Transformer) -> None:
+        """Deterministic mode: the batch-invariant kernel set (kernels/cpu/invariant.py) everywhere."""
+        if str(self.device) != "cpu":
+            raise BackendError(f"deterministic mode runs on the cpu backend only, not on {self.name}")
+        if self.kernel_error is not None:
+            raise BackendError(f"deterministic mode needs the C++ CPU kernels, which are unavailable: "
+                               f"{self.kernel_error}")
+        from kernels.cpu import invariant
+
+        model.use_invariant_kernels(invariant)
 
     # -- KV cache ----------------------------------------------------------------
 

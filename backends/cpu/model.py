@@ -85,6 +85,10 @@ class Attention(nn.Module):
         self.k_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
         # Decode steps' attention; Transformer.use_paged_attention may swap in a compiled kernel.
         self.paged_attention: PagedAttention = kernels.paged_attention
+        # Deterministic mode (Transformer.use_invariant_kernels): every query, of a decode step,
+        # a prefill chunk or a draft being verified, through self.paged_attention over the cache,
+        # so a token's attention is one computation whatever batch or step it is part of.
+        self.one_path = False
 
     def forward(
         self, x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor | None, v_cache: torch.Tensor | None
@@ -112,7 +116,9 @@ class Attention(nn.Module):
             )
             out[meta.decode_rows] = od[:, 0]
         for p in meta.prefills:
-            if p.fresh:
+            if self.one_path and k_cache is not None:
+                out[p.start : p.end] = self._paged_prefill(q, p, meta.slots, k_cache, v_cache)
+            elif p.fresh:
                 out[p.start : p.end] = K.causal_attention(
                     q[p.start : p.end], k[p.start : p.end], v[p.start : p.end], self.scale
                 )
@@ -123,6 +129,19 @@ class Attention(nn.Module):
                     p.context_len, p.query_start, self.scale,
                 )[0]
         return self.o_proj(out.view(T, self.q_size))
+
+    def _paged_prefill(
+        self, q: torch.Tensor, p: PrefillGroup, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """A prefill group's attention read back from the cache (its keys and values are stored by now)."""
+        if p.fresh:  # positions 0..n-1: every block_size-th slot names the next block of the table
+            block_size = k_cache.shape[2]
+            table = torch.div(slots[p.start : p.end : block_size], block_size, rounding_mode="floor")[None]
+            n = torch.tensor([p.end - p.start])
+            start = torch.zeros(1, dtype=torch.long)
+        else:
+            table, n, start = p.block_table, p.context_len, p.query_start
+        return self.paged_attention(q[None, p.start : p.end], k_cache, v_cache, table, n, start, self.scale)[0]
 
 
 class MLP(nn.Module):
@@ -179,6 +198,7 @@ class Transformer(nn.Module):
         )
         # The output projection, (hidden, weight) -> logits; use_invariant_kernels swaps it.
         self.head_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.nn.functional.linear
+        self.deterministic = False
 
     def forward(
         self,
@@ -228,6 +248,22 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.kernels = layer.attn.kernels = layer.mlp.kernels = kernels
         self.use_paged_attention(kernels.paged_attention)
+
+    def use_invariant_kernels(self, kernels: KernelSet) -> None:
+        """Deterministic mode: batch-invariant kernels everywhere (``kernels.cpu.invariant``).
+
+        Norms, attention (one path for every query, see ``Attention.one_path``), every dense
+        projection and the output head then compute each row in an order that no other row
+        of the batch can change, so a request's logits are the same bits alone or batched.
+        """
+        self.use_kernels(kernels)
+        for layer in self.layers:
+            layer.attn.one_path = True
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                module.forward = kernels.linear_module(module)  # type: ignore[method-assign]
+        self.head_linear = kernels.linear
+        self.deterministic = True
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
