@@ -72,6 +72,12 @@ def test_status(live_server: str, admin_key: str, tenant: dict[str, Any], capsys
     assert status["queue_depth"] >= 0 and status["running_sequences"] >= 0
     code, out, _ = run(capsys, "status", *tenant["member"])  # any key that reads
     assert code == 0 and "ready:    yes" in out and "smollm2-135m-instruct" in out and "KV USE" in out
+    # A key narrowed to no model sees none of these models' figures (as /v1/models lists none).
+    ns = Namespace(url=live_server, api_key=admin_key)
+    narrow = admin_call(ns, "POST", f"/tenants/{tenant['id']}/keys", {"name": "narrow", "role": "viewer",
+                                                                        "allowed_models": []})["key"]  # fmt: skip
+    code, out, _ = run(capsys, "status", "--json", "--url", live_server, "--api-key", narrow)
+    assert code == 0 and json.loads(out)["status"]["models"] == []
     code, out, _ = run(capsys, "status", "--url", live_server)  # no key: the probes only
     assert code == 0 and "live:     yes" in out and "no --api-key" in out
     code, _, err = run(capsys, "status", "--url", live_server, "--api-key", "ifx_wrong")
