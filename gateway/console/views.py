@@ -238,7 +238,8 @@ class Console:
         return self.render(request, "home.html", session=session, title="Home", whoami=answer.json())
 
     async def resource(self, request: Request, session: Session, **extra: Any) -> Response:
-        found = find_page(request.path_params["path"])
+        page_path = request.path_params["path"]  # a list page's, also when an action's answer shows it
+        found = find_page(page_path)
         if found is None:
             answer = ApiAnswer(404, json.dumps({"error": {"message": f"No console page {request.url.path}",
                                                           "code": "not_found"}}).encode(), "application/json")
@@ -252,7 +253,7 @@ class Console:
         if not answer.ok:
             return self.failure(request, session, answer, page.title)
         return self.render(request, "resource.html", extra.pop("status", 200), session=session, title=page.title,
-                           page=page, rows=rows, base=request.url.path.rstrip("/"), **extra)  # fmt: skip
+                           page=page, rows=rows, base="/console/" + page_path.strip("/"), **extra)  # fmt: skip
 
     async def act(self, request: Request, session: Session, form: dict[str, str]) -> Response:
         path = request.path_params["path"]

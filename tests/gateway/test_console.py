@@ -106,6 +106,14 @@ def test_forms_get_the_api_validation_and_a_new_key_is_shown_once(world: tuple[S
     secret = created.text.split('id="new-key-value"')[0].rsplit('value="', 1)[1].split('"')[0]
     assert client.get("/admin/v1/whoami", headers={"authorization": f"Bearer {secret}"}).status_code == 200
     assert secret not in client.get(keys).text and 'id="new-key-value"' not in client.get(keys).text
+    # An action's answer is the list page again, its forms posting where the list's do.
+    platform_key = seeded.store.list_api_keys(seeded.store.get_tenant_by_name("platform").id).items[0]
+    record = next(k for k in seeded.store.list_api_keys(seeded.acme.id).items if k.name == "once")
+    rotated = client.post(f"{keys}/{record.id}/rotate", data={"csrf": csrf})
+    assert rotated.status_code == 200 and 'id="new-key-value"' in rotated.text
+    assert f'action="{keys}"' in rotated.text and f'action="{keys}/{record.id}/revoke"' in rotated.text
+    refused = client.post(f"/console/tenants/{platform_key.tenant_id}/keys/{platform_key.id}/revoke", data={"csrf": csrf})
+    assert refused.status_code == 404  # the platform tenant is not acme's admin's: the API's 404
     assert created.headers["cache-control"] == "no-store"
 
 
