@@ -69,6 +69,7 @@ def admin_routes(app: Any) -> list[tuple[str, str]]:
 # Global routes whose answer is the caller's own tenant's, filtered: 200, with nothing of globex.
 FILTERED = {
     ("GET", f"{PREFIX}/whoami"),
+    ("GET", f"{PREFIX}/status"),
     ("GET", f"{PREFIX}/oidc-providers"),
     ("GET", f"{PREFIX}/guardrails"),
     ("GET", f"{PREFIX}/audit"),
@@ -76,7 +77,8 @@ FILTERED = {
 }
 # Global routes that take the tenant in the query (or, to create, in the body).
 TENANT_IN_QUERY = {f"{PREFIX}/audit", f"{PREFIX}/audit/stream", f"{PREFIX}/guardrails",
-                   f"{PREFIX}/guardrails/{{policy_id}}", f"{PREFIX}/whoami", f"{PREFIX}/oidc-providers",
+                   f"{PREFIX}/guardrails/{{policy_id}}", f"{PREFIX}/whoami", f"{PREFIX}/status",
+                   f"{PREFIX}/oidc-providers",
                    f"{PREFIX}/usage"}  # fmt: skip
 BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", f"{PREFIX}/guardrails"): {"name": "mine", "spec": GUARD_SPEC},
