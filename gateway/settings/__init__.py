@@ -39,6 +39,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       passes:               # cpu backend load passes (docs/backends.md); each model's own passes override
         quantise: auto      # auto (native if the file is quantised and the C++ kernels run, else dense) | native | int8 | int4 | bf16 | f32
         gemm_from: 16       # batch rows from which quantised projections dequantise per tile into a GEMM
+      deterministic: false  # batch-invariant kernels (cpu backend): logits the same bits alone or batched; each model may override
     models:
       - name: smollm2-135m-instruct
         path: /path/to/model.gguf
@@ -46,6 +47,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
         dtype: float32      # optional
         aliases: [smollm2]
         passes: {quantise: native}   # optional: over engine.passes
+        deterministic: true # optional: over engine.deterministic
         embedding:          # optional: how /v1/embeddings answers for this model (local models only)
           pooling: mean     # mean of the final hidden states (after the final norm) | last: the last token's
           normalize: true   # unit L2 norm, as OpenAI's embeddings have

@@ -120,6 +120,8 @@ class Settings(BaseModel):
                     aliases=tuple(e.aliases),
                     upstream=None if e.upstream is None else e.upstream.model_dump(),
                     passes=self._passes(e),
+                    deterministic=e.upstream is None and (
+                        self.engine.deterministic if e.deterministic is None else e.deterministic),
                 ),
                 e.backend or self.backend,
             )

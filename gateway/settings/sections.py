@@ -188,6 +188,8 @@ class ModelEntry(BaseModel):
     aliases: list[str] = Field(default_factory=list)
     # This model's load passes (quantisation), over the engine section's; unset: the engine's.
     passes: PassesSettings | None = None
+    # Batch-invariant kernels (docs/backends.md#deterministic-mode); unset: engine.deterministic.
+    deterministic: bool | None = None
     # This model's speculative decoding; unset: the engine section's (off by default).
     speculative: SpeculativeSettings | None = None
     # A model served by upstream servers (backend "openai") instead of weights here.
@@ -209,6 +211,8 @@ class ModelEntry(BaseModel):
             raise ValueError(f"a model with an upstream is served by backend {REMOTE_BACKEND!r}")
         if self.speculative is not None or self.dtype is not None or self.passes is not None:
             raise ValueError("speculative, dtype and passes apply to local models; an upstream decides its own")
+        if self.deterministic is not None:
+            raise ValueError("deterministic applies to local models; an upstream decides its own kernels")
         if self.embedding is not None:
             raise ValueError("embedding applies to local models; an upstream pools its own embeddings")
         self.backend = REMOTE_BACKEND
@@ -239,6 +243,9 @@ class EngineSettings(BaseModel):
     enable_prefix_caching: bool | None = None  # engine default: on
     speculative: SpeculativeSettings | None = None  # every model's, unless its entry sets its own; unset: off
     passes: PassesSettings | None = None  # every local model's load passes, under each entry's own
+    # Batch-invariant kernels for every local model whose entry does not say (docs/backends.md#deterministic-mode):
+    # a request's logits are the same bits alone or batched with others'. Off by default: it costs throughput.
+    deterministic: bool = False
     # Each tenant's prompts reuse only that tenant's cached KV, so one tenant's
     # prompts can neither speed up nor be probed through another's timings.
     prefix_cache_per_tenant: bool = True
