@@ -308,7 +308,7 @@ class Console:
         bar = "total_tokens" if "total_tokens" in numeric else (numeric[-1] if numeric else None)
         top = max((float(r.get(bar) or 0) for r in rows), default=0.0) if bar else 0.0
         return self.render(request, "usage.html", session=session, title="Usage", missing=False, rows=rows,
-                           columns=list(rows[0]) if rows else [], bar=bar, top=top or 1.0, filters=query,
+                           columns=[c for c in rows[0] if c != "object"] if rows else [], bar=bar, top=top or 1.0, filters=query,
                            csv="/console/api/usage?" + urlencode({**query, "format": "csv"}))  # fmt: skip
 
     async def live(self, request: Request, session: Session) -> Response:

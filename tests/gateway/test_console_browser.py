@@ -74,7 +74,7 @@ def test_sign_in_create_see_once_revoke_refused_audited(live: tuple[Seeded, str]
     csp_messages: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
-        page = browser.new_page(viewport={"width": 1200, "height": 760})
+        page = browser.new_page(viewport={"width": 1440, "height": 800})
         page.on("console", lambda m: csp_messages.append(m.text) if "Content Security Policy" in m.text else None)
         page.on("dialog", lambda dialog: dialog.accept())
 
@@ -114,6 +114,13 @@ def test_sign_in_create_see_once_revoke_refused_audited(live: tuple[Seeded, str]
             time.sleep(1)
             page.reload()
         page.screenshot(path=str(shots / "console-audit.png"), full_page=True)
+
+        page.goto(f"{url}/console/usage?group=minute&by=tenant,key")  # the calls above, once rolled up
+        deadline = time.monotonic() + 15
+        while not page.locator("#usage tbody tr").count() and time.monotonic() < deadline:
+            time.sleep(1)
+            page.reload()
+        page.screenshot(path=str(shots / "console-usage.png"), full_page=True)
 
         page.goto(f"{url}/console/live")
         # A locator, not wait_for_function: its polling evaluates a string, which the CSP refuses (and reports).
