@@ -5,6 +5,7 @@ prints has --json."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -141,7 +142,8 @@ def test_limits_set_get_delete(tenant: dict[str, Any], capsys: pytest.CaptureFix
     assert run(capsys, "admin", "limits", "get", tenant["id"], "--json", *tenant["admin"])[1].strip() == "[]"
 
 
-def test_models_under_both_names(live_server: str, tenant: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_under_both_names(tenant: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """A model served by an unreachable upstream loads at once (no weights): load, wait, default, unload."""
     admin, name = tenant["admin"], f"far-{secrets.token_hex(3)}"
     code, out, err = run(capsys, "admin", "models", "load", name, "--upstream", UNREACHABLE, "--wait", "--json", *admin)
@@ -163,8 +165,14 @@ def test_models_under_both_names(live_server: str, tenant: dict[str, Any], capsy
         assert code == 0 and json.loads(out)["default"] is True
     code, out, _ = run(capsys, "admin", "models", "unload", name, "--json", *admin)
     assert code == 0 and json.loads(out) == {"id": name, "unloaded": True}
-    other = f"far-{secrets.token_hex(3)}"
-    assert run(capsys, "served-models", "load", other, "--upstream", UNREACHABLE, "--wait", *admin)[0] == 0
+    # On a terminal, --wait draws a progress line on stderr and clears it at the end.
+    other, terminal = f"far-{secrets.token_hex(3)}", io.StringIO()
+    terminal.isatty = lambda: True  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli.main(["served-models", "load", other, "--upstream", UNREACHABLE, "--wait", *admin]) == 0
+    monkeypatch.undo()
+    drawn = terminal.getvalue()
+    assert f"loading {other}: " in drawn and "ready" in drawn and drawn.endswith("\r") and "\n" not in drawn
     code, out, _ = run(capsys, "served-models", "unload", other, *admin)
     assert code == 0 and f"unloaded model {other}" in out
     code, _, err = run(capsys, "admin", "models", "list", *tenant["tadmin"])  # platform admins only
