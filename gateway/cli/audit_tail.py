@@ -1,7 +1,7 @@
 """``inferctl audit tail``: the latest audit events of a running server (``GET /admin/v1/audit``), and ``--follow``.
 
 A tenant admin sees its own tenant's events; a platform admin every
-tenant's, or ``--tenant``'s. The query API returns events oldest first: tail
+tenant's, or those of ``--tenant``. The query API returns events oldest first: tail
 reads the pages since ``--since`` (default: the last hour) and prints the
 last ``--lines``. With ``--follow`` it then asks again every ``--interval``
 seconds for events at or after the newest it printed, and prints those it
@@ -71,6 +71,17 @@ def _tail(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _seconds(value: str) -> float:
+    """An argparse type: a poll interval, 0.1 to 3600 seconds."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0.1 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"not a number of seconds from 0.1 to 3600: {value!r}")
+    return seconds
+
+
 def add_parser(audit: argparse.ArgumentParser) -> None:
     """Add ``tail`` to the ``audit`` command (beside ``verify``, which reads a spool)."""
     tail = subparsers_of(audit).add_parser(
@@ -80,7 +91,8 @@ def add_parser(audit: argparse.ArgumentParser) -> None:
     )
     tail.add_argument("-n", "--lines", type=positive_int, default=20, help="events to print (default: %(default)s)")
     tail.add_argument("-f", "--follow", action="store_true", help="keep polling for new events (Ctrl-C stops)")
-    tail.add_argument("--interval", type=float, default=2.0, help="seconds between polls (default: %(default)s)")
+    tail.add_argument("--interval", type=_seconds, default=2.0, help="seconds between polls, 0.1 to 3600 "
+                      "(default: %(default)s)")  # fmt: skip
     tail.add_argument("--since", metavar="TIME", help="RFC 3339 with a time zone (default: an hour ago)")
     tail.add_argument("--tenant", metavar="ID", help="platform admins: this tenant's events only")
     tail.add_argument("--principal", help="who made the call: key:<prefix>, oidc:...")

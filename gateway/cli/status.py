@@ -23,8 +23,10 @@ def _probe(client: httpx.Client, path: str) -> dict[str, Any]:
     try:
         body = response.json()
     except ValueError:
-        body = {"status": "unavailable", "reasons": [response.text[:200]]}
-    return {"ok": response.status_code == 200, "reasons": body.get("reasons", [])}
+        body = None
+    if not isinstance(body, dict):  # not this server's probe: show what came back
+        body = {"reasons": [] if response.status_code == 200 else [f"HTTP {response.status_code}: {response.text[:200]}"]}
+    return {"ok": response.status_code == 200, "reasons": [str(r) for r in body.get("reasons") or []]}
 
 
 def _gather(args: argparse.Namespace) -> dict[str, Any]:
