@@ -25,7 +25,8 @@ def _probe(client: httpx.Client, path: str) -> dict[str, Any]:
     except ValueError:
         body = None
     if not isinstance(body, dict):  # not this server's probe: show what came back
-        body = {"reasons": [] if response.status_code == 200 else [f"HTTP {response.status_code}: {response.text[:200]}"]}
+        failed = [f"HTTP {response.status_code}: {response.text[:200]}"]
+        body = {"reasons": [] if response.status_code == 200 else failed}
     return {"ok": response.status_code == 200, "reasons": [str(r) for r in body.get("reasons") or []]}
 
 
