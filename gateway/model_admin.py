@@ -59,6 +59,7 @@ class _Load:
     default: bool
     upstream: dict[str, Any] | None = None  # a remote backend's model: where it is served from
     embedding: dict[str, Any] | None = None  # a local model's embedding section (None: the defaults)
+    deterministic: bool = False  # batch-invariant kernels (ModelSpec.deterministic)
     # From the store's registry (a convergence), not from this replica's admin API.
     stored: bool = False
     # A failed load from the registry is tried again only past this policy_version.
@@ -83,6 +84,7 @@ class _Load:
             "dtype": self.dtype,
             "aliases": list(self.aliases),
             "source": "admin",
+            "deterministic": self.deterministic,
             **({"upstream": describe_upstream(self.upstream)} if self.upstream is not None else {}),
             **({"embedding": self.embedding} if self.embedding is not None else {}),
         }
@@ -124,6 +126,7 @@ class ModelAdmin:
             "aliases": list(served.aliases),
             "backend": served.backend,
             "dtype": served.info.dtype,
+            "deterministic": served.info.deterministic,
             "architecture": served.info.architecture,
             "context_length": served.max_model_len,
             "default": self.manager.default_name == served.name,
@@ -174,19 +177,24 @@ class ModelAdmin:
         default: bool,
         upstream: dict[str, Any] | None = None,
         embedding: dict[str, Any] | None = None,
+        deterministic: bool | None = None,
     ) -> dict[str, Any]:
         """Validate now, load in the background; the returned status says 'loading'.
 
         A model with an ``upstream`` is served by the remote backend from the
         endpoints it names (checked against ``upstreams.allowed_hosts``).
         ``embedding`` (a checked ``EmbeddingSettings``, dumped) is kept with the
-        model, as a configuration file's ``models[].embedding`` is.
+        model, as a configuration file's ``models[].embedding`` is. ``deterministic``
+        unset takes ``engine.deterministic`` for a local model.
         """
         self._check_names(name, aliases)
         if upstream is not None and embedding is not None:
             # As the configuration file refuses it (gateway.settings.sections.ModelEntry).
             raise ValidationFailed("embedding applies to local models; an upstream pools its own embeddings",
                                    param="embedding")  # fmt: skip
+        if upstream is not None and deterministic is not None:
+            raise ValidationFailed("deterministic applies to local models; an upstream decides its own kernels",
+                                   param="deterministic")  # fmt: skip
         if upstream is not None:
             if path is not None or dtype is not None:
                 raise ValidationFailed("a model with an upstream takes neither path nor dtype", param="path")
@@ -204,7 +212,10 @@ class ModelAdmin:
             if backend == REMOTE_BACKEND:
                 raise ValidationFailed(f"backend '{REMOTE_BACKEND}' needs an upstream", param="upstream")
         self._check_backend(backend)
-        load = _Load(name, path, backend, dtype or self.settings.dtype, tuple(aliases), default, upstream, embedding)
+        if upstream is None and deterministic is None:
+            deterministic = self.settings.engine.deterministic
+        load = _Load(name, path, backend, dtype or self.settings.dtype, tuple(aliases), default, upstream, embedding,
+                     bool(deterministic))  # fmt: skip
         self._start(load, persist=True)
         return load.describe()
 
@@ -216,7 +227,8 @@ class ModelAdmin:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, load: _Load, *, persist: bool) -> None:
-        spec = ModelSpec(name=load.name, path=load.path, dtype=load.dtype, aliases=load.aliases, upstream=load.upstream)
+        spec = ModelSpec(name=load.name, path=load.path, dtype=load.dtype, aliases=load.aliases, upstream=load.upstream,
+                         deterministic=load.deterministic)  # fmt: skip
 
         def on_stage(stage: str) -> None:
             load.stage = stage
@@ -249,6 +261,7 @@ class ModelAdmin:
                         is_default=load.default,
                         upstream=load.upstream,
                         embedding=load.embedding,
+                        deterministic=load.deterministic,
                     )
             except Exception as exc:
                 log.error("registering model %s failed: %s", load.name, exc)
@@ -374,7 +387,8 @@ class ModelAdmin:
         """Start loading ``record`` in the background, as a load that is not recorded again."""
         self._loads.pop(record.name, None)  # a failed attempt, replaced by this one
         load = _Load(record.name, record.path, record.backend, record.dtype, record.aliases, record.is_default,
-                     record.upstream, record.embedding, stored=True, version=self._version)  # fmt: skip
+                     record.upstream, record.embedding, record.deterministic, stored=True,
+                     version=self._version)  # fmt: skip
         try:
             self._check_names(record.name, list(record.aliases))
         except Conflict as exc:  # a name this replica's configuration serves: reported, not loaded
@@ -412,7 +426,7 @@ class ModelAdmin:
             if record.name in self.configured:
                 continue
             spec = ModelSpec(name=record.name, path=record.path, dtype=record.dtype, aliases=tuple(record.aliases),
-                             upstream=record.upstream)  # fmt: skip
+                             upstream=record.upstream, deterministic=record.deterministic)  # fmt: skip
             try:
                 served = load_served_model(spec, record.backend, engine_config_from(self.settings.engine),
                                            priority=self.settings.runtime.backend_priority,

@@ -119,7 +119,8 @@ def _backends(args: argparse.Namespace) -> int:
     from backends import registry
     from backends.base import BackendError
 
-    priority = load_settings(args.config).runtime.backend_priority
+    settings = load_settings(args.config)
+    priority = settings.runtime.backend_priority
     try:
         chain = registry.configured_priority(priority)
         statuses = registry.statuses(priority=chain)
@@ -134,6 +135,10 @@ def _backends(args: argparse.Namespace) -> int:
                          for s in statuses],
             "priority": list(chain),
             "auto": chosen,
+            # What each configured model asks of its backend at load (the admin API's models: GET /admin/v1/models).
+            "models": [{"name": spec.name, "backend": backend, "dtype": spec.dtype,
+                        "deterministic": spec.deterministic, "passes": dict(spec.passes or {})}
+                       for spec, backend in settings.model_specs() if spec.upstream is None],
         }, indent=2))
         return EXIT_OK
     rows = [("BACKEND", "KIND", "PRIORITY", "AVAILABLE", "PROVIDED BY", "REASON")]

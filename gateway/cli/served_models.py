@@ -4,7 +4,8 @@
 ``show`` follows its progress); ``--upstream`` serves it from OpenAI-compatible
 servers elsewhere instead of weights here; ``--pooling``, ``--no-normalize``
 and ``--matryoshka`` are its ``embedding`` section (how it answers
-/v1/embeddings), as a configuration file's ``models[].embedding``. ``unload``
+/v1/embeddings), as a configuration file's ``models[].embedding``;
+``--deterministic`` loads it with batch-invariant kernels (``models[].deterministic``). ``unload``
 takes it out of the registry, ``default`` makes it the default model.
 (``inferctl models`` lists what a caller may use, through the OpenAI API.)
 """
@@ -23,7 +24,7 @@ from gateway.cli.progress import Progress
 
 POLL_SECONDS = 0.5
 
-_COLUMNS = ("id", "status", "backend", "dtype", "default", "source", "aliases")
+_COLUMNS = ("id", "status", "backend", "dtype", "deterministic", "default", "source", "aliases")
 _PATH = "/models"
 
 
@@ -53,7 +54,7 @@ def _embedding(args: argparse.Namespace) -> dict[str, Any] | None:
 def _load_body(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {"name": args.name, "aliases": args.alias or [], "default": args.default}
     optional = {"path": args.path, "backend": args.backend, "dtype": args.dtype, "upstream": _upstream(args.upstream),
-                "embedding": _embedding(args)}  # fmt: skip
+                "embedding": _embedding(args), "deterministic": args.deterministic}  # fmt: skip
     return {**body, **{name: value for name, value in optional.items() if value is not None}}
 
 
@@ -107,6 +108,9 @@ def add_parser(
                       "JSON, inline or @file (endpoints, model, credential, ...)")  # fmt: skip
     load.add_argument("--backend", help="a registered backend (default: the server's)")
     load.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
+    load.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
+                      help="batch-invariant kernels (cpu backend): the same logits alone or batched, at a "
+                      "throughput cost (default: the server's engine.deterministic)")  # fmt: skip
     load.add_argument("--alias", action="append", metavar="NAME", help="another name for it (repeatable)")
     load.add_argument("--default", action="store_true", help="make it the default model once loaded")
     load.add_argument("--wait", action="store_true", help="wait until it is ready (a progress line on a terminal); "

@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -164,6 +165,8 @@ class ServedModel(Base):
     upstream: Mapped[dict[str, Any] | None] = mapped_column(json_type())
     # How a local model answers /v1/embeddings (pooling, normalize, matryoshka); NULL: the defaults.
     embedding: Mapped[dict[str, Any] | None] = mapped_column(json_type())
+    # Batch-invariant kernels (ModelSpec.deterministic): the same logits alone or batched.
+    deterministic: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class Policy(Base):

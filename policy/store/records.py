@@ -107,6 +107,7 @@ class ServedModelRecord:
     updated_at: datetime
     upstream: dict[str, Any] | None = None
     embedding: dict[str, Any] | None = None
+    deterministic: bool = False
 
 
 @dataclass(frozen=True, slots=True)

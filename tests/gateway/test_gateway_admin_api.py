@@ -190,3 +190,40 @@ def test_inferctl_served_models_load_passes_the_embedding_section(tmp_path: Path
     args = build_parser().parse_args(["served-models", "load", "far", "--upstream", f"@{upstream}", "--default"])
     assert _load_body(args) == {"name": "far", "aliases": [], "default": True,
                                 "upstream": {"endpoints": ["http://10.0.0.5:8000/v1"]}}
+
+
+def test_a_deterministic_model_is_loaded_reported_kept_and_restored(world: dict[str, Any]) -> None:
+    """deterministic on the admin API's load: refused on an upstream model and when not a boolean, stored with
+    the model, reported by GET /admin/v1/models/{id}, and restored with it."""
+    client, admin, store = world["client"], world["admin"], world["store"]
+    body = {"name": "invariant", "path": default_model_path(), "dtype": "bfloat16", "deterministic": True}
+    refused = client.post("/admin/v1/models", headers=admin, json={**body, "deterministic": "yes"})
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "deterministic", refused.text
+    remote = {"name": "far", "upstream": {"endpoints": ["http://upstream.invalid/v1"]}, "deterministic": True}
+    refused = client.post("/admin/v1/models", headers=admin, json=remote)
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "deterministic", refused.text
+
+    assert client.post("/admin/v1/models", headers=admin, json=body).status_code == 202
+    loaded = wait_loaded(client, admin, "invariant")
+    assert loaded["status"] == "ready" and loaded["deterministic"] is True, loaded
+    assert client.get("/admin/v1/models/smollm2", headers=admin).json()["deterministic"] is False
+    assert store.get_served_model_by_name("invariant").deterministic is True
+
+    settings = Settings(data_dir=world["data_dir"], engine={"kv_cache_bytes": 32 * 1024 * 1024})
+    manager = ModelManager()
+    try:
+        assert ModelAdmin(manager, store, settings, configured=set()).restore() == []
+        assert manager.get("invariant").info.deterministic is True
+    finally:
+        manager.shutdown()
+    assert client.delete("/admin/v1/models/invariant", headers=admin).status_code == 204
+
+
+def test_inferctl_served_models_load_passes_deterministic() -> None:
+    from gateway.cli import build_parser
+    from gateway.cli.served_models import _load_body
+
+    for flag, value in (("--deterministic", True), ("--no-deterministic", False)):
+        args = build_parser().parse_args(["served-models", "load", "m", "--path", "/m.gguf", flag])
+        assert _load_body(args)["deterministic"] is value
+    assert "deterministic" not in _load_body(build_parser().parse_args(["served-models", "load", "m", "--path", "/m"]))

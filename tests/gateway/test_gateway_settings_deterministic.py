@@ -33,3 +33,16 @@ def test_an_upstream_model_takes_neither_the_key_nor_the_engine_default():
 def test_not_a_boolean_is_refused():
     with pytest.raises(ValidationError, match="deterministic"):
         Settings(engine={"deterministic": "sometimes"})
+
+
+def test_inferctl_backends_json_reports_each_models_flag(tmp_path, capsys):
+    from gateway.cli import main
+
+    config = tmp_path / "inferflux.yaml"
+    config.write_text("engine:\n  deterministic: true\nmodels:\n"
+                      "  - {name: a, path: /m.gguf}\n  - {name: b, path: /m.gguf, deterministic: false}\n")
+    assert main(["backends", "--json", "--config", str(config)]) == 0
+    import json
+
+    models = {m["name"]: m["deterministic"] for m in json.loads(capsys.readouterr().out)["models"]}
+    assert models == {"a": True, "b": False}

@@ -41,6 +41,12 @@ class ModelLoadRequest(BaseModel):
         description="How a local model answers /v1/embeddings, as a configuration file's models[].embedding: "
         "pooling (mean|last), normalize, matryoshka; not for a model with an upstream",
     )
+    deterministic: bool | None = Field(
+        default=None,
+        description="Batch-invariant kernels (cpu backend): a request's logits are the same bits alone or batched "
+        "with others'; costs throughput (docs/benchmarks.md). Unset: engine.deterministic; not for a model with an "
+        "upstream",
+    )
 
 
 @document("Served and loading models, with status", tag="models")
@@ -61,6 +67,7 @@ async def load_model(request: Request) -> Response:
         name=body.name, path=body.path, backend=body.backend, dtype=body.dtype, aliases=body.aliases,
         default=body.default, upstream=body.upstream,
         embedding=None if body.embedding is None else body.embedding.model_dump(),
+        deterministic=body.deterministic,
     )
     where = {"upstream": status["upstream"]["endpoints"]} if "upstream" in status else {"path": body.path}
     await record_change(request, principal, "model.load", None, "model", body.name, backend=status["backend"], **where)

@@ -35,6 +35,7 @@ class ServedModelRepository(Repository):
         is_default: bool = False,
         upstream: Mapping[str, Any] | None = None,
         embedding: Mapping[str, Any] | None = None,
+        deterministic: bool = False,
     ) -> ServedModelRecord:
         """Register a model: its weights' ``path`` here, or (a remote backend's) its ``upstream`` and path "".
 
@@ -55,6 +56,7 @@ class ServedModelRepository(Repository):
             updated_at=now,
             upstream=None if upstream is None else _section(upstream, "upstream"),
             embedding=None if embedding is None else _section(embedding, "embedding"),
+            deterministic=validate.boolean(deterministic, "deterministic"),
         )
         with self._write() as session:
             _check_model_names_free(session, [name, *alias_list], exclude_id=None)
