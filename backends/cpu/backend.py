@@ -216,18 +216,20 @@ class CPUBackend:
                  records[0].bytes_before / 1e6, records[-1].bytes_after / 1e6)
         return records
 
-
     def _attention_name(self) -> str:
         return "reference" if self.kernel_error else "C++ paged"
 
     @staticmethod
     def _use_kernels(model: Transformer) -> str | None:
-        """Swap the compiled paged attention in where it builds; else why not."""
+        """Swap the compiled kernel set in (kernels/cpu/fast.py: fused elementwise ops and
+        paged attention) where it builds; else why not."""
         from kernels import cpu as cpu_kernels
 
         if cpu_kernels.load() is None:
             return cpu_kernels.load_error()
-        model.use_paged_attention(cpu_kernels.paged_attention)
+        from kernels.cpu import fast
+
+        model.use_kernels(fast)
         return None
 
     def _use_invariant_kernels(self, model: Transformer) -> None:

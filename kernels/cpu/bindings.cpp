@@ -9,4 +9,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("invariant_linear", &invariant_linear, "Batch-invariant x @ w^T (+ bias): a fixed reduction order per element",
         pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias") = pybind11::none());
   m.def("invariant_rms_norm", &invariant_rms_norm, "RMSNorm per row in float32, in a fixed order");
+  m.def("fused_add_rms_norm", &fused_add_rms_norm, "residual + x, then RMSNorm per row: {normalised, residual}",
+        pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
+  m.def("fused_rope", &fused_rope, "Half-split RoPE of [tokens, heads, head_dim] in one pass");
+  m.def("fused_silu_and_mul", &fused_silu_and_mul, "SiLU(gate) * up in one pass");
 }

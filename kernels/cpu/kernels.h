@@ -22,3 +22,13 @@ torch::Tensor dequantize_blocks(torch::Tensor w, int64_t qtype, int64_t K, bool 
 torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 // invariant.cpp: RMSNorm over the last dimension, each row in float32 in the same fixed order.
 torch::Tensor invariant_rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+
+// fused.cpp: the layer's elementwise ops in one pass each (kernels.cpu.fast, the default kernel set).
+// residual + x (rounded to the dtype), then RMSNorm of it per row in float32 in a fixed order; no residual: x.
+// Returns {normalised, new residual}.
+std::vector<torch::Tensor> fused_add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
+                                              torch::Tensor weight, double eps);
+// fused.cpp: half-split RoPE of x [tokens, heads, head_dim] (rows may be strided) with cos/sin [tokens, 1, head_dim].
+torch::Tensor fused_rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+// fused.cpp: SiLU(gate) * up of gate_up [rows, 2 * n] -> [rows, n].
+torch::Tensor fused_silu_and_mul(torch::Tensor gate_up);

@@ -1,0 +1,178 @@
+// Fused elementwise kernels of a decoder layer: residual add + RMSNorm, RoPE on q and k
+// together, SiLU(gate) * up. Each replaces 3 to 9 PyTorch ops (and their dispatch and
+// temporaries) with one pass over the rows; at batch 1 a decode step is mostly such
+// small ops, so their count, not their arithmetic, sets the step time.
+//
+// Numerics follow kernels/reference.py: every elementwise result is rounded to the
+// activation dtype where the reference rounds it (bfloat16 products, sums), so RoPE and
+// SiLU*up give the reference's bits; the RMSNorm reduction runs in float32 in one fixed
+// order per row (16 interleaved partial sums, then those in index order), whatever the
+// number of rows or threads: batch-invariant, and within rounding of the reference.
+#pragma GCC optimize("fp-contract=off")  // no FMA contraction: products round as the reference's do
+
+#include "kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+namespace {
+
+constexpr int kLanes = 16;
+
+template <typename T>
+inline T round_to(float v) {
+  return static_cast<T>(v);
+}
+
+template <typename T>
+void add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor* residual, const torch::Tensor& weight, float eps,
+                       torch::Tensor& out, torch::Tensor& new_residual) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  const T* xp = x.data_ptr<T>();
+  const T* rp = residual ? residual->data_ptr<T>() : nullptr;
+  const T* wp = weight.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  T* np = new_residual.data_ptr<T>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = xp + r * n;
+      T* nr = np + r * n;
+      if (rp != nullptr) {
+        const T* rr = rp + r * n;
+        for (int64_t i = 0; i < n; ++i) nr[i] = round_to<T>(static_cast<float>(rr[i]) + static_cast<float>(xr[i]));
+      } else if (nr != xr) {
+        for (int64_t i = 0; i < n; ++i) nr[i] = xr[i];
+      }
+      float acc[kLanes] = {0.f};
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes)
+        for (int j = 0; j < kLanes; ++j) {
+          const float v = static_cast<float>(nr[i + j]);
+          acc[j] += v * v;
+        }
+      for (int j = 0; i < n; ++i, ++j) {
+        const float v = static_cast<float>(nr[i]);
+        acc[j] += v * v;
+      }
+      float sum = 0.f;
+      for (int j = 0; j < kLanes; ++j) sum += acc[j];
+      const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + eps);
+      T* orow = op + r * n;
+      for (int64_t k = 0; k < n; ++k) orow[k] = round_to<T>(static_cast<float>(nr[k]) * inv * static_cast<float>(wp[k]));
+    }
+  });
+}
+
+template <typename T>
+void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+  const int64_t row_stride = x.stride(0), head_stride = x.stride(1);
+  const T* xp = x.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cp + t * dim;
+      const T* s = sp + t * dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* in = xp + t * row_stride + h * head_stride;
+        T* o = op + (t * heads + h) * dim;
+        for (int64_t k = 0; k < half; ++k) {
+          const float x1 = static_cast<float>(in[k]), x2 = static_cast<float>(in[k + half]);
+          // x * cos + rotate_half(x) * sin, each product rounded as the reference rounds it.
+          const float a = static_cast<float>(round_to<T>(x1 * static_cast<float>(c[k])));
+          const float b = static_cast<float>(round_to<T>(-x2 * static_cast<float>(s[k])));
+          o[k] = round_to<T>(a + b);
+          const float a2 = static_cast<float>(round_to<T>(x2 * static_cast<float>(c[k + half])));
+          const float b2 = static_cast<float>(round_to<T>(x1 * static_cast<float>(s[k + half])));
+          o[k + half] = round_to<T>(a2 + b2);
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
+  const int64_t rows = gate_up.size(0), n = out.size(1);
+  const T* gp = gate_up.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gp + r * 2 * n;
+      const T* u = g + n;
+      T* o = op + r * n;
+      for (int64_t k = 0; k < n; ++k) {
+        const float x = static_cast<float>(g[k]);
+        const float silu = static_cast<float>(round_to<T>(x / (1.f + std::exp(-x))));
+        o[k] = round_to<T>(silu * static_cast<float>(u[k]));
+      }
+    }
+  });
+}
+
+void check_rows(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.device().is_cpu(), name, ": CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16, name,
+              ": float32 or bfloat16 only, got ", x.scalar_type());
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> fused_add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
+                                              torch::Tensor weight, double eps) {
+  check_rows(x, "fused_add_rms_norm");
+  TORCH_CHECK(x.dim() == 2, "fused_add_rms_norm: x must be [rows, hidden], got ", x.sizes());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
+              "fused_add_rms_norm: weight must be [hidden] of x's dtype");
+  auto xc = x.contiguous();
+  auto wc = weight.contiguous();
+  auto out = torch::empty_like(xc);
+  torch::Tensor rc, new_residual;
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
+                "fused_add_rms_norm: residual must match x");
+    rc = residual->contiguous();
+    new_residual = torch::empty_like(xc);
+  } else {
+    new_residual = xc;  // no add: the residual is x itself
+  }
+  const float e = static_cast<float>(eps);
+  if (xc.scalar_type() == torch::kBFloat16)
+    add_rms_norm_rows<at::BFloat16>(xc, residual.has_value() ? &rc : nullptr, wc, e, out, new_residual);
+  else
+    add_rms_norm_rows<float>(xc, residual.has_value() ? &rc : nullptr, wc, e, out, new_residual);
+  return {out, new_residual};
+}
+
+torch::Tensor fused_rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  check_rows(x, "fused_rope");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0, "fused_rope: x must be [tokens, heads, even head_dim]");
+  TORCH_CHECK(x.stride(2) == 1, "fused_rope: x's head_dim must be contiguous");
+  const auto t = x.size(0), d = x.size(2);
+  TORCH_CHECK(cos.numel() == t * d && sin.numel() == t * d && cos.scalar_type() == x.scalar_type() &&
+                  sin.scalar_type() == x.scalar_type(),
+              "fused_rope: cos/sin must be [tokens, 1, head_dim] of x's dtype");
+  auto cc = cos.contiguous();
+  auto sc = sin.contiguous();
+  auto out = torch::empty({t, x.size(1), d}, x.options());
+  if (x.scalar_type() == torch::kBFloat16)
+    rope_rows<at::BFloat16>(x, cc, sc, out);
+  else
+    rope_rows<float>(x, cc, sc, out);
+  return out;
+}
+
+torch::Tensor fused_silu_and_mul(torch::Tensor gate_up) {
+  check_rows(gate_up, "fused_silu_and_mul");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "fused_silu_and_mul: gate_up must be [rows, 2 * n]");
+  auto gc = gate_up.contiguous();
+  auto out = torch::empty({gc.size(0), gc.size(1) / 2}, gc.options());
+  if (gc.scalar_type() == torch::kBFloat16)
+    silu_mul_rows<at::BFloat16>(gc, out);
+  else
+    silu_mul_rows<float>(gc, out);
+  return out;
+}
