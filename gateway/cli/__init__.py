@@ -6,7 +6,8 @@ no server needed), and the clients of a running server: ``status``,
 ``generate`` (``models``, ``complete``, ``chat``; ``interactive``: ``chat
 --interactive``), ``admin_api`` (``whoami``, ``tenants``, ``keys``), ``idps``,
 ``credentials`` and ``served_models`` (also as ``admin oidc|credentials|models``),
-``guardrails`` and ``limits`` (``admin guardrails|limits``), ``audit_tail``
+``guardrails`` and ``limits`` (``admin guardrails|limits``), ``usage`` (``admin
+usage|prices|budgets``), ``audit_tail``
 (``audit tail``), over ``client`` (the connection, errors, tables) and
 ``progress`` (a progress line on a terminal). ``completion`` prints shell
 completion from this parser. ``common`` holds the exit codes and the one-line
@@ -33,6 +34,7 @@ from gateway.cli import (
     served_models,
     status,
     store,
+    usage,
 )
 from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ClientError, print_error, subparsers_of
 from gateway.settings import ConfigError
@@ -75,6 +77,7 @@ def _add_admin_api_groups(admin: argparse.ArgumentParser) -> None:
     limits.add_parser(groups)
     idps.add_parser(groups, "oidc")
     credentials.add_parser(groups, "credentials")
+    usage.add_parser(groups)  # usage, prices, budgets
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ for the tenant, with ``--key KEY_ID`` for one key, ``--per-key-spend-usd`` /
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 from urllib.parse import urlencode
 
@@ -47,6 +48,8 @@ def _usage(args: argparse.Namespace) -> int:
         if not args.all or not page.get("next"):
             break
         offset += args.limit
+    if args.json:
+        return show(args, rows, ())
     columns = ("bucket", *(_FIELDS[g] for g in args.by.split(",") if g), *_COUNTS)
     for row in rows:  # the table shows the refusals' reasons in one cell
         row["refusals"] = ";".join(f"{reason}={n}" for reason, n in row.get("refusals", {}).items()) or None
@@ -58,10 +61,14 @@ def _prices(args: argparse.Namespace) -> int:
         return show(args, admin_call(args, "GET", "/prices")["data"], _PRICE_COLUMNS)
     if args.action == "delete":
         admin_call(args, "DELETE", f"/prices/{args.model}")
-        print(f"deleted the price of {args.model}")
-        return EXIT_OK
+        return _deleted(args, "the price of", args.model)
     body = {"prompt_usd_per_million": args.prompt, "completion_usd_per_million": args.completion}
     return show(args, admin_call(args, "PUT", f"/prices/{args.model}", body), _PRICE_COLUMNS)
+
+
+def _deleted(args: argparse.Namespace, what: str, ident: str) -> int:
+    print(json.dumps({"id": ident, "deleted": True}) if args.json else f"deleted {what} {ident}")
+    return EXIT_OK
 
 
 def _budget_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -87,8 +94,7 @@ def _budgets(args: argparse.Namespace) -> int:
         return show(args, [p for p in list_all(args, base) if p["kind"] == "budget"], _BUDGET_COLUMNS)
     if args.action == "delete":
         admin_call(args, "DELETE", f"{base}/{args.policy}")
-        print(f"deleted budget {args.policy}")
-        return EXIT_OK
+        return _deleted(args, "budget", args.policy)
     name = f"budget:{args.key}" if args.key else "budget"
     spec = _budget_spec(args)
     existing = [p for p in list_all(args, base) if p["kind"] == "budget" and p["name"] == name]
