@@ -47,7 +47,7 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.serving_extras import KVSampler, plot_levels  # noqa: E402
+from benchmarks.serving_extras import KVSampler, plot_levels, plot_saved  # noqa: E402
 from policy.fileio import write_atomically  # noqa: E402
 
 DEFAULT_LLAMA_SERVER = Path(
@@ -889,6 +889,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     o.add_argument("--plots", metavar="DIR",
                    help="write PNG plots (tok/s and TTFT p50 vs concurrency, one line a server) here")
     o.add_argument("--plot-stem", default="serving", help="file name start of the plots (default: serving)")
+    o.add_argument("--plots-from", metavar="JSON",
+                   help="only draw the --plots of a results file an earlier --json wrote, and exit")
     return p.parse_args(argv)
 
 
@@ -898,6 +900,10 @@ def requests_for(args: argparse.Namespace, c: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.plots_from:
+        for path in plot_saved(Path(args.plots_from), Path(args.plots or "."), args.plot_stem):
+            print(f"[bench] wrote {path}", file=sys.stderr)
+        return 0
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     extra_body = json.loads(args.extra_body)
     if args.api_key:

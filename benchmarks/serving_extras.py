@@ -102,3 +102,15 @@ def plot_levels(summary: dict[str, Any], levels: list[int], labels: dict[str, st
         plt.close(fig)
         written.append(path)
     return written
+
+
+def plot_saved(results_json: Path, out_dir: Path, stem: str) -> list[Path]:
+    """``plot_levels`` over a results file that ``bench_serving.py --json`` wrote."""
+    import json
+
+    doc = json.loads(results_json.read_text())
+    meta = doc["meta"]
+    summary = {key: {int(c): row for c, row in per_level.items()} for key, per_level in doc["summary"].items()}
+    levels = sorted({c for per_level in summary.values() for c in per_level})
+    labels = {key: meta.get("servers", {}).get(key, {}).get("label", key) for key in summary}
+    return plot_levels(summary, levels, labels, out_dir, stem)
