@@ -167,6 +167,8 @@ def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tu
     for m in quantised:
         m.gemm_from, m.deterministic = gemm_from, deterministic
     if not quantised:
+        if deterministic:  # Transformer.use_invariant_kernels put them on the invariant kernel
+            return "ran", "deterministic: dense projections through the batch-invariant invariant_linear"
         return "ran", "dense projections: torch GEMM at every batch size"
     if deterministic:
         return "ran", "deterministic: the batch-invariant qmatmul kernel at every batch size"
