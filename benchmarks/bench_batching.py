@@ -125,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in range(args.rounds):
         order = ("continuous", "static") if rnd % 2 == 0 else ("static", "continuous")
         for mode in order:
-            r = run_mode(engine, mode, requests(f"{mode}{rnd}"), args.batch, time.perf_counter() + args.timeout)
+            try:
+                r = run_mode(engine, mode, requests(f"{mode}{rnd}"), args.batch, time.perf_counter() + args.timeout)
+            except TimeoutError:
+                raise SystemExit(f"round {rnd} {mode}: not finished within --timeout {args.timeout:.0f} s "
+                                 f"(load average {Path('/proc/loadavg').read_text().split()[0]})") from None
             r["round"] = rnd
             print(f"[batching] round {rnd} {mode:<10} {r['generated_tok_s']:8.1f} tok/s  wall {r['wall_s']:.1f}s  "
                   f"steps {r['steps']}  mean running {r['mean_running']}  KV util "
