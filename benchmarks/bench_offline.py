@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="GGUF file or safetensors dir (default: backends.models.default_model_path())")
     p.add_argument("--dtype", default="bfloat16", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=0, help="backend threads (0: backend default)")
+    p.add_argument("--passes", default=None,
+                   help='JSON of the load passes, e.g. \'{"quantise": "native"}\' (default: the backend\'s)')
     p.add_argument("--num-requests", "-n", type=int, default=32)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
@@ -121,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     t_load = time.perf_counter()
     cls = get_backend(args.backend)
     backend = cls(num_threads=args.threads) if args.threads else cls()
-    info = backend.load(ModelSpec(name=Path(path).stem, path=path, dtype=args.dtype))
+    info = backend.load(ModelSpec(name=Path(path).stem, path=path, dtype=args.dtype,
+                                  passes=json.loads(args.passes) if args.passes else None))
     tokenizer = open_model(path).tokenizer()
     timed = TimedForward(backend)
     backend.forward = timed  # instance attribute shadows the method

@@ -28,13 +28,14 @@ from kernels import cpu as cpu_kernels
 BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
 QTYPE_NAMES: dict[int, str] = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
 
-# Batch rows from which a dense GEMM over dequantised tiles beats qmatmul. Measured by
-# benchmarks/bench_qmatmul.py on the 2-core AMD EPYC (AVX-512 VNNI, bfloat16) for this
-# model's shapes: see docs/benchmarks.md, "Quantised matmuls".
-GEMM_FROM_ROWS = 16
+# Batch rows from which dequantise-per-tile + GEMM beats qmatmul over a layer's four
+# projections: 32, measured by benchmarks/bench_qmatmul.py (--threads 1 --fastest) on the
+# 2-core AMD EPYC (AVX-512 VNNI) at load 13-17: 110 vs 83 ms at 32 rows, 54 vs 62 ms at 16
+# (results-2026-11-26-qmatmul.json; docs/benchmarks.md, "Quantised matmuls"). Provisional.
+GEMM_FROM_ROWS = 32
 # Output rows dequantised at a time on the GEMM path: a tile of bfloat16 weights
-# (1024 x 1536 x 2 bytes = 3 MiB at most here) stays within the caches' reach.
-TILE_ROWS = 1024
+# (256 x 1536 x 2 bytes = 768 KiB at most here) is still in cache when the GEMM reads it.
+TILE_ROWS = 256
 
 
 class QuantLinear(nn.Module):

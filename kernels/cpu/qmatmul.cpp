@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -183,6 +184,41 @@ void run(const uint8_t* w, int64_t N, int64_t row_bytes, int64_t nb, const std::
   });
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Eight floats to bfloat16 the way c10::BFloat16 rounds (to nearest, ties to even), in 32-bit lanes.
+inline __m256i bf16_bits(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
+                                        _mm256_set1_epi32(0x7FFF));
+  return _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+}
+
+// One block to 32 bfloat16s with the scalar path's arithmetic (q * d, then + m where it has one).
+inline void block_to_bf16(const uint8_t* blk, int64_t qtype, c10::BFloat16* o) {
+  const __m256 d = _mm256_set1_ps(f16(blk));
+  const __m256 mn = _mm256_set1_ps(qtype == Q4_1 ? f16(blk + 2) : 0.f);
+  __m256i q;
+  if (qtype == Q8_0) {
+    q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else {
+    q = unpack_nibbles(blk + (qtype == Q4_1 ? 4 : 2));
+    if (qtype == Q4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+  }
+  __m256i bits[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m128i part = i < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+    const __m128i eight = (i & 1) ? _mm_srli_si128(part, 8) : part;
+    const __m256 v = _mm256_cvtepi32_ps(qtype == Q4_1 ? _mm256_cvtepu8_epi32(eight) : _mm256_cvtepi8_epi32(eight));
+    const __m256 x = _mm256_mul_ps(v, d);
+    bits[i] = bf16_bits(qtype == Q8_0 ? x : _mm256_add_ps(x, mn));
+  }
+  for (int i = 0; i < 4; i += 2) {  // packus interleaves 128-bit lanes: put them back in order
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits[i], bits[i + 1]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i * 8), packed);
+  }
+}
+#endif
+
 template <typename T>
 void dequantise(const uint8_t* w, int64_t qtype, int64_t N, int64_t row_bytes, int64_t K, T* out) {
   const int64_t nb = K / QK, bytes = block_bytes(qtype);
@@ -191,6 +227,12 @@ void dequantise(const uint8_t* w, int64_t qtype, int64_t N, int64_t row_bytes, i
       const uint8_t* blk = w + n * row_bytes;
       T* o = out + n * K;
       for (int64_t b = 0; b < nb; ++b, blk += bytes, o += QK) {
+#if defined(__AVX2__) && defined(__FMA__)
+        if constexpr (std::is_same_v<T, c10::BFloat16>) {
+          block_to_bf16(blk, qtype, o);
+          continue;
+        }
+#endif
         const float d = f16(blk);
         if (qtype == Q8_0) {
           const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
