@@ -101,11 +101,14 @@ def requested_dtype(dtype: str, config: PassConfig) -> str:
     return want
 
 
-def resolve_mode(mode: str, *, kernels_ok: bool, quantised_file: bool, dtype_name: str) -> str:
-    """``auto``: the file's own blocks where the C++ kernels run and the file is quantised, else dense."""
+def resolve_mode(mode: str, *, kernels_ok: bool, quantised_file: bool, dtype_name: str,
+                 requested_dtype: str = "auto") -> str:
+    """``auto``: the file's own blocks where the C++ kernels run and the file is quantised, else
+    dense. A model asked for in float32 by name stays dense float32: that is the exact mode
+    (the conformance suite's greedy equality with the transformers oracle)."""
     if mode != "auto":
         return mode
-    if kernels_ok and quantised_file:
+    if kernels_ok and quantised_file and requested_dtype != "float32":
         return "native"
     return "bf16" if dtype_name == "bfloat16" else "f32"
 
