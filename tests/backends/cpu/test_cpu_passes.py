@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -179,3 +180,17 @@ def test_settings_merge_engine_and_model_passes() -> None:
     for bad in ({"quantise": "int2"}, {"gemm_from": 0}, {"quantize": "native"}):
         with pytest.raises(ValidationError):
             Settings.model_validate({"models": [{"name": "a", "path": "/a.gguf", "passes": bad}]})
+
+
+def test_int4_requantises_to_q4_1_blocks_close_to_the_weights(f32_model: Any) -> None:
+    from gguf.quants import dequantize
+
+    model = f32_model[0].model
+    slot = next(s for s in passes._slots(model) if s.role == "o_proj" and s.layer == 0)
+    qtype, blocks = passes._blocks_for(slot, None, "int4")
+    assert qtype == 3 and blocks is not None  # Q4_1
+    dense = slot.dense().detach().numpy()
+    back = dequantize(blocks, qtype)
+    # 4 bits over each block's range: an error of at most half a step, (max - min) / 15 / 2.
+    spans = np.ptp(dense.reshape(-1, 32), axis=1).reshape(dense.shape[0], -1).repeat(32, axis=1)
+    assert (abs(back - dense) <= spans / 30 + 1e-3).all()
