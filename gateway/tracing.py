@@ -142,9 +142,9 @@ class Tracing:
         """The request's span, started when its context was, a child of the client's trace if it sent one."""
         from opentelemetry.trace import SpanKind, set_span_in_context
 
-        carrier = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", ())
-                   if name in (b"traceparent", b"tracestate", b"baggage")}  # fmt: skip
-        parent = self._propagator.extract(carrier) if carrier else None
+        # Every header: the propagators (OTEL_PROPAGATORS) pick theirs, W3C's traceparent by default.
+        carrier = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope.get("headers", ())}
+        parent = self._propagator.extract(carrier)
         method = scope.get("method", "")
         span = self.tracer.start_span(
             method, context=parent, kind=SpanKind.SERVER, start_time=epoch_ns(ctx.started),
