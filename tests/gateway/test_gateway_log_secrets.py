@@ -1,4 +1,5 @@
-"""No credential reaches a log: ``inferctl serve`` at debug level, access log on, every secret grepped.
+"""No credential reaches a log: ``inferctl serve`` at debug level, access log on, every secret grepped,
+with the plain and the JSON log format (``log_format``).
 
 A real ``serve`` process (its logging configured as in production) gets API
 keys (the generated bootstrap key, admin-created and rotated keys, a forged
@@ -11,6 +12,7 @@ of them. Before the redaction filter, uvicorn's access log wrote
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -40,8 +42,10 @@ def _requests(client: httpx.Client, secret: str) -> None:
         client.get(f"/v1/models/{secret}", headers={"authorization": f"Bearer {secret}"})
 
 
-def test_no_secret_in_the_logs_of_a_served_gateway(tmp_path: Path) -> None:
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_no_secret_in_the_logs_of_a_served_gateway(tmp_path: Path, log_format: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERFLUX_")}
+    env["INFERFLUX_LOG_FORMAT"] = log_format
     replica = Replica("gateway", tmp_path / "data", env, tmp_path / "serve.log", ["--log-level", "debug"])
     secrets: list[str] = []
     try:
@@ -82,7 +86,14 @@ def test_no_secret_in_the_logs_of_a_served_gateway(tmp_path: Path) -> None:
     finally:
         replica.stop()
     log = (tmp_path / "serve.log").read_text(errors="replace")
-    assert '"GET /v1/models?api_key=[REDACTED] HTTP/1.1" 401' in log, "the access log was on and redacted"
+    access = '"GET /v1/models?api_key=[REDACTED] HTTP/1.1" 401'
+    if log_format == "text":
+        assert access in log, "the access log was on and redacted"
+    else:  # one JSON object a line (the banner is printed, not logged), the access lines with their request's id
+        lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+        assert lines and all({"timestamp", "level", "logger", "message"} <= line.keys() for line in lines)
+        refused = [line for line in lines if line["logger"] == "uvicorn.access" and access in line["message"]]
+        assert refused and all(len(line["request_id"]) == 24 for line in refused), "the access log was on and redacted"
     assert log.count(admin_key) == 1, "the bootstrap key appears only in its one-time banner"
     # The audit spool names refused callers too (a key's prefix, a token's claimed issuer): never the secret.
     spool = b"".join(p.read_bytes() for p in (tmp_path / "data" / "audit").rglob("*.jsonl"))
