@@ -43,7 +43,9 @@ def _gather(args: argparse.Namespace) -> dict[str, Any]:
 def _percent(model: dict[str, Any]) -> str:
     if "kv_usage" not in model:
         return "-"
-    return f"{100 * model['kv_usage']:.1f}% ({model['kv_blocks_used']}/{model['kv_blocks_total']} blocks)"
+    slots = model.get("kv_slot_utilisation")
+    filled = "" if slots is None else f", {100 * slots:.0f}% of their slots filled"
+    return f"{100 * model['kv_usage']:.1f}% ({model['kv_blocks_used']}/{model['kv_blocks_total']} blocks{filled})"
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -71,6 +71,7 @@ def test_status(live_server: str, admin_key: str, tenant: dict[str, Any], capsys
     assert status["ready"] and status["version"] and status["reasons"] == []
     [model] = [m for m in status["models"] if m["id"] == "smollm2-135m-instruct"]
     assert model["running"] and model["kv_blocks_total"] > 0 and 0 <= model["kv_usage"] <= 1
+    assert 0 <= model["kv_slot_utilisation"] <= 1
     assert status["queue_depth"] >= 0 and status["running_sequences"] >= 0
     code, out, _ = run(capsys, "status", *tenant["member"])  # any key that reads
     assert code == 0 and "ready:    yes" in out and "smollm2-135m-instruct" in out and "KV USE" in out

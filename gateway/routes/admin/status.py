@@ -42,6 +42,8 @@ def _model_status(model: ServedModel, default: str | None) -> dict[str, Any]:
         "kv_blocks_used": stats.num_blocks_used,
         "kv_blocks_total": stats.num_blocks_total,
         "kv_usage": round(stats.kv_cache_usage, 4),
+        # Of the slots in the blocks in use, the share holding computed KV (BlockManager.kv_slots).
+        "kv_slot_utilisation": round(stats.kv_slot_utilisation, 4),
         "tokens_generated": stats.num_tokens_generated,
     }
 
