@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['server']} | {r['mode']} | {r.get('dtype', '–')} | {r['ppl']:.4f} | {rel} |")
     if args.json:
         meta = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gguf": args.gguf,
-                "text": str(text_path.relative_to(REPO_ROOT)) if text_path.is_relative_to(REPO_ROOT) else str(text_path),
+                "text": str(text_path.relative_to(REPO_ROOT) if text_path.is_relative_to(REPO_ROOT) else text_path),
                 "ctx": args.ctx, "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     return 0

@@ -10,8 +10,9 @@ as in serving. Two measurements in the same process:
    input preparation (``CPUBackend._prepare``) and the model's forward;
 2. one profiled pass (``torch.profiler``, CPU): time inside any op (the sum of every
    op's self time: ATen ops, and the C++ extension's calls) is *kernel* time; the rest of
-   the step (Python between ops, building the step's inputs) is *outside*. The profiler adds its own cost per op, so the outside
-   share it gives is an upper bound; the op count per step is exact.
+   the step (Python between ops, building the step's inputs) is *outside*. The profiler adds
+   its own cost per op, so the outside share it gives is an upper bound; the op count per
+   step is exact.
 
 ``--kernels`` picks the kernel sets, measured one after the other in one run: ``fast`` (the
 default set, kernels/cpu/fast.py: fused elementwise C++ kernels and paged attention),
