@@ -48,6 +48,10 @@ from policy.store import PolicyStore, ServedModelRecord
 
 log = logging.getLogger("inferflux.gateway.model_admin")
 
+# The dense modes of passes.quantise and the dtype each loads in (backends/cpu/passes.py DENSE_DTYPES, which
+# imports torch: not worth it for a check).
+_DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
+
 
 @dataclass
 class _Load:
@@ -60,6 +64,7 @@ class _Load:
     upstream: dict[str, Any] | None = None  # a remote backend's model: where it is served from
     embedding: dict[str, Any] | None = None  # a local model's embedding section (None: the defaults)
     deterministic: bool = False  # batch-invariant kernels (ModelSpec.deterministic)
+    passes: dict[str, Any] | None = None  # the load passes asked for (ModelSpec.passes); None: the backend's
     # From the store's registry (a convergence), not from this replica's admin API.
     stored: bool = False
     # A failed load from the registry is tried again only past this policy_version.
@@ -85,6 +90,8 @@ class _Load:
             "aliases": list(self.aliases),
             "source": "admin",
             "deterministic": self.deterministic,
+            # What was asked for; once loaded, GET shows what ran ("passes": the records).
+            **({"passes_requested": dict(self.passes)} if self.passes else {}),
             **({"upstream": describe_upstream(self.upstream)} if self.upstream is not None else {}),
             **({"embedding": self.embedding} if self.embedding is not None else {}),
         }
@@ -178,6 +185,7 @@ class ModelAdmin:
         upstream: dict[str, Any] | None = None,
         embedding: dict[str, Any] | None = None,
         deterministic: bool | None = None,
+        passes: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Validate now, load in the background; the returned status says 'loading'.
 
@@ -185,7 +193,8 @@ class ModelAdmin:
         endpoints it names (checked against ``upstreams.allowed_hosts``).
         ``embedding`` (a checked ``EmbeddingSettings``, dumped) is kept with the
         model, as a configuration file's ``models[].embedding`` is. ``deterministic``
-        unset takes ``engine.deterministic`` for a local model.
+        unset takes ``engine.deterministic`` for a local model; ``passes`` (a checked
+        ``PassesSettings``, dumped without unset keys) goes over ``engine.passes`` key by key.
         """
         self._check_names(name, aliases)
         if upstream is not None and embedding is not None:
@@ -195,6 +204,9 @@ class ModelAdmin:
         if upstream is not None and deterministic is not None:
             raise ValidationFailed("deterministic applies to local models; an upstream decides its own kernels",
                                    param="deterministic")  # fmt: skip
+        if upstream is not None and passes is not None:
+            raise ValidationFailed("passes apply to local models; an upstream decides its own weights",
+                                   param="passes")  # fmt: skip
         if upstream is not None:
             if path is not None or dtype is not None:
                 raise ValidationFailed("a model with an upstream takes neither path nor dtype", param="path")
@@ -214,10 +226,24 @@ class ModelAdmin:
         self._check_backend(backend)
         if upstream is None and deterministic is None:
             deterministic = self.settings.engine.deterministic
-        load = _Load(name, path, backend, dtype or self.settings.dtype, tuple(aliases), default, upstream, embedding,
-                     bool(deterministic))  # fmt: skip
+        dtype = dtype or self.settings.dtype
+        if upstream is None:
+            passes = self._merged_passes(passes, dtype)
+        load = _Load(name, path, backend, dtype, tuple(aliases), default, upstream, embedding,
+                     bool(deterministic), passes)  # fmt: skip
         self._start(load, persist=True)
         return load.describe()
+
+    def _merged_passes(self, passes: dict[str, Any] | None, dtype: str) -> dict[str, Any] | None:
+        """engine.passes under the load's own, as the settings merge a model entry's (schema._passes); the
+        registry keeps the result, so every replica loads with the same passes whatever its own engine section."""
+        engine = self.settings.engine.passes
+        merged = {**(engine.model_dump(exclude_none=True) if engine else {}), **(passes or {})}
+        # quantise bf16/f32 names the load dtype: an explicit other one is refused now, not at load.
+        wanted = _DENSE_DTYPES.get(merged.get("quantise", ""))
+        if wanted is not None and dtype not in ("auto", wanted):
+            raise ValidationFailed(f"passes.quantise {merged['quantise']} contradicts dtype {dtype}", param="passes")
+        return merged or None
 
     def _start(self, load: _Load, *, persist: bool) -> None:
         self._loads[load.name] = load
@@ -228,7 +254,7 @@ class ModelAdmin:
 
     async def _run(self, load: _Load, *, persist: bool) -> None:
         spec = ModelSpec(name=load.name, path=load.path, dtype=load.dtype, aliases=load.aliases, upstream=load.upstream,
-                         deterministic=load.deterministic)  # fmt: skip
+                         deterministic=load.deterministic, passes=load.passes)  # fmt: skip
 
         def on_stage(stage: str) -> None:
             load.stage = stage
@@ -262,6 +288,7 @@ class ModelAdmin:
                         upstream=load.upstream,
                         embedding=load.embedding,
                         deterministic=load.deterministic,
+                        passes=load.passes,
                     )
             except Exception as exc:
                 log.error("registering model %s failed: %s", load.name, exc)
@@ -387,7 +414,7 @@ class ModelAdmin:
         """Start loading ``record`` in the background, as a load that is not recorded again."""
         self._loads.pop(record.name, None)  # a failed attempt, replaced by this one
         load = _Load(record.name, record.path, record.backend, record.dtype, record.aliases, record.is_default,
-                     record.upstream, record.embedding, record.deterministic, stored=True,
+                     record.upstream, record.embedding, record.deterministic, record.passes, stored=True,
                      version=self._version)  # fmt: skip
         try:
             self._check_names(record.name, list(record.aliases))
@@ -426,7 +453,8 @@ class ModelAdmin:
             if record.name in self.configured:
                 continue
             spec = ModelSpec(name=record.name, path=record.path, dtype=record.dtype, aliases=tuple(record.aliases),
-                             upstream=record.upstream, deterministic=record.deterministic)  # fmt: skip
+                             upstream=record.upstream, deterministic=record.deterministic,
+                             passes=record.passes)  # fmt: skip
             try:
                 served = load_served_model(spec, record.backend, engine_config_from(self.settings.engine),
                                            priority=self.settings.runtime.backend_priority,

@@ -5,7 +5,8 @@
 servers elsewhere instead of weights here; ``--pooling``, ``--no-normalize``
 and ``--matryoshka`` are its ``embedding`` section (how it answers
 /v1/embeddings), as a configuration file's ``models[].embedding``;
-``--deterministic`` loads it with batch-invariant kernels (``models[].deterministic``). ``unload``
+``--deterministic`` loads it with batch-invariant kernels (``models[].deterministic``);
+``--quantise`` and ``--gemm-from`` are its load ``passes`` (``models[].passes``). ``unload``
 takes it out of the registry, ``default`` makes it the default model.
 (``inferctl models`` lists what a caller may use, through the OpenAI API.)
 """
@@ -51,10 +52,18 @@ def _embedding(args: argparse.Namespace) -> dict[str, Any] | None:
     return given or None
 
 
+def _passes(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``passes`` section from the flags given; None when none was (the server's engine.passes)."""
+    section = {"quantise": args.quantise, "gemm_from": args.gemm_from}
+    given = {name: value for name, value in section.items() if value is not None}
+    return given or None
+
+
 def _load_body(args: argparse.Namespace) -> dict[str, Any]:
     body: dict[str, Any] = {"name": args.name, "aliases": args.alias or [], "default": args.default}
     optional = {"path": args.path, "backend": args.backend, "dtype": args.dtype, "upstream": _upstream(args.upstream),
-                "embedding": _embedding(args), "deterministic": args.deterministic}  # fmt: skip
+                "embedding": _embedding(args), "deterministic": args.deterministic,
+                "passes": _passes(args)}  # fmt: skip
     return {**body, **{name: value for name, value in optional.items() if value is not None}}
 
 
@@ -111,6 +120,11 @@ def add_parser(
     load.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
                       help="batch-invariant kernels (cpu backend): the same logits alone or batched, at a "
                       "throughput cost (default: the server's engine.deterministic)")  # fmt: skip
+    load.add_argument("--quantise", choices=("auto", "native", "int8", "int4", "bf16", "f32"),
+                      help="load pass (cpu backend): native keeps the GGUF file's own blocks, int8/int4 "
+                      "re-quantise, bf16/f32 stay dense (default: the server's engine.passes, else auto)")  # fmt: skip
+    load.add_argument("--gemm-from", type=int, metavar="ROWS",
+                      help="load pass: rows in a step from which quantised projections use the GEMM path")
     load.add_argument("--alias", action="append", metavar="NAME", help="another name for it (repeatable)")
     load.add_argument("--default", action="store_true", help="make it the default model once loaded")
     load.add_argument("--wait", action="store_true", help="wait until it is ready (a progress line on a terminal); "

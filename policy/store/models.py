@@ -167,6 +167,8 @@ class ServedModel(Base):
     embedding: Mapped[dict[str, Any] | None] = mapped_column(json_type())
     # Batch-invariant kernels (ModelSpec.deterministic): the same logits alone or batched.
     deterministic: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # The load passes asked for (ModelSpec.passes: quantise, gemm_from); NULL: the backend's defaults.
+    passes: Mapped[dict[str, Any] | None] = mapped_column(json_type())
 
 
 class Policy(Base):

@@ -108,6 +108,7 @@ class ServedModelRecord:
     upstream: dict[str, Any] | None = None
     embedding: dict[str, Any] | None = None
     deterministic: bool = False
+    passes: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

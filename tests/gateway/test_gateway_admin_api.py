@@ -227,3 +227,49 @@ def test_inferctl_served_models_load_passes_deterministic() -> None:
         args = build_parser().parse_args(["served-models", "load", "m", "--path", "/m.gguf", flag])
         assert _load_body(args)["deterministic"] is value
     assert "deterministic" not in _load_body(build_parser().parse_args(["served-models", "load", "m", "--path", "/m"]))
+
+
+def test_a_models_load_passes_are_validated_run_kept_and_restored(world: dict[str, Any]) -> None:
+    """passes on the admin API's load: refused (naming passes) for a bad mode, an unknown key, a gemm_from out
+    of range, a dense mode contradicting the dtype and an upstream model; run at load (GET shows the int8 pass's
+    record with fewer weight bytes after), kept in the registry and loaded with them again by another replica."""
+    client, admin, store = world["client"], world["admin"], world["store"]
+    body = {"name": "int8", "path": default_model_path(), "passes": {"quantise": "int8", "gemm_from": 32}}
+    for bad in ({"quantise": "int3"}, {"quantize": "int8"}, {"gemm_from": 0}, {"quantise": "bf16"}):
+        refused = client.post("/admin/v1/models", headers=admin, json={**body, "passes": bad, "dtype": "float32"})
+        assert refused.status_code == 422 and refused.json()["error"]["param"].startswith("passes"), refused.text
+    remote = {"name": "far", "upstream": {"endpoints": ["http://upstream.invalid/v1"]}, "passes": {"quantise": "int8"}}
+    refused = client.post("/admin/v1/models", headers=admin, json=remote)
+    assert refused.status_code == 422 and refused.json()["error"]["param"] == "passes", refused.text
+
+    accepted = client.post("/admin/v1/models", headers=admin, json=body)
+    assert accepted.status_code == 202 and accepted.json()["passes_requested"] == body["passes"], accepted.text
+    loaded = wait_loaded(client, admin, "int8")
+    assert loaded["status"] == "ready", loaded
+    quantise = next(r for r in loaded["passes"] if r["name"] == "quantise")
+    assert quantise["status"] == "ran" and quantise["bytes_after"] < quantise["bytes_before"], quantise
+    assert store.get_served_model_by_name("int8").passes == {"quantise": "int8", "gemm_from": 32}
+
+    settings = Settings(data_dir=world["data_dir"], engine={"kv_cache_bytes": 32 * 1024 * 1024})
+    manager = ModelManager()
+    try:
+        assert ModelAdmin(manager, store, settings, configured=set()).restore() == []
+        restored = {r["name"]: r for r in manager.get("int8").info.passes}["quantise"]
+        assert restored["detail"] == quantise["detail"] and restored["bytes_after"] == quantise["bytes_after"]
+    finally:
+        manager.shutdown()
+    assert client.delete("/admin/v1/models/int8", headers=admin).status_code == 204
+
+
+def test_inferctl_served_models_load_passes_the_load_passes() -> None:
+    from gateway.cli import build_parser
+    from gateway.cli.served_models import _load_body
+
+    args = build_parser().parse_args(["served-models", "load", "m", "--path", "/m.gguf", "--quantise", "native",
+                                      "--gemm-from", "32"])
+    assert _load_body(args)["passes"] == {"quantise": "native", "gemm_from": 32}
+    args = build_parser().parse_args(["served-models", "load", "m", "--path", "/m.gguf", "--quantise", "int4"])
+    assert _load_body(args)["passes"] == {"quantise": "int4"}
+    assert "passes" not in _load_body(build_parser().parse_args(["served-models", "load", "m", "--path", "/m"]))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["served-models", "load", "m", "--path", "/m", "--quantise", "int3"])

@@ -18,6 +18,7 @@ from gateway.authz import principal_of, requires
 from gateway.openapi import document
 from gateway.routes.admin.common import BODY, PREFIX, NoBody, ok, parse_body, parse_optional_body, record_change
 from gateway.settings import EmbeddingSettings
+from gateway.settings.sections import PassesSettings
 from policy.rbac import Scope
 
 
@@ -47,6 +48,12 @@ class ModelLoadRequest(BaseModel):
         "with others'; costs throughput (docs/benchmarks.md). Unset: engine.deterministic; not for a model with an "
         "upstream",
     )
+    passes: PassesSettings | None = Field(
+        default=None,
+        description="Load passes (cpu backend; docs/backends.md), as a configuration file's models[].passes: "
+        "quantise (auto|native|int8|int4|bf16|f32), gemm_from (rows from which quantised projections use the "
+        "GEMM path); over engine.passes key by key. Not for a model with an upstream",
+    )
 
 
 @document("Served and loading models, with status", tag="models")
@@ -68,6 +75,7 @@ async def load_model(request: Request) -> Response:
         default=body.default, upstream=body.upstream,
         embedding=None if body.embedding is None else body.embedding.model_dump(),
         deterministic=body.deterministic,
+        passes=None if body.passes is None else body.passes.model_dump(exclude_none=True),
     )
     where = {"upstream": status["upstream"]["endpoints"]} if "upstream" in status else {"path": body.path}
     await record_change(request, principal, "model.load", None, "model", body.name, backend=status["backend"], **where)

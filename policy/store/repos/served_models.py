@@ -36,10 +36,12 @@ class ServedModelRepository(Repository):
         upstream: Mapping[str, Any] | None = None,
         embedding: Mapping[str, Any] | None = None,
         deterministic: bool = False,
+        passes: Mapping[str, Any] | None = None,
     ) -> ServedModelRecord:
         """Register a model: its weights' ``path`` here, or (a remote backend's) its ``upstream`` and path "".
 
-        ``embedding``: how a local model answers /v1/embeddings, as the gateway checked it (kept as given).
+        ``embedding``: how a local model answers /v1/embeddings, as the gateway checked it (kept as given);
+        ``passes``: its load passes, likewise.
         """
         validate.text(name, "name", 200)
         alias_list = validate.strings(aliases, "aliases")
@@ -57,6 +59,7 @@ class ServedModelRepository(Repository):
             upstream=None if upstream is None else _section(upstream, "upstream"),
             embedding=None if embedding is None else _section(embedding, "embedding"),
             deterministic=validate.boolean(deterministic, "deterministic"),
+            passes=None if passes is None else _section(passes, "passes"),
         )
         with self._write() as session:
             _check_model_names_free(session, [name, *alias_list], exclude_id=None)

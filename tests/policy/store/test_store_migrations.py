@@ -49,7 +49,7 @@ def tables(engine: Engine) -> set[str]:
 def test_upgrade_downgrade_upgrade(engine: Engine) -> None:
     assert migrate.current(engine) is None
     migrate.upgrade(engine)
-    assert migrate.current(engine) == migrate.head() == "0010"
+    assert migrate.current(engine) == migrate.head() == "0011"
     assert tables(engine) == TABLES
     migrate.upgrade(engine)  # at head already: nothing to do
     migrate.downgrade(engine, "base")
