@@ -91,6 +91,8 @@ class MLXBackend:
         from backends.models import ModelLoadError, open_model
 
         mx = self._mx
+        if spec.deterministic:
+            raise BackendError("deterministic mode runs on the cpu backend only, not on mlx")
         dtype_name = resolve_dtype(spec.dtype)
         try:
             source = open_model(spec.path)

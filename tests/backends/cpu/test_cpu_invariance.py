@@ -106,3 +106,12 @@ def test_greedy_tokens_and_logprobs_do_not_depend_on_the_batch(model):
     assert any(len(ids) > 16 for ids in mine.values()), "a prompt must be prefilled in several chunks"
     for rid in mine:
         assert first_difference(alone[rid], trace_of(outputs[rid])) is None, rid
+
+
+def test_without_the_cpp_kernels_deterministic_mode_refuses_to_load(monkeypatch):
+    from backends.base import BackendError
+
+    monkeypatch.setattr(CPUBackend, "_use_kernels", staticmethod(lambda model: "disabled by INFERFLUX_CPU_KERNELS"))
+    spec = ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", deterministic=True)
+    with pytest.raises(BackendError, match="needs the C\\+\\+ CPU kernels.*INFERFLUX_CPU_KERNELS"):
+        CPUBackend().load(spec)

@@ -210,6 +210,8 @@ def test_errors_are_backend_errors(mlx_loaded, tmp_path):
         fresh.load(ModelSpec("m", default_model_path(), dtype="float16"))
     with pytest.raises(BackendError, match="does not exist"):
         fresh.load(ModelSpec("m", str(tmp_path / "missing.gguf")))
+    with pytest.raises(BackendError, match="deterministic mode runs on the cpu backend only"):
+        fresh.load(ModelSpec("m", default_model_path(), deterministic=True))
 
     backend, _ = mlx_loaded
     assert backend.kv_block_bytes(BLOCK) == 2 * 30 * BLOCK * 3 * 64 * 4
