@@ -113,6 +113,33 @@ def resolve_mode(mode: str, *, kernels_ok: bool, quantised_file: bool, dtype_nam
     return "bf16" if dtype_name == "bfloat16" else "f32"
 
 
+def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
+         resolve_dtype: Callable[[str], str]) -> dict[str, Any]:
+    """What loading ``path`` with these passes would do here, without loading it (``inferctl backends
+    --json``): the passes in order and the quantise mode they resolve to; what ran and the weight bytes
+    before and after are known only after a load (``GET /admin/v1/models/{id}``). ``error``: why it
+    would not load (a bad passes section, a contradicting dtype, an unreadable file, no C++ kernels).
+    ``resolve_dtype``: the backend's (backends.cpu.backend.resolve_dtype, which imports this module)."""
+    from backends.models import open_model
+    from kernels import cpu as cpu_kernels
+
+    out: dict[str, Any] = {"pipeline": [name for name, _ in PASSES], "quantise": None}
+    try:
+        config = PassConfig.parse(value)
+        wanted = requested_dtype(dtype, config)
+        dtype_name = resolve_dtype(wanted)
+        quantised = quantised_file(open_model(path))
+        kernels_ok = cpu_kernels.load() is not None  # built once and cached, as the first load would
+    except Exception as exc:  # a diagnostic: every reason a load would fail is reported, none raised
+        return {**out, "error": str(exc)}
+    mode = resolve_mode(config.quantise, kernels_ok=kernels_ok, quantised_file=quantised, dtype_name=dtype_name,
+                        requested_dtype=wanted)
+    out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised)
+    if mode not in DENSE_DTYPES and not kernels_ok:
+        out["error"] = f"passes.quantise {mode} needs the C++ CPU kernels: {cpu_kernels.load_error()}"
+    return out
+
+
 def run(model: nn.Module, source: Any, config: PassConfig, mode: str) -> list[PassRecord]:
     """Every pass in order over ``model`` (loaded), with ``mode`` the resolved quantisation."""
     records = []

@@ -10,10 +10,15 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, print_error
 from gateway.settings import ConfigError, ensure_data_dir, load_settings
 from policy.errors import StoreConfigError
+
+if TYPE_CHECKING:
+    from backends.base import ModelSpec
+
 
 def _serve(args: argparse.Namespace) -> int:
     try:
@@ -135,9 +140,11 @@ def _backends(args: argparse.Namespace) -> int:
                          for s in statuses],
             "priority": list(chain),
             "auto": chosen,
-            # What each configured model asks of its backend at load (the admin API's models: GET /admin/v1/models).
+            # What each configured model asks of its backend at load (the admin API's models: GET /admin/v1/models,
+            # with what the passes did and the weight bytes before and after, once loaded).
             "models": [{"name": spec.name, "backend": backend, "dtype": spec.dtype,
-                        "deterministic": spec.deterministic, "passes": dict(spec.passes or {})}
+                        "deterministic": spec.deterministic, "passes": dict(spec.passes or {}),
+                        **_pass_plan(spec, backend, chosen)}
                        for spec, backend in settings.model_specs() if spec.upstream is None],
         }, indent=2))
         return EXIT_OK
@@ -151,6 +158,16 @@ def _backends(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5])
     print(f"\nauto: {chosen or 'nothing in the priority chain can run here'} (priority: {', '.join(chain)})")
     return EXIT_OK
+
+
+def _pass_plan(spec: ModelSpec, backend: str, chosen: str | None) -> dict[str, Any]:
+    """The cpu backend's load passes for a model it would serve: the pipeline and the mode they resolve to."""
+    if (chosen if backend == "auto" else backend) != "cpu":
+        return {}
+    from backends.cpu import passes
+    from backends.cpu.backend import resolve_dtype
+
+    return {"pass_plan": passes.plan(spec.passes, spec.dtype, spec.path, resolve_dtype)}
 
 
 def _announce_admin_key(key: str) -> None:

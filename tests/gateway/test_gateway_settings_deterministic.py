@@ -46,3 +46,29 @@ def test_inferctl_backends_json_reports_each_models_flag(tmp_path, capsys):
 
     models = {m["name"]: m["deterministic"] for m in json.loads(capsys.readouterr().out)["models"]}
     assert models == {"a": True, "b": False}
+
+
+def test_inferctl_backends_json_plans_each_cpu_models_passes(tmp_path, capsys):
+    """Per configured cpu model: the pass pipeline and the quantise mode its passes resolve to for its file
+    here (auto on the shipped Q4_1 file: its own blocks where the kernels build), or why it would not load."""
+    import json
+
+    from backends.cpu import passes
+    from backends.models import default_model_path
+    from gateway.cli import main
+    from kernels import cpu as cpu_kernels
+
+    config = tmp_path / "inferflux.yaml"
+    config.write_text(f"backend: cpu\nmodels:\n  - {{name: auto, path: {default_model_path()}}}\n"
+                      f"  - {{name: i4, path: {default_model_path()}, passes: {{quantise: int4}}}}\n"
+                      f"  - {{name: f32, path: {default_model_path()}, dtype: float32}}\n"
+                      "  - {name: gone, path: /nowhere/m.gguf}\n")
+    assert main(["backends", "--json", "--config", str(config)]) == 0
+    plans = {m["name"]: m["pass_plan"] for m in json.loads(capsys.readouterr().out)["models"]}
+    kernels = cpu_kernels.load() is not None
+    assert plans["auto"]["pipeline"] == [name for name, _ in passes.PASSES]
+    dense = {"bfloat16": "bf16", "float32": "f32"}[plans["auto"]["dtype"]]
+    assert plans["auto"]["quantised_file"] is True and plans["auto"]["quantise"] == ("native" if kernels else dense)
+    assert plans["i4"]["quantise"] == "int4" and ("error" in plans["i4"]) is not kernels
+    assert plans["f32"] == {**plans["f32"], "quantise": "f32", "dtype": "float32"}
+    assert plans["gone"]["quantise"] is None and "/nowhere/m.gguf" in plans["gone"]["error"]
