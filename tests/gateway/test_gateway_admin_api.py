@@ -249,6 +249,9 @@ def test_a_models_load_passes_are_validated_run_kept_and_restored(world: dict[st
     quantise = next(r for r in loaded["passes"] if r["name"] == "quantise")
     assert quantise["status"] == "ran" and quantise["bytes_after"] < quantise["bytes_before"], quantise
     assert store.get_served_model_by_name("int8").passes == {"quantise": "int8", "gemm_from": 32}
+    trail = client.get("/admin/v1/audit", params={"limit": 200}, headers=admin).json()["data"]
+    event = next(e for e in reversed(trail) if e["action"] == "model.load" and e["target_id"] == "int8")
+    assert event["detail"]["passes"] == {"quantise": "int8", "gemm_from": 32}
 
     settings = Settings(data_dir=world["data_dir"], engine={"kv_cache_bytes": 32 * 1024 * 1024})
     manager = ModelManager()

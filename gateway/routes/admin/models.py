@@ -78,6 +78,8 @@ async def load_model(request: Request) -> Response:
         passes=None if body.passes is None else body.passes.model_dump(exclude_none=True),
     )
     where = {"upstream": status["upstream"]["endpoints"]} if "upstream" in status else {"path": body.path}
+    if "passes_requested" in status:  # what the model loads with, engine.passes merged in: on the trail
+        where["passes"] = status["passes_requested"]
     await record_change(request, principal, "model.load", None, "model", body.name, backend=status["backend"], **where)
     return ok(status, 202)
 
