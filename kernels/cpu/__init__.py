@@ -92,9 +92,7 @@ def paged_attention(
     out what each query may see from ``context_lens`` and ``query_start``.
     Call ``load()`` first; this raises if the kernels are unavailable.
     """
-    if _module is None:
-        raise RuntimeError(f"CPU kernels are not loaded: {_error or 'call kernels.cpu.load() first'}")
-    return _module.paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start, scale)
+    return loaded().paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start, scale)
 
 
 def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
@@ -103,15 +101,16 @@ def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
     Row ``m`` of the result depends only on row ``m`` of ``x`` (never on how many
     rows are in the call or where it sits): the batch-invariant matmul.
     """
-    return _loaded().qmatmul(x, blocks, qtype)
+    return loaded().qmatmul(x, blocks, qtype)
 
 
 def dequantize_blocks(blocks: torch.Tensor, qtype: int, k: int, bf16: bool) -> torch.Tensor:
     """ggml blocks ``uint8 [N, row_bytes]`` as a dense ``[N, k]`` float32 (or bfloat16) tensor."""
-    return _loaded().dequantize_blocks(blocks, qtype, k, bf16)
+    return loaded().dequantize_blocks(blocks, qtype, k, bf16)
 
 
-def _loaded() -> ModuleType:
+def loaded() -> ModuleType:
+    """The compiled module once ``load()`` has built it; raises (saying why) when it has not."""
     if _module is None:
         raise RuntimeError(f"CPU kernels are not loaded: {_error or 'call kernels.cpu.load() first'}")
     return _module

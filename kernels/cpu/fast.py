@@ -36,26 +36,20 @@ if TYPE_CHECKING:
 paged_attention = cpu.paged_attention
 
 
-def _module():  # type: ignore[no-untyped-def]
-    module = cpu.load()
-    if module is None:
-        raise RuntimeError(f"CPU kernels are not loaded: {cpu.load_error()}")
-    return module
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
-    return _module().fused_add_rms_norm(rows, None, weight, eps)[0].view(x.shape)
+    return cpu.loaded().fused_add_rms_norm(rows, None, weight, eps)[0].view(x.shape)
 
 
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual + x`` then normalise it; returns (normalised, new residual)."""
-    h, res = _module().fused_add_rms_norm(x, residual, weight, eps)
+    h, res = cpu.loaded().fused_add_rms_norm(x, residual, weight, eps)
     return h, res
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return _module().fused_rope(x, cos, sin)
+    return cpu.loaded().fused_rope(x, cos, sin)
 

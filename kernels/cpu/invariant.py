@@ -39,15 +39,9 @@ if TYPE_CHECKING:
 paged_attention = cpu.paged_attention
 
 
-def _module():  # type: ignore[no-untyped-def]
-    module = cpu.load()
-    if module is None:
-        raise RuntimeError(f"CPU kernels are not loaded: {cpu.load_error()}")
-    return module
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _module().invariant_rms_norm(x, weight, eps)
+    return cpu.loaded().invariant_rms_norm(x, weight, eps)
 
 
 def add_rms_norm(
@@ -63,7 +57,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x.reshape(-1, x.shape[-1])
     if rows.dtype != weight.dtype:
         rows = rows.to(weight.dtype)
-    out = _module().invariant_linear(rows, weight, bias)
+    out = cpu.loaded().invariant_linear(rows, weight, bias)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
