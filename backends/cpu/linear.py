@@ -11,6 +11,8 @@ times smaller than bfloat16. Which kernel runs depends on the number of rows:
   by tile into the activations' dtype and multiplied with torch's GEMM; only one tile
   is ever dense, so memory stays at the blocks' size.
 
+With a ``dense`` weight (the ``hybrid`` mode: the loaded bfloat16 weights kept beside the
+blocks), the second path is a plain GEMM on it instead, from ``DENSE_GEMM_FROM_ROWS`` rows.
 A deterministic model (``deterministic`` True) always takes the first path.
 ``QuantEmbedding`` is the token embedding in blocks (a lookup dequantises the rows
 it needs); with tied embeddings it shares its blocks with the output head.
@@ -33,6 +35,11 @@ QTYPE_NAMES: dict[int, str] = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
 # 2-core AMD EPYC (AVX-512 VNNI) at load 13-17: 110 vs 83 ms at 32 rows, 54 vs 62 ms at 16
 # (results-2026-11-26-qmatmul.json; docs/benchmarks.md, "Quantised matmuls"). Provisional.
 GEMM_FROM_ROWS = 32
+# With the dense weights kept (hybrid), from how many rows their GEMM replaces qmatmul: 2. Measured
+# by bench_qmatmul.py (--threads 2 --fastest) on the 2-core AMD EPYC at load 1.5-2.5: over a layer's
+# four projections qmatmul 7.3 ms at 1 row, 13.1 at 2; bfloat16 GEMM 7.0 and 7.1 (the Q8_0 head at 1
+# row: 0.64 ms from blocks, 3.4 dense, so one row still reads the blocks).
+DENSE_GEMM_FROM_ROWS = 2
 # Output rows dequantised at a time on the GEMM path: a tile of bfloat16 weights
 # (256 x 1536 x 2 bytes = 768 KiB at most here) is still in cache when the GEMM reads it.
 TILE_ROWS = 256
@@ -42,7 +49,8 @@ class QuantLinear(nn.Module):
     """``y = x @ W.T (+ bias)`` with ``W`` as ggml blocks; drop-in for ``nn.Linear``."""
 
     def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None = None,
-                 *, gemm_from: int = GEMM_FROM_ROWS, deterministic: bool = False) -> None:
+                 *, gemm_from: int = GEMM_FROM_ROWS, deterministic: bool = False,
+                 dense: torch.Tensor | None = None) -> None:
         super().__init__()
         if qtype not in BLOCK_BYTES:
             raise ValueError(f"no kernel for ggml type {qtype}; quantised types: {sorted(QTYPE_NAMES.values())}")
@@ -51,6 +59,9 @@ class QuantLinear(nn.Module):
                              f"{QTYPE_NAMES[qtype]}")
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        if dense is not None and tuple(dense.shape) != (blocks.shape[0], in_features):
+            raise ValueError(f"dense weight of shape {tuple(dense.shape)} for {blocks.shape[0]} x {in_features}")
+        self.register_buffer("dense_weight", dense, persistent=False)
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = blocks.shape[0]
@@ -65,6 +76,8 @@ class QuantLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.deterministic or rows.shape[0] < self.gemm_from:
             y = cpu_kernels.qmatmul(rows, self.blocks, self.qtype).to(x.dtype)
+        elif self.dense_weight is not None:
+            y = torch.nn.functional.linear(rows.to(self.dense_weight.dtype), self.dense_weight).to(x.dtype)
         else:
             y = self._gemm(rows)
         if self.bias is not None:
@@ -132,7 +145,11 @@ def weight_bytes(module: nn.Module) -> int:
     """Bytes of every parameter and buffer under ``module``, each storage counted once."""
     seen: set[int] = set()
     total = 0
-    for t in (*module.parameters(), *module.buffers()):
+    tensors = [*module.parameters(), *module.buffers()]
+    head = getattr(module, "head_linear", None)
+    if isinstance(head, QuantHead):  # a plain attribute, not a submodule: its blocks (and dense weights) too
+        tensors += [*head.linear.parameters(), *head.linear.buffers()]
+    for t in tensors:
         if t.device.type == "meta":
             continue
         ptr = t.untyped_storage().data_ptr()

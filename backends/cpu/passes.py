@@ -12,7 +12,9 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
 * ``fuse_add_rmsnorm``: ``Block`` adds the residual and normalises in one kernel call
   (``add_rms_norm`` of the kernel set); recorded.
 * ``quantise``: the weights' format. ``native`` keeps the GGUF file's own blocks
-  (Q4_0/Q4_1/Q8_0: no re-quantisation error; other types stay dense); ``int8`` re-quantises
+  (Q4_0/Q4_1/Q8_0: no re-quantisation error; other types stay dense); ``hybrid`` keeps the
+  blocks for single rows and the loaded dense weights for batches (the fastest at every
+  batch size here, at the dense weights' memory plus the blocks'); ``int8`` re-quantises
   float weights to Q8_0 (int8, a float16 scale per 32); ``int4`` to Q4_1 (4 bits, a
   scale and minimum per 32); ``bf16``/``f32`` keep dense weights in the model's dtype.
 * ``choose_kernels``: each quantised projection's row threshold for the GEMM path
@@ -34,7 +36,8 @@ from backends.models import layout
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "native", "int8", "int4", "bf16", "f32")
+MODES = ("auto", "native", "hybrid", "int8", "int4", "bf16", "f32")
+_FILE_BLOCKS = ("native", "hybrid")  # the modes that keep the file's own blocks
 DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 # The ggml types int8 and int4 re-quantise to.
 _REQUANT = {"int8": 8, "int4": 3}  # Q8_0, Q4_1
@@ -103,13 +106,13 @@ def requested_dtype(dtype: str, config: PassConfig) -> str:
 
 def resolve_mode(mode: str, *, kernels_ok: bool, quantised_file: bool, dtype_name: str,
                  requested_dtype: str = "auto") -> str:
-    """``auto``: the file's own blocks where the C++ kernels run and the file is quantised, else
-    dense. A model asked for in float32 by name stays dense float32: that is the exact mode
+    """``auto``: the file's own blocks beside the dense weights (``hybrid``) where the C++ kernels
+    run and the file is quantised, else dense. A model asked for in float32 by name stays dense float32: that is the exact mode
     (the conformance suite's greedy equality with the transformers oracle)."""
     if mode != "auto":
         return mode
     if kernels_ok and quantised_file and requested_dtype != "float32":
-        return "native"
+        return "hybrid"
     return "bf16" if dtype_name == "bfloat16" else "f32"
 
 
@@ -181,10 +184,11 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
         if blocks is None:
             dense_left += 1
             continue
-        slot.replace(qtype, torch.from_numpy(blocks))
+        slot.replace(qtype, torch.from_numpy(blocks), slot.dense().detach() if mode == "hybrid" else None)
         counts[ql.QTYPE_NAMES[qtype]] = counts.get(ql.QTYPE_NAMES[qtype], 0) + 1
     kept = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
-    how = "kept as stored in the file" if mode == "native" else f"re-quantised ({mode})"
+    how = {"native": "kept as stored in the file",
+           "hybrid": "kept as stored in the file, beside their dense weights for batches"}.get(mode, f"re-quantised ({mode})")
     detail = f"{kept or 'no'} projections {how}" + (f"; {dense_left} left dense (no kernel for their type)"
                                                      if dense_left else "")
     return "ran", detail
@@ -192,7 +196,8 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
 
 def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
     deterministic = bool(getattr(model, "deterministic", False))
-    gemm_from = config.gemm_from or ql.GEMM_FROM_ROWS
+    hybrid = mode == "hybrid"
+    gemm_from = config.gemm_from or (ql.DENSE_GEMM_FROM_ROWS if hybrid else ql.GEMM_FROM_ROWS)
     quantised = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
     for m in quantised:
         m.gemm_from, m.deterministic = gemm_from, deterministic
@@ -202,7 +207,8 @@ def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tu
         return "ran", "dense projections: torch GEMM at every batch size"
     if deterministic:
         return "ran", "deterministic: the batch-invariant qmatmul kernel at every batch size"
-    return "ran", f"qmatmul kernel below {gemm_from} rows, dequantise-per-tile + GEMM from {gemm_from}"
+    batch = "GEMM on the dense weights" if hybrid else "dequantise-per-tile + GEMM"
+    return "ran", f"qmatmul kernel below {gemm_from} rows, {batch} from {gemm_from}"
 
 
 PASSES: tuple[tuple[str, Callable[..., tuple[str, str]]], ...] = (
@@ -248,21 +254,22 @@ class _Slot:
         parent = block.attn if self.role in ("qkv", "o_proj") else block.mlp
         return getattr(parent, self.role), self.role
 
-    def replace(self, qtype: int, blocks: torch.Tensor) -> None:
+    def replace(self, qtype: int, blocks: torch.Tensor, dense: torch.Tensor | None = None) -> None:
+        """Put the blocks in this weight's place; ``dense`` (hybrid): kept beside them for batches."""
         m = self.model
         if self.role == "embed":
             m.embed = ql.QuantEmbedding(blocks, qtype, m.cfg.hidden_size, m.dtype)
             if m.lm_head is None:  # tied: the head multiplies the same blocks
-                m.head_linear = ql.QuantHead(ql.QuantLinear(m.embed.blocks, qtype, m.cfg.hidden_size))
+                m.head_linear = ql.QuantHead(ql.QuantLinear(m.embed.blocks, qtype, m.cfg.hidden_size, dense=dense))
             return
         if self.role == "head":
-            m.head_linear = ql.QuantHead(ql.QuantLinear(blocks, qtype, m.cfg.hidden_size))
+            m.head_linear = ql.QuantHead(ql.QuantLinear(blocks, qtype, m.cfg.hidden_size, dense=dense))
             m.lm_head = _Placeholder()
             return
         old, name = self._owner()
         parent = m.layers[self.layer].attn if self.role in ("qkv", "o_proj") else m.layers[self.layer].mlp
         bias = None if old.bias is None else old.bias.detach()
-        setattr(parent, name, ql.QuantLinear(blocks, qtype, old.in_features, bias))
+        setattr(parent, name, ql.QuantLinear(blocks, qtype, old.in_features, bias, dense=dense))
 
 
 class _Placeholder(nn.Module):
@@ -286,7 +293,7 @@ def _slots(model: Any) -> list[_Slot]:
 
 def _blocks_for(slot: _Slot, source: Any, mode: str) -> tuple[int, np.ndarray | None]:
     """The blocks a slot becomes: the file's (native) or a re-quantisation of its weights."""
-    if mode == "native":
+    if mode in _FILE_BLOCKS:
         stored = getattr(source, "stored_blocks", None)
         parts = [stored(n) for n in slot.names] if stored is not None else [None]
         if any(p is None for p in parts) or len({p[0] for p in parts}) != 1 or parts[0][0] not in ql.BLOCK_BYTES:

@@ -51,7 +51,7 @@ class ModelLoadRequest(BaseModel):
     passes: PassesSettings | None = Field(
         default=None,
         description="Load passes (cpu backend; docs/backends.md), as a configuration file's models[].passes: "
-        "quantise (auto|native|int8|int4|bf16|f32), gemm_from (rows from which quantised projections use the "
+        "quantise (auto|native|hybrid|int8|int4|bf16|f32), gemm_from (rows from which quantised projections use the "
         "GEMM path); over engine.passes key by key. Not for a model with an upstream",
     )
 

@@ -141,8 +141,26 @@ def test_a_dense_mode_contradicting_the_dtype_is_refused() -> None:
         CPUBackend().load(ModelSpec(name="x", path=default_model_path(), dtype="float32", passes={"quantise": "bf16"}))
 
 
+def test_hybrid_reads_the_blocks_for_one_row_and_the_dense_weights_for_batches() -> None:
+    backend, info = _load("hybrid")
+    model = backend.model
+    linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert linears and all(m.dense_weight is not None for m in linears)
+    assert {m.gemm_from for m in linears} == {passes.ql.DENSE_GEMM_FROM_ROWS}
+    quantise = next(r for r in info.passes if r["name"] == "quantise")
+    assert quantise["bytes_after"] > quantise["bytes_before"]  # the blocks are added beside the dense weights
+    proj = model.layers[0].mlp.gate_up
+    x = torch.randn(4, model.cfg.hidden_size, dtype=proj.dense_weight.dtype)
+    # A batch is the GEMM on the loaded weights, bit for bit; a row alone is the blocks' kernel.
+    assert torch.equal(proj(x), torch.nn.functional.linear(x, proj.dense_weight))
+    from kernels import cpu as cpu_kernels
+    assert torch.equal(proj(x[:1]), cpu_kernels.qmatmul(x[:1], proj.blocks, proj.qtype).to(x.dtype))
+    # The dense weights are the file's blocks dequantised: both paths multiply the same weights.
+    assert torch.equal(proj.dense(proj.dense_weight.dtype), proj.dense_weight)
+
+
 def test_auto_resolves_by_kernels_and_file() -> None:
-    assert passes.resolve_mode("auto", kernels_ok=True, quantised_file=True, dtype_name="bfloat16") == "native"
+    assert passes.resolve_mode("auto", kernels_ok=True, quantised_file=True, dtype_name="bfloat16") == "hybrid"
     assert passes.resolve_mode("auto", kernels_ok=False, quantised_file=True, dtype_name="bfloat16") == "bf16"
     assert passes.resolve_mode("auto", kernels_ok=True, quantised_file=False, dtype_name="float32") == "f32"
     assert passes.resolve_mode("auto", kernels_ok=True, quantised_file=True, dtype_name="float32",
