@@ -200,9 +200,7 @@ class CPUBackend:
 
         if str(self.device) != "cpu":
             return []
-        mode = passes.resolve_mode(config.quantise, kernels_ok=self.kernel_error is None,
-                                   quantised_file=passes.quantised_file(source), dtype_name=dtype_name,
-                                   requested_dtype=spec.dtype)
+        mode = passes.resolve_mode(config.quantise, dtype_name=dtype_name)
         if mode not in passes.DENSE_DTYPES and self.kernel_error is not None:
             raise BackendError(f"passes.quantise {mode} needs the C++ CPU kernels, which are unavailable: "
                                f"{self.kernel_error}")

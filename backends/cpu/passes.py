@@ -104,15 +104,17 @@ def requested_dtype(dtype: str, config: PassConfig) -> str:
     return want
 
 
-def resolve_mode(mode: str, *, kernels_ok: bool, quantised_file: bool, dtype_name: str,
-                 requested_dtype: str = "auto") -> str:
-    """``auto``: the file's own blocks beside the dense weights (``hybrid``) where the C++ kernels
-    run and the file is quantised, else dense. A model asked for in float32 by name stays dense float32: that is the exact mode
-    (the conformance suite's greedy equality with the transformers oracle)."""
+def resolve_mode(mode: str, *, dtype_name: str) -> str:
+    """``auto``: dense weights in the model's dtype, as before the pipeline had quantised modes.
+
+    Not ``hybrid``, though it is the fastest here at every batch size: its one-row steps
+    (the blocks' kernel, int8 activations) and its batched steps (a bfloat16 GEMM) multiply
+    differently, so a greedy answer would change with whether other requests share its
+    step; three gateways over two engines answered one prompt two ways in CI. ``native``
+    would change every answer (int8 activations) and is slower for batches. Both are a
+    choice to make per model (docs/backends.md says what each costs)."""
     if mode != "auto":
         return mode
-    if kernels_ok and quantised_file and requested_dtype != "float32":
-        return "hybrid"
     return "bf16" if dtype_name == "bfloat16" else "f32"
 
 
@@ -135,8 +137,7 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
         kernels_ok = cpu_kernels.load() is not None  # built once and cached, as the first load would
     except Exception as exc:  # a diagnostic: every reason a load would fail is reported, none raised
         return {**out, "error": str(exc)}
-    mode = resolve_mode(config.quantise, kernels_ok=kernels_ok, quantised_file=quantised, dtype_name=dtype_name,
-                        requested_dtype=wanted)
+    mode = resolve_mode(config.quantise, dtype_name=dtype_name)
     out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised)
     if mode not in DENSE_DTYPES and not kernels_ok:
         out["error"] = f"passes.quantise {mode} needs the C++ CPU kernels: {cpu_kernels.load_error()}"

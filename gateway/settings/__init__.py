@@ -37,7 +37,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       swap_space_bytes: 4GiB  # default: the KV cache's size
       swap_dir: /var/lib/inferflux/swap   # unset: swap to host memory
       passes:               # cpu backend load passes (docs/backends.md); each model's own passes override
-        quantise: auto      # auto (hybrid if the file is quantised and the C++ kernels run, else dense) | native | hybrid | int8 | int4 | bf16 | f32
+        quantise: auto      # auto (dense in the model's dtype) | native | hybrid | int8 | int4 | bf16 | f32
         gemm_from: 16       # batch rows from which quantised projections dequantise per tile into a GEMM
       deterministic: false  # batch-invariant kernels (cpu backend): logits the same bits alone or batched; each model may override
     models:

@@ -64,7 +64,8 @@ def world(small_batch_model: Any, app_for_model: Any, tmp_path_factory: pytest.T
     guardrail = store.create_policy(globex.id, "guardrail", "words", {"blocklist": [{"id": "w", "literal": "zzq"}]})
     upstream = store.create_credential(None, "fleet", "sk-platform-upstream")  # the platform's: no tenant reaches it
     ids = {"tenant_id": globex.id, "key_id": member.id, "binding_id": binding.id, "provider_id": provider.id,
-           "policy_id": guardrail.id, "name": MODEL, "limit_id": limit.id, "credential_id": upstream.id}  # fmt: skip
+           "policy_id": guardrail.id, "name": MODEL, "model": MODEL, "limit_id": limit.id,
+           "credential_id": upstream.id}  # fmt: skip
     app = app_for_model(small_batch_model, store, data_dir=str(data_dir / "app"),
                         auth={"revocation_poll_seconds": POLL})  # fmt: skip
     server, thread, sock, url = start_uvicorn(app)

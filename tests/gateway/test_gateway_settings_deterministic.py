@@ -68,7 +68,7 @@ def test_inferctl_backends_json_plans_each_cpu_models_passes(tmp_path, capsys):
     kernels = cpu_kernels.load() is not None
     assert plans["auto"]["pipeline"] == [name for name, _ in passes.PASSES]
     dense = {"bfloat16": "bf16", "float32": "f32"}[plans["auto"]["dtype"]]
-    assert plans["auto"]["quantised_file"] is True and plans["auto"]["quantise"] == ("hybrid" if kernels else dense)
+    assert plans["auto"]["quantised_file"] is True and plans["auto"]["quantise"] == dense
     assert plans["i4"]["quantise"] == "int4" and ("error" in plans["i4"]) is not kernels
     assert plans["f32"] == {**plans["f32"], "quantise": "f32", "dtype": "float32"}
     assert plans["gone"]["quantise"] is None and "/nowhere/m.gguf" in plans["gone"]["error"]

@@ -159,13 +159,11 @@ def test_hybrid_reads_the_blocks_for_one_row_and_the_dense_weights_for_batches()
     assert torch.equal(proj.dense(proj.dense_weight.dtype), proj.dense_weight)
 
 
-def test_auto_resolves_by_kernels_and_file() -> None:
-    assert passes.resolve_mode("auto", kernels_ok=True, quantised_file=True, dtype_name="bfloat16") == "hybrid"
-    assert passes.resolve_mode("auto", kernels_ok=False, quantised_file=True, dtype_name="bfloat16") == "bf16"
-    assert passes.resolve_mode("auto", kernels_ok=True, quantised_file=False, dtype_name="float32") == "f32"
-    assert passes.resolve_mode("auto", kernels_ok=True, quantised_file=True, dtype_name="float32",
-                               requested_dtype="float32") == "f32"  # the exact mode stays exact
-    assert passes.resolve_mode("int8", kernels_ok=True, quantised_file=False, dtype_name="float32") == "int8"
+def test_auto_resolves_to_the_models_dense_dtype() -> None:
+    # auto stays dense in the model's dtype (resolve_mode says why not hybrid or native).
+    assert passes.resolve_mode("auto", dtype_name="bfloat16") == "bf16"
+    assert passes.resolve_mode("auto", dtype_name="float32") == "f32"
+    assert passes.resolve_mode("int8", dtype_name="float32") == "int8"
     engine = passes.PassConfig.parse({"quantise": "int8", "gemm_from": 4})
     assert engine.merged(passes.PassConfig.parse({"quantise": "native"})) == passes.PassConfig("native", 4)
     assert engine.merged(None) == engine
