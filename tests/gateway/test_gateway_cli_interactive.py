@@ -8,6 +8,7 @@ import os
 import pty
 import re
 import select
+import signal
 import sys
 import time
 import warnings
@@ -26,6 +27,9 @@ class Terminal:
             self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the terminal is its controlling one, so Ctrl-C is its SIGINT
             os.environ["TERM"] = "dumb"
+            # As a terminal's shell starts a command: a run started in the background of a
+            # non-interactive shell inherits SIGINT ignored, and Python keeps an ignored SIGINT.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(sys.executable, [sys.executable, "-m", "gateway.cli", *argv])
         self.seen = ""  # everything read so far
         self.mark = 0  # where the next expect starts looking
