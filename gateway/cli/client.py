@@ -62,11 +62,12 @@ def admin_call(args: argparse.Namespace, method: str, path: str, body: dict[str,
 
 
 def list_all(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
-    """Every item of an admin list, following ``next_cursor`` page by page."""
+    """Every item of an admin list, following ``next_cursor`` page by page (``path`` may carry a query)."""
     rows: list[dict[str, Any]] = []
     after: str | None = None
+    joiner = "&" if "?" in path else "?"
     while True:
-        page = admin_call(args, "GET", f"{path}?limit=200" + (f"&after={after}" if after else ""))
+        page = admin_call(args, "GET", f"{path}{joiner}limit=200" + (f"&after={after}" if after else ""))
         rows += page["data"]
         after = page.get("next_cursor")
         if not after:

@@ -55,9 +55,7 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
 def _guardrails(args: argparse.Namespace) -> int:
     query = _owner_query(args)
     if args.action == "list":
-        path = _PATH + query
-        rows = list_all(args, path) if not query else _all_pages(args, path)
-        return show(args, rows, _COLUMNS)
+        return show(args, list_all(args, _PATH + query), _COLUMNS)
     if args.action == "create":
         body = _changes(args)
         if "spec" not in body or "name" not in body:
@@ -79,18 +77,6 @@ def _guardrails(args: argparse.Namespace) -> int:
         return show(args, admin_call(args, "PATCH", one, _changes(args)), _COLUMNS)
     admin_call(args, "DELETE", one)
     return deleted(args, "guardrail policy", args.policy)
-
-
-def _all_pages(args: argparse.Namespace, path: str) -> list[dict[str, Any]]:
-    """``list_all`` for a path that already has a query string."""
-    rows: list[dict[str, Any]] = []
-    after: str | None = None
-    while True:
-        page = admin_call(args, "GET", f"{path}&limit=200" + (f"&after={after}" if after else ""))
-        rows += page["data"]
-        after = page.get("next_cursor")
-        if not after:
-            return rows
 
 
 def _add_owner(parser: argparse.ArgumentParser) -> None:
