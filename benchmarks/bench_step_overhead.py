@@ -14,8 +14,10 @@ as in serving. Two measurements in the same process:
    its own cost per op, so the outside share it gives is an upper bound; the op count per
    step is exact.
 
-``--kernels`` picks the kernel sets, measured one after the other in one run: ``fast`` (the
-default set, kernels/cpu/fast.py: fused elementwise C++ kernels and paged attention),
+``--kernels`` picks the kernel sets, measured one after the other in one run: ``loop`` (the
+C++ loop over layers, backends/cpu/decode_loop.py: needs a quantised ``--quantise`` mode),
+``fast`` (the default set, kernels/cpu/fast.py: fused elementwise C++ kernels and paged
+attention, the layers run from Python),
 ``unfused`` (the reference's elementwise ops with the compiled paged attention: the set
 before the fused kernels) and ``reference`` (PyTorch only). The C++ extension's functions
 are wrapped in ``torch.profiler.record_function`` so their time counts as kernel time
@@ -62,7 +64,20 @@ def _profile_extension() -> None:
     module._profiled = True
 
 
-def measure(path: str, dtype: str, prompt_tokens: int, steps: int, which: str, threads: int) -> dict[str, Any]:
+def _profile_loop(loop: Any) -> None:
+    """The decode loop's one call a step as one leaf op (its kernels run inside it)."""
+    import torch
+
+    run = loop.run
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function("cpp::DecodeLoop.step"):
+            return run(*args, **kwargs)
+    loop.run = call
+
+
+def measure(path: str, dtype: str, prompt_tokens: int, steps: int, which: str, threads: int,
+            quantise: str = "auto") -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -71,8 +86,14 @@ def measure(path: str, dtype: str, prompt_tokens: int, steps: int, which: str, t
 
     _profile_extension()
     backend = CPUBackend(num_threads=threads or None)
-    info = backend.load(ModelSpec(name="step", path=path, dtype=dtype))
-    if which != "fast" and backend.model is not None:
+    info = backend.load(ModelSpec(name="step", path=path, dtype=dtype, passes={"quantise": quantise}))
+    if which == "loop":
+        if backend.model.decode_loop is None:
+            raise SystemExit(f"--kernels loop: no decode loop with quantise {quantise} (see the decode_loop pass)")
+        _profile_loop(backend.model.decode_loop)
+    elif which == "fast":
+        backend.model.decode_loop = None  # the layers from Python
+    elif backend.model is not None:
         from kernels import cpu, reference
 
         backend.model.use_kernels(reference)
@@ -124,6 +145,7 @@ def measure(path: str, dtype: str, prompt_tokens: int, steps: int, which: str, t
     prep_ms = statistics.median(prep_times) * 1e3
     return {
         "kernels": which if backend.kernel_error is None else f"{which} (C++ unavailable: reference)",
+        "quantise": quantise, "loadavg_at_end": Path("/proc/loadavg").read_text().split()[0],
         "passes": [f"{r.get('name')}: {r.get('detail')}" for r in info.passes],
         "dtype": info.dtype, "threads": torch.get_num_threads(), "steps": steps,
         "context": f"{prompt_tokens}..{prompt_tokens + steps + 5}",
@@ -144,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--kernels", default="unfused,fast", help="which kernel sets, in order: fast, unfused, reference")
+    p.add_argument("--kernels", default="unfused,fast", help="which kernel sets, in order: loop, fast, unfused, "
+                   "reference (each once; repeat names to alternate)")
+    p.add_argument("--quantise", default="auto", help="passes.quantise of the load (native, hybrid, ...; auto: dense)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads (0: its default). 1 keeps OpenMP waits out of the kernels' time on a "
                         "machine that other work loads")
@@ -155,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.model or default_model_path()
     results = []
     for which in [k.strip() for k in args.kernels.split(",") if k.strip()]:
-        r = measure(path, args.dtype, args.prompt_tokens, args.steps, which, args.threads)
+        r = measure(path, args.dtype, args.prompt_tokens, args.steps, which, args.threads, args.quantise)
         results.append(r)
         print(f"[step] {r['kernels']:<9} {r['dtype']}: step p50 {r['step_ms_p50']:.2f} ms ({r['tok_s']} tok/s), "
               f"inputs {r['prepare_ms_p50']:.3f} ms; profiled {r['profiled_step_ms']:.2f} ms of which kernels "

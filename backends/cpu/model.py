@@ -20,6 +20,7 @@ from backends.models import layout
 from kernels import reference
 
 if TYPE_CHECKING:
+    from backends.cpu.decode_loop import DecodeLoop
     from backends.models import ModelConfig
 
 # kernels.reference.paged_attention's signature, which every implementation shares.
@@ -199,6 +200,9 @@ class Transformer(nn.Module):
         # The output projection, (hidden, weight) -> logits; use_invariant_kernels swaps it.
         self.head_linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.nn.functional.linear
         self.deterministic = False
+        # The C++ loop over layers for the decode steps it applies to (backends/cpu/decode_loop.py, put
+        # here by the decode_loop load pass); None: every step runs the layers below in Python.
+        self.decode_loop: DecodeLoop | None = None
 
     def forward(
         self,
@@ -227,10 +231,14 @@ class Transformer(nn.Module):
         paged cache of running sequences untouched.
         """
         x = self.embed(input_ids)
-        residual = None
-        caches = kv_caches if kv_caches is not None else [(None, None)] * len(self.layers)
-        for layer, (k_cache, v_cache) in zip(self.layers, caches):
-            x, residual = layer(x, residual, meta, k_cache, v_cache)
+        loop = self.decode_loop
+        if loop is not None and kv_caches is not None and loop.applies(meta, x.shape[0]):
+            x, residual = loop.run(x, meta, kv_caches)
+        else:
+            residual = None
+            caches = kv_caches if kv_caches is not None else [(None, None)] * len(self.layers)
+            for layer, (k_cache, v_cache) in zip(self.layers, caches):
+                x, residual = layer(x, residual, meta, k_cache, v_cache)
         if rows is not None:
             x = x.index_select(0, rows)
             residual = residual.index_select(0, rows)
@@ -238,7 +246,9 @@ class Transformer(nn.Module):
         return h
 
     def use_paged_attention(self, fn: PagedAttention) -> None:
-        """Run decode steps' attention with ``fn`` (same contract as the reference)."""
+        """Run decode steps' attention with ``fn`` (same contract as the reference). The decode loop,
+        which calls the C++ kernels itself, is dropped: every step runs ``fn`` then."""
+        self.decode_loop = None
         for layer in self.layers:
             layer.attn.paged_attention = fn
 

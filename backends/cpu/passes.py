@@ -19,6 +19,9 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
   scale and minimum per 32); ``bf16``/``f32`` keep dense weights in the model's dtype.
 * ``choose_kernels``: each quantised projection's row threshold for the GEMM path
   (``backends.cpu.linear.GEMM_FROM_ROWS`` unless configured), and the deterministic flag.
+* ``decode_loop``: where every projection is quantised, the C++ loop over layers
+  (``backends/cpu/decode_loop.py``) takes the decode steps of a few single-token rows that
+  would run ``qmatmul`` throughout; skipped, saying why, elsewhere (dense modes, deterministic).
 """
 
 from __future__ import annotations
@@ -212,9 +215,20 @@ def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tu
     return "ran", f"qmatmul kernel below {gemm_from} rows, {batch} from {gemm_from}"
 
 
+def decode_loop(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
+    from backends.cpu.decode_loop import DecodeLoop, why_not
+
+    reason = why_not(model)
+    if reason is not None:
+        return "skipped", reason
+    model.decode_loop = DecodeLoop(model)
+    rows = model.decode_loop.max_rows
+    return "ran", f"decode steps of {'1 row' if rows == 1 else f'1 to {rows} rows'} run every layer in one C++ call"
+
+
 PASSES: tuple[tuple[str, Callable[..., tuple[str, str]]], ...] = (
     ("fuse_qkv", fuse_qkv), ("fuse_gate_up", fuse_gate_up), ("fuse_add_rmsnorm", fuse_add_rmsnorm),
-    ("quantise", quantise), ("choose_kernels", choose_kernels),
+    ("quantise", quantise), ("choose_kernels", choose_kernels), ("decode_loop", decode_loop),
 )
 
 

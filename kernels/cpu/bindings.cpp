@@ -13,4 +13,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
   m.def("fused_rope", &fused_rope, "Half-split RoPE of [tokens, heads, head_dim] in one pass");
   m.def("fused_silu_and_mul", &fused_silu_and_mul, "SiLU(gate) * up in one pass");
+  bind_decode_loop(m);
 }

@@ -25,15 +25,12 @@ inline T round_to(float v) {
   return static_cast<T>(v);
 }
 
+}  // namespace
+
+namespace ifx {
+
 template <typename T>
-void add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor* residual, const torch::Tensor& weight, float eps,
-                       torch::Tensor& out, torch::Tensor& new_residual) {
-  const int64_t rows = x.size(0), n = x.size(1);
-  const T* xp = x.data_ptr<T>();
-  const T* rp = residual ? residual->data_ptr<T>() : nullptr;
-  const T* wp = weight.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  T* np = new_residual.data_ptr<T>();
+void add_rms_norm_rows(const T* xp, const T* rp, const T* wp, int64_t rows, int64_t n, float eps, T* op, T* np) {
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = xp + r * n;
@@ -65,13 +62,9 @@ void add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor* residual, co
 }
 
 template <typename T>
-void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& out) {
-  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
-  const int64_t row_stride = x.stride(0), head_stride = x.stride(1);
-  const T* xp = x.data_ptr<T>();
-  const T* cp = cos.data_ptr<T>();
-  const T* sp = sin.data_ptr<T>();
-  T* op = out.data_ptr<T>();
+void rope_rows(const T* xp, int64_t tokens, int64_t heads, int64_t dim, int64_t row_stride, int64_t head_stride,
+               const T* cp, const T* sp, T* op) {
+  const int64_t half = dim / 2;
   at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* c = cp + t * dim;
@@ -93,6 +86,19 @@ void rope_rows(const torch::Tensor& x, const torch::Tensor& cos, const torch::Te
     }
   });
 }
+
+template void add_rms_norm_rows<float>(const float*, const float*, const float*, int64_t, int64_t, float, float*,
+                                       float*);
+template void add_rms_norm_rows<at::BFloat16>(const at::BFloat16*, const at::BFloat16*, const at::BFloat16*, int64_t,
+                                              int64_t, float, at::BFloat16*, at::BFloat16*);
+template void rope_rows<float>(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, const float*,
+                               float*);
+template void rope_rows<at::BFloat16>(const at::BFloat16*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                      const at::BFloat16*, const at::BFloat16*, at::BFloat16*);
+
+}  // namespace ifx
+
+namespace {
 
 template <typename T>
 void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
@@ -140,10 +146,16 @@ std::vector<torch::Tensor> fused_add_rms_norm(torch::Tensor x, c10::optional<tor
     new_residual = xc;  // no add: the residual is x itself
   }
   const float e = static_cast<float>(eps);
+  const int64_t rows = xc.size(0), n = xc.size(1);
   if (xc.scalar_type() == torch::kBFloat16)
-    add_rms_norm_rows<at::BFloat16>(xc, residual.has_value() ? &rc : nullptr, wc, e, out, new_residual);
+    ifx::add_rms_norm_rows<at::BFloat16>(xc.data_ptr<at::BFloat16>(),
+                                         residual.has_value() ? rc.data_ptr<at::BFloat16>() : nullptr,
+                                         wc.data_ptr<at::BFloat16>(), rows, n, e, out.data_ptr<at::BFloat16>(),
+                                         new_residual.data_ptr<at::BFloat16>());
   else
-    add_rms_norm_rows<float>(xc, residual.has_value() ? &rc : nullptr, wc, e, out, new_residual);
+    ifx::add_rms_norm_rows<float>(xc.data_ptr<float>(), residual.has_value() ? rc.data_ptr<float>() : nullptr,
+                                  wc.data_ptr<float>(), rows, n, e, out.data_ptr<float>(),
+                                  new_residual.data_ptr<float>());
   return {out, new_residual};
 }
 
@@ -159,9 +171,11 @@ torch::Tensor fused_rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) 
   auto sc = sin.contiguous();
   auto out = torch::empty({t, x.size(1), d}, x.options());
   if (x.scalar_type() == torch::kBFloat16)
-    rope_rows<at::BFloat16>(x, cc, sc, out);
+    ifx::rope_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), t, x.size(1), d, x.stride(0), x.stride(1),
+                                 cc.data_ptr<at::BFloat16>(), sc.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>());
   else
-    rope_rows<float>(x, cc, sc, out);
+    ifx::rope_rows<float>(x.data_ptr<float>(), t, x.size(1), d, x.stride(0), x.stride(1), cc.data_ptr<float>(),
+                          sc.data_ptr<float>(), out.data_ptr<float>());
   return out;
 }
 

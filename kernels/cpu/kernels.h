@@ -6,6 +6,8 @@
 
 #include <torch/extension.h>
 
+#include <vector>
+
 // paged_attention.cpp: causal attention of a few query tokens per sequence over the paged KV cache.
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start,
@@ -32,3 +34,50 @@ std::vector<torch::Tensor> fused_add_rms_norm(torch::Tensor x, c10::optional<tor
 torch::Tensor fused_rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 // fused.cpp: SiLU(gate) * up of gate_up [rows, 2 * n] -> [rows, n].
 torch::Tensor fused_silu_and_mul(torch::Tensor gate_up);
+
+// decode_loop.cpp: every layer of a decode step in one call (the C++ loop over layers), a class holding
+// the packed weights and reused buffers; it defines its own Python class on the module.
+void bind_decode_loop(pybind11::module& m);
+
+// ----- The kernels' inner functions on raw buffers: what the tensor entry points above call after
+// their checks, and what decode_loop.cpp calls directly, with no tensor or dispatch per op. Each is
+// instantiated for float and c10::BFloat16 in its own .cpp file.
+namespace ifx {
+
+// fused.cpp: rows x n; residual null: new_residual is x (copied there unless it is x itself).
+template <typename T>
+void add_rms_norm_rows(const T* x, const T* residual, const T* weight, int64_t rows, int64_t n, float eps, T* out,
+                       T* new_residual);
+// fused.cpp: x [tokens, heads, dim] with the given token and head strides -> out, contiguous.
+template <typename T>
+void rope_rows(const T* x, int64_t tokens, int64_t heads, int64_t dim, int64_t row_stride, int64_t head_stride,
+               const T* cos, const T* sin, T* out);
+
+// paged_attention.cpp: the shapes of one call. q's element (s, j, head, d) is at
+// s * q_seq_stride + j * q_tok_stride + head * head_dim + d; out is contiguous [num_seqs, q_len, heads, head_dim].
+struct PagedShape {
+  int64_t num_seqs, q_len, heads, head_dim, q_seq_stride, q_tok_stride;
+  int64_t kv_heads, num_blocks, block_size, max_blocks;
+};
+template <typename T>
+void paged_attention_rows(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables, const int64_t* lens,
+                          const int64_t* starts, const PagedShape& shape, double scale, T* out);
+
+// qmatmul.cpp: one row of x as int8 blocks: q[K], d[K/32] (scale), s[K/32] (sum of q, as float).
+struct QRow {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+};
+// Per-call working memory of qmatmul_rows, kept by a caller that calls it often (resized, never shrunk).
+struct QScratch {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  std::vector<QRow> rows;
+};
+// y [M, N] (float32) = x [M, K] @ W^T, W as ggml blocks [N, row_bytes] of type qtype.
+template <typename T>
+void qmatmul_rows(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes, int64_t qtype,
+                  float* y, QScratch& scratch);
+
+}  // namespace ifx

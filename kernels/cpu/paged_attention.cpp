@@ -85,20 +85,16 @@ struct BlockWalk {
   }
 };
 
+}  // namespace
+
+namespace ifx {
+
 template <typename T>
-void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-         const torch::Tensor& block_tables, const torch::Tensor& context_lens, const torch::Tensor& query_start,
-         double scale, torch::Tensor& out) {
-  const int64_t num_seqs = q.size(0), q_len = q.size(1), heads = q.size(2), head_dim = q.size(3);
-  const int64_t kv_heads = k_cache.size(0), num_blocks = k_cache.size(1), block_size = k_cache.size(2);
-  const int64_t group = heads / kv_heads, rows = q_len * group, max_blocks = block_tables.size(1);
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  const int64_t* tables = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
-  const int64_t* starts = query_start.data_ptr<int64_t>();
+void paged_attention_rows(const T* qp, const T* kp, const T* vp, const int64_t* tables, const int64_t* lens,
+                          const int64_t* starts, const PagedShape& shape, double scale, T* op) {
+  const int64_t num_seqs = shape.num_seqs, q_len = shape.q_len, heads = shape.heads, head_dim = shape.head_dim;
+  const int64_t kv_heads = shape.kv_heads, num_blocks = shape.num_blocks, block_size = shape.block_size;
+  const int64_t group = heads / kv_heads, rows = q_len * group, max_blocks = shape.max_blocks;
   const float fscale = static_cast<float>(scale);
 
   // One work item per (sequence, KV head); contexts differ in length, so
@@ -121,7 +117,7 @@ void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tens
       qbuf.assign(rows * head_dim, 0.f);
       for (int64_t j = 0; j < q_len; ++j)
         for (int64_t g = 0; g < group; ++g) {
-          const T* src = qp + ((s * q_len + j) * heads + h * group + g) * head_dim;
+          const T* src = qp + s * shape.q_seq_stride + j * shape.q_tok_stride + (h * group + g) * head_dim;
           float* dst = qbuf.data() + (j * group + g) * head_dim;
           widen(src, dst, head_dim);
           for (int64_t d = 0; d < head_dim; ++d) dst[d] *= fscale;
@@ -162,7 +158,29 @@ void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tens
   });
 }
 
+template void paged_attention_rows<float>(const float*, const float*, const float*, const int64_t*, const int64_t*,
+                                         const int64_t*, const PagedShape&, double, float*);
+template void paged_attention_rows<c10::BFloat16>(const c10::BFloat16*, const c10::BFloat16*, const c10::BFloat16*,
+                                                  const int64_t*, const int64_t*, const int64_t*, const PagedShape&,
+                                                  double, c10::BFloat16*);
+
+}  // namespace ifx
+
+namespace {
+
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "paged_attention: ", what); }
+
+template <typename T>
+void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+         const torch::Tensor& block_tables, const torch::Tensor& context_lens, const torch::Tensor& query_start,
+         double scale, torch::Tensor& out) {
+  const ifx::PagedShape shape{q.size(0), q.size(1), q.size(2), q.size(3), q.size(1) * q.size(2) * q.size(3),
+                              q.size(2) * q.size(3), k_cache.size(0), k_cache.size(1), k_cache.size(2),
+                              block_tables.size(1)};
+  ifx::paged_attention_rows<T>(q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
+                               block_tables.data_ptr<int64_t>(), context_lens.data_ptr<int64_t>(),
+                               query_start.data_ptr<int64_t>(), shape, scale, out.data_ptr<T>());
+}
 
 }  // namespace
 

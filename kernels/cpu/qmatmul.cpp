@@ -44,12 +44,7 @@ inline float f16(const uint8_t* p) {
   return c10::detail::fp16_ieee_to_fp32_value(h);
 }
 
-// One row of x as int8 blocks: q[K], d[K/32] (scale), s[K/32] (sum of q, as float).
-struct QRow {
-  const int8_t* q;
-  const float* d;
-  const float* s;
-};
+using ifx::QRow;  // one row of x as int8 blocks (kernels.h)
 
 // Round half away from zero, as ggml's roundf does: the same on every path.
 template <typename T>
@@ -262,6 +257,40 @@ void check_blocks(const torch::Tensor& w, int64_t qtype, int64_t K) {
 
 }  // namespace
 
+namespace ifx {
+
+template <typename T>
+void qmatmul_rows(const T* x, int64_t M, int64_t K, const uint8_t* wp, int64_t N, int64_t row_bytes, int64_t qtype,
+                  float* y, QScratch& scratch) {
+  const int64_t nb = K / QK;
+  scratch.q.resize(M * K);
+  scratch.d.resize(M * nb);
+  scratch.s.resize(M * nb);
+  int8_t* q = scratch.q.data();
+  float* d = scratch.d.data();
+  float* s = scratch.s.data();
+  // Rows are quantised independently (each by itself, in block order).
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) quantise_row(x + m * K, K, &q[m * K], &d[m * nb], &s[m * nb]);
+  });
+  scratch.rows.resize(M);
+  for (int64_t m = 0; m < M; ++m) scratch.rows[m] = QRow{&q[m * K], &d[m * nb], &s[m * nb]};
+  if (M > 0 && N > 0) {
+    switch (qtype) {
+      case Q4_0: run<Q4_0>(wp, N, row_bytes, nb, scratch.rows, y); break;
+      case Q4_1: run<Q4_1>(wp, N, row_bytes, nb, scratch.rows, y); break;
+      default: run<Q8_0>(wp, N, row_bytes, nb, scratch.rows, y); break;
+    }
+  }
+}
+
+template void qmatmul_rows<float>(const float*, int64_t, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*,
+                                  QScratch&);
+template void qmatmul_rows<c10::BFloat16>(const c10::BFloat16*, int64_t, int64_t, const uint8_t*, int64_t, int64_t,
+                                          int64_t, float*, QScratch&);
+
+}  // namespace ifx
+
 torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2, "qmatmul: x must be [M, K]");
   TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16,
@@ -269,31 +298,14 @@ torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_blocks(w, qtype, K);
   auto xc = x.contiguous();
-  const int64_t nb = K / QK;
-  std::vector<int8_t> q(M * K);
-  std::vector<float> d(M * nb), s(M * nb);
-  // Rows are quantised independently (each by itself, in block order).
-  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      if (x.scalar_type() == torch::kFloat) {
-        quantise_row(xc.data_ptr<float>() + m * K, K, &q[m * K], &d[m * nb], &s[m * nb]);
-      } else {
-        quantise_row(xc.data_ptr<c10::BFloat16>() + m * K, K, &q[m * K], &d[m * nb], &s[m * nb]);
-      }
-    }
-  });
-  std::vector<QRow> rows(M);
-  for (int64_t m = 0; m < M; ++m) rows[m] = QRow{&q[m * K], &d[m * nb], &s[m * nb]};
   auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const int64_t row_bytes = w.size(1);
-  if (M > 0 && N > 0) {
-    switch (qtype) {
-      case Q4_0: run<Q4_0>(wp, N, row_bytes, nb, rows, y.data_ptr<float>()); break;
-      case Q4_1: run<Q4_1>(wp, N, row_bytes, nb, rows, y.data_ptr<float>()); break;
-      default: run<Q8_0>(wp, N, row_bytes, nb, rows, y.data_ptr<float>()); break;
-    }
-  }
+  ifx::QScratch scratch;
+  if (x.scalar_type() == torch::kFloat)
+    ifx::qmatmul_rows(xc.data_ptr<float>(), M, K, w.data_ptr<uint8_t>(), N, w.size(1), qtype, y.data_ptr<float>(),
+                      scratch);
+  else
+    ifx::qmatmul_rows(xc.data_ptr<c10::BFloat16>(), M, K, w.data_ptr<uint8_t>(), N, w.size(1), qtype,
+                      y.data_ptr<float>(), scratch);
   return y;
 }
 

@@ -1,0 +1,95 @@
+"""The C++ loop over layers for decode steps (``kernels/cpu/decode_loop.cpp``), and when it runs.
+
+A decode step of one row on the quantised path is ~8 ms of kernels and ~5 ms of what lies
+between them: ~40 torch ops a layer, each a dispatch and a temporary with Python in between.
+``DecodeLoop`` packs each layer's norms and blocks once at load (the ``decode_loop`` pass) and
+runs every layer of a qualifying step in one C++ call on buffers reused from step to step.
+
+A step qualifies (``applies``) when every batch row is a single-token decode step (no prefill
+chunk, no draft being verified: those have several tokens a sequence) and there are at most
+``max_rows`` rows: fewer than the projections' ``gemm_from``, so the Python path would run the
+same ``qmatmul`` kernel on every projection (``hybrid``: one row; ``native``, ``int8``,
+``int4``: up to ``MAX_ROWS``). Everything else takes ``Transformer``'s Python path. The loop
+calls the kernels the Python path calls, in the same order, so its logits are the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from backends.cpu.linear import QuantLinear
+from kernels import cpu as cpu_kernels
+
+if TYPE_CHECKING:
+    from backends.cpu.model import AttentionMetadata, Transformer
+
+# Rows a step may have and still go through the loop (below the projections' gemm_from too).
+# qmatmul's cost grows with the rows while the loop saves a fixed ~5 ms of a step's overhead,
+# so the saving's share shrinks with rows; 4 is where native's batch of decode rows stays small.
+MAX_ROWS = 4
+
+
+def why_not(model: Transformer) -> str | None:
+    """Why the loop cannot run this model's decode steps (None: it can)."""
+    from kernels.cpu import fast
+
+    if cpu_kernels.load() is None:
+        return f"no C++ kernels: {cpu_kernels.load_error()}"
+    if model.deterministic:
+        return "deterministic mode runs the batch-invariant kernel set"
+    if model.kernels is not fast:
+        return "the loop runs kernels.cpu.fast's kernels, and this model runs another set"
+    if model.cfg.qk_norm:
+        return "q/k norms (qwen3) are not in the loop"
+    if model.dtype not in (torch.float32, torch.bfloat16):
+        return f"dtype {model.dtype} (float32 and bfloat16 only)"
+    for layer in model.layers:
+        if layer.attn.paged_attention is not fast.paged_attention:
+            return "a layer's decode attention is not the C++ paged attention"
+        if not all(isinstance(m, QuantLinear) for m in _projections(layer)):
+            return "some projections are dense (the loop multiplies ggml blocks only)"
+    return None
+
+
+class DecodeLoop:
+    """Every layer of a qualifying decode step in one C++ call (see the module docstring)."""
+
+    def __init__(self, model: Transformer) -> None:
+        reason = why_not(model)
+        if reason is not None:
+            raise ValueError(f"decode loop: {reason}")
+        cfg = model.cfg
+        tensors: list[torch.Tensor] = []
+        qtypes: list[int] = []
+        empty = torch.empty(0, dtype=model.dtype)
+        for layer in model.layers:
+            projections = _projections(layer)
+            tensors += [layer.input_norm.detach(), layer.post_attention_norm.detach()]
+            tensors += [p.blocks for p in projections]
+            tensors += [empty if p.bias is None else p.bias.detach().to(model.dtype) for p in projections]
+            qtypes += [p.qtype for p in projections]
+        attn = model.layers[0].attn
+        self._loop = cpu_kernels.loaded().DecodeLoop(
+            tensors, qtypes, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, attn.scale)
+        # Below every projection's gemm_from: the Python path would run qmatmul on each of them too.
+        self.max_rows = min(MAX_ROWS, *(p.gemm_from - 1 for layer in model.layers for p in _projections(layer)))
+
+    def applies(self, meta: AttentionMetadata, rows: int) -> bool:
+        """Whether a step of ``rows`` rows with this metadata runs through the loop."""
+        return (not meta.prefills and isinstance(meta.decode_rows, slice) and 1 <= rows <= self.max_rows
+                and meta.decode_tables is not None)
+
+    def run(self, x: torch.Tensor, meta: AttentionMetadata,
+            kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden states and residual after the last layer (the loop's buffers: valid until its next step)."""
+        k_caches = [k for k, _ in kv_caches]
+        v_caches = [v for _, v in kv_caches]
+        x, residual = self._loop.step(x.contiguous(), k_caches, v_caches, meta.slots, meta.cos, meta.sin,
+                                      meta.decode_tables, meta.decode_lens, meta.decode_starts)
+        return x, residual
+
+
+def _projections(layer: torch.nn.Module) -> list[torch.nn.Module]:
+    return [layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down]

@@ -1,0 +1,261 @@
+// The C++ loop over layers for decode steps: every layer of a step of a few single-token rows
+// in one call, on a model whose projections are all ggml blocks (backends/cpu/decode_loop.py
+// packs them at load and decides which steps qualify).
+//
+// At one row a decode step's kernels take ~8 ms here, and the ~40 torch ops a layer that the
+// Python path calls between them (each a dispatch, a temporary, Python in between) cost ~5 ms
+// more. This loop calls the same kernels' inner functions (kernels.h, namespace ifx) on
+// buffers allocated once per row count, so a layer costs its kernels and little else.
+//
+// Same kernels, same order, same rounding as Block.forward with kernels.cpu.fast, so a step's
+// logits are the Python path's bits: add + RMSNorm (fused.cpp), qmatmul (rounded to the
+// activation dtype, then + bias), RoPE on q and k together, the KV store (copies), paged
+// attention (paged_attention.cpp), o_proj, add + RMSNorm, gate_up, SiLU(gate) * up, down.
+// SiLU and the product are torch's own CPU kernels (at::cpu::silu_out / mul_out, called
+// directly, not through the dispatcher) because the Python path runs F.silu, whose
+// vectorised exp rounds differently from std::exp in the last bit now and then.
+#pragma GCC optimize("fp-contract=off")  // the bias add rounds as torch's does
+
+#include "kernels.h"
+
+#include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/silu_cpu_dispatch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+
+namespace {
+
+constexpr int kProjections = 4;  // qkv, o_proj, gate_up, down
+constexpr int kTensorsPerLayer = 2 + 2 * kProjections;  // norms, blocks, biases
+
+struct Projection {
+  torch::Tensor blocks;  // uint8 [out, row_bytes]
+  torch::Tensor bias;    // [out] of the activation dtype, or empty
+  int64_t qtype = 0, out = 0, in = 0;
+};
+
+struct Layer {
+  torch::Tensor input_norm, post_norm;
+  Projection proj[kProjections];
+};
+
+// One step's intermediate values for M rows, allocated the first time M is seen.
+struct Buffers {
+  torch::Tensor h, res, qkv, qk, attn, o, gu, silu, act, down, yf;
+  torch::Tensor gate, up;  // gu's halves, the views F.silu and the product see in Python
+};
+
+class DecodeLoop {
+ public:
+  DecodeLoop(std::vector<torch::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads, int64_t num_kv_heads,
+             int64_t head_dim, double eps, double scale)
+      : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)), scale_(scale) {
+    TORCH_CHECK(!layers.empty() && layers.size() % kTensorsPerLayer == 0,
+                "DecodeLoop: ", kTensorsPerLayer, " tensors a layer (2 norms, 4 block matrices, 4 biases or empty)");
+    TORCH_CHECK(qtypes.size() * kTensorsPerLayer == layers.size() * kProjections, "DecodeLoop: 4 qtypes a layer");
+    TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "DecodeLoop: heads must be a multiple of KV heads");
+    dtype_ = layers[0].scalar_type();
+    TORCH_CHECK(dtype_ == torch::kFloat || dtype_ == torch::kBFloat16, "DecodeLoop: float32 or bfloat16 only");
+    hidden_ = layers[0].size(0);
+    const int64_t n = static_cast<int64_t>(layers.size()) / kTensorsPerLayer;
+    for (int64_t l = 0; l < n; ++l) {
+      const torch::Tensor* t = &layers[l * kTensorsPerLayer];
+      Layer layer;
+      layer.input_norm = t[0].contiguous();
+      layer.post_norm = t[1].contiguous();
+      for (int p = 0; p < kProjections; ++p) {
+        Projection& pr = layer.proj[p];
+        pr.blocks = t[2 + p];
+        pr.bias = t[2 + kProjections + p];
+        pr.qtype = qtypes[l * kProjections + p];
+        pr.out = pr.blocks.size(0);
+        TORCH_CHECK(pr.blocks.dim() == 2 && pr.blocks.scalar_type() == torch::kUInt8 && pr.blocks.is_contiguous(),
+                    "DecodeLoop: blocks must be contiguous uint8 [out, row_bytes]");
+        TORCH_CHECK(pr.bias.numel() == 0 || (pr.bias.numel() == pr.out && pr.bias.scalar_type() == dtype_ &&
+                                             pr.bias.is_contiguous()),
+                    "DecodeLoop: a bias must be [out] of the norms' dtype");
+      }
+      layers_.push_back(std::move(layer));
+    }
+    const Layer& first = layers_[0];
+    qkv_ = (heads_ + 2 * kv_heads_) * head_dim_;
+    inter_ = first.proj[2].out / 2;
+    const int64_t ins[kProjections] = {hidden_, heads_ * head_dim_, hidden_, inter_};
+    const int64_t outs[kProjections] = {qkv_, hidden_, 2 * inter_, hidden_};
+    for (Layer& layer : layers_) {
+      TORCH_CHECK(layer.input_norm.numel() == hidden_ && layer.post_norm.numel() == hidden_ &&
+                      layer.input_norm.scalar_type() == dtype_ && layer.post_norm.scalar_type() == dtype_,
+                  "DecodeLoop: norms must be [hidden] of one dtype");
+      for (int p = 0; p < kProjections; ++p) {
+        Projection& pr = layer.proj[p];
+        pr.in = ins[p];
+        TORCH_CHECK(pr.out == outs[p], "DecodeLoop: projection ", p, " has ", pr.out, " outputs, expected ", outs[p]);
+        // dequantize_blocks' check of the row size (qtype and K), on a zero-row view, once at load.
+        dequantize_blocks(pr.blocks.narrow(0, 0, 0), pr.qtype, pr.in, false);
+      }
+    }
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // x [M, hidden] (the embedded tokens) -> {hidden states, residual} after the last layer, before the final
+  // norm. Both are this loop's buffers, overwritten by the next step of M rows: use them before that.
+  std::vector<torch::Tensor> step(const torch::Tensor& x, const std::vector<torch::Tensor>& k_caches,
+                                  const std::vector<torch::Tensor>& v_caches, const torch::Tensor& slots,
+                                  const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& tables,
+                                  const torch::Tensor& lens, const torch::Tensor& starts) {
+    const int64_t M = x.size(0);
+    check_step(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts);
+    Buffers& b = buffers(M);
+    if (dtype_ == torch::kBFloat16)
+      run<at::BFloat16>(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts, b);
+    else
+      run<float>(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts, b);
+    return {b.down, b.res};
+  }
+
+ private:
+  template <typename T>
+  void project(const Projection& pr, const T* in, int64_t M, float* yf, T* out) {
+    ifx::qmatmul_rows(in, M, pr.in, pr.blocks.data_ptr<uint8_t>(), pr.out, pr.blocks.size(1), pr.qtype, yf, scratch_);
+    // QuantLinear: the float32 product rounded to the activation dtype, then + bias in that dtype.
+    const T* bias = pr.bias.numel() ? pr.bias.data_ptr<T>() : nullptr;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < pr.out; ++n) {
+        const T v = static_cast<T>(yf[m * pr.out + n]);
+        out[m * pr.out + n] = bias ? static_cast<T>(static_cast<float>(v) + static_cast<float>(bias[n])) : v;
+      }
+  }
+
+  template <typename T>
+  void run(const torch::Tensor& x, const std::vector<torch::Tensor>& k_caches,
+           const std::vector<torch::Tensor>& v_caches, const torch::Tensor& slots, const torch::Tensor& cos,
+           const torch::Tensor& sin, const torch::Tensor& tables, const torch::Tensor& lens,
+           const torch::Tensor& starts, Buffers& b) {
+    const int64_t M = x.size(0), D = head_dim_, qk_heads = heads_ + kv_heads_;
+    const int64_t num_blocks = k_caches[0].size(1), block_size = k_caches[0].size(2);
+    T *h = b.h.data_ptr<T>(), *res = b.res.data_ptr<T>(), *qkv = b.qkv.data_ptr<T>(), *qk = b.qk.data_ptr<T>();
+    T *attn = b.attn.data_ptr<T>(), *o = b.o.data_ptr<T>(), *gu = b.gu.data_ptr<T>(), *down = b.down.data_ptr<T>();
+    float* yf = b.yf.data_ptr<float>();
+    const int64_t* slot = slots.data_ptr<int64_t>();
+    // q is the first heads_ of each qk row: a row stride of qk_heads * D.
+    const ifx::PagedShape qshape{M, 1, heads_, D, qk_heads * D, qk_heads * D, kv_heads_, num_blocks, block_size,
+                                 tables.size(1)};
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& L = layers_[l];
+      if (l == 0)  // Block.forward's first layer: no residual yet, the embedding is it
+        ifx::add_rms_norm_rows(x.data_ptr<T>(), static_cast<const T*>(nullptr), L.input_norm.data_ptr<T>(), M,
+                               hidden_, eps_, h, res);
+      else
+        ifx::add_rms_norm_rows(down, res, L.input_norm.data_ptr<T>(), M, hidden_, eps_, h, res);
+      project(L.proj[0], h, M, yf, qkv);
+      // q and k are adjacent in the fused projection: rotated together, into qk [M, heads + kv_heads, D].
+      ifx::rope_rows(qkv, M, qk_heads, D, qkv_, D, cos.data_ptr<T>(), sin.data_ptr<T>(), qk);
+      T* kc = k_caches[l].data_ptr<T>();
+      T* vc = v_caches[l].data_ptr<T>();
+      for (int64_t m = 0; m < M; ++m)  // store_kv: k after RoPE, v as projected
+        for (int64_t g = 0; g < kv_heads_; ++g) {
+          const int64_t at = (g * num_blocks * block_size + slot[m]) * D;
+          std::memcpy(kc + at, qk + (m * qk_heads + heads_ + g) * D, D * sizeof(T));
+          std::memcpy(vc + at, qkv + m * qkv_ + (heads_ + kv_heads_ + g) * D, D * sizeof(T));
+        }
+      ifx::paged_attention_rows(static_cast<const T*>(qk), static_cast<const T*>(kc), static_cast<const T*>(vc),
+                                tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
+                                qshape, scale_, attn);
+      project(L.proj[1], static_cast<const T*>(attn), M, yf, o);
+      ifx::add_rms_norm_rows(static_cast<const T*>(o), static_cast<const T*>(res), L.post_norm.data_ptr<T>(), M,
+                             hidden_, eps_, h, res);
+      project(L.proj[2], static_cast<const T*>(h), M, yf, gu);
+      at::cpu::silu_out(b.silu, b.gate);
+      at::cpu::mul_out(b.act, b.silu, b.up);
+      project(L.proj[3], static_cast<const T*>(b.act.data_ptr<T>()), M, yf, down);
+    }
+  }
+
+  Buffers& buffers(int64_t M) {
+    auto it = buffers_.find(M);
+    if (it != buffers_.end()) return it->second;
+    const auto opt = torch::TensorOptions().dtype(dtype_);
+    Buffers b;
+    b.h = torch::empty({M, hidden_}, opt);
+    b.res = torch::empty({M, hidden_}, opt);
+    b.qkv = torch::empty({M, qkv_}, opt);
+    b.qk = torch::empty({M, heads_ + kv_heads_, head_dim_}, opt);
+    b.attn = torch::empty({M, heads_ * head_dim_}, opt);
+    b.o = torch::empty({M, hidden_}, opt);
+    b.gu = torch::empty({M, 2 * inter_}, opt);
+    b.gate = b.gu.narrow(1, 0, inter_);
+    b.up = b.gu.narrow(1, inter_, inter_);
+    b.silu = torch::empty({M, inter_}, opt);
+    b.act = torch::empty({M, inter_}, opt);
+    b.down = torch::empty({M, hidden_}, opt);
+    b.yf = torch::empty({M, std::max({qkv_, hidden_, 2 * inter_})}, opt.dtype(torch::kFloat));
+    return buffers_.emplace(M, std::move(b)).first->second;
+  }
+
+  void check_step(const torch::Tensor& x, const std::vector<torch::Tensor>& k_caches,
+                  const std::vector<torch::Tensor>& v_caches, const torch::Tensor& slots, const torch::Tensor& cos,
+                  const torch::Tensor& sin, const torch::Tensor& tables, const torch::Tensor& lens,
+                  const torch::Tensor& starts) const {
+    const int64_t M = x.size(0);
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_ && x.scalar_type() == dtype_ && x.is_contiguous() && M > 0,
+                "DecodeLoop: x must be contiguous [rows, hidden] of the model's dtype");
+    TORCH_CHECK(static_cast<int64_t>(k_caches.size()) == num_layers() && v_caches.size() == k_caches.size(),
+                "DecodeLoop: one k and one v cache a layer");
+    const auto shape = k_caches[0].sizes();
+    for (size_t l = 0; l < k_caches.size(); ++l)
+      TORCH_CHECK(k_caches[l].dim() == 4 && k_caches[l].sizes() == shape && v_caches[l].sizes() == shape &&
+                      k_caches[l].is_contiguous() && v_caches[l].is_contiguous() &&
+                      k_caches[l].scalar_type() == dtype_ && v_caches[l].scalar_type() == dtype_ &&
+                      shape[0] == kv_heads_ && shape[3] == head_dim_,
+                  "DecodeLoop: caches must be contiguous [kv_heads, blocks, block_size, head_dim] of the model's dtype");
+    const int64_t blocks = shape[1], block_size = shape[2];
+    auto long_rows = [&](const torch::Tensor& t, const char* name) {
+      TORCH_CHECK(t.scalar_type() == torch::kLong && t.is_contiguous() && t.numel() == M, "DecodeLoop: ", name,
+                  " must be contiguous int64 [rows]");
+    };
+    long_rows(slots, "slots");
+    long_rows(lens, "lens");
+    long_rows(starts, "starts");
+    TORCH_CHECK(tables.dim() == 2 && tables.size(0) == M && tables.scalar_type() == torch::kLong &&
+                    tables.is_contiguous(),
+                "DecodeLoop: tables must be contiguous int64 [rows, max_blocks]");
+    for (const auto* t : {&cos, &sin})
+      TORCH_CHECK(t->numel() == M * head_dim_ && t->scalar_type() == dtype_ && t->is_contiguous(),
+                  "DecodeLoop: cos/sin must be contiguous [rows, 1, head_dim] of the model's dtype");
+    const int64_t* tp = tables.data_ptr<int64_t>();
+    for (int64_t i = 0; i < tables.numel(); ++i)
+      TORCH_CHECK(tp[i] >= 0 && tp[i] < blocks, "DecodeLoop: a block table names a block outside the cache");
+    const int64_t *sp = slots.data_ptr<int64_t>(), *lp = lens.data_ptr<int64_t>(), *st = starts.data_ptr<int64_t>();
+    for (int64_t m = 0; m < M; ++m) {
+      TORCH_CHECK(sp[m] >= 0 && sp[m] < blocks * block_size, "DecodeLoop: a slot outside the cache");
+      TORCH_CHECK(lp[m] >= 1 && lp[m] <= tables.size(1) * block_size && st[m] == lp[m] - 1,
+                  "DecodeLoop: a context longer than its block table, or not a single-token step");
+    }
+  }
+
+  std::vector<Layer> layers_;
+  int64_t heads_, kv_heads_, head_dim_, hidden_ = 0, qkv_ = 0, inter_ = 0;
+  float eps_;
+  double scale_;
+  torch::ScalarType dtype_ = torch::kFloat;
+  std::map<int64_t, Buffers> buffers_;
+  ifx::QScratch scratch_;
+};
+
+}  // namespace
+
+void bind_decode_loop(pybind11::module& m) {
+  pybind11::class_<DecodeLoop>(m, "DecodeLoop",
+                               "Every layer of a decode step of a few single-token rows in one call (decode_loop.cpp)")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, int64_t, int64_t, int64_t, double,
+                          double>(),
+           pybind11::arg("layers"), pybind11::arg("qtypes"), pybind11::arg("num_heads"),
+           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"))
+      .def_property_readonly("num_layers", &DecodeLoop::num_layers)
+      .def("step", &DecodeLoop::step, pybind11::call_guard<pybind11::gil_scoped_release>(),
+           "x [rows, hidden] -> [hidden states, residual] after the last layer (the loop's own buffers)");
+}

@@ -1,0 +1,158 @@
+"""The C++ loop over layers for decode steps (backends/cpu/decode_loop.py, kernels/cpu/decode_loop.cpp).
+
+Greedy decoding through the loop gives the Python path's logits bit for bit (same kernels,
+same order), and only the steps it applies to go through it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from backends.base import Batch, ModelSpec, SequenceSlice
+from backends.cpu import CPUBackend
+from backends.models import default_model_path
+from kernels import cpu as cpu_kernels
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(cpu_kernels.load() is None, reason="no C++ CPU kernels")]
+BS = 16
+BLOCKS_PER_SEQ = 4
+STEPS = 10
+
+
+def _load(mode: str, dtype: str = "bfloat16", **extra: Any) -> CPUBackend:
+    backend = CPUBackend()
+    backend.load(ModelSpec(name="m", path=default_model_path(), dtype=dtype, passes={"quantise": mode}, **extra))
+    backend.allocate_kv(8 * BLOCKS_PER_SEQ, BS)
+    return backend
+
+
+@pytest.fixture(scope="module")
+def hybrid() -> CPUBackend:
+    return _load("hybrid")
+
+
+@pytest.fixture(scope="module")
+def native() -> CPUBackend:
+    return _load("native")
+
+
+def _table(seq: int) -> list[int]:
+    return list(range(seq * BLOCKS_PER_SEQ, (seq + 1) * BLOCKS_PER_SEQ))
+
+
+def _count_loop_calls(backend: CPUBackend) -> list[int]:
+    """A counter of the loop's steps (the loop's run, wrapped)."""
+    loop = backend.model.decode_loop
+    calls = [0]
+    run: Callable[..., Any] = loop.run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return run(*args, **kwargs)
+
+    loop.run = counted  # type: ignore[method-assign]
+    return calls
+
+
+def _greedy(backend: CPUBackend, rows: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Prefill ``rows`` prompts of different lengths, then STEPS greedy decode steps of all of them."""
+    for k, v in backend.kv_caches:  # a fresh cache: nothing left from the other path's run
+        k.zero_()
+        v.zero_()
+    prompts = [[(7 * i + 3 + 11 * r) % 1000 + 10 for i in range(17 + 5 * r)] for r in range(rows)]
+    logits = backend.forward(Batch([SequenceSlice(r, p, 0, _table(r)) for r, p in enumerate(prompts)], BS))
+    last = logits.argmax(-1).tolist()
+    pos = [len(p) for p in prompts]
+    steps, tokens = [], []
+    for _ in range(STEPS):
+        logits = backend.forward(Batch([SequenceSlice(r, [last[r]], pos[r], _table(r)) for r in range(rows)], BS))
+        steps.append(logits.clone())
+        last = logits.argmax(-1).tolist()
+        tokens.append(last)
+        pos = [p + 1 for p in pos]
+    return steps, tokens
+
+
+@pytest.mark.parametrize("mode,dtype,rows", [("hybrid", "bfloat16", 1), ("native", "bfloat16", 3),
+                                             ("native", "float32", 2)])
+def test_greedy_decoding_through_the_loop_gives_the_python_paths_bits(mode: str, dtype: str, rows: int) -> None:
+    backend = _load(mode, dtype)
+    loop = backend.model.decode_loop
+    assert loop is not None and loop.max_rows >= rows
+    calls = _count_loop_calls(backend)
+    via_loop, loop_tokens = _greedy(backend, rows)
+    assert calls[0] == STEPS  # every decode step went through the loop, the prefill did not
+    backend.model.decode_loop = None
+    via_python, python_tokens = _greedy(backend, rows)
+    backend.model.decode_loop = loop
+    assert calls[0] == STEPS
+    assert loop_tokens == python_tokens
+    for a, b in zip(via_loop, via_python):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
+def _decode(seq: int, pos: int) -> SequenceSlice:
+    return SequenceSlice(seq, [100 + seq], pos, _table(seq))
+
+
+def _prefilled(backend: CPUBackend, seqs: int, length: int = 20) -> None:
+    backend.forward(Batch([SequenceSlice(s, list(range(10, 10 + length)), 0, _table(s)) for s in range(seqs)], BS))
+
+
+@pytest.mark.parametrize("batch,runs", [
+    ([_decode(0, 20)], True),  # one decode row
+    ([_decode(s, 20) for s in range(4)], True),  # native: up to MAX_ROWS decode rows
+    ([_decode(s, 20) for s in range(5)], False),  # more rows than the loop takes
+    ([SequenceSlice(0, list(range(10, 18)), 0, _table(0))], False),  # a prefill
+    ([_decode(0, 20), SequenceSlice(1, list(range(10, 14)), 20, _table(1))], False),  # a decode beside a chunk
+    ([SequenceSlice(0, [5, 6, 7], 20, _table(0))], False),  # a draft of three tokens being verified
+])
+def test_native_runs_the_loop_only_for_a_few_single_token_rows(native: CPUBackend, batch: list[SequenceSlice],
+                                                                runs: bool) -> None:
+    _prefilled(native, 5)
+    calls = _count_loop_calls(native)
+    native.forward(Batch(batch, BS))
+    assert calls[0] == (1 if runs else 0)
+
+
+def test_hybrid_runs_the_loop_for_one_row_only(hybrid: CPUBackend) -> None:
+    # From 2 rows hybrid multiplies the dense weights (a GEMM), which the loop does not run.
+    assert hybrid.model.decode_loop.max_rows == 1
+    _prefilled(hybrid, 2)
+    calls = _count_loop_calls(hybrid)
+    hybrid.forward(Batch([_decode(0, 20)], BS))
+    hybrid.forward(Batch([_decode(0, 21), _decode(1, 20)], BS))
+    assert calls[0] == 1
+
+
+def test_the_pass_skips_dense_and_deterministic_models_saying_why() -> None:
+    dense = CPUBackend()
+    info = dense.load(ModelSpec(name="d", path=default_model_path(), dtype="bfloat16", passes={"quantise": "bf16"}))
+    record = next(r for r in info.passes if r["name"] == "decode_loop")
+    assert record["status"] == "skipped" and "dense" in record["detail"] and dense.model.decode_loop is None
+    det = CPUBackend()
+    info = det.load(ModelSpec(name="n", path=default_model_path(), dtype="bfloat16", passes={"quantise": "native"},
+                              deterministic=True))
+    record = next(r for r in info.passes if r["name"] == "decode_loop")
+    assert record["status"] == "skipped" and "deterministic" in record["detail"] and det.model.decode_loop is None
+
+
+def test_another_kernel_set_drops_the_loop() -> None:
+    from kernels import reference
+
+    backend = _load("native")
+    assert backend.model.decode_loop is not None
+    backend.model.use_kernels(reference)  # the loop calls the fast set's kernels: it cannot stand for another set
+    assert backend.model.decode_loop is None
+
+
+def test_the_loop_refuses_a_step_that_is_not_single_token_decodes(native: CPUBackend) -> None:
+    _prefilled(native, 1)
+    ids, meta, _ = native._prepare(Batch([_decode(0, 20)], BS))
+    x = native.model.embed(ids)
+    meta.decode_starts = meta.decode_starts - 1  # two tokens' worth of query: not what the loop runs
+    with pytest.raises(RuntimeError, match="single-token"):
+        native.model.decode_loop.run(x, meta, native.kv_caches)
