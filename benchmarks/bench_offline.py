@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="backend threads (0: backend default)")
     p.add_argument("--passes", default=None,
                    help='JSON of the load passes, e.g. \'{"quantise": "native"}\' (default: the backend\'s)')
+    p.add_argument("--no-decode-loop", action="store_true",
+                   help="run every step's layers from Python (drop the C++ decode loop the decode_loop pass made)")
     p.add_argument("--num-requests", "-n", type=int, default=32)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
@@ -125,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     backend = cls(num_threads=args.threads) if args.threads else cls()
     info = backend.load(ModelSpec(name=Path(path).stem, path=path, dtype=args.dtype,
                                   passes=json.loads(args.passes) if args.passes else None))
+    model = getattr(backend, "model", None)
+    decode_loop = getattr(model, "decode_loop", None) is not None
+    if args.no_decode_loop and decode_loop:
+        model.decode_loop, decode_loop = None, False
     tokenizer = open_model(path).tokenizer()
     timed = TimedForward(backend)
     backend.forward = timed  # instance attribute shadows the method
@@ -160,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ms = lambda xs: [x * 1e3 for x in xs]  # noqa: E731
     result = {
         "machine": machine_info(),
-        "model": path, "dtype": info.dtype, "backend": args.backend,
+        "model": path, "dtype": info.dtype, "backend": args.backend, "passes": args.passes,
+        "decode_loop": decode_loop,
         "engine_config": repr(cfg),
         "num_requests": args.num_requests, "prompt_tokens": args.prompt_tokens,
         "output_tokens": args.output_tokens, "load_s": round(load_s, 2),
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     m = result["machine"]
     print(f"engine-only, {m['cpu']} (nproc {m['nproc']}), {Path(path).name}, dtype {info.dtype}, "
-          "LLMEngine.step")
+          f"passes {args.passes or 'default'}, decode loop {'on' if decode_loop else 'off'}, LLMEngine.step")
     print(f"{args.num_requests} requests x ({args.prompt_tokens} prompt + {args.output_tokens} generated): "
           f"{generated} tokens in {wall:.2f}s = {result['generated_tok_s']} generated tok/s "
           f"({result['total_tok_s']} incl. prompt)")
