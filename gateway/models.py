@@ -182,8 +182,8 @@ def engine_config_from(engine: EngineSettings, speculative: SpeculativeSettings 
     from backends.engine import EngineConfig
     from backends.engine.speculative import SpeculativeConfig
 
-    # Applied per request by the routes / below; deterministic reaches the backend through ModelSpec.
-    gateway_only = {"prefix_cache_per_tenant", "speculative", "deterministic"}
+    # Applied per request by the routes / below; deterministic and passes reach the backend through ModelSpec.
+    gateway_only = {"prefix_cache_per_tenant", "speculative", "deterministic", "passes"}
     kwargs = {k: v for k, v in engine.model_dump().items() if v is not None and k not in gateway_only}
     chosen = speculative or engine.speculative
     if chosen is not None:

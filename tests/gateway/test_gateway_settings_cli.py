@@ -94,6 +94,15 @@ def test_speculative_decoding_per_model_or_engine_wide(tmp_path: Path) -> None:
     assert engine_config_from(load_settings(env={}).engine).speculative is None  # off unless configured
 
 
+def test_engine_passes_go_to_the_model_specs_not_the_engine_config(tmp_path: Path) -> None:
+    from gateway.models import engine_config_from
+
+    # engine.passes made serve fail (EngineConfig has no passes): it reaches the backend via ModelSpec.
+    settings = load_settings(write(tmp_path, "engine:\n  passes: {quantise: hybrid}\n"), env={})
+    engine_config_from(settings.engine)
+    assert settings.model_specs()[0][0].passes == {"quantise": "hybrid"}
+
+
 def test_a_draft_model_is_speculative_configuration(tmp_path: Path) -> None:
     from gateway.models import engine_config_from
 
