@@ -50,7 +50,12 @@ over every request of a variant. Generation also varies from request to
 request, so each request's *gateway time* is reported too: its end-to-end
 latency minus the time it spent inside the engine (from ``engine.stream``
 being called to its last output, timed by a wrapper around the shared
-engine). Throughput: requests/s with ``--concurrency`` clients in flight over
+engine). The rounds' end-to-end figure stays uncertain by about a millisecond
+(generation varies by several from request to request), so ``--pairs`` pairs
+of an ``off`` and an ``on`` request, alternating request by request, give it
+again to a tenth of a millisecond, with the CPU the chain's own threads (audit
+indexer and fsync, OPA pool) spent per request besides (``policy_paired.py``
+says why both are needed). Throughput: requests/s with ``--concurrency`` clients in flight over
 ``--throughput-requests`` requests, alternating, for ``--throughput-rounds``
 rounds; medians. Last, each stage of the chain is timed alone (its own
 objects in the ``on`` app, the engine idle), to tell its intrinsic cost from
@@ -62,7 +67,7 @@ differ only in the gateway's own work, without the engine's threads competing
 for the two cores. A diagnostic, not the acceptance figure.
 
 Usage:
-    .venv/bin/python benchmarks/bench_policy.py [--requests 60] [--rounds 20] [--concurrency 16] [--json out.json]
+    .venv/bin/python benchmarks/bench_policy.py [--requests 60] [--rounds 20] [--pairs 400] [--concurrency 16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ from policy.rbac import Principal  # noqa: E402
 from policy.store import PolicyStore  # noqa: E402
 
 from bench_auth import FixedPrincipal, pct  # noqa: E402  (this folder is on sys.path)
+from policy_paired import paired_requests, timed  # noqa: E402
 
 PROMPT = "Please write back to jane.doe@example.com about the"
 # What the model sees once ``on`` has redacted PROMPT: ``off`` sends it as is, so
@@ -212,6 +218,12 @@ async def sequential(
         total.append(elapsed)
         gateway.append(elapsed - clock.seconds[0])
     return total, gateway
+
+
+async def one(client: httpx.AsyncClient, headers: dict[str, str]) -> None:
+    response = await client.post("/v1/completions", json=body_for(headers), headers=headers)
+    if response.status_code != 200:
+        raise SystemExit(f"unexpected {response.status_code}: {response.text}")
 
 
 async def throughput(client: httpx.AsyncClient, headers: dict[str, str], n: int, concurrency: int) -> float:
@@ -394,6 +406,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 total, own = await sequential(clients[name], headers[name], args.requests, clock)
                 latency[name].append(total)
                 gateway[name].append(own)
+        pairs = await paired_requests(timed(lambda: one(clients["off"], headers["off"])),
+                                      timed(lambda: one(clients["on"], headers["on"])), args.pairs) if args.pairs else None
         for r in range(args.throughput_rounds):
             for name in _rotated(list(apps), r):
                 rps[name].append(
@@ -446,6 +460,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "tenant_rego_added_gateway_p50_ms": added("on-tenant-rego", 50, gateway),
         "tenant_rego_rps_ratio": own["rps"] / off["rps"],
         "components": stages,
+        "paired": pairs,
         **({"on-traced": summary("on-traced"), "traced_added_to_on_p50_ms": added("on-traced", 50, latency, "on"),
             "traced_added_to_on_gateway_p50_ms": added("on-traced", 50, gateway, "on")} if args.traced else {}),
     }
@@ -463,6 +478,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="clients in flight for requests/s")
     parser.add_argument("--throughput-requests", type=int, default=300, help="requests per requests/s measurement")
     parser.add_argument("--throughput-rounds", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=400,
+                        help="off/on request pairs, alternating request by request (policy_paired.py); 0: none")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--stand-in-engine", action="store_true",
                         help="answer at once instead of generating: the gateway's own cost alone (a diagnostic)")
@@ -490,6 +507,12 @@ def main() -> None:
           f"gateway time p50 {report['fsync_added_gateway_p50_ms']:+.2f} ms, "
           f"requests/s on-fsync/off = {report['fsync_rps_ratio']:.2f}")
     print(f"end-to-end p50 added, round by round: {report['added_p50_ms_by_round']}")
+    if (pairs := report["paired"]) is not None:
+        low, high = pairs["added_p50_ci95_ms"]
+        print(f"end to end, {pairs['pairs']} off/on pairs alternating request by request: p50 added "
+              f"{pairs['added_p50_ms']:+.2f} ms (95 % interval {low:+.2f} to {high:+.2f}); the chain's own threads "
+              f"(audit indexer and fsync, OPA pool) used {pairs['chain_threads_cpu_ms_per_request']:.3f} ms of CPU "
+              "per on request besides")
     print(f"with the global policy's decisions not cached: p50 {report['opa_uncached_added_p50_ms']:+.2f} ms end to end, "
           f"gateway time p50 {report['opa_uncached_added_gateway_p50_ms']:+.2f} ms, "
           f"requests/s on-opa-uncached/off = {report['opa_uncached_rps_ratio']:.2f}")

@@ -3,25 +3,14 @@ perplexity is known in closed form (the model runs are the benchmark's, not a te
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
+from tests.support.bench_module import load_benchmark
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_perplexity.py"
-    spec = importlib.util.spec_from_file_location("bench_perplexity", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ppl = _load()
+ppl = load_benchmark("bench_perplexity")
 
 
 def test_uniform_logits_give_the_vocabulary_size() -> None:

@@ -1,0 +1,90 @@
+"""bench_policy's paired phase: the chain's end-to-end cost, request by request, and its work off the request path.
+
+Why a second design beside the rounds: a real generation's latency varies from request to
+request by several milliseconds (the engine's threads, the shared host), so the rounds' paired
+medians (``on`` minus ``off`` over a block of requests each) spread by more than the chain
+costs; twenty of them leave the end-to-end figure uncertain by about a millisecond either way.
+Here the two variants alternate *request by request* (``off``, ``on``, then ``on``, ``off``, so
+neither always goes first) and each pair's difference is taken: the drift of the host cancels
+within a pair, and the median of a few hundred pairs is known to a tenth of a millisecond
+(a bootstrap interval says how well).
+
+What this design cannot see is work the chain defers to other threads (the audit trail's
+store indexer and fsync thread, a tenant policy's pool): it runs during whichever request
+comes next, ``off``'s as often as ``on``'s. So the same phase also reads the CPU time of those
+threads (``/proc/self/task``) and reports it per ``on`` request, to be added to the paired
+figure for a bound on everything the chain costs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+# Threads that do the chain's deferred work (policy/audit/spool.py, delivery.py, trail.py;
+# policy/guardrails/opa.py's pool): their names start with these.
+CHAIN_THREADS = ("audit-", "opa-eval")
+
+
+def thread_cpu_seconds(prefixes: Sequence[str] = CHAIN_THREADS) -> float:
+    """CPU seconds (user + system) used so far by this process's threads whose names start with ``prefixes``."""
+    named = {t.native_id: t.name for t in threading.enumerate()}
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for tid in os.listdir("/proc/self/task"):
+        if not named.get(int(tid), "").startswith(tuple(prefixes)):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
+def bootstrap_median_ci(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % percentile-bootstrap interval for the median of ``values``."""
+    rng = random.Random(seed)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+async def paired_requests(
+    base: Callable[[], Awaitable[float]], variant: Callable[[], Awaitable[float]], pairs: int
+) -> dict[str, float]:
+    """``pairs`` pairs of one ``base`` and one ``variant`` request (each a coroutine giving its latency in
+    seconds), alternating which goes first; the median of variant minus base and its interval, in ms,
+    and the chain threads' CPU per variant request."""
+    differences: list[float] = []
+    cpu_before = thread_cpu_seconds()
+    for i in range(pairs):
+        if i % 2:
+            b, v = await base(), await variant()
+        else:
+            v, b = await variant(), await base()
+        differences.append(v - b)
+    background = thread_cpu_seconds() - cpu_before
+    low, high = bootstrap_median_ci(differences)
+    return {
+        "pairs": pairs,
+        "added_p50_ms": statistics.median(differences) * 1000,
+        "added_p50_ci95_ms": [low * 1000, high * 1000],
+        "chain_threads_cpu_ms_per_request": background / pairs * 1000,
+    }
+
+
+def timed(send: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[float]]:
+    """``send`` as a coroutine that gives its latency in seconds."""
+
+    async def run() -> float:
+        start = time.perf_counter()
+        await send()
+        return time.perf_counter() - start
+
+    return run

@@ -1,0 +1,65 @@
+"""benchmarks/policy_paired.py: the request-by-request pairing, its interval and the chain threads' CPU,
+on synthetic latencies (the gateway runs are the benchmark's, not a test's)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from tests.support.bench_module import load_benchmark
+
+pp = load_benchmark("policy_paired")
+
+
+def test_pairs_alternate_and_cancel_a_drift_the_rounds_would_see() -> None:
+    # The host slows down by 1 ms a request: a block of base requests then a block of variant
+    # requests would show the drift; pairs taken request by request show the true 0.5 ms.
+    order: list[str] = []
+    clock = iter(range(10_000))
+
+    def request(name: str, cost: float) -> object:
+        async def run() -> float:
+            order.append(name)
+            return next(clock) * 0.001 + cost
+
+        return run
+
+    result = asyncio.run(pp.paired_requests(request("base", 0.010), request("variant", 0.0105), 100))
+    assert order[:4] == ["variant", "base", "base", "variant"]  # neither always first
+    assert order.count("base") == order.count("variant") == 100
+    # Half the pairs see the drift as +1 ms, half as -1 ms: the median lands on the true 0.5 ms.
+    assert abs(result["added_p50_ms"] - 0.5) < 1e-9
+    low, high = result["added_p50_ci95_ms"]
+    assert low <= result["added_p50_ms"] <= high
+
+
+def test_bootstrap_interval_brackets_the_median_and_narrows_with_more_values() -> None:
+    import random
+
+    rng = random.Random(1)
+    few = [rng.gauss(1.0, 2.0) for _ in range(30)]
+    many = [rng.gauss(1.0, 2.0) for _ in range(3000)]
+    low_few, high_few = pp.bootstrap_median_ci(few)
+    low_many, high_many = pp.bootstrap_median_ci(many)
+    assert low_many < 1.0 < high_many
+    assert high_many - low_many < (high_few - low_few) / 4
+
+
+def test_chain_threads_cpu_counts_only_the_chain_s_threads() -> None:
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    before = pp.thread_cpu_seconds()
+    other = pp.thread_cpu_seconds(("unrelated-",))
+    worker = threading.Thread(target=spin, name="audit-test-spinner")
+    worker.start()
+    time.sleep(0.3)
+    spent = pp.thread_cpu_seconds() - before
+    stop.set()
+    worker.join()
+    assert spent >= 0.05  # the spinner is an audit- thread: counted
+    assert pp.thread_cpu_seconds(("unrelated-",)) == other  # no thread of that name: nothing counted
