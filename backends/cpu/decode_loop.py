@@ -50,7 +50,15 @@ def why_not(model: Transformer) -> str | None:
             return "a layer's decode attention is not the C++ paged attention"
         if not all(isinstance(m, QuantLinear) for m in _projections(layer)):
             return "some projections are dense (the loop multiplies ggml blocks only)"
+    if max_rows(model) < 1:
+        return "gemm_from 1: every step's projections run the GEMM path, which the loop does not"
     return None
+
+
+def max_rows(model: Transformer) -> int:
+    """The most rows a step may have and go through the loop: below every projection's gemm_from
+    (where the Python path runs qmatmul on each of them too), at most MAX_ROWS."""
+    return min(MAX_ROWS, *(p.gemm_from - 1 for layer in model.layers for p in _projections(layer)))
 
 
 class DecodeLoop:
@@ -73,8 +81,7 @@ class DecodeLoop:
         attn = model.layers[0].attn
         self._loop = cpu_kernels.loaded().DecodeLoop(
             tensors, qtypes, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, attn.scale)
-        # Below every projection's gemm_from: the Python path would run qmatmul on each of them too.
-        self.max_rows = min(MAX_ROWS, *(p.gemm_from - 1 for layer in model.layers for p in _projections(layer)))
+        self.max_rows = max_rows(model)
 
     def applies(self, meta: AttentionMetadata, rows: int) -> bool:
         """Whether a step of ``rows`` rows with this metadata runs through the loop."""

@@ -140,6 +140,14 @@ def test_the_pass_skips_dense_and_deterministic_models_saying_why() -> None:
     assert record["status"] == "skipped" and "deterministic" in record["detail"] and det.model.decode_loop is None
 
 
+def test_gemm_from_one_leaves_no_step_to_the_loop() -> None:
+    backend = CPUBackend()
+    info = backend.load(ModelSpec(name="g", path=default_model_path(), dtype="bfloat16",
+                                  passes={"quantise": "native", "gemm_from": 1}))
+    record = next(r for r in info.passes if r["name"] == "decode_loop")
+    assert record["status"] == "skipped" and "gemm_from 1" in record["detail"] and backend.model.decode_loop is None
+
+
 def test_another_kernel_set_drops_the_loop() -> None:
     from kernels import reference
 
