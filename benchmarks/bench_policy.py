@@ -54,7 +54,7 @@ engine). The rounds' end-to-end figure stays uncertain by about a millisecond
 (generation varies by several from request to request), so ``--pairs`` pairs
 of an ``off`` and an ``on`` request, alternating request by request, give it
 again to a tenth of a millisecond, with the CPU the chain's own threads (audit
-indexer and fsync, OPA pool) spent per request besides (``policy_paired.py``
+indexer and fsync, housekeeping) spent per request besides (``policy_paired.py``
 says why both are needed). Throughput: requests/s with ``--concurrency`` clients in flight over
 ``--throughput-requests`` requests, alternating, for ``--throughput-rounds``
 rounds; medians. Last, each stage of the chain is timed alone (its own
@@ -109,7 +109,7 @@ from policy.rbac import Principal  # noqa: E402
 from policy.store import PolicyStore  # noqa: E402
 
 from bench_auth import FixedPrincipal, pct  # noqa: E402  (this folder is on sys.path)
-from policy_paired import paired_requests, timed  # noqa: E402
+from policy_paired import paired_requests, thread_ids, timed  # noqa: E402
 
 PROMPT = "Please write back to jane.doe@example.com about the"
 # What the model sees once ``on`` has redacted PROMPT: ``off`` sends it as is, so
@@ -390,8 +390,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     gateway: dict[str, list[list[float]]] = {name: [] for name in apps}
     rps: dict[str, list[float]] = {name: [] for name in apps}
     async with contextlib.AsyncExitStack() as stack:
-        for app in apps.values():
+        started: dict[str, set[int]] = {}  # the threads each app started (its audit trail's, say)
+        for name, app in apps.items():
+            before = thread_ids()
             await stack.enter_async_context(app.router.lifespan_context(app))
+            started[name] = thread_ids() - before
         clients = {
             name: httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench", timeout=60)
             for name, app in apps.items()
@@ -407,7 +410,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 latency[name].append(total)
                 gateway[name].append(own)
         pairs = await paired_requests(timed(lambda: one(clients["off"], headers["off"])),
-                                      timed(lambda: one(clients["on"], headers["on"])), args.pairs) if args.pairs else None
+                                      timed(lambda: one(clients["on"], headers["on"])), args.pairs,
+                                      started["on"]) if args.pairs else None
         for r in range(args.throughput_rounds):
             for name in _rotated(list(apps), r):
                 rps[name].append(
@@ -510,9 +514,9 @@ def main() -> None:
     if (pairs := report["paired"]) is not None:
         low, high = pairs["added_p50_ci95_ms"]
         print(f"end to end, {pairs['pairs']} off/on pairs alternating request by request: p50 added "
-              f"{pairs['added_p50_ms']:+.2f} ms (95 % interval {low:+.2f} to {high:+.2f}); the chain's own threads "
-              f"(audit indexer and fsync, OPA pool) used {pairs['chain_threads_cpu_ms_per_request']:.3f} ms of CPU "
-              "per on request besides")
+              f"{pairs['added_p50_ms']:+.2f} ms (95 % interval {low:+.2f} to {high:+.2f}); the threads the on app "
+              f"started (audit indexer, fsync, housekeeping) used {pairs['chain_threads_cpu_ms_per_request']:.3f} ms "
+              "of CPU per on request besides")
     print(f"with the global policy's decisions not cached: p50 {report['opa_uncached_added_p50_ms']:+.2f} ms end to end, "
           f"gateway time p50 {report['opa_uncached_added_gateway_p50_ms']:+.2f} ms, "
           f"requests/s on-opa-uncached/off = {report['opa_uncached_rps_ratio']:.2f}")

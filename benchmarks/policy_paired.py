@@ -11,39 +11,35 @@ within a pair, and the median of a few hundred pairs is known to a tenth of a mi
 
 What this design cannot see is work the chain defers to other threads (the audit trail's
 store indexer and fsync thread, a tenant policy's pool): it runs during whichever request
-comes next, ``off``'s as often as ``on``'s. So the same phase also reads the CPU time of those
-threads (``/proc/self/task``) and reports it per ``on`` request, to be added to the paired
-figure for a bound on everything the chain costs.
+comes next, ``off``'s as often as ``on``'s. So the same phase also reads the CPU time of the
+threads the ``on`` app started (their CPU-time clocks) and reports it per ``on`` request, to be
+added to the paired figure for a bound on everything the chain costs. (It is a bound: those
+threads also tick while idle, a cost per second rather than per request.)
 """
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any
 
-# Threads that do the chain's deferred work (policy/audit/spool.py, delivery.py, trail.py;
-# policy/guardrails/opa.py's pool): their names start with these.
-CHAIN_THREADS = ("audit-", "opa-eval")
+def thread_ids() -> set[int]:
+    """The idents of this process's Python threads now (take them before and after an app starts:
+    the difference is the threads it started)."""
+    return {t.ident for t in threading.enumerate() if t.ident is not None}
 
 
-def thread_cpu_seconds(prefixes: Sequence[str] = CHAIN_THREADS) -> float:
-    """CPU seconds (user + system) used so far by this process's threads whose names start with ``prefixes``."""
-    named = {t.native_id: t.name for t in threading.enumerate()}
-    ticks = os.sysconf("SC_CLK_TCK")
+def thread_cpu_seconds(ids: Collection[int]) -> float:
+    """CPU seconds used so far by those of the threads ``ids`` still running (their CPU-time clocks:
+    nanoseconds, where ``/proc``'s counters tick every 10 ms)."""
+    alive = thread_ids()
     total = 0.0
-    for tid in os.listdir("/proc/self/task"):
-        if not named.get(int(tid), "").startswith(tuple(prefixes)):
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        except FileNotFoundError:  # the thread ended meanwhile
-            continue
-        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    for ident in ids:
+        if ident in alive:  # a clock of an ended thread must not be read
+            total += time.clock_gettime(time.pthread_getcpuclockid(ident))
     return total
 
 
@@ -56,20 +52,21 @@ def bootstrap_median_ci(values: Sequence[float], *, resamples: int = 2000, seed:
 
 
 async def paired_requests(
-    base: Callable[[], Awaitable[float]], variant: Callable[[], Awaitable[float]], pairs: int
-) -> dict[str, float]:
+    base: Callable[[], Awaitable[float]], variant: Callable[[], Awaitable[float]], pairs: int,
+    variant_threads: Collection[int] = (),
+) -> dict[str, Any]:
     """``pairs`` pairs of one ``base`` and one ``variant`` request (each a coroutine giving its latency in
     seconds), alternating which goes first; the median of variant minus base and its interval, in ms,
-    and the chain threads' CPU per variant request."""
+    and the CPU of ``variant_threads`` (the threads the variant's app started) per variant request."""
     differences: list[float] = []
-    cpu_before = thread_cpu_seconds()
+    cpu_before = thread_cpu_seconds(variant_threads)
     for i in range(pairs):
         if i % 2:
             b, v = await base(), await variant()
         else:
             v, b = await variant(), await base()
         differences.append(v - b)
-    background = thread_cpu_seconds() - cpu_before
+    background = thread_cpu_seconds(variant_threads) - cpu_before
     low, high = bootstrap_median_ci(differences)
     return {
         "pairs": pairs,

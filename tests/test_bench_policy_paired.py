@@ -46,20 +46,24 @@ def test_bootstrap_interval_brackets_the_median_and_narrows_with_more_values() -
     assert high_many - low_many < (high_few - low_few) / 4
 
 
-def test_chain_threads_cpu_counts_only_the_chain_s_threads() -> None:
+def test_thread_cpu_counts_only_the_threads_named() -> None:
     stop = threading.Event()
 
     def spin() -> None:
         while not stop.is_set():
             sum(range(1000))
 
-    before = pp.thread_cpu_seconds()
-    other = pp.thread_cpu_seconds(("unrelated-",))
+    before_ids = pp.thread_ids()
     worker = threading.Thread(target=spin, name="audit-test-spinner")
     worker.start()
+    started = pp.thread_ids() - before_ids
+    spent_before = pp.thread_cpu_seconds(started)
     time.sleep(0.3)
-    spent = pp.thread_cpu_seconds() - before
+    spent = pp.thread_cpu_seconds(started) - spent_before
     stop.set()
     worker.join()
-    assert spent >= 0.05  # the spinner is an audit- thread: counted
-    assert pp.thread_cpu_seconds(("unrelated-",)) == other  # no thread of that name: nothing counted
+    assert started == {worker.ident}
+    assert spent >= 0.05  # the spinner's own CPU is counted
+    assert pp.thread_cpu_seconds(started) == 0  # an ended thread's clock is not read
+    assert pp.thread_cpu_seconds(set()) == 0
+    assert pp.thread_cpu_seconds({threading.get_ident()}) > 0  # the main thread, named: counted too
