@@ -32,15 +32,17 @@ def thread_ids() -> set[int]:
     return {t.ident for t in threading.enumerate() if t.ident is not None}
 
 
-def thread_cpu_seconds(ids: Collection[int]) -> float:
-    """CPU seconds used so far by those of the threads ``ids`` still running (their CPU-time clocks:
-    nanoseconds, where ``/proc``'s counters tick every 10 ms)."""
+def thread_cpu_seconds(ids: Collection[int]) -> dict[int, float]:
+    """CPU seconds used so far by each of the threads ``ids`` still running (their CPU-time clocks:
+    nanoseconds, where ``/proc``'s counters tick every 10 ms); an ended thread is left out."""
     alive = thread_ids()
-    total = 0.0
-    for ident in ids:
-        if ident in alive:  # a clock of an ended thread must not be read
-            total += time.clock_gettime(time.pthread_getcpuclockid(ident))
-    return total
+    # A clock of an ended thread must not be read.
+    return {i: time.clock_gettime(time.pthread_getcpuclockid(i)) for i in ids if i in alive}
+
+
+def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the threads running at both readings spent between them."""
+    return sum(after[i] - before[i] for i in before.keys() & after.keys())
 
 
 def bootstrap_median_ci(values: Sequence[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -66,7 +68,7 @@ async def paired_requests(
         else:
             v, b = await variant(), await base()
         differences.append(v - b)
-    background = thread_cpu_seconds(variant_threads) - cpu_before
+    background = cpu_spent(cpu_before, thread_cpu_seconds(variant_threads))
     low, high = bootstrap_median_ci(differences)
     return {
         "pairs": pairs,

@@ -54,16 +54,17 @@ def test_thread_cpu_counts_only_the_threads_named() -> None:
             sum(range(1000))
 
     before_ids = pp.thread_ids()
-    worker = threading.Thread(target=spin, name="audit-test-spinner")
+    worker = threading.Thread(target=spin, name="audit-test-spinner", daemon=True)
     worker.start()
-    started = pp.thread_ids() - before_ids
-    spent_before = pp.thread_cpu_seconds(started)
-    time.sleep(0.3)
-    spent = pp.thread_cpu_seconds(started) - spent_before
-    stop.set()
-    worker.join()
+    try:
+        started = pp.thread_ids() - before_ids
+        before = pp.thread_cpu_seconds(started | {threading.get_ident()})
+        time.sleep(0.3)
+        spent = pp.cpu_spent(before, pp.thread_cpu_seconds(started))
+    finally:
+        stop.set()
+        worker.join()
     assert started == {worker.ident}
-    assert spent >= 0.05  # the spinner's own CPU is counted
-    assert pp.thread_cpu_seconds(started) == 0  # an ended thread's clock is not read
-    assert pp.thread_cpu_seconds(set()) == 0
-    assert pp.thread_cpu_seconds({threading.get_ident()}) > 0  # the main thread, named: counted too
+    assert spent >= 0.05  # the spinner's CPU is counted; the main thread's is not (not read after)
+    assert pp.thread_cpu_seconds(started) == {}  # an ended thread's clock is not read
+    assert pp.cpu_spent(before, {}) == 0  # nor counted, up or down
