@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 
-from tests.support.bench_module import load_benchmark
+from tests.support.scripts import load_benchmark
 
 pp = load_benchmark("policy_paired")
 

@@ -185,9 +185,15 @@ def is_ours(pid: int, port: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     cmdline = Path(f"/proc/{pid}/cmdline")
-    if not cmdline.exists():
+    try:
+        raw = cmdline.read_bytes()
+    except FileNotFoundError:  # no /proc here, or the process is gone
+        return not Path("/proc/self").exists()
+    # Between fork and exec a child still shows our own command line: one we just started, not a
+    # stranger (a check in that instant took a starting gateway for one that had exited).
+    if raw == Path("/proc/self/cmdline").read_bytes():
         return True
-    argv = cmdline.read_bytes().split(b"\0")
+    argv = raw.split(b"\0")
     return b"serve" in argv and str(port).encode() in argv
 
 

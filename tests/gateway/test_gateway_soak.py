@@ -31,10 +31,13 @@ MiB = 1024 * 1024
 # 1105.0 MiB (AMD EPYC). On an Intel Xeon it also jumps once by 7-18 MiB between two
 # storms and stays there (e.g. 1083.6, 1084.7, 1085.2, 1092.9, 1093.2, measured on the
 # code before and after issue 19 alike): an arena growing once, not a leak. The leak
-# issue 24 found, ~0.1 MiB per aborted stream, adds ~3.5 MiB in every storm. So a leak
-# is a median step over 1 MiB (it is in every step; a one-off jump is in one), and 32 MiB
-# over the measured storms is a bound for anything grosser. About 20 s on two idle cores.
-LEAK_STEP = 1 * MiB
+# issue 24 found, ~0.1 MiB per aborted stream, adds ~3.5 MiB in every storm (steps of 3-17
+# MiB, median 3.7, when put back). So a leak is a median step over 2.5 MiB (it is in every
+# step; a one-off jump is in one; the creep stays under 2), and 32 MiB over the measured
+# storms is a bound for anything grosser. (1 MiB, the bound before, sat inside the creep: a
+# clean-clone CI run on 2026-11-26 failed on steps of 2.7, 5.5, 0.1, -0.3 and 1.6 MiB, median
+# 1.6, RSS 1194 -> 1204 MiB.) About 20 s on two idle cores.
+LEAK_STEP = 5 * MiB // 2
 MAX_GROWTH = 32 * MiB
 
 
