@@ -152,7 +152,7 @@ def port_free(port: int) -> bool:
     return True
 
 
-def start(state: Path, name: str, port: int, config: dict[str, Any], env: dict[str, str]) -> None:
+def start(state: Path, name: str, port: int, config: dict[str, Any], env: dict[str, str]) -> subprocess.Popen[bytes]:
     """``inferctl serve`` in a session of its own (it outlives this script), with a pid file and a log."""
     config_file = state / f"{name}.yaml"
     config_file.write_text(json.dumps(config, indent=2))  # JSON is YAML
@@ -166,6 +166,7 @@ def start(state: Path, name: str, port: int, config: dict[str, Any], env: dict[s
             env={**os.environ, **env}, start_new_session=True,
         )  # fmt: skip
     (state / "pids" / f"{name}.pid").write_text(f"{proc.pid} {port}\n")
+    return proc
 
 
 def running(state: Path) -> dict[str, tuple[int, int]]:
@@ -197,19 +198,24 @@ def is_ours(pid: int, port: int) -> bool:
     return b"serve" in argv and str(port).encode() in argv
 
 
-def wait_ready(state: Path, names: list[str], timeout: float) -> None:
+def wait_ready(state: Path, procs: dict[str, tuple[subprocess.Popen[bytes], int]], timeout: float) -> None:
+    """Wait until every server of ``procs`` (name -> its process and port) answers /readyz.
+
+    Whether one has exited is asked of its process handle, not of /proc: a server this
+    instant forked (or in the middle of its exec) can show another command line, or none.
+    """
     import httpx
 
     deadline = time.monotonic() + timeout
-    pending = list(names)
+    pending = list(procs)
     while pending:
-        alive = running(state)
         for name in list(pending):
-            if name not in alive:
+            proc, port = procs[name]
+            if proc.poll() is not None:
                 log = (state / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise LocalError(f"{name} exited during start-up; the end of its log:\n{log}")
+                raise LocalError(f"{name} exited during start-up (status {proc.returncode}); the end of its log:\n{log}")
             try:
-                if httpx.get(f"http://127.0.0.1:{alive[name][1]}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
                     pending.remove(name)
                     print(f"  {name} ready", flush=True)
             except httpx.HTTPError:
@@ -252,9 +258,8 @@ def store_env(pg_server: str, database: str, passphrase: str, admin_key: str) ->
 def start_group(state: Path, ports: dict[str, int], config: dict[str, Any], env: dict[str, str],
                 timeout: float) -> None:  # fmt: skip
     """Start the servers ``ports`` names, all at once, and wait until every one is ready."""
-    for name, port in ports.items():
-        start(state, name, port, config, env)
-    wait_ready(state, list(ports), timeout)
+    procs = {name: (start(state, name, port, config, env), port) for name, port in ports.items()}
+    wait_ready(state, procs, timeout)
 
 
 def openai_backend_installed() -> bool:

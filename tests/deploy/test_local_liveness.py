@@ -48,3 +48,26 @@ def test_a_pid_that_exited_is_not_ours() -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
     assert not run.is_ours(done.pid, 18080)
+
+
+def test_wait_ready_reports_a_server_that_exited_with_its_status_and_log(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "gateway-1.log").write_text("boom: the config is wrong\n")
+    failed = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    failed.wait()
+    with pytest.raises(run.LocalError, match=r"gateway-1 exited during start-up \(status 3\)(.|\n)*config is wrong"):
+        run.wait_ready(tmp_path, {"gateway-1": (failed, 1)}, timeout=5)
+
+
+def test_wait_ready_takes_a_server_just_started_for_a_starting_one(tmp_path: Path) -> None:
+    # Checked the instant after it is spawned (what failed in CI): alive, not ready, so the wait
+    # runs out on readiness, not on "exited".
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "gateway-3.log").write_text("")
+    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(run.LocalError, match="not ready after"):
+            run.wait_ready(tmp_path, {"gateway-3": (starting, 1)}, timeout=1)
+    finally:
+        starting.kill()
+        starting.wait()
