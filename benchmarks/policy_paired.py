@@ -10,9 +10,9 @@ within a pair, and the median of a few hundred pairs is known to a tenth of a mi
 (a bootstrap interval says how well).
 
 What this design cannot see is work the chain defers to other threads (the audit trail's
-store indexer and fsync thread, a tenant policy's pool): it runs during whichever request
+store indexer, fsync and housekeeping threads): it runs during whichever request
 comes next, ``off``'s as often as ``on``'s. So the same phase also reads the CPU time of the
-threads the ``on`` app started (their CPU-time clocks) and reports it per ``on`` request, to be
+audit threads the ``on`` app started (their CPU-time clocks; bench_policy passes them) and reports it per ``on`` request, to be
 added to the paired figure for a bound on everything the chain costs. (It is a bound: those
 threads also tick while idle, a cost per second rather than per request.)
 """
@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
+
 
 def thread_ids() -> set[int]:
     """The idents of this process's Python threads now (take them before and after an app starts:

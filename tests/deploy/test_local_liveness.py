@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason=
 
 
 def test_a_child_not_yet_exec_d_is_ours() -> None:
-    # What run.py's wait_ready saw in CI: gateway-3 forked but not yet running `inferctl serve`,
-    # so its command line was still run.py's own, and it was taken for a gateway that had exited.
+    # A server forked but not yet running `inferctl serve` still shows run.py's own command line
+    # (a pid file read in that instant, by `up`'s "already running" check or by `status`).
     pid = os.fork()
     if pid == 0:  # the child: stay as the parent's image for a while, as between fork and exec
         time.sleep(2)
