@@ -23,8 +23,14 @@ Triton kernels), with CUDA graphs and without, at decode batches of 1, 8 and 32
 sequences each ``--context`` tokens in: ``--warmup`` untimed steps, then
 ``--reps`` timed ``forward`` calls by wall clock (each returns the logits on the
 host, so each call ends synchronised); median milliseconds and tokens/s. The
-reference kernel set cannot stand in on the GPU (it builds its masks on the
-host), so the step's peer is the same step without graphs.
+step's peer is the same step without graphs (the reference kernel set was not
+tried as a whole step on the GPU).
+
+Kernel device time: the per-call events above also bracket the host's launch of
+each call when the GPU is idle, so small kernels read the launch cost. Each case
+is therefore also timed as ``--reps`` calls captured in one CUDA graph, replayed
+5 times between two events (median replay / calls): the kernels' own time, as in
+serving, where decode steps replay as graphs.
 
 Without a CUDA/ROCm device the script exits with code 2, unless ``--interpret``:
 then it runs tiny shapes under Triton's interpreter on the CPU as a correctness
@@ -35,6 +41,7 @@ Usage:
     .venv/bin/python benchmarks/kernels.py [--model llama3-8b] [--dtype bfloat16] [--batch 32]
         [--context 1024] [--warmup 10] [--reps 100] [--json out.json]
     .venv/bin/python benchmarks/kernels.py --interpret
+    .venv/bin/python benchmarks/kernels.py --kernels-only   # no model decode step
 """
 
 from __future__ import annotations
@@ -83,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--reps", type=int, default=100)
+    p.add_argument("--kernels-only", action="store_true",
+                   help="skip the model decode step (it loads the bundled SmolLM2 on the CUDA backend)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
     p.add_argument("--interpret", action="store_true",
                    help="no GPU needed: tiny shapes under TRITON_INTERPRET=1, a correctness smoke test")
@@ -192,6 +201,35 @@ def time_cuda(fn: Callable[[], Any], torch: Any, warmup: int, reps: int) -> list
     return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]  # ms -> us
 
 
+def time_graph(fn: Callable[[], Any], torch: Any, reps: int, replays: int = 5) -> float | None:
+    """Device time of one call, launch cost removed: ``reps`` calls captured in one CUDA
+    graph, the graph replayed between two events ``replays`` times; the median replay
+    divided by ``reps``. None where the call cannot be captured."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # allocations made once, outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+    except Exception:  # noqa: BLE001 - a call that cannot be captured is reported, not fatal
+        return None
+    graph.replay()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        per_call.append(start.elapsed_time(end) * 1000.0 / reps)
+    return statistics.median(per_call)
+
+
 def time_host(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -201,6 +239,16 @@ def time_host(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
         fn()
         out.append((time.perf_counter() - t0) * 1e6)
     return out
+
+
+def device_columns(row: dict[str, Any]) -> str:
+    if "triton_device_us" not in row:
+        return ""
+    t, r = row["triton_device_us"], row["reference_device_us"]
+    shown = [f"{v:8.1f} us" if v is not None else "  no graph" for v in (t, r)]
+    ratio = f"x{row['device_speedup']:5.2f}" if row["device_speedup"] else "     -"
+    gb_s = f"{row['triton_device_gb_s']:7.1f} GB/s" if row["triton_device_gb_s"] else ""
+    return f"  | device: triton {shown[0]}  ref {shown[1]}  {ratio}  {gb_s}"
 
 
 DECODE_BATCHES = (1, 8, 32)
@@ -297,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
            if args.interpret else
            "each call between two CUDA events, torch.cuda.synchronize() before reading them")
         + "; median, min and p90 in microseconds; speedup = reference median / Triton median"
+        + ("" if args.interpret else
+           "; 'device' = the same calls captured in one CUDA graph, replayed 5 times between two events, "
+           "median replay / calls: the kernels' own time, without the host's launch cost that the "
+           "per-call events also bracket when the GPU is idle (serving replays decode steps as graphs)")
     )
     info = machine(torch, triton, device)
     where = f"{info['gpu']}, {info['runtime']}" if info["gpu"] else info["runtime"]
@@ -323,11 +375,16 @@ def main(argv: list[str] | None = None) -> int:
             row = {"kernel": case.kernel, "shape": case.shape, "max_abs_err": err, "agrees": ok,
                    "triton": t, "reference": r, "speedup": r["median_us"] / t["median_us"],
                    "triton_gb_s": case.bytes / (t["median_us"] * 1e3)}
+            if not args.interpret:
+                t_dev, r_dev = time_graph(case.triton, torch, args.reps), time_graph(case.reference, torch, args.reps)
+                row.update(triton_device_us=t_dev, reference_device_us=r_dev,
+                           device_speedup=r_dev / t_dev if t_dev and r_dev else None,
+                           triton_device_gb_s=case.bytes / (t_dev * 1e3) if t_dev else None)
             results.append(row)
             print(f"{case.kernel:16s} {case.shape:60s} triton {t['median_us']:10.1f} us  "
                   f"ref {r['median_us']:10.1f} us  x{row['speedup']:5.2f}  {row['triton_gb_s']:7.1f} GB/s  "
-                  f"err {err:.2e}{'' if ok else '  MISMATCH'}")
-    decode = model_decode_step(args, torch)
+                  f"err {err:.2e}{'' if ok else '  MISMATCH'}" + device_columns(row))
+    decode = [] if args.kernels_only else model_decode_step(args, torch)
 
     report = {"machine": info, "method": method, "model": model, "dtype": args.dtype, "batch": args.batch,
               "context": args.context, "prefill_tokens": args.prefill_tokens, "block_size": args.block_size,

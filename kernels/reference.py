@@ -82,8 +82,9 @@ def store_kv(
 def context_mask(context_lens: torch.Tensor, query_start: torch.Tensor, q_len: int, max_ctx: int) -> torch.Tensor:
     """Boolean ``[num_seqs, q_len, max_ctx]``: query ``j`` of a sequence, at position
     ``query_start + j``, sees context positions up to its own and below the length."""
-    kv_pos = torch.arange(max_ctx)
-    q_pos = query_start[:, None] + torch.arange(q_len)[None, :]
+    # On the lengths' own device: the reference also runs beside the Triton kernels on a GPU.
+    kv_pos = torch.arange(max_ctx, device=context_lens.device)
+    q_pos = query_start[:, None] + torch.arange(q_len, device=query_start.device)[None, :]
     return (kv_pos[None, None, :] <= q_pos[:, :, None]) & (kv_pos[None, None, :] < context_lens[:, None, None])
 
 
