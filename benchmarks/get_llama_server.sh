@@ -13,6 +13,7 @@
 #   PIP                   pip to use (default: <repo>/.venv/bin/pip, else `python3 -m pip`)
 #   LLAMA_CPP_PY_VERSION  pin an sdist version, e.g. 0.3.16 (default: latest on PyPI)
 #   JOBS                  parallel build jobs (default: 2)
+#   LLAMA_AMX             1: keep ggml's AMX kernels on a CPU with AMX (default: built without)
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -67,10 +68,22 @@ if [[ ! -f "$CACHE/src/CMakeLists.txt" || "$(cat "$CACHE/SOURCE" 2>/dev/null)" !
   basename "$SDIST" > "$CACHE/SOURCE"
 fi
 
-echo "[get_llama_server] configuring (Release, native CPU, no curl) ..."
+# ggml's AMX path (compiled in by -march=native where the CPU lists amx_tile) died with
+# SIGILL at its first tile instruction ('tilezero %tmm6') on the 2-core Intel Xeon VM of
+# 2026-11-26, although a plain tile-load/zero/release test program ran there. So on such a
+# CPU it is built without AMX (the AVX-512 VNNI kernels, as on CPUs without AMX);
+# LLAMA_AMX=1 keeps it.
+NO_AMX=""
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null && [[ "${LLAMA_AMX:-0}" != "1" ]]; then
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
+
+echo "[get_llama_server] configuring (Release, native CPU${NO_AMX:+ without AMX}, no curl) ..."
 start=$(date +%s)
 nice -n 19 cmake -S "$CACHE/src" -B "$CACHE/build" \
   -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_C_FLAGS="$NO_AMX" \
+  -DCMAKE_CXX_FLAGS="$NO_AMX" \
   -DLLAMA_CURL=OFF \
   -DGGML_NATIVE=ON \
   -DLLAMA_BUILD_TESTS=OFF \
