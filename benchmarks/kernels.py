@@ -16,7 +16,10 @@ Inputs are not flushed from L2 between calls; the decode attention working set
 (the KV cache read) is far larger than L2 at the default shapes.
 
 Paged attention uses a KV cache of scattered blocks: each sequence's blocks are a
-random sample of the cache, as after a while of serving.
+random sample of the cache, as after a while of serving. Each attention case runs
+twice: as served (inside a CUDA graph, the 'device' column, the context is split
+into shares where the grid would leave the GPU idle: kernels/triton/paged_attention.py;
+eager calls never split) and with one share (``splits=1``).
 
 Model decode step: the bundled SmolLM2 on the CUDA backend (``backends.cuda``,
 Triton kernels), with CUDA graphs and without, at decode batches of 1, 8 and 32
@@ -150,6 +153,7 @@ def build_cases(args: argparse.Namespace, torch: Any, KT: Any, R: Any, device: s
     # Paged attention: a decode step, a verification of 5-token drafts, a prefill chunk.
     attention = [
         ("decode", batch, 1, context),
+        ("decode", 1, 1, context),
         ("verify k=4", max(1, batch // 4), 5, context),
         ("prefill chunk", 1, 256 if not args.interpret else 16, context),
     ]
@@ -172,7 +176,20 @@ def build_cases(args: argparse.Namespace, torch: Any, KT: Any, R: Any, device: s
             lambda a=(q, k_cache, v_cache, tables, lens, starts, scale): R.paged_attention(*a),
             read,
         ))
+        # The same without the split context (one program per sequence, KV head and row tile).
+        cases.append(Case(
+            "paged_attn 1 share", f"{label}: {seqs} seqs x {q_len} q, ctx {ctx}, {heads}/{kv_heads} heads, d {head_dim}",
+            lambda a=(q, k_cache, v_cache, tables, lens, starts, scale): one_share(*a),
+            lambda a=(q, k_cache, v_cache, tables, lens, starts, scale): R.paged_attention(*a),
+            read,
+        ))
     return cases
+
+
+def one_share(*args: Any) -> Any:
+    from kernels.triton.paged_attention import _paged_attention
+
+    return _paged_attention(*args, splits=1)
 
 
 def flat(out: Any) -> list[Any]:
@@ -381,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                            device_speedup=r_dev / t_dev if t_dev and r_dev else None,
                            triton_device_gb_s=case.bytes / (t_dev * 1e3) if t_dev else None)
             results.append(row)
-            print(f"{case.kernel:16s} {case.shape:60s} triton {t['median_us']:10.1f} us  "
+            print(f"{case.kernel:18s} {case.shape:60s} triton {t['median_us']:10.1f} us  "
                   f"ref {r['median_us']:10.1f} us  x{row['speedup']:5.2f}  {row['triton_gb_s']:7.1f} GB/s  "
                   f"err {err:.2e}{'' if ok else '  MISMATCH'}" + device_columns(row))
     decode = [] if args.kernels_only else model_decode_step(args, torch)

@@ -24,6 +24,7 @@ from typing import Any
 # Index arrays; every other pointer argument points at activations or the cache.
 INDEX_POINTERS = {"tables_ptr", "lens_ptr", "starts_ptr", "slots_ptr"}
 FLOAT_SCALARS = {"eps", "scale_log2"}
+FLOAT32_POINTERS = {"part_ptr", "lse_ptr"}  # split-context shares: float32 whatever the model's dtype
 DEFAULT_TARGETS = ("cuda:80", "cuda:90", "hip:gfx942")
 # Shared memory (LDS) one program may use, in bytes: A100, H100, MI300.
 SHARED_LIMITS = {"cuda:80": 163 * 1024, "cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024}
@@ -72,9 +73,21 @@ def variants() -> list[Variant]:
         block_m, block_n, block_d = tile_sizes(q_rows, head_dim, ELEM_BYTES[dtype])
         out.append(Variant(
             "paged_attention", "_paged_attention_kernel", dtype,
-            {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d, "IEEE": dtype == "fp32", "UPCAST": False},
+            {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d, "IEEE": dtype == "fp32", "UPCAST": False,
+             "SPLIT": False},
             {"num_warps": 4, "num_stages": 2},
         ))
+    # split context (flash decoding): the decode shares, and their merge
+    for dtype, head_dim in (("bf16", 128), ("fp32", 128), ("bf16", 256)):
+        block_m, block_n, block_d = tile_sizes(4, head_dim, ELEM_BYTES[dtype])
+        out.append(Variant(
+            "paged_attention", "_paged_attention_kernel", dtype,
+            {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d, "IEEE": dtype == "fp32", "UPCAST": False,
+             "SPLIT": True},
+            {"num_warps": 4, "num_stages": 2},
+        ))
+        out.append(Variant("paged_attention", "_merge_shares_kernel", dtype,
+                           {"BLOCK_S": 16, "BLOCK_D": block_d}, {"num_warps": 1}))
     return out
 
 
@@ -85,6 +98,8 @@ def signature(fn: Any, dtype: str, constexprs: dict[str, Any]) -> dict[str, str]
             sig[name] = "constexpr"
         elif name in INDEX_POINTERS:
             sig[name] = "*i64"
+        elif name in FLOAT32_POINTERS:
+            sig[name] = "*fp32"
         elif name.endswith("_ptr"):
             sig[name] = f"*{dtype}"
         elif name in FLOAT_SCALARS:

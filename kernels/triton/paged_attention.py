@@ -10,8 +10,18 @@ a running sum ``l`` and the unnormalised output ``acc``, rescaled as the max gro
 Only the context a tile can see is read: up to the last query's position, capped
 by the context length.
 
-TODO(perf): one long sequence uses only ``kv_heads`` programs; a split-context
-("flash decoding") pass with a reduction would fill a GPU at batch 1.
+Split context ("flash decoding"). Few sequences give few programs: a decode step of
+one sequence of SmolLM2 is 3 (one per KV head), each walking the whole context, so
+the step took ~32 us on an H100 whatever its length (docs/backends.md). When the
+grid would leave the GPU's multiprocessors idle, and the step is being captured
+as a CUDA graph (where a second launch is free), each program takes an equal share
+of its context instead (``splits`` shares), writes its normalised output and its
+log-sum-exp in float32, and a second kernel merges the shares, weighting each by
+exp2(lse - max lse). The number of shares is chosen on the host from shapes alone
+(no read of the context lengths, so CUDA graphs can capture it); each program then
+divides its sequence's actual context, so short contexts leave the extra shares
+empty rather than unbalanced. The merge changes the summation order, not the
+result beyond float32 rounding.
 """
 
 from __future__ import annotations
@@ -48,20 +58,24 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, starts_ptr, out_ptr,
+    part_ptr, lse_ptr,
     scale_log2,
-    q_len, group, D, block_size,
+    q_len, group, D, block_size, splits,
     stride_qs, stride_qt, stride_qh,
     stride_os, stride_ot, stride_oh,
     stride_ch, stride_cb, stride_cs,
     stride_bt,
+    stride_ps, stride_pseq, stride_pt, stride_ph,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) // splits
+    share = tl.program_id(1) % splits
     tile = tl.program_id(2)
 
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -80,6 +94,11 @@ def _paged_attention_kernel(
     q_pos = query_start + j
     last_j = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // group, q_len - 1)
     hi = tl.minimum(context_len, query_start + last_j + 1)
+    lo = hi * 0  # hi's type: the split branch below redefines it
+    if SPLIT:  # this program's share of the visible context, whole BLOCK_N steps
+        chunk = tl.cdiv(tl.cdiv(hi, splits), BLOCK_N) * BLOCK_N
+        lo = share * chunk
+        hi = tl.minimum(hi, lo + chunk)
 
     # A finite starting max: a row that sees nothing in a step keeps exp2(-inf - m) = 0
     # instead of the NaN of (-inf) - (-inf).
@@ -90,7 +109,7 @@ def _paged_attention_kernel(
     v_head = v_cache_ptr + kvh.to(tl.int64) * stride_ch
     table = tables_ptr + seq * stride_bt
 
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < hi
         # Positions past the context are never loaded: a cache slot there may hold
@@ -113,11 +132,46 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    # A row with no visible position (an empty context) returns zeros, not NaN.
-    l_i = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + seq * stride_os + j[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    # A row with no visible position (an empty context, or an empty share) returns
+    # zeros, not NaN; as a share its log-sum-exp is -inf, so the merge gives it no weight.
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if SPLIT:
+        row_off = share * stride_ps + seq * stride_pseq + j * stride_pt + head * stride_ph
+        tl.store(part_ptr + row_off[:, None] + offs_d[None, :], out, mask=q_mask)
+        # The shares are contiguous, so a row's lse sits at its output offset / D (stride_ph).
+        tl.store(lse_ptr + row_off // stride_ph, tl.where(seen, m_i + tl.log2(l_i), float("-inf")), mask=row_valid)
+    else:
+        tl.store(out_ptr + seq * stride_os + j[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _merge_shares_kernel(
+    part_ptr, lse_ptr, out_ptr,
+    splits, q_len, heads, D,
+    stride_ps, stride_pseq, stride_pt, stride_ph,
+    stride_os, stride_ot, stride_oh,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One program per (sequence, query, head): the shares' outputs weighted by exp2(lse - max)."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    seq, j = row // q_len, row % q_len
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_valid = offs_s < splits
+    base = seq * stride_pseq + j * stride_pt + head * stride_ph
+    lse = tl.load(lse_ptr + (base + offs_s * stride_ps) // stride_ph, mask=s_valid, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    weight = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(top > float("-inf"), top, 0.0)), 0.0)
+    part = tl.load(part_ptr + base + offs_s[:, None] * stride_ps + offs_d[None, :],
+                   mask=s_valid[:, None] & (offs_d[None, :] < D), other=0.0)
+    total = tl.sum(weight, axis=0)
+    out = tl.sum(part * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + seq * stride_os + j * stride_ot + head * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
 
 def tile_sizes(q_rows: int, head_dim: int, elem_bytes: int) -> tuple[int, int, int]:
@@ -129,6 +183,36 @@ def tile_sizes(q_rows: int, head_dim: int, elem_bytes: int) -> tuple[int, int, i
     # needs ~70 KB of shared memory, more than an MI300's 64 KB (compile_check.py).
     block_n = 64 if block_d * elem_bytes <= 256 else 32
     return block_m, block_n, block_d
+
+
+MAX_SPLITS = 16
+# Shares are worth their merge only while the grid leaves a quarter of the multiprocessors
+# idle; then aim for two programs a multiprocessor. Measured on an H100 (docs/backends.md):
+# 96 programs (SmolLM2, 32 sequences) 32 -> 18 us; 128 (a llama-3-8B prefill chunk) and
+# 256 (its 32-sequence decode) were slower split.
+PROGRAMS_PER_SM = 2
+
+
+def choose_splits(programs: int, max_context: int, block_n: int, device: torch.device, capturing: bool) -> int:
+    """Shares of each context, from shapes alone. Only inside a CUDA graph capture: there
+    the merge kernel's launch costs nothing, while an eager step of a small model is bound
+    by launching kernels from Python, and a second launch a layer would cost more than
+    the split saves. 1 as well where the grid fills the GPU, or under the interpreter."""
+    if device.type != "cuda" or not capturing:
+        return 1
+    sm = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+    if 4 * programs > 3 * sm:
+        return 1
+    return max(1, min(MAX_SPLITS, -(-PROGRAMS_PER_SM * sm // programs), max_context // (4 * block_n)))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _multiprocessors(index: int) -> int:
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
 
 
 def paged_attention(
@@ -155,8 +239,10 @@ def _paged_attention(
     query_start: torch.Tensor,
     scale: float,
     block_n: int | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
-    """The launcher; ``block_n`` (context positions per step) is for tests and benchmarks."""
+    """The launcher; ``block_n`` (context positions per step) and ``splits`` (shares of
+    each context, see the module docstring) are for tests and benchmarks."""
     check_device("paged_attention", q, k_cache, v_cache, block_tables, context_lens, query_start)
     shape = check_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start)
     check_cache_strides("paged_attention", k_cache, v_cache)
@@ -169,17 +255,41 @@ def _paged_attention(
     num_seqs, q_len, group, head_dim = shape.num_seqs, shape.q_len, shape.group, shape.head_dim
     block_m, default_n, block_d = tile_sizes(q_len * group, head_dim, q.element_size())
     block_n = block_n or default_n
-    grid = (num_seqs, shape.kv_heads, triton.cdiv(q_len * group, block_m))
+    tiles = triton.cdiv(q_len * group, block_m)
+    if splits is None:
+        max_context = block_tables.shape[1] * shape.block_size
+        capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        splits = choose_splits(num_seqs * shape.kv_heads * tiles, max_context, block_n, q.device, capturing)
+    if splits > 1:  # float32 shares and their log-sum-exps: [splits, seqs, q_len, heads, (D)]
+        part = torch.empty((splits, *q.shape), dtype=torch.float32, device=q.device)
+        lse = torch.empty(part.shape[:-1], dtype=torch.float32, device=q.device)
+        part_strides = (part.stride(0), part.stride(1), part.stride(2), part.stride(3))
+    else:
+        part = lse = out  # not read: SPLIT is off
+        part_strides = (0, 0, 0, 1)
+    grid = (num_seqs, shape.kv_heads * splits, tiles)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, block_tables, context_lens, query_start, out,
+        part, lse,
         scale * LOG2E,
-        q_len, group, head_dim, shape.block_size,
+        q_len, group, head_dim, shape.block_size, splits,
         q.stride(0), q.stride(1), q.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
+        *part_strides,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32, UPCAST=interpreting() and q.dtype != torch.float32,
+        SPLIT=splits > 1,
         num_warps=4, num_stages=2,
     )
+    if splits > 1:
+        _merge_shares_kernel[(num_seqs * q_len, q.shape[2])](
+            part, lse, out,
+            splits, q_len, q.shape[2], head_dim,
+            *part_strides,
+            out.stride(0), out.stride(1), out.stride(2),
+            BLOCK_S=block(splits), BLOCK_D=block_d,
+            num_warps=1,
+        )
     return out

@@ -10,6 +10,8 @@ compiled on it.
 
 from __future__ import annotations
 
+import importlib
+
 import inspect
 import os
 import subprocess
@@ -422,3 +424,36 @@ def test_every_kernel_compiles_for_cuda_and_rocm_without_a_gpu() -> None:
         for target in ("cuda:90", "hip:gfx942"):
             assert any(line.startswith(f"ok   {target}") and kernel in line for line in report.splitlines()), (
                 kernel, target, report)
+
+
+@pytest.mark.parametrize("name", ["decode-gqa", "chunk-gqa", "verify-40", "padded-queries", "dim80-mqa"])
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_paged_attention_split_context_matches_the_oracle(name: str, splits: int) -> None:
+    # Shares of 16 positions: several shares per context, some empty (a 1-token context,
+    # a chunk's early rows), each merged by its log-sum-exp.
+    case = attention_case(13, dtype=torch.float32, **ATTENTION_CASES[name])
+    q, k_cache, v_cache, tables, lens, starts = case
+    scale = q.shape[-1] ** -0.5
+    got = _paged_attention(*dev(q, k_cache, v_cache, tables, lens, starts), scale, block_n=16, splits=splits).cpu()
+    torch.testing.assert_close(got.double(), attention_oracle(*case, scale), atol=2e-6, rtol=1e-5)
+
+
+def test_paged_attention_split_context_bfloat16() -> None:
+    case = attention_case(14, dtype=torch.bfloat16, **ATTENTION_CASES["decode-gqa"])
+    q, k_cache, v_cache, tables, lens, starts = case
+    scale = q.shape[-1] ** -0.5
+    got = _paged_attention(*dev(q, k_cache, v_cache, tables, lens, starts), scale, block_n=16, splits=3).cpu()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), attention_oracle(*case, scale), atol=1.5e-2, rtol=1e-2)
+
+
+def test_split_count_fills_the_gpu_from_shapes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    PA = importlib.import_module("kernels.triton.paged_attention")  # the package exports the function of that name
+    monkeypatch.setitem(PA._SM_COUNT, 0, 132)
+    gpu = torch.device("cuda", 0)
+    assert PA.choose_splits(3, 8192, 64, gpu, True) == PA.MAX_SPLITS  # one sequence of 3 KV heads, long table
+    assert PA.choose_splits(3, 256, 64, gpu, True) == 1  # a short table: shares of fewer than 4 steps are not worth it
+    assert PA.choose_splits(96, 8192, 64, gpu, True) == 3  # 32 sequences: 264 programs wanted
+    assert PA.choose_splits(128, 8192, 64, gpu, True) == 1  # nearly a program per multiprocessor already
+    assert PA.choose_splits(3, 8192, 64, gpu, False) == 1  # an eager step: the merge's launch would cost more
+    assert PA.choose_splits(3, 8192, 64, torch.device("cpu"), True) == 1  # the interpreter: never split unasked
