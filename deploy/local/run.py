@@ -3,8 +3,9 @@
 
 ``up`` starts, on 127.0.0.1:
 
-* two InferFlux engines (``inferctl serve`` with the default SmolLM2), the "upstream
-  fleet": one policy store for both (a PostgreSQL database of their own), so one API key,
+* two InferFlux engines (``inferctl serve`` with the default SmolLM2, deterministic
+  kernels so that either answers a greedy request alike), the "upstream fleet": one
+  policy store for both (a PostgreSQL database of their own), so one API key,
   created for the gateways, works on either;
 * three gateway replicas (``inferctl serve``) sharing one PostgreSQL store and one Redis
   limiter, each fronting the two engines with a model of backend ``openai``
@@ -327,7 +328,11 @@ def start_servers(args: argparse.Namespace, state: Path, mode: str) -> None:
 
     engines = [f"engine-{i + 1}" for i in range(args.engines)]
     fleet_env = store_env(args.pg_server, fleet_db, values["fleet_passphrase"], values["fleet_admin_key"])
-    engine_config = {"engine": {"kv_cache_bytes": args.kv_cache_bytes}}
+    # Deterministic (batch-invariant) kernels: a fleet's replicas must answer a greedy request
+    # alike whichever engine serves it and whatever shares its steps or its prefix cache. In
+    # bfloat16 without them, three gateways over two engines answered one prompt two ways on a
+    # 2-core Intel Xeon (a clean-clone CI run of 2026-11-26); docs/backends.md, deterministic mode.
+    engine_config = {"engine": {"kv_cache_bytes": args.kv_cache_bytes, "deterministic": True}}
     print(f"starting {len(engines)} engines (the default model; the first start builds the CPU kernels)...")
     start_group(state, dict(zip(engines, engine_ports, strict=True)), engine_config, fleet_env, args.timeout)
     if engines and "upstream_key" not in values:
@@ -360,7 +365,7 @@ def start_servers(args: argparse.Namespace, state: Path, mode: str) -> None:
         }]  # fmt: skip
         gateway_config["upstreams"] = {"allowed_hosts": ["127.0.0.1"]}
     else:
-        gateway_config["engine"] = {"kv_cache_bytes": args.kv_cache_bytes}
+        gateway_config["engine"] = {"kv_cache_bytes": args.kv_cache_bytes, "deterministic": True}
     print(f"starting {len(gateways)} gateways ({mode} mode: "
           f"{'fronting the engines' if mode == 'upstream' else 'each serving the model itself'})...")  # fmt: skip
     start_group(state, dict(zip(gateways, gateway_ports, strict=True)), gateway_config, gateway_env, args.timeout)
