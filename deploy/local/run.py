@@ -329,7 +329,7 @@ def start_servers(args: argparse.Namespace, state: Path, mode: str) -> None:
     engines = [f"engine-{i + 1}" for i in range(args.engines)]
     fleet_env = store_env(args.pg_server, fleet_db, values["fleet_passphrase"], values["fleet_admin_key"])
     # Deterministic (batch-invariant) kernels: a fleet's replicas must answer a greedy request
-    # alike whichever engine serves it and whatever shares its steps or its prefix cache. In
+    # alike whichever engine serves it, whatever shares its steps or sits in its prefix cache. In
     # bfloat16 without them, three gateways over two engines answered one prompt two ways on a
     # 2-core Intel Xeon (a clean-clone CI run of 2026-11-26); docs/backends.md, deterministic mode.
     engine_config = {"engine": {"kv_cache_bytes": args.kv_cache_bytes, "deterministic": True}}
