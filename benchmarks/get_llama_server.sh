@@ -72,7 +72,8 @@ fi
 # SIGILL at its first tile instruction ('tilezero %tmm6') on the 2-core Intel Xeon VM of
 # 2026-11-26, although a plain tile-load/zero/release test program ran there. So on such a
 # CPU it is built without AMX (the AVX-512 VNNI kernels, as on CPUs without AMX);
-# LLAMA_AMX=1 keeps it.
+# LLAMA_AMX=1 keeps it. Binaries already built are kept as they are (the check at the top):
+# delete $CACHE/build to rebuild with other flags.
 NO_AMX=""
 if grep -qw amx_tile /proc/cpuinfo 2>/dev/null && [[ "${LLAMA_AMX:-0}" != "1" ]]; then
   NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
