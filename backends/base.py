@@ -88,6 +88,9 @@ class Backend(Protocol):
     """A backend plugin, registered under the ``inferflux.backends`` entry point group."""
 
     name: ClassVar[str]
+    # Optional: the KV block size (tokens) the engine uses when ``engine.block_size`` is unset
+    # (``default_block_size``); without it, the engine's ``DEFAULT_BLOCK_SIZE``.
+    # ``default_block_size: ClassVar[int]``
 
     @classmethod
     def probe(cls) -> str | None:
@@ -174,6 +177,12 @@ class RemoteBackend(Protocol):
 
     def open(self, config: Any, *, upstream_model: str, max_model_len: int = 0) -> Any:
         """The served model's engine-shaped client (``make_request``/``stream``/``stats``/``shutdown``)."""
+
+
+def default_block_size(backend: object, fallback: int) -> int:
+    """The KV block size ``backend`` asks for (its ``default_block_size``), else ``fallback``."""
+    size = getattr(backend, "default_block_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else fallback
 
 
 def backend_kind(cls: type) -> str:

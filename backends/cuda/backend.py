@@ -79,6 +79,10 @@ def tensors_to(obj: _D, device: torch.device) -> _D:
 class DeviceRunner(CPUBackend):
     """The shared Transformer on ``device`` running the kernel set ``kernels``."""
 
+    # The accelerators' kernels are tiled and measured (docs/backends.md) for 16-token blocks,
+    # and their memory is rarely what limits a batch: not the cpu backend's 8.
+    default_block_size: ClassVar[int] = 16
+
     def __init__(self, device: str, kernels: ModuleType, num_threads: int | None = None) -> None:
         from kernels import reference
 

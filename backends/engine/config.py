@@ -8,9 +8,9 @@ by the model's own, swap space as many blocks as the cache unless told.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from backends.base import Backend, ModelInfo
+from backends.base import Backend, ModelInfo, default_block_size
 
 from .block_manager import DEFAULT_BLOCK_SIZE
 from .errors import EngineConfigError
@@ -27,10 +27,11 @@ class EngineConfig:
     Give the cache either as ``num_blocks`` or as ``kv_cache_bytes`` (divided by
     the backend's ``kv_block_bytes(block_size)``), not both; with neither,
     ``DEFAULT_KV_CACHE_BYTES`` is used. ``max_model_len`` defaults to the
-    model's context length and may only lower it.
+    model's context length and may only lower it. ``block_size`` None takes the
+    backend's ``default_block_size`` (``with_block_size``).
     """
 
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int | None = None
     num_blocks: int | None = None
     kv_cache_bytes: int | None = None
     max_num_seqs: int = 64
@@ -52,9 +53,10 @@ class EngineConfig:
     swap_dir: str | None = None
 
     def check(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
             _positive(name, getattr(self, name))
-        for name in ("num_blocks", "kv_cache_bytes", "max_model_len", "num_swap_blocks", "swap_space_bytes"):
+        for name in ("block_size", "num_blocks", "kv_cache_bytes", "max_model_len", "num_swap_blocks",
+                     "swap_space_bytes"):  # fmt: skip
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.num_blocks is not None and self.kv_cache_bytes is not None:
@@ -73,19 +75,32 @@ class EngineConfig:
             self.speculative.check()
 
 
+def block_size_for(backend: Backend, config: EngineConfig) -> int:
+    """The KV block size: the configuration's, else the backend's default, else ``DEFAULT_BLOCK_SIZE``."""
+    if config.block_size is not None:
+        return config.block_size
+    return default_block_size(backend, DEFAULT_BLOCK_SIZE)
+
+
+def with_block_size(backend: Backend, config: EngineConfig) -> EngineConfig:
+    """``config`` with its block size settled (``block_size_for``)."""
+    return config if config.block_size is not None else replace(config, block_size=block_size_for(backend, config))
+
+
 def resolve_num_blocks(backend: Backend, config: EngineConfig) -> int:
     """The KV cache's blocks: ``num_blocks``, or the byte budget over the backend's block size."""
     if config.num_blocks is not None:
         return config.num_blocks
     budget = config.kv_cache_bytes if config.kv_cache_bytes is not None else DEFAULT_KV_CACHE_BYTES
-    block_bytes = backend.kv_block_bytes(config.block_size)
+    block_size = block_size_for(backend, config)
+    block_bytes = backend.kv_block_bytes(block_size)
     if block_bytes <= 0:
         raise EngineConfigError(f"backend reports {block_bytes} bytes per KV block")
     num_blocks = budget // block_bytes
     if num_blocks < 1:
         raise EngineConfigError(
             f"kv_cache_bytes={budget} is smaller than one KV block ({block_bytes} bytes "
-            f"for {config.block_size} tokens)"
+            f"for {block_size} tokens)"
         )
     return num_blocks
 
@@ -111,15 +126,16 @@ def allocate_swap(backend: Backend, config: EngineConfig, num_blocks: int) -> in
             f"preemption_mode 'swap' needs a backend that can swap; {type(backend).__name__} cannot "
             "(use preemption_mode 'recompute')"
         )
+    block_size = block_size_for(backend, config)
     if config.num_swap_blocks is not None:
         slots = config.num_swap_blocks
     elif config.swap_space_bytes is not None:
-        slots = config.swap_space_bytes // backend.kv_block_bytes(config.block_size)
+        slots = config.swap_space_bytes // backend.kv_block_bytes(block_size)
         if slots < 1:
             raise EngineConfigError(f"swap_space_bytes={config.swap_space_bytes} is smaller than one KV block")
     else:
         slots = num_blocks
-    allocate(slots, config.block_size, config.swap_dir)
+    allocate(slots, block_size, config.swap_dir)
     return slots
 
 

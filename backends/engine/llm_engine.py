@@ -21,7 +21,14 @@ import numpy as np
 from backends.base import Backend, BackendError, ModelInfo
 
 from .block_manager import BlockManager, blocks_for
-from .config import DEFAULT_KV_CACHE_BYTES, EngineConfig, allocate_swap, resolve_max_model_len, resolve_num_blocks
+from .config import (
+    DEFAULT_KV_CACHE_BYTES,
+    EngineConfig,
+    allocate_swap,
+    resolve_max_model_len,
+    resolve_num_blocks,
+    with_block_size,
+)
 from .detokenizer import DecodingTokenizer, IncrementalDetokenizer
 from .embedding import EngineEmbeddings
 from .errors import (
@@ -59,8 +66,9 @@ class LLMEngine(EngineEmbeddings):
     ) -> None:
         """``draft_backend``: the loaded draft model for speculative method "draft" with a
         ``draft_model`` (a self-draft, ``draft_layers``, is made here from ``backend``)."""
-        self.config = config = config or EngineConfig()
+        config = config or EngineConfig()
         config.check()
+        self.config = config = with_block_size(backend, config)
         self.backend = backend
         self.tokenizer = tokenizer
         self.model_info = model_info

@@ -297,3 +297,17 @@ def test_the_openai_backend_is_listed_as_remote_and_auto_never_takes_it() -> Non
     assert name == "cpu"
     with pytest.raises(BackendError, match="a remote backend"):
         registry.resolve(registry.AUTO, priority=["openai"])
+
+
+
+def test_each_builtin_engine_backend_names_its_kv_block_size() -> None:
+    # The cuda and metal runners subclass the cpu backend: without their own setting they
+    # would inherit its 8-token blocks, which their tiled kernels were not measured with.
+    from backends.base import default_block_size
+    from backends.cpu.backend import CPUBackend
+    from backends.cuda.backend import CUDABackend
+    from backends.metal.backend import MetalBackend
+    from backends.mlx.backend import MLXBackend
+
+    sizes = [default_block_size(cls, 0) for cls in (CPUBackend, CUDABackend, MetalBackend, MLXBackend)]
+    assert sizes == [8, 16, 16, 0]  # mlx: the engine's DEFAULT_BLOCK_SIZE

@@ -333,6 +333,28 @@ def test_config_sizes_the_cache_from_bytes_and_validates():
             LLMEngine(PagedEchoBackend(), CharTokenizer(), model_info(), bad)
 
 
+class EightTokenBlocks(PagedEchoBackend):
+    default_block_size = 8
+
+
+def test_block_size_defaults_to_the_backends_own():
+    # Unset: the backend's default_block_size; a backend without one: 16; set: the setting wins.
+    asks_for_8 = LLMEngine(EightTokenBlocks(), CharTokenizer(), model_info(), EngineConfig(num_blocks=6))
+    assert asks_for_8.block_size == asks_for_8.config.block_size == 8
+    assert asks_for_8.backend.cache.shape == (6, 8)
+    plain = LLMEngine(PagedEchoBackend(), CharTokenizer(), model_info(), EngineConfig(num_blocks=6))
+    assert plain.block_size == 16
+    told = LLMEngine(EightTokenBlocks(), CharTokenizer(), model_info(), EngineConfig(num_blocks=6, block_size=32))
+    assert told.block_size == 32 and told.backend.cache.shape == (6, 32)
+    # The byte budget is divided by the block size the engine ends up with.
+    by_bytes = LLMEngine(EightTokenBlocks(), CharTokenizer(), model_info(), EngineConfig(kv_cache_bytes=8 * 8 * 10))
+    assert by_bytes.num_blocks == 10
+    # Sequences still come out right with the smaller blocks (the echo backend reads its context back through them).
+    p = prompts(1, seed=21)[0]
+    asks_for_8.add_request("a", p, greedy(20, ignore_eos=True))
+    assert run_to_completion(asks_for_8)["a"]["tokens"] == reference_greedy(p, 20, eos=None)
+
+
 def test_backend_failure_leaves_the_engine_retryable():
     engine, backend = make_engine()
     p = prompts(1, seed=14)[0]
