@@ -43,11 +43,13 @@ class Dimension(StrEnum):
     def kind(self) -> str:
         """How it is counted: ``w`` sliding window, ``c`` concurrency leases, ``q`` period quota, ``b`` budget
         (a period counter like a quota's, which admits while it is below its limit: the crossing request runs)."""
-        if self in (Dimension.REQUESTS, Dimension.TOKENS):
-            return "w"
-        if self in (Dimension.SPEND, Dimension.BUDGET_TOKENS):
-            return "b"
-        return "c" if self is Dimension.CONCURRENCY else "q"
+        return _KINDS[self]  # a table: read about a dozen times per request
+
+
+_KINDS: Final = {
+    Dimension.REQUESTS: "w", Dimension.TOKENS: "w", Dimension.CONCURRENCY: "c", Dimension.DAY: "q",
+    Dimension.MONTH: "q", Dimension.SPEND: "b", Dimension.BUDGET_TOKENS: "b",
+}  # fmt: skip
 
 
 class Level(StrEnum):

@@ -156,8 +156,9 @@ class MemoryBackend:
 
         if kind == "c":
             held = self._leases.get(check.key, {})
-            for expired in [lid for lid, until in held.items() if until <= now]:
-                del held[expired]
+            if len(held) + 1 > check.limit:  # only a full counter needs its lapsed leases dropped (else: _sweep)
+                for expired in [lid for lid, until in held.items() if until <= now]:
+                    del held[expired]
             used = len(held)
             allowed = used + 1 <= check.limit
             result = CheckResult(allowed, used, 0 if allowed else CONCURRENCY_RETRY_MS, 0)
