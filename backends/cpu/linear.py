@@ -16,6 +16,12 @@ blocks), the second path is a plain GEMM on it instead, from ``DENSE_GEMM_FROM_R
 A deterministic model (``deterministic`` True) always takes the first path.
 ``QuantEmbedding`` is the token embedding in blocks (a lookup dequantises the rows
 it needs); with tied embeddings it shares its blocks with the output head.
+
+``pack`` gives a bfloat16 weight packed once into oneDNN's blocked layout: ``F.linear``
+hands the same weight to oneDNN, which reorders it on every call. Multiplying with the
+packed copy gives the same bits (checked on each weight at load; where it would not,
+nothing is packed) and takes a third less time at 32 rows (benchmarks/bench_packed_linear.py).
+``use_packed`` puts it under a dense ``nn.Linear``, ``PackedHead`` under a tied head.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class QuantLinear(nn.Module):
         if dense is not None and tuple(dense.shape) != (blocks.shape[0], in_features):
             raise ValueError(f"dense weight of shape {tuple(dense.shape)} for {blocks.shape[0]} x {in_features}")
         self.register_buffer("dense_weight", dense, persistent=False)
+        self.packed_dense: torch.Tensor | None = None  # ``dense_weight`` packed (``pack``), set by a load pass
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = blocks.shape[0]
@@ -76,6 +83,8 @@ class QuantLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.deterministic or rows.shape[0] < self.gemm_from:
             y = cpu_kernels.qmatmul(rows, self.blocks, self.qtype).to(x.dtype)
+        elif self.packed_dense is not None:
+            y = packed_linear(rows.to(self.dense_weight.dtype), self.packed_dense).to(x.dtype)
         elif self.dense_weight is not None:
             y = torch.nn.functional.linear(rows.to(self.dense_weight.dtype), self.dense_weight).to(x.dtype)
         else:
@@ -141,16 +150,85 @@ class QuantHead:
         return self.linear(h)
 
 
+# The batch size oneDNN is told to pack for: the serving batches the gain was measured at. The
+# packed weight serves every other row count too, with the same bits (pack checks 1 and 33 rows).
+PACK_FOR_ROWS = 32
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, W, bias)`` for 2-D ``x``, with ``W`` as ``pack`` returned it."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``weight`` ([out, in], bfloat16, on the CPU) packed for oneDNN, or None where that is not
+    available here or would not give ``F.linear``'s bits (float32: there torch calls another GEMM)."""
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_FOR_ROWS)
+        generator = torch.Generator().manual_seed(0)
+        for rows in (1, PACK_FOR_ROWS + 1):
+            probe = torch.randn(rows, weight.shape[1], generator=generator).to(weight.dtype)
+            if not torch.equal(packed_linear(probe, packed, bias), torch.nn.functional.linear(probe, weight, bias)):
+                return None
+    except RuntimeError:  # an op this torch build lacks, or a layout it refuses
+        return None
+    return packed
+
+
+def use_packed(module: nn.Linear) -> bool:
+    """Run ``module`` (a dense ``nn.Linear``) on its weight packed once; False where ``pack`` declines.
+    Its ``weight`` stays as it was, for whatever else reads it (a self-draft shares it)."""
+    packed = pack(module.weight, module.bias)
+    if packed is None:
+        return False
+    module.register_buffer("packed_weight", packed, persistent=False)
+    bias = module.bias
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x.reshape(-1, x.shape[-1]), packed, bias).view(*x.shape[:-1], packed.shape[0])
+
+    module.forward = forward  # type: ignore[method-assign]
+    return True
+
+
+class PackedHead:
+    """A dense head for ``Transformer.head_linear`` on a packed copy of its weight (the embedding's, when
+    tied); like ``QuantHead`` it ignores the weight ``Transformer.forward`` passes."""
+
+    def __init__(self, packed: torch.Tensor) -> None:
+        self.packed = packed
+
+    def __call__(self, h: torch.Tensor, _weight: object = None) -> torch.Tensor:
+        return packed_linear(h, self.packed)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def weight_bytes(module: nn.Module) -> int:
     """Bytes of every parameter and buffer under ``module``, each storage counted once."""
     seen: set[int] = set()
-    total = 0
     tensors = [*module.parameters(), *module.buffers()]
     head = getattr(module, "head_linear", None)
     if isinstance(head, QuantHead):  # a plain attribute, not a submodule: its blocks (and dense weights) too
         tensors += [*head.linear.parameters(), *head.linear.buffers()]
+    # Packed copies: oneDNN tensors (no storage to share) held beside the weights they copy.
+    packed = [m.packed_dense for m in module.modules() if isinstance(m, QuantLinear) and m.packed_dense is not None]
+    if isinstance(head, QuantHead) and head.linear.packed_dense is not None:
+        packed.append(head.linear.packed_dense)
+    if isinstance(head, PackedHead):
+        packed.append(head.packed)
+    total = sum(_nbytes(t) for t in {id(t): t for t in packed}.values())
     for t in tensors:
         if t.device.type == "meta":
+            continue
+        if t.is_mkldnn:  # a packed_weight buffer
+            total += _nbytes(t)
             continue
         ptr = t.untyped_storage().data_ptr()
         if ptr in seen:

@@ -18,7 +18,11 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
   float weights to Q8_0 (int8, a float16 scale per 32); ``int4`` to Q4_1 (4 bits, a
   scale and minimum per 32); ``bf16``/``f32`` keep dense weights in the model's dtype.
 * ``choose_kernels``: each quantised projection's row threshold for the GEMM path
-  (``backends.cpu.linear.GEMM_FROM_ROWS`` unless configured), and the deterministic flag.
+  (``backends.cpu.linear.GEMM_FROM_ROWS`` unless configured), and the deterministic flag;
+  bfloat16 dense weights (every projection in ``auto``/``bf16``, the batches' weights in
+  ``hybrid``, the head) are packed once for oneDNN (``backends.cpu.linear.pack``: the same
+  bits as ``F.linear``, which packs them on every call) unless ``pack: false``; the copies
+  sit beside the weights, so dense weight memory doubles (the record says by how much).
 * ``decode_loop``: where every projection is quantised, the C++ loop over layers
   (``backends/cpu/decode_loop.py``) takes the decode steps of a few single-token rows that
   would run ``qmatmul`` throughout; skipped, saying why, elsewhere (dense modes, deterministic).
@@ -44,7 +48,7 @@ _FILE_BLOCKS = ("native", "hybrid")  # the modes that keep the file's own blocks
 DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 # The ggml types int8 and int4 re-quantise to.
 _REQUANT = {"int8": 8, "int4": 3}  # Q8_0, Q4_1
-_KEYS = ("quantise", "gemm_from")
+_KEYS = ("quantise", "gemm_from", "pack")
 _LINEAR_ROLES = ("qkv", "o_proj", "gate_up", "down")
 
 
@@ -54,6 +58,7 @@ class PassConfig:
 
     quantise: str = "auto"
     gemm_from: int | None = None  # rows from which quantised projections use the GEMM path
+    pack: bool | None = None  # bfloat16 dense weights packed once for oneDNN; None: yes
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | None) -> PassConfig:
@@ -72,14 +77,18 @@ class PassConfig:
         if gemm_from is not None and (isinstance(gemm_from, bool) or not isinstance(gemm_from, int)
                                       or not 1 <= gemm_from <= 1 << 20):
             raise ValueError(f"passes.gemm_from must be an integer from 1 to {1 << 20}, not {gemm_from!r}")
-        return cls(quantise=mode, gemm_from=gemm_from)
+        pack = value.get("pack")
+        if pack is not None and not isinstance(pack, bool):
+            raise ValueError(f"passes.pack must be true or false, not {pack!r}")
+        return cls(quantise=mode, gemm_from=gemm_from, pack=pack)
 
     def merged(self, override: PassConfig | None) -> PassConfig:
         """A model's own passes over the engine's: each key the model sets wins."""
         if override is None:
             return self
         return PassConfig(quantise=override.quantise if override.quantise != "auto" else self.quantise,
-                          gemm_from=override.gemm_from if override.gemm_from is not None else self.gemm_from)
+                          gemm_from=override.gemm_from if override.gemm_from is not None else self.gemm_from,
+                          pack=override.pack if override.pack is not None else self.pack)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -208,11 +217,43 @@ def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tu
     if not quantised:
         if deterministic:  # Transformer.use_invariant_kernels put them on the invariant kernel
             return "ran", "deterministic: dense projections through the batch-invariant invariant_linear"
-        return "ran", "dense projections: torch GEMM at every batch size"
+        return "ran", "dense projections: torch GEMM at every batch size" + _pack_dense(model, config)
     if deterministic:
         return "ran", "deterministic: the batch-invariant qmatmul kernel at every batch size"
     batch = "GEMM on the dense weights" if hybrid else "dequantise-per-tile + GEMM"
-    return "ran", f"qmatmul kernel below {gemm_from} rows, {batch} from {gemm_from}"
+    packed = _pack_dense(model, config) if hybrid else ""
+    return "ran", f"qmatmul kernel below {gemm_from} rows, {batch} from {gemm_from}" + packed
+
+
+def _pack_dense(model: Any, config: PassConfig) -> str:
+    """Pack the bfloat16 dense weights GEMMs multiply (``linear.pack``); what was packed, for the record."""
+    if config.pack is False:
+        return "; not packed (pack: false)"
+    done = total = 0
+    for m in list(model.modules()):
+        if isinstance(m, nn.Linear) and m is not model.lm_head:
+            total += 1
+            done += ql.use_packed(m)
+        elif isinstance(m, ql.QuantLinear) and m.dense_weight is not None:
+            total += 1
+            m.packed_dense = ql.pack(m.dense_weight)
+            done += m.packed_dense is not None
+    head = model.head_linear
+    if isinstance(head, ql.QuantHead) and head.linear.dense_weight is not None:  # hybrid: not among the modules
+        total += 1
+        head.linear.packed_dense = ql.pack(head.linear.dense_weight)
+        done += head.linear.packed_dense is not None
+    head_weight = (model.embed.weight if model.lm_head is None and isinstance(model.embed, nn.Embedding)
+                   else getattr(model.lm_head, "weight", None) if isinstance(model.lm_head, nn.Linear) else None)
+    if head_weight is not None:
+        total += 1
+        packed = ql.pack(head_weight)
+        if packed is not None:
+            model.head_linear = ql.PackedHead(packed)
+            done += 1
+    if not done:
+        return "; not packed (oneDNN's bfloat16 packing is not available here, or not bit-identical)" if total else ""
+    return f"; {done} of {total} dense weights packed once for oneDNN (copies beside them)"
 
 
 def decode_loop(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ servers elsewhere instead of weights here; ``--pooling``, ``--no-normalize``
 and ``--matryoshka`` are its ``embedding`` section (how it answers
 /v1/embeddings), as a configuration file's ``models[].embedding``;
 ``--deterministic`` loads it with batch-invariant kernels (``models[].deterministic``);
-``--quantise`` and ``--gemm-from`` are its load ``passes`` (``models[].passes``). ``unload``
+``--quantise``, ``--gemm-from`` and ``--no-pack`` are its load ``passes`` (``models[].passes``). ``unload``
 takes it out of the registry, ``default`` makes it the default model.
 (``inferctl models`` lists what a caller may use, through the OpenAI API.)
 """
@@ -54,7 +54,7 @@ def _embedding(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _passes(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``passes`` section from the flags given; None when none was (the server's engine.passes)."""
-    section = {"quantise": args.quantise, "gemm_from": args.gemm_from}
+    section = {"quantise": args.quantise, "gemm_from": args.gemm_from, "pack": args.pack}
     given = {name: value for name, value in section.items() if value is not None}
     return given or None
 
@@ -126,6 +126,9 @@ def add_parser(
                       "server's engine.passes, else auto)")  # fmt: skip
     load.add_argument("--gemm-from", type=int, metavar="ROWS",
                       help="load pass: rows in a step from which quantised projections use the GEMM path")
+    load.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
+                      help="load pass (cpu backend): bfloat16 dense weights packed once for oneDNN, a copy beside "
+                      "each (default: the server's engine.passes, else packed)")  # fmt: skip
     load.add_argument("--alias", action="append", metavar="NAME", help="another name for it (repeatable)")
     load.add_argument("--default", action="store_true", help="make it the default model once loaded")
     load.add_argument("--wait", action="store_true", help="wait until it is ready (a progress line on a terminal); "

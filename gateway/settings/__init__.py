@@ -39,6 +39,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       passes:               # cpu backend load passes (docs/backends.md); each model's own passes override
         quantise: auto      # auto (dense in the model's dtype) | native | hybrid | int8 | int4 | bf16 | f32
         gemm_from: 16       # batch rows from which quantised projections dequantise per tile into a GEMM
+        pack: true          # bfloat16 dense weights packed once for oneDNN (same bits, faster; a copy beside each)
       deterministic: false  # batch-invariant kernels (cpu backend): logits the same bits alone or batched; each model may override
     models:
       - name: smollm2-135m-instruct

@@ -128,6 +128,7 @@ def test_dense_modes_skip_quantisation_and_name_the_dtype() -> None:
     ({"quantize": "native"}, "unknown key 'quantize'"),
     ({"gemm_from": 0}, "passes.gemm_from"),
     ({"gemm_from": True}, "passes.gemm_from"),
+    ({"pack": "yes"}, "passes.pack"),
 ])
 def test_bad_pass_settings_are_refused(value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -159,6 +160,51 @@ def test_hybrid_reads_the_blocks_for_one_row_and_the_dense_weights_for_batches()
     assert torch.equal(proj.dense(proj.dense_weight.dtype), proj.dense_weight)
 
 
+def _logits(backend: CPUBackend) -> torch.Tensor:
+    """Logits of a two-prompt prefill batch, then of a decode step of both: the same inputs for every backend."""
+    from backends.base import Batch, SequenceSlice
+
+    backend.allocate_kv(8, 16)
+    prompts = [list(range(1, 21)), list(range(100, 131))]
+    tables = [[0, 1], [2, 3, 4]]
+    first = backend.forward(Batch([SequenceSlice(i, p, 0, t) for i, (p, t) in enumerate(zip(prompts, tables))], 16))
+    step = backend.forward(Batch([SequenceSlice(i, [7 + i], len(p), t)
+                                  for i, (p, t) in enumerate(zip(prompts, tables))], 16))
+    return torch.cat([torch.as_tensor(first), torch.as_tensor(step)])
+
+
+def test_bfloat16_dense_weights_are_packed_once_and_give_the_same_bits() -> None:
+    from backends.cpu import linear as ql
+
+    w, b = torch.randn(96, 64).to(torch.bfloat16), torch.randn(96).to(torch.bfloat16)
+    assert ql.pack(w.float()) is None  # float32: torch multiplies it with another GEMM, other bits
+    packed = ql.pack(w, b)
+    loaded = {}
+    for pack in (True, False):
+        backend = CPUBackend()
+        info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", passes={"pack": pack}))
+        loaded[pack] = backend, next(r for r in info.passes if r["name"] == "choose_kernels")
+    (on, record), (off, record_off) = loaded[True], loaded[False]
+    assert record_off["detail"].endswith("not packed (pack: false)")
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        assert packed is None and "not packed" in record["detail"]  # this build or CPU cannot: nothing changes
+        return
+    for rows in (1, 7, 40):
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        assert torch.equal(ql.packed_linear(x, packed, b), torch.nn.functional.linear(x, w, b))
+    layers = on.model.cfg.num_layers
+    assert f"{4 * layers + 1} of {4 * layers + 1} dense weights packed" in record["detail"]  # and the tied head
+    assert isinstance(on.model.head_linear, ql.PackedHead)
+    assert record["bytes_after"] > 1.9 * record["bytes_before"]  # the copies are counted
+    assert record_off["bytes_after"] == record_off["bytes_before"]
+    # The whole model, prefill and decode, batched: packed or not, the same logits bit for bit.
+    assert torch.equal(_logits(on), _logits(off))
+    # A deterministic model keeps its batch-invariant kernels: nothing packed there.
+    deterministic = CPUBackend()
+    info = deterministic.load(ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", deterministic=True))
+    assert "packed" not in next(r for r in info.passes if r["name"] == "choose_kernels")["detail"]
+
+
 def test_auto_resolves_to_the_models_dense_dtype() -> None:
     # auto stays dense in the model's dtype (resolve_mode says why not hybrid or native).
     assert passes.resolve_mode("auto", dtype_name="bfloat16") == "bf16"
@@ -167,6 +213,7 @@ def test_auto_resolves_to_the_models_dense_dtype() -> None:
     engine = passes.PassConfig.parse({"quantise": "int8", "gemm_from": 4})
     assert engine.merged(passes.PassConfig.parse({"quantise": "native"})) == passes.PassConfig("native", 4)
     assert engine.merged(None) == engine
+    assert engine.merged(passes.PassConfig.parse({"pack": False})) == passes.PassConfig("int8", 4, pack=False)
 
 
 def test_fusion_passes_check_the_shapes(f32_model: Any) -> None:
