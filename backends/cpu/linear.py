@@ -68,7 +68,7 @@ class QuantLinear(nn.Module):
         if dense is not None and tuple(dense.shape) != (blocks.shape[0], in_features):
             raise ValueError(f"dense weight of shape {tuple(dense.shape)} for {blocks.shape[0]} x {in_features}")
         self.register_buffer("dense_weight", dense, persistent=False)
-        self.packed_dense: torch.Tensor | None = None  # ``dense_weight`` packed (``pack``), set by a load pass
+        self.register_buffer("packed_dense", None, persistent=False)  # ``dense_weight`` packed (``pack``), by a load pass
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = blocks.shape[0]
@@ -206,29 +206,24 @@ class PackedHead:
         return packed_linear(h, self.packed)
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def weight_bytes(module: nn.Module) -> int:
     """Bytes of every parameter and buffer under ``module``, each storage counted once."""
-    seen: set[int] = set()
+    seen: set[int] = set()  # storages
+    packed: set[int] = set()  # packed copies, by object
     tensors = [*module.parameters(), *module.buffers()]
     head = getattr(module, "head_linear", None)
     if isinstance(head, QuantHead):  # a plain attribute, not a submodule: its blocks (and dense weights) too
         tensors += [*head.linear.parameters(), *head.linear.buffers()]
-    # Packed copies: oneDNN tensors (no storage to share) held beside the weights they copy.
-    packed = [m.packed_dense for m in module.modules() if isinstance(m, QuantLinear) and m.packed_dense is not None]
-    if isinstance(head, QuantHead) and head.linear.packed_dense is not None:
-        packed.append(head.linear.packed_dense)
     if isinstance(head, PackedHead):
-        packed.append(head.packed)
-    total = sum(_nbytes(t) for t in {id(t): t for t in packed}.values())
+        tensors.append(head.packed)
+    total = 0
     for t in tensors:
         if t.device.type == "meta":
             continue
-        if t.is_mkldnn:  # a packed_weight buffer
-            total += _nbytes(t)
+        if t.is_mkldnn:  # a packed copy (``pack``): oneDNN's own memory, no storage to share
+            if id(t) not in packed:
+                packed.add(id(t))
+                total += t.numel() * t.element_size()
             continue
         ptr = t.untyped_storage().data_ptr()
         if ptr in seen:

@@ -29,7 +29,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       keep_alive_timeout_seconds: 5   # an idle keep-alive connection is closed after this
     engine:                 # backends.engine.EngineConfig; omitted keys keep its defaults
       kv_cache_bytes: 512MiB
-      block_size: 16        # tokens per KV block; default: the backend's (cpu 8, cuda and metal 16)
+      block_size: 16        # tokens per KV block; default: the backend's (cpu 8, cuda, metal and mlx 16)
       max_num_seqs: 64
       max_num_batched_tokens: 512
       max_model_len: 8192   # may only lower the model's context length
