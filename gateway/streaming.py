@@ -78,8 +78,12 @@ def drain_deadline(scope: Scope) -> asyncio.Event | None:
     return drain.deadline if drain is not None else None
 
 
+# Made once: json.dumps with options builds a new encoder per call, and this runs once per streamed chunk.
+_SSE_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def sse_event(payload: dict[str, Any] | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    data = payload if isinstance(payload, str) else _SSE_JSON.encode(payload)
     return f"data: {data}\n\n".encode()
 
 

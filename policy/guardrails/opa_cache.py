@@ -72,6 +72,10 @@ def cacheable_fields(rego: str) -> frozenset[str] | None:
     return frozenset(fields)
 
 
+# One encoder for every key, made once: json.dumps with these options builds a new one per call.
+_KEY_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 class DecisionCache:
     """Remembered (allowed, reasons) answers of one policy version, keyed by the fields it reads.
 
@@ -92,7 +96,7 @@ class DecisionCache:
             return None
         present = {name: document[name] for name in self._fields if name in document}
         try:
-            return json.dumps(present, sort_keys=True, separators=(",", ":"), allow_nan=False)
+            return _KEY_JSON.encode(present)
         except (TypeError, ValueError):
             return None
 

@@ -132,10 +132,15 @@ def millis(seconds: float) -> int:
 def window_check(counts: Mapping[int, int], check: Check, now: float) -> tuple[CheckResult, int]:
     """Evaluate a sliding-window check on live ``counts`` (bucket index -> usage); also the current bucket."""
     current = bucket_of(now, check.window, check.buckets)
-    live = sorted((i, c) for i, c in counts.items() if i >= current - check.buckets)
-    used = sum(c for _, c in live)
+    oldest = current - check.buckets
+    # One pass over the counters, on every request; they are sorted only to say when a refused one fits.
+    used, newest = 0, None
+    for index, count in counts.items():
+        if index >= oldest:
+            used += count
+            if count > 0 and (newest is None or index > newest):
+                newest = index
     allowed = used + check.cost <= check.limit
-    newest = max((i for i, c in live if c > 0), default=None)
     retry = 0
     if allowed:
         pass
@@ -143,7 +148,7 @@ def window_check(counts: Mapping[int, int], check: Check, now: float) -> tuple[C
         retry = millis(check.window)  # never fits; say so with a full window
     else:
         need, released = used + check.cost - check.limit, 0
-        for index, count in live:
+        for index, count in sorted((i, c) for i, c in counts.items() if i >= oldest):
             released += count
             if released >= need:
                 retry = millis(bucket_expiry(index, check.window, check.buckets) - now)

@@ -125,3 +125,38 @@ def test_re2_digits_are_ascii_only() -> None:
     for detector in DETECTORS:
         assert list(detector.find(text)) == []
         assert list(detector.search(text)) == []
+
+
+# -- e-mail addresses in ASCII text: found without RE2, exactly where RE2 finds them
+
+EMAIL_ALPHABET = "ab9._%+-@ .-,:\n"
+
+
+def _re2_spans(text: str) -> list[tuple[int, int]]:
+    """RE2's matches, less those whose local part is too long to report (find_email drops them)."""
+    return [m.span() for m in pii._EMAIL.finditer(text) if text.index("@", m.start()) - m.start() <= pii.EMAIL_LOCAL_MAX]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet=EMAIL_ALPHABET, max_size=60))
+def test_ascii_email_spans_are_re2s(text: str) -> None:
+    assert list(pii._ascii_email_spans(text)) == _re2_spans(text)
+
+
+@pytest.mark.parametrize("text", [
+    "bob@example.com", "a@b.c", "a@b", "@example.com", "x@-y.com", "a@b..com", "a@b.com.", "a@b.com@c.org",
+    "a@b@c.com", "a.@b.com", "..a@b.co", "mail bob.smith+tag@example.co.uk now", "a@b.com a@b.com",
+    "x" * 64 + "@example.com", "x" * 65 + "@example.com", "y " + "x" * 200 + "@example.com and z@q.org",
+    "x" * 70 + "@" + "a" * 300 + ".com then c@d.io", "a@" + "b." * 200 + "com",
+])
+def test_ascii_email_findings_are_re2s(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole findings too (find_email's checks after the search), on edge cases of both halves."""
+    assert list(pii._ascii_email_spans(text)) == _re2_spans(text)
+    fast = list(pii.find_email(text))
+    monkeypatch.setattr(pii, "_email_spans", lambda t: (m.span() for m in pii._EMAIL.finditer(t)))
+    assert fast == list(pii.find_email(text))
+
+
+def test_non_ascii_text_still_goes_to_re2() -> None:
+    """Unicode letters are e-mail characters too (\\pL): such a text is not read by the ASCII scanner."""
+    assert [(h.start, h.end) for h in pii.find_email("écrire à josé@exemple.fr")] == [(9, 24)]
