@@ -64,7 +64,11 @@ what contention on a busy machine adds.
 ``--stand-in-engine`` replaces generation with a stand-in that answers one
 token at once (the model is still loaded, for its tokenizer): the variants then
 differ only in the gateway's own work, without the engine's threads competing
-for the two cores. A diagnostic, not the acceptance figure.
+for the two cores. A diagnostic, not the acceptance figure. ``--sweep-mb N``
+reads N MB of memory before each paired request, untimed: a real generation
+streams the model's weights through the CPU's caches between two requests, so
+the chain's code and data are cold when the next one comes; with the stand-in
+engine and 256 MB the chain costs about twice what it costs hot.
 
 Usage:
     .venv/bin/python benchmarks/bench_policy.py [--requests 60] [--rounds 20] [--pairs 400] [--concurrency 16] [--json out.json]
@@ -110,7 +114,7 @@ from policy.rbac import Principal  # noqa: E402
 from policy.store import PolicyStore  # noqa: E402
 
 from bench_auth import FixedPrincipal, pct  # noqa: E402  (this folder is on sys.path)
-from policy_paired import paired_requests, thread_ids, timed  # noqa: E402
+from policy_paired import cache_sweeper, paired_requests, thread_ids, timed  # noqa: E402
 
 PROMPT = "Please write back to jane.doe@example.com about the"
 # What the model sees once ``on`` has redacted PROMPT: ``off`` sends it as is, so
@@ -412,8 +416,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 total, own = await sequential(clients[name], headers[name], args.requests, clock)
                 latency[name].append(total)
                 gateway[name].append(own)
-        pairs = await paired_requests(timed(lambda: one(clients["off"], headers["off"])),
-                                      timed(lambda: one(clients["on"], headers["on"])), args.pairs,
+        sweep = cache_sweeper(args.sweep_mb)
+        pairs = await paired_requests(timed(lambda: one(clients["off"], headers["off"]), sweep),
+                                      timed(lambda: one(clients["on"], headers["on"]), sweep), args.pairs,
                                       started["on"]) if args.pairs else None
         for r in range(args.throughput_rounds):
             for name in _rotated(list(apps), r):
@@ -468,6 +473,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "tenant_rego_rps_ratio": own["rps"] / off["rps"],
         "components": stages,
         "paired": pairs,
+        "sweep_mb": args.sweep_mb,
         **({"on-traced": summary("on-traced"), "traced_added_to_on_p50_ms": added("on-traced", 50, latency, "on"),
             "traced_added_to_on_gateway_p50_ms": added("on-traced", 50, gateway, "on")} if args.traced else {}),
     }
@@ -488,6 +494,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=400,
                         help="off/on request pairs, alternating request by request (policy_paired.py); 0: none")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--sweep-mb", type=int, default=0,
+                        help="before each paired request, read this many MB of memory (untimed): with "
+                             "--stand-in-engine, the caches as a real generation leaves them (256 does)")
     parser.add_argument("--stand-in-engine", action="store_true",
                         help="answer at once instead of generating: the gateway's own cost alone (a diagnostic)")
     parser.add_argument("--traced", action="store_true",
@@ -516,7 +525,8 @@ def main() -> None:
     print(f"end-to-end p50 added, round by round: {report['added_p50_ms_by_round']}")
     if (pairs := report["paired"]) is not None:
         low, high = pairs["added_p50_ci95_ms"]
-        print(f"end to end, {pairs['pairs']} off/on pairs alternating request by request: p50 added "
+        swept = f" (each after reading {report['sweep_mb']} MB)" if report["sweep_mb"] else ""
+        print(f"end to end, {pairs['pairs']} off/on pairs alternating request by request{swept}: p50 added "
               f"{pairs['added_p50_ms']:+.2f} ms (95 % interval {low:+.2f} to {high:+.2f}); the threads the on app "
               f"started (audit indexer, fsync, housekeeping) used {pairs['chain_threads_cpu_ms_per_request']:.3f} ms "
               "of CPU per on request besides")

@@ -79,12 +79,26 @@ async def paired_requests(
     }
 
 
-def timed(send: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[float]]:
-    """``send`` as a coroutine that gives its latency in seconds."""
+def timed(send: Callable[[], Awaitable[object]], before: Callable[[], object] | None = None) -> Callable[[], Awaitable[float]]:
+    """``send`` as a coroutine that gives its latency in seconds; ``before`` runs first, untimed."""
 
     async def run() -> float:
+        if before is not None:
+            before()
         start = time.perf_counter()
         await send()
         return time.perf_counter() - start
 
     return run
+
+
+def cache_sweeper(megabytes: int) -> Callable[[], object] | None:
+    """A call that reads ``megabytes`` of memory (None for 0): what a real generation's weights do to
+    the CPU's caches between two requests, for the stand-in engine, whose requests otherwise find the
+    chain's code and data still cached (``--sweep-mb``: the chain costs about twice as much cold)."""
+    if megabytes <= 0:
+        return None
+    import numpy as np
+
+    block = np.ones(megabytes * (1 << 20) // 8)
+    return block.sum
