@@ -68,3 +68,23 @@ def test_thread_cpu_counts_only_the_threads_named() -> None:
     assert spent >= 0.05  # the spinner's CPU is counted; the main thread's is not (not read after)
     assert pp.thread_cpu_seconds(started) == {}  # an ended thread's clock is not read
     assert pp.cpu_spent(before, {}) == 0  # nor counted, up or down
+
+
+def test_the_work_before_a_request_runs_each_time_and_is_not_timed() -> None:
+    """``--sweep-mb``'s sweep runs before every request, outside its latency."""
+    calls: list[str] = []
+
+    async def send() -> None:
+        calls.append("send")
+
+    def before() -> None:
+        calls.append("before")
+        time.sleep(0.2)  # far longer than the request: it would dominate a latency that counted it
+
+    run = pp.timed(send, before)
+    latencies = [asyncio.run(run()) for _ in range(3)]
+    assert calls == ["before", "send"] * 3
+    assert max(latencies) < 0.1
+    assert pp.cache_sweeper(0) is None
+    sweep = pp.cache_sweeper(1)
+    assert sweep is not None and sweep() == (1 << 20) // 8  # a megabyte of float64 ones, read
