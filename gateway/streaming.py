@@ -82,8 +82,13 @@ def drain_deadline(scope: Scope) -> asyncio.Event | None:
 _SSE_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
+def sse_data(payload: dict[str, Any]) -> str:
+    """An SSE event's JSON data: compact, not ASCII-escaped (every stream's events, ours and the adapters')."""
+    return _SSE_JSON.encode(payload)
+
+
 def sse_event(payload: dict[str, Any] | str) -> bytes:
-    data = payload if isinstance(payload, str) else _SSE_JSON.encode(payload)
+    data = payload if isinstance(payload, str) else sse_data(payload)
     return f"data: {data}\n\n".encode()
 
 

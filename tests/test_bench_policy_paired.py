@@ -7,6 +7,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from tests.support.scripts import load_benchmark
 
 pp = load_benchmark("policy_paired")
@@ -73,18 +75,22 @@ def test_thread_cpu_counts_only_the_threads_named() -> None:
 def test_the_work_before_a_request_runs_each_time_and_is_not_timed() -> None:
     """``--sweep-mb``'s sweep runs before every request, outside its latency."""
     calls: list[str] = []
+    clock = [0.0]  # a fake perf_counter: the sweep takes 10 s of it, the request 1 s
 
     async def send() -> None:
         calls.append("send")
+        clock[0] += 1.0
 
     def before() -> None:
         calls.append("before")
-        time.sleep(0.2)  # far longer than the request: it would dominate a latency that counted it
+        clock[0] += 10.0
 
     run = pp.timed(send, before)
-    latencies = [asyncio.run(run()) for _ in range(3)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pp.time, "perf_counter", lambda: clock[0])
+        latencies = [asyncio.run(run()) for _ in range(3)]
     assert calls == ["before", "send"] * 3
-    assert max(latencies) < 0.1
+    assert latencies == [1.0, 1.0, 1.0]
     assert pp.cache_sweeper(0) is None
     sweep = pp.cache_sweeper(1)
     assert sweep is not None and sweep() == (1 << 20) // 8  # a megabyte of float64 ones, read

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ValidationError
 from gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
 from gateway.generation import ChoiceEvent, Generation, Usage
 from gateway.rendering import ChatRenderer, stream_chunks
-from gateway.streaming import SSELast
+from gateway.streaming import SSELast, sse_data
 from gateway.validation_errors import first_error
 from policy.errors import ApiError
 
@@ -116,8 +116,7 @@ def json_args(value: Any) -> str:
 
 def named_event(name: str, payload: dict[str, Any]) -> bytes:
     """One SSE event with its name, as both vendors' streams send every event."""
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {name}\ndata: {data}\n\n".encode()
+    return f"event: {name}\ndata: {sse_data(payload)}\n\n".encode()
 
 
 # -- the chat answer, read back -------------------------------------------------------

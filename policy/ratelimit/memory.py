@@ -144,8 +144,9 @@ class MemoryBackend:
         if kind == "w":
             counts = self._windows.get(check.key, {})
             result, current = window_check(counts, check, now)
-            if counts and min(counts) < current - check.buckets:  # min in C: most requests find none stale
-                for stale in [i for i in counts if i < current - check.buckets]:
+            oldest = current - check.buckets
+            if counts and min(counts) < oldest:  # min in C: most requests find none stale
+                for stale in [i for i in counts if i < oldest]:
                     del counts[stale]
 
             def charge_window() -> None:
