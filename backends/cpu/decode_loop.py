@@ -1,16 +1,19 @@
 """The C++ loop over layers for decode steps (``kernels/cpu/decode_loop.cpp``), and when it runs.
 
-A decode step of one row on the quantised path is ~8 ms of kernels and ~5 ms of what lies
-between them: ~40 torch ops a layer, each a dispatch and a temporary with Python in between.
-``DecodeLoop`` packs each layer's norms and blocks once at load (the ``decode_loop`` pass) and
-runs every layer of a qualifying step in one C++ call on buffers reused from step to step.
+A decode step of one row is ~8 ms of kernels and ~5-12 ms of what lies between them: ~40 torch
+ops a layer, each a dispatch and a temporary with Python in between. ``DecodeLoop`` packs each
+layer's norms and projections once at load (the ``decode_loop`` pass) and runs every layer of a
+qualifying step in one C++ call on buffers reused from step to step.
 
-A step qualifies (``applies``) when every batch row is a single-token decode step (no prefill
-chunk, no draft being verified: those have several tokens a sequence) and there are at most
-``max_rows`` rows: fewer than the projections' ``gemm_from``, so the Python path would run the
-same ``qmatmul`` kernel on every projection (``hybrid``: one row; ``native``, ``int8``,
-``int4``: up to ``MAX_ROWS``). Everything else takes ``Transformer``'s Python path. The loop
-calls the kernels the Python path calls, in the same order, so its logits are the same bits.
+A projection is ggml blocks (``QuantLinear``: the loop runs ``qmatmul``) or a dense ``nn.Linear``
+(``auto``, ``bf16``, ``f32``: the loop calls the op its forward calls, oneDNN's linear on the
+weight packed once or ``F.linear``'s, on the same tensors). A step qualifies (``applies``) when
+every batch row is a single-token decode step (no prefill chunk, no draft being verified: those
+have several tokens a sequence) and there are at most ``max_rows`` rows: fewer than the
+quantised projections' ``gemm_from``, so the Python path would run the same ``qmatmul`` kernel on
+each of them (``hybrid``: one row; ``native``, ``int8``, ``int4``: up to 31; the dense modes: up to
+``MAX_ROWS``). Everything else takes ``Transformer``'s Python path. The loop calls the kernels
+the Python path calls, in the same order, so its logits are the same bits.
 """
 
 from __future__ import annotations
@@ -19,16 +22,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from backends.cpu.linear import QuantLinear
+from backends.cpu.linear import QuantLinear, dense_operand
 from kernels import cpu as cpu_kernels
 
 if TYPE_CHECKING:
     from backends.cpu.model import AttentionMetadata, Transformer
 
-# Rows a step may have and still go through the loop (below the projections' gemm_from too).
-# qmatmul's cost grows with the rows while the loop saves a fixed ~5 ms of a step's overhead,
-# so the saving's share shrinks with rows; 4 is where native's batch of decode rows stays small.
-MAX_ROWS = 4
+# Rows a step may have and still go through the loop (below the quantised projections' gemm_from too): the
+# engine's default max_num_seqs. The loop saves a step's overhead between ops (~40 a layer) whatever its rows:
+# 1 row ~80 -> ~110 tok/s, 32 streams ~690-745 -> ~775-795 tok/s engine-only with the default dense
+# bfloat16 (2-core AMD EPYC, bench_offline.py, 2026-11-26).
+MAX_ROWS = 64
 
 
 def why_not(model: Transformer) -> str | None:
@@ -48,17 +52,18 @@ def why_not(model: Transformer) -> str | None:
     for layer in model.layers:
         if layer.attn.paged_attention is not fast.paged_attention:
             return "a layer's decode attention is not the C++ paged attention"
-        if not all(isinstance(m, QuantLinear) for m in _projections(layer)):
-            return "some projections are dense (the loop multiplies ggml blocks only)"
+        if not all(isinstance(m, QuantLinear) or dense_operand(m) is not None for m in _projections(layer)):
+            return "a projection's forward is neither ggml blocks nor a plain or packed dense linear"
     if max_rows(model) < 1:
         return "gemm_from 1: every step's projections run the GEMM path, which the loop does not"
     return None
 
 
 def max_rows(model: Transformer) -> int:
-    """The most rows a step may have and go through the loop: below every projection's gemm_from
-    (where the Python path runs qmatmul on each of them too), at most MAX_ROWS."""
-    return min(MAX_ROWS, *(p.gemm_from - 1 for layer in model.layers for p in _projections(layer)))
+    """The most rows a step may have and go through the loop: below every quantised projection's
+    gemm_from (where the Python path runs qmatmul on each of them too), at most MAX_ROWS."""
+    return min([MAX_ROWS, *(p.gemm_from - 1 for layer in model.layers for p in _projections(layer)
+                            if isinstance(p, QuantLinear))])
 
 
 class DecodeLoop:
@@ -75,9 +80,9 @@ class DecodeLoop:
         for layer in model.layers:
             projections = _projections(layer)
             tensors += [layer.input_norm.detach(), layer.post_attention_norm.detach()]
-            tensors += [p.blocks for p in projections]
+            tensors += [p.blocks if isinstance(p, QuantLinear) else dense_operand(p) for p in projections]
             tensors += [empty if p.bias is None else p.bias.detach().to(model.dtype) for p in projections]
-            qtypes += [p.qtype for p in projections]
+            qtypes += [p.qtype if isinstance(p, QuantLinear) else 0 for p in projections]
         attn = model.layers[0].attn
         self._loop = cpu_kernels.loaded().DecodeLoop(
             tensors, qtypes, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, attn.scale)

@@ -191,8 +191,21 @@ def use_packed(module: nn.Linear) -> bool:
     def forward(x: torch.Tensor) -> torch.Tensor:
         return packed_linear(x.reshape(-1, x.shape[-1]), packed, bias).view(*x.shape[:-1], packed.shape[0])
 
+    forward.packed = packed  # type: ignore[attr-defined]  # for dense_operand
     module.forward = forward  # type: ignore[method-assign]
     return True
+
+
+def dense_operand(module: nn.Module) -> torch.Tensor | None:
+    """The weight a dense ``nn.Linear``'s forward multiplies, for a caller that runs the same op itself
+    (the decode loop): the packed copy under ``use_packed``'s forward (``packed_linear``), the plain weight
+    under ``nn.Linear``'s own (``F.linear``); None for any other forward (deterministic mode's) or module."""
+    if not isinstance(module, nn.Linear):
+        return None
+    forward = vars(module).get("forward")
+    if forward is None:
+        return module.weight.detach()
+    return getattr(forward, "packed", None)
 
 
 class PackedHead:

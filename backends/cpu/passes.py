@@ -23,9 +23,10 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
   ``hybrid``, the head) are packed once for oneDNN (``backends.cpu.linear.pack``: the same
   bits as ``F.linear``, which packs them on every call) unless ``pack: false``; the copies
   sit beside the weights, so dense weight memory doubles (the record says by how much).
-* ``decode_loop``: where every projection is quantised, the C++ loop over layers
-  (``backends/cpu/decode_loop.py``) takes the decode steps of a few single-token rows that
-  would run ``qmatmul`` throughout; skipped, saying why, elsewhere (dense modes, deterministic).
+* ``decode_loop``: the C++ loop over layers (``backends/cpu/decode_loop.py``) takes the decode
+  steps of single-token rows, calling the kernels and ops the Python path would (``qmatmul`` on
+  blocks, oneDNN or torch's linear on dense weights); skipped, saying why, where it cannot stand
+  for the Python path (deterministic mode, another kernel set, q/k norms) or with ``decode_loop: false``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ _FILE_BLOCKS = ("native", "hybrid")  # the modes that keep the file's own blocks
 DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 # The ggml types int8 and int4 re-quantise to.
 _REQUANT = {"int8": 8, "int4": 3}  # Q8_0, Q4_1
-_KEYS = ("quantise", "gemm_from", "pack")
+_KEYS = ("quantise", "gemm_from", "pack", "decode_loop")
 _LINEAR_ROLES = ("qkv", "o_proj", "gate_up", "down")
 
 
@@ -59,6 +60,7 @@ class PassConfig:
     quantise: str = "auto"
     gemm_from: int | None = None  # rows from which quantised projections use the GEMM path
     pack: bool | None = None  # bfloat16 dense weights packed once for oneDNN; None: yes
+    decode_loop: bool | None = None  # the C++ loop over layers for decode steps where it applies; None: yes
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | None) -> PassConfig:
@@ -77,10 +79,11 @@ class PassConfig:
         if gemm_from is not None and (isinstance(gemm_from, bool) or not isinstance(gemm_from, int)
                                       or not 1 <= gemm_from <= 1 << 20):
             raise ValueError(f"passes.gemm_from must be an integer from 1 to {1 << 20}, not {gemm_from!r}")
-        pack = value.get("pack")
-        if pack is not None and not isinstance(pack, bool):
-            raise ValueError(f"passes.pack must be true or false, not {pack!r}")
-        return cls(quantise=mode, gemm_from=gemm_from, pack=pack)
+        flags = {key: value.get(key) for key in ("pack", "decode_loop")}
+        for key, flag in flags.items():
+            if flag is not None and not isinstance(flag, bool):
+                raise ValueError(f"passes.{key} must be true or false, not {flag!r}")
+        return cls(quantise=mode, gemm_from=gemm_from, **flags)
 
     def merged(self, override: PassConfig | None) -> PassConfig:
         """A model's own passes over the engine's: each key the model sets wins."""
@@ -88,7 +91,8 @@ class PassConfig:
             return self
         return PassConfig(quantise=override.quantise if override.quantise != "auto" else self.quantise,
                           gemm_from=override.gemm_from if override.gemm_from is not None else self.gemm_from,
-                          pack=override.pack if override.pack is not None else self.pack)
+                          pack=override.pack if override.pack is not None else self.pack,
+                          decode_loop=override.decode_loop if override.decode_loop is not None else self.decode_loop)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -259,6 +263,8 @@ def _pack_dense(model: Any, config: PassConfig) -> str:
 def decode_loop(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
     from backends.cpu.decode_loop import DecodeLoop, why_not
 
+    if config.decode_loop is False:
+        return "skipped", "decode_loop: false (every step runs the layers from Python)"
     reason = why_not(model)
     if reason is not None:
         return "skipped", reason

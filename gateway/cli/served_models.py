@@ -54,7 +54,8 @@ def _embedding(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _passes(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``passes`` section from the flags given; None when none was (the server's engine.passes)."""
-    section = {"quantise": args.quantise, "gemm_from": args.gemm_from, "pack": args.pack}
+    section = {"quantise": args.quantise, "gemm_from": args.gemm_from, "pack": args.pack,
+               "decode_loop": args.decode_loop}
     given = {name: value for name, value in section.items() if value is not None}
     return given or None
 
@@ -129,6 +130,9 @@ def add_parser(
     load.add_argument("--pack", action=argparse.BooleanOptionalAction, default=None,
                       help="load pass (cpu backend): bfloat16 dense weights packed once for oneDNN, a copy beside "
                       "each (default: the server's engine.passes, else packed)")  # fmt: skip
+    load.add_argument("--decode-loop", action=argparse.BooleanOptionalAction, default=None,
+                      help="load pass (cpu backend): decode steps run every layer in one C++ call, with the "
+                      "Python path's bits (default: the server's engine.passes, else on)")  # fmt: skip
     load.add_argument("--alias", action="append", metavar="NAME", help="another name for it (repeatable)")
     load.add_argument("--default", action="store_true", help="make it the default model once loaded")
     load.add_argument("--wait", action="store_true", help="wait until it is ready (a progress line on a terminal); "

@@ -40,6 +40,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
         quantise: auto      # auto (dense in the model's dtype) | native | hybrid | int8 | int4 | bf16 | f32
         gemm_from: 16       # batch rows from which quantised projections dequantise per tile into a GEMM
         pack: true          # bfloat16 dense weights packed once for oneDNN (same bits, faster; a copy beside each)
+        decode_loop: true   # decode steps run every layer in one C++ call (same bits, less overhead a step)
       deterministic: false  # batch-invariant kernels (cpu backend): logits the same bits alone or batched; each model may override
     models:
       - name: smollm2-135m-instruct

@@ -222,14 +222,16 @@ class ModelEntry(BaseModel):
 class PassesSettings(BaseModel):
     """The CPU backend's load-time passes (backends/cpu/passes.py; docs/backends.md): the weights'
     format (auto: the file's own blocks where the C++ kernels run and the file is quantised, else
-    dense), the rows from which a quantised projection uses the GEMM path, and whether bfloat16
-    dense weights are packed once for oneDNN (unset: yes; a copy beside each weight)."""
+    dense), the rows from which a quantised projection uses the GEMM path, whether bfloat16
+    dense weights are packed once for oneDNN (unset: yes; a copy beside each weight), and whether
+    decode steps run every layer in one C++ call where that gives the same bits (unset: yes)."""
 
     model_config = ConfigDict(extra="forbid")
 
     quantise: Literal["auto", "native", "hybrid", "int8", "int4", "bf16", "f32"] | None = None
     gemm_from: int | None = Field(default=None, ge=1, le=1 << 20)
     pack: bool | None = None
+    decode_loop: bool | None = None
 
 
 class EngineSettings(BaseModel):

@@ -1,15 +1,17 @@
 // The C++ loop over layers for decode steps: every layer of a step of a few single-token rows
-// in one call, on a model whose projections are all ggml blocks (backends/cpu/decode_loop.py
-// packs them at load and decides which steps qualify).
+// in one call (backends/cpu/decode_loop.py packs the layers at load and decides which steps
+// qualify). A projection is ggml blocks (multiplied by qmatmul) or a dense weight, multiplied by
+// the op the Python path calls on it: oneDNN's linear on the weight packed once (linear.pack),
+// or at::linear on a plain one.
 //
 // At one row a decode step's kernels take ~8 ms here, and the ~40 torch ops a layer that the
 // Python path calls between them (each a dispatch, a temporary, Python in between) cost ~5 ms
 // more. This loop calls the same kernels' inner functions (kernels.h, namespace ifx) on
-// buffers allocated once per row count, so a layer costs its kernels and little else.
+// buffers allocated once per power of two of rows, so a layer costs its kernels and little else.
 //
 // Same kernels, same order, same rounding as Block.forward with kernels.cpu.fast, so a step's
 // logits are the Python path's bits: add + RMSNorm (fused.cpp), qmatmul (rounded to the
-// activation dtype, then + bias), RoPE on q and k together, the KV store (copies), paged
+// activation dtype, then + bias) or the dense projection's own op, RoPE on q and k together, the KV store (copies), paged
 // attention (paged_attention.cpp), o_proj, add + RMSNorm, gate_up, SiLU(gate) * up, down.
 // SiLU and the product are torch's own CPU kernels (at::cpu::silu_out / mul_out, called
 // directly, not through the dispatcher) because the Python path runs F.silu, whose
@@ -18,6 +20,8 @@
 
 #include "kernels.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/silu_cpu_dispatch.h>
 
@@ -31,18 +35,31 @@ namespace {
 constexpr int kProjections = 4;  // qkv, o_proj, gate_up, down
 constexpr int kTensorsPerLayer = 2 + 2 * kProjections;  // norms, blocks, biases
 
+enum class Kind { kBlocks, kPacked, kDense };
+
 struct Projection {
-  torch::Tensor blocks;  // uint8 [out, row_bytes]
+  torch::Tensor blocks;  // uint8 [out, row_bytes]; or the dense weight [out, in], packed for oneDNN or plain
   torch::Tensor bias;    // [out] of the activation dtype, or empty
   int64_t qtype = 0, out = 0, in = 0;
+  Kind kind = Kind::kBlocks;
 };
+
+// linear.packed_linear's op: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "").
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&, c10::string_view,
+                            c10::List<c10::optional<at::Scalar>>, c10::optional<c10::string_view>)>();
+  return op.call(x, packed, bias, "none", c10::List<c10::optional<at::Scalar>>(), c10::string_view(""));
+}
 
 struct Layer {
   torch::Tensor input_norm, post_norm;
   Projection proj[kProjections];
 };
 
-// One step's intermediate values for M rows, allocated the first time M is seen.
+// One step's intermediate values: whole buffers of a power of two of rows, or their first M rows.
 struct Buffers {
   torch::Tensor h, res, qkv, qk, attn, o, gu, silu, act, down, yf;
   torch::Tensor gate, up;  // gu's halves, the views F.silu and the product see in Python
@@ -54,7 +71,7 @@ class DecodeLoop {
              int64_t head_dim, double eps, double scale)
       : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)), scale_(scale) {
     TORCH_CHECK(!layers.empty() && layers.size() % kTensorsPerLayer == 0,
-                "DecodeLoop: ", kTensorsPerLayer, " tensors a layer (2 norms, 4 block matrices, 4 biases or empty)");
+                "DecodeLoop: ", kTensorsPerLayer, " tensors a layer (2 norms, 4 projections: blocks or dense weights, 4 biases or empty)");
     TORCH_CHECK(qtypes.size() * kTensorsPerLayer == layers.size() * kProjections, "DecodeLoop: 4 qtypes a layer");
     TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "DecodeLoop: heads must be a multiple of KV heads");
     dtype_ = layers[0].scalar_type();
@@ -72,8 +89,13 @@ class DecodeLoop {
         pr.bias = t[2 + kProjections + p];
         pr.qtype = qtypes[l * kProjections + p];
         pr.out = pr.blocks.size(0);
-        TORCH_CHECK(pr.blocks.dim() == 2 && pr.blocks.scalar_type() == torch::kUInt8 && pr.blocks.is_contiguous(),
-                    "DecodeLoop: blocks must be contiguous uint8 [out, row_bytes]");
+        pr.kind = pr.blocks.is_mkldnn() ? Kind::kPacked
+                  : pr.blocks.scalar_type() == torch::kUInt8 ? Kind::kBlocks
+                                                              : Kind::kDense;
+        TORCH_CHECK(pr.blocks.dim() == 2 && (pr.kind == Kind::kPacked || pr.blocks.is_contiguous()) &&
+                        (pr.kind == Kind::kBlocks || pr.blocks.scalar_type() == dtype_),
+                    "DecodeLoop: a projection must be contiguous uint8 [out, row_bytes] blocks, or a dense "
+                    "[out, in] weight (packed or plain) of the norms' dtype");
         TORCH_CHECK(pr.bias.numel() == 0 || (pr.bias.numel() == pr.out && pr.bias.scalar_type() == dtype_ &&
                                              pr.bias.is_contiguous()),
                     "DecodeLoop: a bias must be [out] of the norms' dtype");
@@ -93,8 +115,12 @@ class DecodeLoop {
         Projection& pr = layer.proj[p];
         pr.in = ins[p];
         TORCH_CHECK(pr.out == outs[p], "DecodeLoop: projection ", p, " has ", pr.out, " outputs, expected ", outs[p]);
-        // dequantize_blocks' check of the row size (qtype and K), on a zero-row view, once at load.
-        dequantize_blocks(pr.blocks.narrow(0, 0, 0), pr.qtype, pr.in, false);
+        if (pr.kind != Kind::kBlocks) {
+          TORCH_CHECK(pr.blocks.size(1) == pr.in, "DecodeLoop: projection ", p, " has ", pr.blocks.size(1),
+                      " inputs, expected ", pr.in);
+        } else {  // dequantize_blocks' check of the row size (qtype and K), on a zero-row view, once at load.
+          dequantize_blocks(pr.blocks.narrow(0, 0, 0), pr.qtype, pr.in, false);
+        }
       }
     }
   }
@@ -109,7 +135,7 @@ class DecodeLoop {
                                   const torch::Tensor& lens, const torch::Tensor& starts) {
     const int64_t M = x.size(0);
     check_step(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts);
-    Buffers& b = buffers(M);
+    Buffers b = buffers(M);
     if (dtype_ == torch::kBFloat16)
       run<at::BFloat16>(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts, b);
     else
@@ -118,8 +144,18 @@ class DecodeLoop {
   }
 
  private:
+  // in: this step's buffer [M, pr.in] holding the projection's input.
   template <typename T>
-  void project(const Projection& pr, const T* in, int64_t M, float* yf, T* out) {
+  void project(const Projection& pr, const torch::Tensor& in_t, int64_t M, float* yf, T* out) {
+    if (pr.kind != Kind::kBlocks) {  // the Python path's own op on the same tensors, so the same bits
+      c10::optional<torch::Tensor> bias;
+      if (pr.bias.numel()) bias = pr.bias;
+      const torch::Tensor y = pr.kind == Kind::kPacked ? packed_linear(in_t, pr.blocks, bias)
+                                                       : at::linear(in_t, pr.blocks, bias);
+      std::memcpy(out, y.contiguous().data_ptr<T>(), M * pr.out * sizeof(T));
+      return;
+    }
+    const T* in = in_t.data_ptr<T>();
     ifx::qmatmul_rows(in, M, pr.in, pr.blocks.data_ptr<uint8_t>(), pr.out, pr.blocks.size(1), pr.qtype, yf, scratch_);
     // QuantLinear: the float32 product rounded to the activation dtype, then + bias in that dtype.
     const T* bias = pr.bias.numel() ? pr.bias.data_ptr<T>() : nullptr;
@@ -151,7 +187,7 @@ class DecodeLoop {
                                hidden_, eps_, h, res);
       else
         ifx::add_rms_norm_rows(down, res, L.input_norm.data_ptr<T>(), M, hidden_, eps_, h, res);
-      project(L.proj[0], h, M, yf, qkv);
+      project(L.proj[0], b.h, M, yf, qkv);
       // q and k are adjacent in the fused projection: rotated together, into qk [M, heads + kv_heads, D].
       ifx::rope_rows(qkv, M, qk_heads, D, qkv_, D, cos.data_ptr<T>(), sin.data_ptr<T>(), qk);
       T* kc = k_caches[l].data_ptr<T>();
@@ -165,35 +201,47 @@ class DecodeLoop {
       ifx::paged_attention_rows(static_cast<const T*>(qk), static_cast<const T*>(kc), static_cast<const T*>(vc),
                                 tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
                                 qshape, scale_, attn);
-      project(L.proj[1], static_cast<const T*>(attn), M, yf, o);
+      project(L.proj[1], b.attn, M, yf, o);
       ifx::add_rms_norm_rows(static_cast<const T*>(o), static_cast<const T*>(res), L.post_norm.data_ptr<T>(), M,
                              hidden_, eps_, h, res);
-      project(L.proj[2], static_cast<const T*>(h), M, yf, gu);
+      project(L.proj[2], b.h, M, yf, gu);
       at::cpu::silu_out(b.silu, b.gate);
       at::cpu::mul_out(b.act, b.silu, b.up);
-      project(L.proj[3], static_cast<const T*>(b.act.data_ptr<T>()), M, yf, down);
+      project(L.proj[3], b.act, M, yf, down);
     }
   }
 
-  Buffers& buffers(int64_t M) {
-    auto it = buffers_.find(M);
-    if (it != buffers_.end()) return it->second;
-    const auto opt = torch::TensorOptions().dtype(dtype_);
-    Buffers b;
-    b.h = torch::empty({M, hidden_}, opt);
-    b.res = torch::empty({M, hidden_}, opt);
-    b.qkv = torch::empty({M, qkv_}, opt);
-    b.qk = torch::empty({M, heads_ + kv_heads_, head_dim_}, opt);
-    b.attn = torch::empty({M, heads_ * head_dim_}, opt);
-    b.o = torch::empty({M, hidden_}, opt);
-    b.gu = torch::empty({M, 2 * inter_}, opt);
+  // The step's buffers: views of M rows into buffers allocated once per power of two of rows (at most
+  // eight sizes up to the engine's 64 rows, instead of one allocation per row count seen).
+  Buffers buffers(int64_t M) {
+    int64_t cap = 1;
+    while (cap < M) cap *= 2;
+    auto it = buffers_.find(cap);
+    if (it == buffers_.end()) {
+      const auto opt = torch::TensorOptions().dtype(dtype_);
+      Buffers b;
+      b.h = torch::empty({cap, hidden_}, opt);
+      b.res = torch::empty({cap, hidden_}, opt);
+      b.qkv = torch::empty({cap, qkv_}, opt);
+      b.qk = torch::empty({cap, heads_ + kv_heads_, head_dim_}, opt);
+      b.attn = torch::empty({cap, heads_ * head_dim_}, opt);
+      b.o = torch::empty({cap, hidden_}, opt);
+      b.gu = torch::empty({cap, 2 * inter_}, opt);
+      b.silu = torch::empty({cap, inter_}, opt);
+      b.act = torch::empty({cap, inter_}, opt);
+      b.down = torch::empty({cap, hidden_}, opt);
+      b.yf = torch::empty({cap, std::max({qkv_, hidden_, 2 * inter_})}, opt.dtype(torch::kFloat));
+      it = buffers_.emplace(cap, std::move(b)).first;
+    }
+    const Buffers& all = it->second;
+    Buffers b;  // the first M rows of each: contiguous, as the kernels and the dense ops need them
+    for (auto [view, whole] : {std::pair{&b.h, &all.h}, {&b.res, &all.res}, {&b.qkv, &all.qkv}, {&b.qk, &all.qk},
+                               {&b.attn, &all.attn}, {&b.o, &all.o}, {&b.gu, &all.gu}, {&b.silu, &all.silu},
+                               {&b.act, &all.act}, {&b.down, &all.down}, {&b.yf, &all.yf}})
+      *view = whole->narrow(0, 0, M);
     b.gate = b.gu.narrow(1, 0, inter_);
     b.up = b.gu.narrow(1, inter_, inter_);
-    b.silu = torch::empty({M, inter_}, opt);
-    b.act = torch::empty({M, inter_}, opt);
-    b.down = torch::empty({M, hidden_}, opt);
-    b.yf = torch::empty({M, std::max({qkv_, hidden_, 2 * inter_})}, opt.dtype(torch::kFloat));
-    return buffers_.emplace(M, std::move(b)).first->second;
+    return b;
   }
 
   void check_step(const torch::Tensor& x, const std::vector<torch::Tensor>& k_caches,

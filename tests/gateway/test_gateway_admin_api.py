@@ -235,7 +235,8 @@ def test_a_models_load_passes_are_validated_run_kept_and_restored(world: dict[st
     record with fewer weight bytes after), kept in the registry and loaded with them again by another replica."""
     client, admin, store = world["client"], world["admin"], world["store"]
     body = {"name": "int8", "path": default_model_path(), "passes": {"quantise": "int8", "gemm_from": 32}}
-    for bad in ({"quantise": "int3"}, {"quantize": "int8"}, {"gemm_from": 0}, {"quantise": "bf16"}, {"pack": "maybe"}):
+    for bad in ({"quantise": "int3"}, {"quantize": "int8"}, {"gemm_from": 0}, {"quantise": "bf16"}, {"pack": "maybe"},
+                {"decode_loop": "maybe"}):
         refused = client.post("/admin/v1/models", headers=admin, json={**body, "passes": bad, "dtype": "float32"})
         assert refused.status_code == 422 and refused.json()["error"]["param"].startswith("passes"), refused.text
     remote = {"name": "far", "upstream": {"endpoints": ["http://upstream.invalid/v1"]}, "passes": {"quantise": "int8"}}
@@ -275,6 +276,8 @@ def test_inferctl_served_models_load_passes_the_load_passes() -> None:
     assert _load_body(args)["passes"] == {"quantise": "int4"}
     args = build_parser().parse_args(["served-models", "load", "m", "--path", "/m.gguf", "--no-pack"])
     assert _load_body(args)["passes"] == {"pack": False}
+    args = build_parser().parse_args(["served-models", "load", "m", "--path", "/m.gguf", "--no-decode-loop"])
+    assert _load_body(args)["passes"] == {"decode_loop": False}
     assert "passes" not in _load_body(build_parser().parse_args(["served-models", "load", "m", "--path", "/m"]))
     with pytest.raises(SystemExit):
         build_parser().parse_args(["served-models", "load", "m", "--path", "/m", "--quantise", "int3"])

@@ -77,7 +77,8 @@ def _greedy(backend: CPUBackend, rows: int) -> tuple[list[torch.Tensor], list[li
 
 
 @pytest.mark.parametrize("mode,dtype,rows", [("hybrid", "bfloat16", 1), ("native", "bfloat16", 3),
-                                             ("native", "float32", 2)])
+                                             ("native", "float32", 2), ("auto", "bfloat16", 1),
+                                             ("auto", "bfloat16", 8), ("f32", "float32", 2)])
 def test_greedy_decoding_through_the_loop_gives_the_python_paths_bits(mode: str, dtype: str, rows: int) -> None:
     backend = _load(mode, dtype)
     loop = backend.model.decode_loop
@@ -104,15 +105,14 @@ def _prefilled(backend: CPUBackend, seqs: int, length: int = 20) -> None:
 
 @pytest.mark.parametrize("batch,runs", [
     ([_decode(0, 20)], True),  # one decode row
-    ([_decode(s, 20) for s in range(4)], True),  # native: up to MAX_ROWS decode rows
-    ([_decode(s, 20) for s in range(5)], False),  # more rows than the loop takes
+    ([_decode(s, 20) for s in range(8)], True),  # native: decode rows below gemm_from (32)
     ([SequenceSlice(0, list(range(10, 18)), 0, _table(0))], False),  # a prefill
     ([_decode(0, 20), SequenceSlice(1, list(range(10, 14)), 20, _table(1))], False),  # a decode beside a chunk
     ([SequenceSlice(0, [5, 6, 7], 20, _table(0))], False),  # a draft of three tokens being verified
 ])
-def test_native_runs_the_loop_only_for_a_few_single_token_rows(native: CPUBackend, batch: list[SequenceSlice],
+def test_native_runs_the_loop_only_for_single_token_rows(native: CPUBackend, batch: list[SequenceSlice],
                                                                 runs: bool) -> None:
-    _prefilled(native, 5)
+    _prefilled(native, 8)
     calls = _count_loop_calls(native)
     native.forward(Batch(batch, BS))
     assert calls[0] == (1 if runs else 0)
@@ -128,16 +128,49 @@ def test_hybrid_runs_the_loop_for_one_row_only(hybrid: CPUBackend) -> None:
     assert calls[0] == 1
 
 
-def test_the_pass_skips_dense_and_deterministic_models_saying_why() -> None:
+def test_the_pass_runs_dense_models_and_skips_deterministic_ones_saying_why() -> None:
     dense = CPUBackend()
     info = dense.load(ModelSpec(name="d", path=default_model_path(), dtype="bfloat16", passes={"quantise": "bf16"}))
     record = next(r for r in info.passes if r["name"] == "decode_loop")
-    assert record["status"] == "skipped" and "dense" in record["detail"] and dense.model.decode_loop is None
+    assert record["status"] == "ran" and dense.model.decode_loop is not None
+    assert dense.model.decode_loop.max_rows == 64  # MAX_ROWS: no quantised projection bounds it
     det = CPUBackend()
     info = det.load(ModelSpec(name="n", path=default_model_path(), dtype="bfloat16", passes={"quantise": "native"},
                               deterministic=True))
     record = next(r for r in info.passes if r["name"] == "decode_loop")
     assert record["status"] == "skipped" and "deterministic" in record["detail"] and det.model.decode_loop is None
+
+
+def test_decode_loop_false_keeps_every_step_in_python() -> None:
+    backend = CPUBackend()
+    info = backend.load(ModelSpec(name="d", path=default_model_path(), dtype="bfloat16",
+                                  passes={"decode_loop": False}))
+    record = next(r for r in info.passes if r["name"] == "decode_loop")
+    assert record["status"] == "skipped" and "decode_loop: false" in record["detail"]
+    assert backend.model.decode_loop is None
+
+
+def test_a_projection_with_a_forward_of_its_own_keeps_the_model_off_the_loop() -> None:
+    from backends.cpu.decode_loop import why_not
+
+    backend = _load("bf16")
+    assert why_not(backend.model) is None
+    down = backend.model.layers[7].mlp.down
+    down.forward = lambda x: torch.nn.functional.linear(x, down.weight) * 2  # not an op the loop can stand for
+    assert "neither ggml blocks nor a plain or packed dense linear" in why_not(backend.model)
+
+
+def test_the_loop_takes_no_more_rows_than_below_gemm_from() -> None:
+    backend = CPUBackend()
+    backend.load(ModelSpec(name="g", path=default_model_path(), dtype="bfloat16",
+                           passes={"quantise": "native", "gemm_from": 4}))
+    backend.allocate_kv(8 * BLOCKS_PER_SEQ, BS)
+    assert backend.model.decode_loop.max_rows == 3
+    _prefilled(backend, 4)
+    calls = _count_loop_calls(backend)
+    backend.forward(Batch([_decode(s, 20) for s in range(3)], BS))
+    backend.forward(Batch([_decode(s, 21) for s in range(4)], BS))  # 4 rows: the Python path's GEMM
+    assert calls[0] == 1
 
 
 def test_gemm_from_one_leaves_no_step_to_the_loop() -> None:

@@ -129,6 +129,7 @@ def test_dense_modes_skip_quantisation_and_name_the_dtype() -> None:
     ({"gemm_from": 0}, "passes.gemm_from"),
     ({"gemm_from": True}, "passes.gemm_from"),
     ({"pack": "yes"}, "passes.pack"),
+    ({"decode_loop": 1}, "passes.decode_loop"),
 ])
 def test_bad_pass_settings_are_refused(value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -214,6 +215,8 @@ def test_auto_resolves_to_the_models_dense_dtype() -> None:
     assert engine.merged(passes.PassConfig.parse({"quantise": "native"})) == passes.PassConfig("native", 4)
     assert engine.merged(None) == engine
     assert engine.merged(passes.PassConfig.parse({"pack": False})) == passes.PassConfig("int8", 4, pack=False)
+    off = engine.merged(passes.PassConfig.parse({"decode_loop": False}))
+    assert off == passes.PassConfig("int8", 4, decode_loop=False) and off.as_dict()["decode_loop"] is False
 
 
 def test_fusion_passes_check_the_shapes(f32_model: Any) -> None:
