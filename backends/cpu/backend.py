@@ -144,6 +144,7 @@ class CPUBackend:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.swap: HostSwap | DiskSwap | None = None
+        self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin of positions 0..n-1 (_rope)
 
     def release_thread_pool(self) -> None:
         """Called on the loading thread before the engine thread takes over (see Backend)."""
@@ -179,6 +180,7 @@ class CPUBackend:
         self.model = model
         self.dtype = dtype
         self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
+        self._rope_tables = None
         log.info("%s backend: loaded %s (%s, %s, %d threads, %s attention%s)", self.name, spec.name,
                  cfg.architecture, dtype_name, torch.get_num_threads(), self._attention_name(),
                  ", deterministic" if spec.deterministic else "")
@@ -362,7 +364,6 @@ class CPUBackend:
     def _prepare_fresh(self, token_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, AttentionMetadata]:
         """Token ids and attention metadata of sequences that each start at position 0 and keep no KV."""
         from backends.cpu.model import AttentionMetadata, PrefillGroup
-        from kernels.reference import rope_cos_sin
 
         torch = self._torch
         ids: list[int] = []
@@ -372,7 +373,7 @@ class CPUBackend:
             ids.extend(tokens)
             prefills.append(PrefillGroup(start, len(ids), True, None, None, None))
         pos = torch.cat([torch.arange(len(tokens)) for tokens in token_lists])
-        cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
+        cos, sin = self._rope(pos, max(map(len, token_lists), default=0))
         meta = AttentionMetadata(
             slots=torch.empty(0, dtype=torch.long), cos=cos, sin=sin, decode_rows=None, decode_tables=None,
             decode_lens=None, decode_starts=None, decode_mask=None, prefills=prefills,
@@ -391,10 +392,22 @@ class CPUBackend:
             raise BackendError("no model loaded")
         return self.model.cfg
 
+    def _rope(self, pos: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE cos/sin rows of ``pos`` (all below ``end``), looked up in tables of rope_cos_sin over
+        positions 0..n-1, made once and doubled when a position reaches past them: each row is computed
+        as before, once per model instead of six ops every step."""
+        from kernels.reference import rope_cos_sin
+
+        tables = self._rope_tables
+        if tables is None or end > tables[0].shape[0]:
+            n = max(1024, 1 << max(end - 1, 1).bit_length())
+            tables = self._rope_tables = rope_cos_sin(self._torch.arange(n), self.inv_freq, self.dtype)
+        return tables[0].index_select(0, pos), tables[1].index_select(0, pos)
+
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Flatten the batch: token ids, cache slots, rope tables and attention groups."""
         from backends.cpu.model import CONTINUATION_KERNEL_WORK, AttentionMetadata, PrefillGroup
-        from kernels.reference import attention_mask, rope_cos_sin
+        from kernels.reference import attention_mask
 
         torch, bs = self._torch, batch.block_size
         ids: list[int] = []
@@ -409,11 +422,10 @@ class CPUBackend:
             n = len(s.token_ids)
             start = len(ids)
             table = np.asarray(s.block_table, dtype=np.int64)
-            ctx_pos = np.arange(s.start_pos + n, dtype=np.int64)
-            ctx_slots = table[ctx_pos // bs] * bs + ctx_pos % bs
+            new_pos = np.arange(s.start_pos, s.start_pos + n, dtype=np.int64)  # this step's tokens only
             ids.extend(s.token_ids)
-            positions.append(ctx_pos[s.start_pos :])
-            slots.append(ctx_slots[s.start_pos :])
+            positions.append(new_pos)
+            slots.append(table[new_pos // bs] * bs + new_pos % bs)
             logits_rows.extend(range(start + n - s.num_logits, start + n))
             used_blocks = table[: (s.start_pos + n + bs - 1) // bs]
             if n == 1:
@@ -431,7 +443,7 @@ class CPUBackend:
                     short=n * (s.start_pos + n) <= CONTINUATION_KERNEL_WORK,
                 ))
         pos = torch.from_numpy(np.concatenate(positions))
-        cos, sin = rope_cos_sin(pos, self.inv_freq, self.dtype)
+        cos, sin = self._rope(pos, max(s.start_pos + len(s.token_ids) for s in batch.slices))
         decode_index = decode_table = decode_len = decode_start = decode_mask = None
         if decode_rows:
             padded = np.zeros((len(decode_tables), max(len(t) for t in decode_tables)), dtype=np.int64)

@@ -243,3 +243,18 @@ def test_a_run_that_exhausts_kv_memory_gives_the_same_outputs_with_swap_and_reco
         assert stats[0].num_swap_outs > 0
         assert stats[0].num_swapped_in_blocks == stats[0].num_swapped_out_blocks
     assert list(tmp_path.iterdir()) == []  # the swap file was unlinked from the start
+
+
+def test_rope_tables_give_rope_cos_sin_of_each_position_and_grow_past_their_end(backend):
+    from kernels.reference import rope_cos_sin
+
+    pos = torch.tensor([0, 7, 1023, 5])
+    cos, sin = backend._rope(pos, 1024)
+    first = backend._rope_tables[0].shape[0]
+    want_cos, want_sin = rope_cos_sin(pos, backend.inv_freq, backend.dtype)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    far = torch.tensor([3, first + 17, 2 * first + 1])  # past the table: it grows (doubling) to hold them
+    cos, sin = backend._rope(far, 2 * first + 2)
+    assert backend._rope_tables[0].shape[0] >= 2 * first + 2
+    want_cos, want_sin = rope_cos_sin(far, backend.inv_freq, backend.dtype)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
