@@ -2,8 +2,10 @@
 utilisation while a level runs, and the plots of a run.
 
 KV utilisation is read from InferFlux's /metrics (``inferflux_kv_slots_used`` and
-``inferflux_kv_slots_allocated``, summed over models) every ``interval`` seconds; a
-server without those series (llama-server) gives None. The level's figure is
+``inferflux_kv_slots_allocated``, summed over models) every ``interval`` seconds, asking for
+those two series only (``?name[]=``): the server under test renders two gauges, not every
+histogram, so the sampling costs it little; a server without those series (llama-server)
+gives None. The level's figure is
 slot-weighted: the sum of used slots over the samples divided by the sum of
 allocated ones, so an idle moment (nothing allocated) counts for nothing.
 """
@@ -35,7 +37,7 @@ def parse_slots(text: str) -> tuple[float, float] | None:
 class KVSampler:
     """Polls ``base_url``/metrics in the background between ``start()`` and ``stop()``."""
 
-    def __init__(self, base_url: str, headers: dict[str, str], interval: float = 0.2) -> None:
+    def __init__(self, base_url: str, headers: dict[str, str], interval: float = 1.0) -> None:
         self._url = base_url.rstrip("/") + "/metrics"
         self._headers = headers
         self._interval = interval
@@ -58,7 +60,7 @@ class KVSampler:
         async with httpx.AsyncClient(timeout=5.0, trust_env=False, headers=self._headers) as client:
             while True:
                 try:
-                    resp = await client.get(self._url)
+                    resp = await client.get(self._url, params={"name[]": [_USED, _ALLOCATED]})
                 except httpx.HTTPError:
                     return
                 slots = parse_slots(resp.text) if resp.status_code == 200 else None

@@ -81,3 +81,18 @@ def test_readyz_reports_missing_models(served_model: ServedModel, gateway_store:
 
     empty = TestClient(create_app(Settings(), ModelManager(), store=gateway_store, owns_models=False))
     assert empty.get("/readyz").status_code == 503
+
+
+def test_a_scrape_may_ask_for_some_series_only(live_server: str, auth_headers: dict[str, str]) -> None:
+    """``?name[]=`` (as Prometheus' own client serves it): only those samples, which is what a poller of two
+    gauges wants (benchmarks/serving_extras.py); past the bounds, a 400 naming the parameter."""
+    names = ["inferflux_kv_slots_used", "inferflux_kv_slots_allocated"]
+    with httpx.Client(base_url=live_server, headers=auth_headers, timeout=60) as http:
+        some = http.get("/metrics", params={"name[]": names})
+        every = http.get("/metrics")
+        too_many = http.get("/metrics", params={"name[]": [f"m{i}" for i in range(65)]})
+    assert some.status_code == 200 and every.status_code == 200
+    sampled = {line.split("{", 1)[0].split(" ", 1)[0] for line in some.text.splitlines() if not line.startswith("#")}
+    assert sampled == set(names), some.text
+    assert "inferflux_http_requests_total" in every.text and "inferflux_http_requests_total" not in some.text
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "name[]", too_many.text
