@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -79,9 +80,10 @@ class ServedModel:
         """The model's speculative-decoding configuration, None when it has none."""
         return None if self.remote else self.engine.engine.config.speculative
 
-    @property
+    @functools.cached_property
     def system_fingerprint(self) -> str:
-        """Changes whenever what produces the tokens changes (weights, backend, dtype)."""
+        """Changes whenever what produces the tokens changes (weights, backend, dtype); made once, since
+        every streamed chunk carries it and none of those change while the model is served."""
         raw = "|".join((_VERSION, self.name, self.info.architecture, self.backend, self.info.dtype))
         return "fp_" + hashlib.sha256(raw.encode()).hexdigest()[:10]
 
