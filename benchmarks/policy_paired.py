@@ -79,7 +79,8 @@ async def paired_requests(
     }
 
 
-def timed(send: Callable[[], Awaitable[object]], before: Callable[[], object] | None = None) -> Callable[[], Awaitable[float]]:
+def timed(send: Callable[[], Awaitable[object]],
+          before: Callable[[], object] | None = None) -> Callable[[], Awaitable[float]]:
     """``send`` as a coroutine that gives its latency in seconds; ``before`` runs first, untimed."""
 
     async def run() -> float:

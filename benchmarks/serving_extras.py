@@ -5,9 +5,8 @@ KV utilisation is read from InferFlux's /metrics (``inferflux_kv_slots_used`` an
 ``inferflux_kv_slots_allocated``, summed over models) every ``interval`` seconds, asking for
 those two series only (``?name[]=``): the server under test renders two gauges, not every
 histogram, so the sampling costs it little; a server without those series (llama-server)
-gives None. The level's figure is
-slot-weighted: the sum of used slots over the samples divided by the sum of
-allocated ones, so an idle moment (nothing allocated) counts for nothing.
+gives None. The level's figure is slot-weighted: the sum of used slots over the samples
+divided by the sum of allocated ones, so an idle moment (nothing allocated) counts for nothing.
 """
 
 from __future__ import annotations

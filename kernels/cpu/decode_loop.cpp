@@ -11,8 +11,9 @@
 //
 // Same kernels, same order, same rounding as Block.forward with kernels.cpu.fast, so a step's
 // logits are the Python path's bits: add + RMSNorm (fused.cpp), qmatmul (rounded to the
-// activation dtype, then + bias) or the dense projection's own op, RoPE on q and k together, the KV store (copies), paged
-// attention (paged_attention.cpp), o_proj, add + RMSNorm, gate_up, SiLU(gate) * up, down.
+// activation dtype, then + bias) or the dense projection's own op, RoPE on q and k together,
+// the KV store (copies), paged attention (paged_attention.cpp), o_proj, add + RMSNorm,
+// gate_up, SiLU(gate) * up, down.
 // SiLU and the product are torch's own CPU kernels (at::cpu::silu_out / mul_out, called
 // directly, not through the dispatcher) because the Python path runs F.silu, whose
 // vectorised exp rounds differently from std::exp in the last bit now and then.
@@ -33,19 +34,20 @@
 namespace {
 
 constexpr int kProjections = 4;  // qkv, o_proj, gate_up, down
-constexpr int kTensorsPerLayer = 2 + 2 * kProjections;  // norms, blocks, biases
+constexpr int kTensorsPerLayer = 2 + 2 * kProjections;  // norms, projections' weights, biases
 
 enum class Kind { kBlocks, kPacked, kDense };
 
 struct Projection {
-  torch::Tensor blocks;  // uint8 [out, row_bytes]; or the dense weight [out, in], packed for oneDNN or plain
+  torch::Tensor weight;  // uint8 [out, row_bytes] blocks, or a dense [out, in] weight (packed for oneDNN or plain)
   torch::Tensor bias;    // [out] of the activation dtype, or empty
   int64_t qtype = 0, out = 0, in = 0;
   Kind kind = Kind::kBlocks;
 };
 
 // linear.packed_linear's op: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "").
-torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias) {
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                            const c10::optional<torch::Tensor>& bias) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -71,7 +73,8 @@ class DecodeLoop {
              int64_t head_dim, double eps, double scale)
       : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)), scale_(scale) {
     TORCH_CHECK(!layers.empty() && layers.size() % kTensorsPerLayer == 0,
-                "DecodeLoop: ", kTensorsPerLayer, " tensors a layer (2 norms, 4 projections: blocks or dense weights, 4 biases or empty)");
+                "DecodeLoop: ", kTensorsPerLayer,
+                " tensors a layer (2 norms, 4 projections: blocks or dense weights, 4 biases or empty)");
     TORCH_CHECK(qtypes.size() * kTensorsPerLayer == layers.size() * kProjections, "DecodeLoop: 4 qtypes a layer");
     TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "DecodeLoop: heads must be a multiple of KV heads");
     dtype_ = layers[0].scalar_type();
@@ -85,15 +88,15 @@ class DecodeLoop {
       layer.post_norm = t[1].contiguous();
       for (int p = 0; p < kProjections; ++p) {
         Projection& pr = layer.proj[p];
-        pr.blocks = t[2 + p];
+        pr.weight = t[2 + p];
         pr.bias = t[2 + kProjections + p];
         pr.qtype = qtypes[l * kProjections + p];
-        pr.out = pr.blocks.size(0);
-        pr.kind = pr.blocks.is_mkldnn() ? Kind::kPacked
-                  : pr.blocks.scalar_type() == torch::kUInt8 ? Kind::kBlocks
+        pr.out = pr.weight.size(0);
+        pr.kind = pr.weight.is_mkldnn() ? Kind::kPacked
+                  : pr.weight.scalar_type() == torch::kUInt8 ? Kind::kBlocks
                                                               : Kind::kDense;
-        TORCH_CHECK(pr.blocks.dim() == 2 && (pr.kind == Kind::kPacked || pr.blocks.is_contiguous()) &&
-                        (pr.kind == Kind::kBlocks || pr.blocks.scalar_type() == dtype_),
+        TORCH_CHECK(pr.weight.dim() == 2 && (pr.kind == Kind::kPacked || pr.weight.is_contiguous()) &&
+                        (pr.kind == Kind::kBlocks || pr.weight.scalar_type() == dtype_),
                     "DecodeLoop: a projection must be contiguous uint8 [out, row_bytes] blocks, or a dense "
                     "[out, in] weight (packed or plain) of the norms' dtype");
         TORCH_CHECK(pr.bias.numel() == 0 || (pr.bias.numel() == pr.out && pr.bias.scalar_type() == dtype_ &&
@@ -116,10 +119,10 @@ class DecodeLoop {
         pr.in = ins[p];
         TORCH_CHECK(pr.out == outs[p], "DecodeLoop: projection ", p, " has ", pr.out, " outputs, expected ", outs[p]);
         if (pr.kind != Kind::kBlocks) {
-          TORCH_CHECK(pr.blocks.size(1) == pr.in, "DecodeLoop: projection ", p, " has ", pr.blocks.size(1),
+          TORCH_CHECK(pr.weight.size(1) == pr.in, "DecodeLoop: projection ", p, " has ", pr.weight.size(1),
                       " inputs, expected ", pr.in);
         } else {  // dequantize_blocks' check of the row size (qtype and K), on a zero-row view, once at load.
-          dequantize_blocks(pr.blocks.narrow(0, 0, 0), pr.qtype, pr.in, false);
+          dequantize_blocks(pr.weight.narrow(0, 0, 0), pr.qtype, pr.in, false);
         }
       }
     }
@@ -150,13 +153,13 @@ class DecodeLoop {
     if (pr.kind != Kind::kBlocks) {  // the Python path's own op on the same tensors, so the same bits
       c10::optional<torch::Tensor> bias;
       if (pr.bias.numel()) bias = pr.bias;
-      const torch::Tensor y = pr.kind == Kind::kPacked ? packed_linear(in_t, pr.blocks, bias)
-                                                       : at::linear(in_t, pr.blocks, bias);
+      const torch::Tensor y = pr.kind == Kind::kPacked ? packed_linear(in_t, pr.weight, bias)
+                                                       : at::linear(in_t, pr.weight, bias);
       std::memcpy(out, y.contiguous().data_ptr<T>(), M * pr.out * sizeof(T));
       return;
     }
     const T* in = in_t.data_ptr<T>();
-    ifx::qmatmul_rows(in, M, pr.in, pr.blocks.data_ptr<uint8_t>(), pr.out, pr.blocks.size(1), pr.qtype, yf, scratch_);
+    ifx::qmatmul_rows(in, M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out, pr.weight.size(1), pr.qtype, yf, scratch_);
     // QuantLinear: the float32 product rounded to the activation dtype, then + bias in that dtype.
     const T* bias = pr.bias.numel() ? pr.bias.data_ptr<T>() : nullptr;
     for (int64_t m = 0; m < M; ++m)
