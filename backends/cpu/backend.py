@@ -206,7 +206,12 @@ class CPUBackend:
 
         if str(self.device) != "cpu":
             return []
-        mode = passes.resolve_mode(config.quantise, dtype_name=dtype_name)
+        try:
+            mode = passes.resolve_mode(config.quantise, dtype_name=dtype_name,
+                                       exact_ok=self.kernel_error is None
+                                       and passes.exact_available(source, bool(getattr(model, "deterministic", False))))
+        except ValueError as exc:
+            raise BackendError(str(exc)) from exc
         if mode not in passes.DENSE_DTYPES and self.kernel_error is not None:
             raise BackendError(f"passes.quantise {mode} needs the C++ CPU kernels, which are unavailable: "
                                f"{self.kernel_error}")

@@ -5,7 +5,9 @@ ops a layer, each a dispatch and a temporary with Python in between. ``DecodeLoo
 layer's norms and projections once at load (the ``decode_loop`` pass) and runs every layer of a
 qualifying step in one C++ call on buffers reused from step to step.
 
-A projection is ggml blocks (``QuantLinear``: the loop runs ``qmatmul``) or a dense ``nn.Linear``
+A projection is ggml blocks (``QuantLinear``: the loop runs ``qmatmul``; in the ``exact`` mode
+``exact_linear`` below its ``gemm_from`` and the op its forward calls on its dense copy from there,
+so such a model's loop takes steps of up to ``MAX_ROWS`` rows) or a dense ``nn.Linear``
 (``auto``, ``bf16``, ``f32``: the loop calls the op its forward calls, oneDNN's linear on the
 weight packed once or ``F.linear``'s, on the same tensors). A step qualifies (``applies``) when
 every batch row is a single-token decode step (no prefill chunk, no draft being verified: those
@@ -63,7 +65,15 @@ def max_rows(model: Transformer) -> int:
     """The most rows a step may have and go through the loop: below every quantised projection's
     gemm_from (where the Python path runs qmatmul on each of them too), at most MAX_ROWS."""
     return min([MAX_ROWS, *(p.gemm_from - 1 for layer in model.layers for p in _projections(layer)
-                            if isinstance(p, QuantLinear))])
+                            if isinstance(p, QuantLinear) and _exact_dense(p) is None)])
+
+
+def _exact_dense(p: QuantLinear) -> torch.Tensor | None:
+    """The dense weight an exact projection's forward multiplies from its gemm_from (packed or plain),
+    which the loop multiplies too; None for any other QuantLinear."""
+    if not p.exact or p.deterministic or p.dense_weight is None:
+        return None
+    return p.packed_dense if p.packed_dense is not None else p.dense_weight
 
 
 class DecodeLoop:
@@ -76,6 +86,8 @@ class DecodeLoop:
         cfg = model.cfg
         tensors: list[torch.Tensor] = []
         qtypes: list[int] = []
+        exact_dense: list[torch.Tensor] = []
+        exact_below: list[int] = []
         empty = torch.empty(0, dtype=model.dtype)
         for layer in model.layers:
             projections = _projections(layer)
@@ -83,9 +95,14 @@ class DecodeLoop:
             tensors += [p.blocks if isinstance(p, QuantLinear) else dense_operand(p) for p in projections]
             tensors += [empty if p.bias is None else p.bias.detach().to(model.dtype) for p in projections]
             qtypes += [p.qtype if isinstance(p, QuantLinear) else 0 for p in projections]
+            for p in projections:
+                dense = _exact_dense(p) if isinstance(p, QuantLinear) else None
+                exact_dense.append(empty if dense is None else dense)
+                exact_below.append(0 if dense is None else p.gemm_from)
         attn = model.layers[0].attn
         self._loop = cpu_kernels.loaded().DecodeLoop(
-            tensors, qtypes, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, attn.scale)
+            tensors, qtypes, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, attn.scale,
+            exact_dense, exact_below)
         self.max_rows = max_rows(model)
 
     def applies(self, meta: AttentionMetadata, rows: int) -> bool:

@@ -11,9 +11,13 @@ times smaller than bfloat16. Which kernel runs depends on the number of rows:
   by tile into the activations' dtype and multiplied with torch's GEMM; only one tile
   is ever dense, so memory stays at the blocks' size.
 
-With a ``dense`` weight (the ``hybrid`` mode: the loaded bfloat16 weights kept beside the
-blocks), the second path is a plain GEMM on it instead, from ``DENSE_GEMM_FROM_ROWS`` rows.
-A deterministic model (``deterministic`` True) always takes the first path.
+With a ``dense`` weight (the ``hybrid`` and ``exact`` modes: the loaded bfloat16 weights kept
+beside the blocks), the second path is a plain GEMM on it instead, from ``DENSE_GEMM_FROM_ROWS``
+rows (hybrid) or ``EXACT_GEMM_FROM_ROWS`` (exact). With ``exact`` set, the first path is
+``kernels.cpu.exact_linear`` instead of ``qmatmul``: bfloat16 activations times the blocks decoded
+to those same bfloat16 weights, so small batches read the blocks and still multiply the numbers
+the batches' GEMM multiplies (``qmatmul`` rounds the activations to int8 first).
+A deterministic model (``deterministic`` True) always takes ``qmatmul``.
 ``QuantEmbedding`` is the token embedding in blocks (a lookup dequantises the rows
 it needs); with tied embeddings it shares its blocks with the output head.
 
@@ -49,6 +53,10 @@ DENSE_GEMM_FROM_ROWS = 2
 # Output rows dequantised at a time on the GEMM path: a tile of bfloat16 weights
 # (256 x 1536 x 2 bytes = 768 KiB at most here) is still in cache when the GEMM reads it.
 TILE_ROWS = 256
+# The exact mode: rows from which the packed bfloat16 GEMM replaces exact_linear. Measured by
+# benchmarks/bench_exact_linear.py on the 2-core AMD EPYC (AVX-512 BF16), 2026-11-27: over a layer's
+# projections exact_linear is about 2x oneDNN's at 1 row and level with it at 8.
+EXACT_GEMM_FROM_ROWS = 8
 
 
 class QuantLinear(nn.Module):
@@ -74,6 +82,7 @@ class QuantLinear(nn.Module):
         self.out_features = blocks.shape[0]
         self.gemm_from = gemm_from
         self.deterministic = deterministic
+        self.exact = False  # below gemm_from: exact_linear (bfloat16 rows) instead of qmatmul; set by a load pass
 
     @property
     def qtype_name(self) -> str:
@@ -81,7 +90,9 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.deterministic or rows.shape[0] < self.gemm_from:
+        if self.exact and not self.deterministic and rows.shape[0] < self.gemm_from and rows.dtype == torch.bfloat16:
+            y = cpu_kernels.exact_linear(rows, self.blocks, self.qtype)
+        elif self.deterministic or rows.shape[0] < self.gemm_from:
             y = cpu_kernels.qmatmul(rows, self.blocks, self.qtype).to(x.dtype)
         elif self.packed_dense is not None:
             y = packed_linear(rows.to(self.dense_weight.dtype), self.packed_dense).to(x.dtype)
@@ -109,7 +120,8 @@ class QuantLinear(nn.Module):
         return w.to(dtype)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, {self.qtype_name}, gemm_from={self.gemm_from}"
+        kernel = ", exact" if self.exact else ""
+        return f"in={self.in_features}, out={self.out_features}, {self.qtype_name}, gemm_from={self.gemm_from}{kernel}"
 
 
 class QuantEmbedding(nn.Module):

@@ -13,8 +13,11 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
   (``add_rms_norm`` of the kernel set); recorded.
 * ``quantise``: the weights' format. ``native`` keeps the GGUF file's own blocks
   (Q4_0/Q4_1/Q8_0: no re-quantisation error; other types stay dense); ``hybrid`` keeps the
-  blocks for single rows and the loaded dense weights for batches (the fastest at every
-  batch size here, at the dense weights' memory plus the blocks'); ``int8`` re-quantises
+  blocks for single rows and the loaded dense weights for batches (at the dense weights' memory
+  plus the blocks'); ``exact`` keeps both too, but multiplies small batches' bfloat16 rows by the
+  blocks decoded to the dense weights' own values (``exact_linear``), so every batch size
+  multiplies the same numbers: the default for a quantised file in bfloat16 where the kernel
+  builds (AVX-512 BF16); ``int8`` re-quantises
   float weights to Q8_0 (int8, a float16 scale per 32); ``int4`` to Q4_1 (4 bits, a
   scale and minimum per 32); ``bf16``/``f32`` keep dense weights in the model's dtype.
 * ``choose_kernels``: each quantised projection's row threshold for the GEMM path
@@ -44,8 +47,9 @@ from backends.models import layout
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "native", "hybrid", "int8", "int4", "bf16", "f32")
-_FILE_BLOCKS = ("native", "hybrid")  # the modes that keep the file's own blocks
+MODES = ("auto", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32")
+_FILE_BLOCKS = ("native", "hybrid", "exact")  # the modes that keep the file's own blocks
+_KEEP_DENSE = ("hybrid", "exact")  # the modes that keep the loaded dense weights beside them
 DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 # The ggml types int8 and int4 re-quantise to.
 _REQUANT = {"int8": 8, "int4": 3}  # Q8_0, Q4_1
@@ -120,18 +124,34 @@ def requested_dtype(dtype: str, config: PassConfig) -> str:
     return want
 
 
-def resolve_mode(mode: str, *, dtype_name: str) -> str:
-    """``auto``: dense weights in the model's dtype, as before the pipeline had quantised modes.
+def resolve_mode(mode: str, *, dtype_name: str, exact_ok: bool = False) -> str:
+    """``auto``: the loaded dense weights in the model's dtype, and in bfloat16, where the file
+    stores its projections in blocks and ``exact_linear`` builds (``exact_ok``), those blocks
+    beside them for small batches (``exact``): the same numbers multiplied, read at a third of
+    the bytes.
 
-    Not ``hybrid``, though it is the fastest here at every batch size: its one-row steps
-    (the blocks' kernel, int8 activations) and its batched steps (a bfloat16 GEMM) multiply
-    differently, so a greedy answer would change with whether other requests share its
-    step; three gateways over two engines answered one prompt two ways in CI. ``native``
-    would change every answer (int8 activations) and is slower for batches. Both are a
-    choice to make per model (docs/backends.md says what each costs)."""
+    Not ``hybrid``, though it multiplies a single row as fast: its one-row steps (the blocks'
+    kernel, int8 activations) and its batched steps (a bfloat16 GEMM) multiply different
+    numbers, so a greedy answer would change with whether other requests share its step; three
+    gateways over two engines answered one prompt two ways in CI. ``native`` would change every
+    answer (int8 activations) and is slower for batches. Both are a choice to make per model
+    (docs/backends.md says what each costs)."""
+    if mode == "exact" and dtype_name != "bfloat16":
+        raise ValueError(f"passes.quantise exact multiplies bfloat16 rows; dtype {dtype_name} contradicts it")
     if mode != "auto":
         return mode
-    return "bf16" if dtype_name == "bfloat16" else "f32"
+    if dtype_name != "bfloat16":
+        return "f32"
+    return "exact" if exact_ok else "bf16"
+
+
+def exact_available(source: Any, deterministic: bool = False) -> bool:
+    """Whether ``auto`` may resolve to ``exact`` for this source: its projections in blocks the
+    kernel reads, the kernel built here, and not deterministic mode (which multiplies dense
+    weights with ``invariant_linear``, the same bits, at every size)."""
+    from kernels import cpu as cpu_kernels
+
+    return not deterministic and cpu_kernels.exact_linear_supported() and quantised_file(source)
 
 
 def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
@@ -153,7 +173,11 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
         kernels_ok = cpu_kernels.load() is not None  # built once and cached, as the first load would
     except Exception as exc:  # a diagnostic: every reason a load would fail is reported, none raised
         return {**out, "error": str(exc)}
-    mode = resolve_mode(config.quantise, dtype_name=dtype_name)
+    exact_ok = kernels_ok and quantised and cpu_kernels.exact_linear_supported()
+    try:
+        mode = resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_ok)
+    except ValueError as exc:
+        return {**out, "error": str(exc)}
     out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised)
     if mode not in DENSE_DTYPES and not kernels_ok:
         out["error"] = f"passes.quantise {mode} needs the C++ CPU kernels: {cpu_kernels.load_error()}"
@@ -201,11 +225,12 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
         if blocks is None:
             dense_left += 1
             continue
-        slot.replace(qtype, torch.from_numpy(blocks), slot.dense().detach() if mode == "hybrid" else None)
+        slot.replace(qtype, torch.from_numpy(blocks), slot.dense().detach() if mode in _KEEP_DENSE else None)
         counts[ql.QTYPE_NAMES[qtype]] = counts.get(ql.QTYPE_NAMES[qtype], 0) + 1
     kept = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
     how = {"native": "kept as stored in the file",
-           "hybrid": "kept as stored in the file, beside their dense weights for batches"}.get(mode, f"re-quantised ({mode})")
+           "hybrid": "kept as stored in the file, beside their dense weights for batches",
+           "exact": "kept as stored in the file, beside their dense weights for batches"}.get(mode, f"re-quantised ({mode})")
     detail = f"{kept or 'no'} projections {how}" + (f"; {dense_left} left dense (no kernel for their type)"
                                                      if dense_left else "")
     return "ran", detail
@@ -213,20 +238,29 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
 
 def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
     deterministic = bool(getattr(model, "deterministic", False))
-    hybrid = mode == "hybrid"
-    gemm_from = config.gemm_from or (ql.DENSE_GEMM_FROM_ROWS if hybrid else ql.GEMM_FROM_ROWS)
+    hybrid, exact = mode == "hybrid", mode == "exact"
+    default_from = ql.DENSE_GEMM_FROM_ROWS if hybrid else ql.EXACT_GEMM_FROM_ROWS if exact else ql.GEMM_FROM_ROWS
+    gemm_from = config.gemm_from or default_from
     quantised = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
+    if exact:
+        from kernels import cpu as cpu_kernels
+
+        if not cpu_kernels.exact_linear_supported():
+            raise ValueError("passes.quantise exact needs the exact_linear kernel (AVX-512 BF16), not built here")
+        if isinstance(model.head_linear, ql.QuantHead):  # a plain attribute, not among the modules
+            quantised.append(model.head_linear.linear)
     for m in quantised:
-        m.gemm_from, m.deterministic = gemm_from, deterministic
+        m.gemm_from, m.deterministic, m.exact = gemm_from, deterministic, exact
     if not quantised:
         if deterministic:  # Transformer.use_invariant_kernels put them on the invariant kernel
             return "ran", "deterministic: dense projections through the batch-invariant invariant_linear"
         return "ran", "dense projections: torch GEMM at every batch size" + _pack_dense(model, config)
     if deterministic:
         return "ran", "deterministic: the batch-invariant qmatmul kernel at every batch size"
-    batch = "GEMM on the dense weights" if hybrid else "dequantise-per-tile + GEMM"
-    packed = _pack_dense(model, config) if hybrid else ""
-    return "ran", f"qmatmul kernel below {gemm_from} rows, {batch} from {gemm_from}" + packed
+    batch = "GEMM on the dense weights" if hybrid or exact else "dequantise-per-tile + GEMM"
+    packed = _pack_dense(model, config) if hybrid or exact else ""
+    small = "exact_linear (the blocks decoded to the dense weights' values)" if exact else "qmatmul kernel"
+    return "ran", f"{small} below {gemm_from} rows, {batch} from {gemm_from}" + packed
 
 
 def _pack_dense(model: Any, config: PassConfig) -> str:

@@ -104,6 +104,17 @@ def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
     return loaded().qmatmul(x, blocks, qtype)
 
 
+def exact_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    """``x @ W.T`` in bfloat16 for bfloat16 ``x``, ``W`` as ggml blocks decoded to the loader's bfloat16
+    weights: ``invariant_linear(x, W_bf16)``'s bits (so batch-invariant too), reading the blocks."""
+    return loaded().exact_linear(x, blocks, qtype)
+
+
+def exact_linear_supported() -> bool:
+    """Whether the kernels are loaded and ``exact_linear`` was built (it needs AVX-512 BF16)."""
+    return _module is not None and bool(_module.exact_linear_supported())
+
+
 def dequantize_blocks(blocks: torch.Tensor, qtype: int, k: int, bf16: bool) -> torch.Tensor:
     """ggml blocks ``uint8 [N, row_bytes]`` as a dense ``[N, k]`` float32 (or bfloat16) tensor."""
     return loaded().dequantize_blocks(blocks, qtype, k, bf16)

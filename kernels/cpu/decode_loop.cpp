@@ -1,6 +1,7 @@
 // The C++ loop over layers for decode steps: every layer of a step of a few single-token rows
 // in one call (backends/cpu/decode_loop.py packs the layers at load and decides which steps
-// qualify). A projection is ggml blocks (multiplied by qmatmul) or a dense weight, multiplied by
+// qualify). A projection is ggml blocks (multiplied by qmatmul, or in the exact mode by exact_linear below its
+// threshold and its dense copy's op from there) or a dense weight, multiplied by
 // the op the Python path calls on it: oneDNN's linear on the weight packed once (linear.pack),
 // or at::linear on a plain one.
 //
@@ -43,6 +44,10 @@ struct Projection {
   torch::Tensor bias;    // [out] of the activation dtype, or empty
   int64_t qtype = 0, out = 0, in = 0;
   Kind kind = Kind::kBlocks;
+  // QuantLinear with ``exact`` (passes' exact mode): blocks multiplied by exact_linear below exact_below rows, and
+  // from there ``dense`` (the same weights, packed for oneDNN or plain) by the op QuantLinear calls on it.
+  torch::Tensor dense;
+  int64_t exact_below = 0;
 };
 
 // linear.packed_linear's op: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "").
@@ -70,7 +75,8 @@ struct Buffers {
 class DecodeLoop {
  public:
   DecodeLoop(std::vector<torch::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads, int64_t num_kv_heads,
-             int64_t head_dim, double eps, double scale)
+             int64_t head_dim, double eps, double scale, std::vector<torch::Tensor> exact_dense,
+             std::vector<int64_t> exact_below)
       : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)), scale_(scale) {
     TORCH_CHECK(!layers.empty() && layers.size() % kTensorsPerLayer == 0,
                 "DecodeLoop: ", kTensorsPerLayer,
@@ -104,6 +110,21 @@ class DecodeLoop {
                     "DecodeLoop: a bias must be [out] of the norms' dtype");
       }
       layers_.push_back(std::move(layer));
+    }
+    TORCH_CHECK(exact_dense.size() == exact_below.size() &&
+                    (exact_below.empty() || exact_below.size() == layers_.size() * kProjections),
+                "DecodeLoop: exact_dense and exact_below hold one entry a projection, or none");
+    for (size_t i = 0; i < exact_below.size(); ++i) {
+      Projection& pr = layers_[i / kProjections].proj[i % kProjections];
+      if (exact_below[i] <= 0) continue;
+      TORCH_CHECK(pr.kind == Kind::kBlocks && dtype_ == torch::kBFloat16 && ifx::exact_linear_supported(),
+                  "DecodeLoop: exact_linear multiplies blocks by bfloat16 rows, where it was built");
+      const torch::Tensor& d = exact_dense[i];
+      TORCH_CHECK(d.defined() && d.dim() == 2 && d.size(0) == pr.out &&
+                      (d.is_mkldnn() || (d.is_contiguous() && d.scalar_type() == dtype_)),
+                  "DecodeLoop: an exact projection needs its dense [out, in] weight (packed or plain)");
+      pr.dense = d;
+      pr.exact_below = exact_below[i];
     }
     const Layer& first = layers_[0];
     qkv_ = (heads_ + 2 * kv_heads_) * head_dim_;
@@ -150,6 +171,25 @@ class DecodeLoop {
   // in: this step's buffer [M, pr.in] holding the projection's input.
   template <typename T>
   void project(const Projection& pr, const torch::Tensor& in_t, int64_t M, float* yf, T* out) {
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+      if (pr.exact_below > 0) {  // QuantLinear.forward's exact branches: the product, then + bias in bfloat16
+        if (M < pr.exact_below) {
+          ifx::exact_linear_rows(in_t.data_ptr<T>(), M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out,
+                                 pr.weight.size(1), pr.qtype, out);
+        } else {
+          const torch::Tensor y = pr.dense.is_mkldnn() ? packed_linear(in_t, pr.dense, c10::nullopt)
+                                                       : at::linear(in_t, pr.dense);
+          std::memcpy(out, y.contiguous().data_ptr<T>(), M * pr.out * sizeof(T));
+        }
+        if (pr.bias.numel()) {
+          const T* bias = pr.bias.data_ptr<T>();
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < pr.out; ++n)
+              out[m * pr.out + n] = static_cast<T>(static_cast<float>(out[m * pr.out + n]) + static_cast<float>(bias[n]));
+        }
+        return;
+      }
+    }
     if (pr.kind != Kind::kBlocks) {  // the Python path's own op on the same tensors, so the same bits
       c10::optional<torch::Tensor> bias;
       if (pr.bias.numel()) bias = pr.bias;
@@ -303,9 +343,11 @@ void bind_decode_loop(pybind11::module& m) {
   pybind11::class_<DecodeLoop>(m, "DecodeLoop",
                                "Every layer of a decode step of a few single-token rows in one call (decode_loop.cpp)")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, int64_t, int64_t, int64_t, double,
-                          double>(),
+                          double, std::vector<torch::Tensor>, std::vector<int64_t>>(),
            pybind11::arg("layers"), pybind11::arg("qtypes"), pybind11::arg("num_heads"),
-           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"))
+           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"),
+           pybind11::arg("exact_dense") = std::vector<torch::Tensor>(),
+           pybind11::arg("exact_below") = std::vector<int64_t>())
       .def_property_readonly("num_layers", &DecodeLoop::num_layers)
       .def("step", &DecodeLoop::step, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "x [rows, hidden] -> [hidden states, residual] after the last layer (the loop's own buffers)");

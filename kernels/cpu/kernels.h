@@ -19,6 +19,11 @@ torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype);
 // qmatmul.cpp: ggml blocks to a dense [N, K] tensor, float32 or (bf16) bfloat16.
 torch::Tensor dequantize_blocks(torch::Tensor w, int64_t qtype, int64_t K, bool bf16);
 
+// exact.cpp: y = x @ W^T (bfloat16 [M, N]) for bfloat16 x [M, K], W as ggml blocks (Q4_0, Q4_1, Q8_0) decoded to the
+// loader's bfloat16 weights: invariant_linear's bits on those weights, reading the blocks. Needs AVX-512 BF16.
+torch::Tensor exact_linear(torch::Tensor x, torch::Tensor w, int64_t qtype);
+bool exact_linear_supported();
+
 // invariant.cpp: batch-invariant y = x @ w^T (+ bias), x [M, K], w [N, K], float32 or bfloat16 (the dtype of x);
 // each element reduced over K in one fixed order, so a row's result never depends on M, its position or threads.
 torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
@@ -43,6 +48,11 @@ void bind_decode_loop(pybind11::module& m);
 // their checks, and what decode_loop.cpp calls directly, with no tensor or dispatch per op. Each is
 // instantiated for float and c10::BFloat16 in its own .cpp file.
 namespace ifx {
+
+// exact.cpp: exact_linear on raw buffers (y bfloat16 [M, N]); exact_linear_supported() says whether it was built.
+bool exact_linear_supported();
+void exact_linear_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
+                       int64_t qtype, c10::BFloat16* y);
 
 // fused.cpp: rows x n; residual null: new_residual is x (copied there unless it is x itself).
 template <typename T>

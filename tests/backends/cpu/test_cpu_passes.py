@@ -18,6 +18,7 @@ from backends.cpu import CPUBackend, passes
 from backends.cpu.linear import QuantEmbedding, QuantLinear
 from backends.engine import EngineConfig, LLMEngine
 from backends.models import default_model_path, open_model
+from kernels import cpu as cpu_kernels
 from tests.support.greedy_runs import reference_prompts, run_greedy
 
 pytestmark = pytest.mark.slow
@@ -183,7 +184,8 @@ def test_bfloat16_dense_weights_are_packed_once_and_give_the_same_bits() -> None
     loaded = {}
     for pack in (True, False):
         backend = CPUBackend()
-        info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", passes={"pack": pack}))
+        info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16",
+                                      passes={"quantise": "bf16", "pack": pack}))
         loaded[pack] = backend, next(r for r in info.passes if r["name"] == "choose_kernels")
     (on, record), (off, record_off) = loaded[True], loaded[False]
     assert record_off["detail"].endswith("not packed (pack: false)")
@@ -207,9 +209,14 @@ def test_bfloat16_dense_weights_are_packed_once_and_give_the_same_bits() -> None
 
 
 def test_auto_resolves_to_the_models_dense_dtype() -> None:
-    # auto stays dense in the model's dtype (resolve_mode says why not hybrid or native).
+    # auto multiplies the dense weights' own values in the model's dtype (resolve_mode says why not hybrid
+    # or native): in bfloat16 reading the file's blocks for small batches where exact_linear can (exact_ok).
     assert passes.resolve_mode("auto", dtype_name="bfloat16") == "bf16"
+    assert passes.resolve_mode("auto", dtype_name="bfloat16", exact_ok=True) == "exact"
     assert passes.resolve_mode("auto", dtype_name="float32") == "f32"
+    assert passes.resolve_mode("auto", dtype_name="float32", exact_ok=True) == "f32"
+    with pytest.raises(ValueError, match="exact multiplies bfloat16 rows"):
+        passes.resolve_mode("exact", dtype_name="float32")
     assert passes.resolve_mode("int8", dtype_name="float32") == "int8"
     engine = passes.PassConfig.parse({"quantise": "int8", "gemm_from": 4})
     assert engine.merged(passes.PassConfig.parse({"quantise": "native"})) == passes.PassConfig("native", 4)
@@ -260,3 +267,38 @@ def test_int4_requantises_to_q4_1_blocks_close_to_the_weights(f32_model: Any) ->
     # 4 bits over each block's range: an error of at most half a step, (max - min) / 15 / 2.
     spans = np.ptp(dense.reshape(-1, 32), axis=1).reshape(dense.shape[0], -1).repeat(32, axis=1)
     assert (abs(back - dense) <= spans / 30 + 1e-3).all()
+
+
+needs_exact = pytest.mark.skipif(not (cpu_kernels.load() is not None and cpu_kernels.exact_linear_supported()),
+                                 reason="exact_linear needs AVX-512 BF16, which this CPU lacks (auto stays bf16 here)")
+
+
+@needs_exact
+def test_exact_multiplies_the_dense_weights_values_reading_blocks_for_small_batches() -> None:
+    from backends.cpu import linear as ql
+
+    loaded = {}
+    for mode in ("auto", "bf16"):
+        backend = CPUBackend()
+        info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", passes={"quantise": mode}))
+        loaded[mode] = backend, {r["name"]: r for r in info.passes}
+    (exact, records), (dense, _) = loaded["auto"], loaded["bf16"]
+    assert records["quantise"]["detail"].startswith("120 Q4_1, 1 Q8_0 projections kept as stored in the file")
+    assert records["choose_kernels"]["detail"].startswith(f"exact_linear (the blocks decoded to the dense weights' "
+                                                          f"values) below {ql.EXACT_GEMM_FROM_ROWS} rows")
+    assert records["decode_loop"]["status"] == "ran" and "1 to 64 rows" in records["decode_loop"]["detail"]
+    model = exact.model
+    projections = [layer.attn.qkv for layer in model.layers] + [model.head_linear.linear]
+    assert all(isinstance(p, ql.QuantLinear) and p.exact and p.gemm_from == ql.EXACT_GEMM_FROM_ROWS
+               for p in projections)
+    generator = torch.Generator().manual_seed(3)
+    for p in (projections[0], projections[-1]):
+        x = torch.randn(40, p.in_features, generator=generator).to(torch.bfloat16)
+        for rows in (1, 5, 7):  # the blocks, multiplied as invariant_linear multiplies the dense weights
+            want = cpu_kernels.loaded().invariant_linear(x[:rows], p.dense_weight, None)
+            assert torch.equal(p(x[:rows]), want)
+            assert torch.equal(p(x[rows - 1 : rows]), want[-1:])  # a row alone: the same bits as among others
+        for rows in (8, 40):  # from gemm_from: the packed dense GEMM, as the bf16 mode runs it
+            assert torch.equal(p(x[:rows]), ql.packed_linear(x[:rows], p.packed_dense))
+    ids = torch.tensor([0, 1, 17, 49151])
+    assert torch.equal(model.embed(ids), dense.model.embed(ids))  # the Q8_0 embedding's rows: the same values

@@ -1,0 +1,72 @@
+"""exact_linear (kernels/cpu/exact.cpp): the blocks decoded to the loader's bfloat16 weights, multiplied in
+invariant_linear's order, so the same bits as invariant_linear on the dense weights, at any row count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from backends.models.quants import dequantize
+from kernels import cpu as cpu_kernels
+
+pytestmark = pytest.mark.skipif(
+    not (cpu_kernels.load() is not None and cpu_kernels.exact_linear_supported()),
+    reason="exact_linear needs the C++ kernels built with AVX-512 BF16, which this CPU lacks",
+)
+
+QTYPES = {2: GGMLQuantizationType.Q4_0, 3: GGMLQuantizationType.Q4_1, 8: GGMLQuantizationType.Q8_0}
+
+
+def _blocks(qtype: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random weights quantised by gguf, as blocks and as the loader dequantises them (to bfloat16)."""
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
+    w[0, :32] += 3.0  # one block with a large minimum and scale
+    raw = np.ascontiguousarray(quants.quantize(w, QTYPES[qtype])).view(np.uint8).reshape(n, -1)
+    dense = torch.from_numpy(dequantize(raw.reshape(-1), qtype, (n, k))).to(torch.bfloat16)
+    return torch.from_numpy(raw.copy()), dense
+
+
+@pytest.mark.parametrize("qtype", sorted(QTYPES))
+@pytest.mark.parametrize(("n", "k"), [(1, 32), (37, 64), (96, 576)])
+def test_the_same_bits_as_invariant_linear_on_the_dequantised_weights(qtype: int, n: int, k: int) -> None:
+    blocks, dense = _blocks(qtype, n, k, seed=n + k + qtype)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(qtype)).to(torch.bfloat16)
+    for rows in (1, 3, 4, 5, 9):
+        got = cpu_kernels.exact_linear(x[:rows], blocks, qtype)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+        assert torch.equal(got, cpu_kernels.loaded().invariant_linear(x[:rows], dense, None))
+    # Batch-invariant: each row alone gives its bits among the others.
+    full = cpu_kernels.exact_linear(x, blocks, qtype)
+    for i in range(9):
+        assert torch.equal(cpu_kernels.exact_linear(x[i : i + 1], blocks, qtype), full[i : i + 1])
+    # And it is the product: close to float64's on the same weights.
+    want = (x.double() @ dense.double().T).float()
+    assert torch.allclose(full.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+def test_the_default_models_own_blocks() -> None:
+    from backends.models import default_model_path
+    from gguf import GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(default_model_path()).tensors}
+    for name in ("blk.0.attn_q.weight", "blk.29.ffn_down.weight", "token_embd.weight"):
+        t = tensors[name]
+        raw = np.asarray(t.data).reshape(-1).view(np.uint8)
+        n, k, qtype = int(t.shape[1]), int(t.shape[0]), int(t.tensor_type)
+        blocks = torch.from_numpy(raw.copy().reshape(n, -1))[:300].contiguous()
+        dense = torch.from_numpy(dequantize(raw, qtype, (n, k))).to(torch.bfloat16)[:300]
+        x = torch.randn(3, k).to(torch.bfloat16)
+        assert torch.equal(cpu_kernels.exact_linear(x, blocks, qtype), cpu_kernels.loaded().invariant_linear(x, dense, None))
+
+
+@pytest.mark.parametrize(("x", "blocks", "qtype", "message"), [
+    (torch.zeros(2, 64), torch.zeros(4, 40, dtype=torch.uint8), 3, "x must be bfloat16"),
+    (torch.zeros(2, 48, dtype=torch.bfloat16), torch.zeros(4, 30, dtype=torch.uint8), 3, "not a multiple of 32"),
+    (torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(4, 36, dtype=torch.uint8), 3, "blocks must be"),
+    (torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(4, 40, dtype=torch.uint8), 12, "unsupported ggml type"),
+])
+def test_bad_arguments_are_refused(x: torch.Tensor, blocks: torch.Tensor, qtype: int, message: str) -> None:
+    with pytest.raises(RuntimeError, match=message):
+        cpu_kernels.exact_linear(x, blocks, qtype)
