@@ -54,8 +54,8 @@ DENSE_GEMM_FROM_ROWS = 2
 # (256 x 1536 x 2 bytes = 768 KiB at most here) is still in cache when the GEMM reads it.
 TILE_ROWS = 256
 # The exact mode: rows from which the packed bfloat16 GEMM replaces exact_linear. Measured by
-# benchmarks/bench_exact_linear.py on the 2-core AMD EPYC (AVX-512 BF16), 2026-11-27: over a layer's
-# projections exact_linear is about 2x oneDNN's at 1 row and level with it at 8.
+# benchmarks/bench_exact_linear.py on the 2-core AMD EPYC (AVX-512 BF16), 2026-11-26: over the model's
+# projections (docs/benchmarks.md, "The exact mode").
 EXACT_GEMM_FROM_ROWS = 8
 
 
