@@ -55,8 +55,9 @@ DENSE_GEMM_FROM_ROWS = 2
 TILE_ROWS = 256
 # The exact mode: rows from which the packed bfloat16 GEMM replaces exact_linear. Measured by
 # benchmarks/bench_exact_linear.py on the 2-core AMD EPYC (AVX-512 BF16), 2026-11-26: over the model's
-# projections (docs/benchmarks.md, "The exact mode").
-EXACT_GEMM_FROM_ROWS = 8
+# projections, alternating, exact_linear took 3.6 against 8.2 ms a step at 1 row, 6.7 against 8.7-10.1 at 8,
+# and 9.9-10.7 against 9.6-10.3 at 9-12 (docs/benchmarks.md, "The exact mode").
+EXACT_GEMM_FROM_ROWS = 9
 
 
 class QuantLinear(nn.Module):

@@ -18,6 +18,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -103,10 +104,22 @@ template <int64_t QT>
 void run(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
          c10::BFloat16* y) {
   // Threads split the outputs only; every element's reduction is the same whatever the split or M.
+  // Rows go in tiles of up to 8, each block decoded once a tile: a step reads the weights once per 8 rows.
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) tile<QT, 4>(x + m * K, K, w, row_bytes, n0, n1, y + m * N, N);
-    for (; m < M; ++m) tile<QT, 1>(x + m * K, K, w, row_bytes, n0, n1, y + m * N, N);
+    for (int64_t m = 0; m < M; m += 8) {
+      const c10::BFloat16* xm = x + m * K;
+      c10::BFloat16* ym = y + m * N;
+      switch (std::min<int64_t>(M - m, 8)) {
+        case 1: tile<QT, 1>(xm, K, w, row_bytes, n0, n1, ym, N); break;
+        case 2: tile<QT, 2>(xm, K, w, row_bytes, n0, n1, ym, N); break;
+        case 3: tile<QT, 3>(xm, K, w, row_bytes, n0, n1, ym, N); break;
+        case 4: tile<QT, 4>(xm, K, w, row_bytes, n0, n1, ym, N); break;
+        case 5: tile<QT, 5>(xm, K, w, row_bytes, n0, n1, ym, N); break;
+        case 6: tile<QT, 6>(xm, K, w, row_bytes, n0, n1, ym, N); break;
+        case 7: tile<QT, 7>(xm, K, w, row_bytes, n0, n1, ym, N); break;
+        default: tile<QT, 8>(xm, K, w, row_bytes, n0, n1, ym, N); break;
+      }
+    }
   });
 }
 #endif

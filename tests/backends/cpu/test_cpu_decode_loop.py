@@ -18,14 +18,14 @@ from kernels import cpu as cpu_kernels
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(cpu_kernels.load() is None, reason="no C++ CPU kernels")]
 BS = 16
-BLOCKS_PER_SEQ = 4
+BLOCKS_PER_SEQ = 5  # the longest prompt (17 + 5 * 9 tokens) and its steps fit
 STEPS = 10
 
 
 def _load(mode: str, dtype: str = "bfloat16", **extra: Any) -> CPUBackend:
     backend = CPUBackend()
     backend.load(ModelSpec(name="m", path=default_model_path(), dtype=dtype, passes={"quantise": mode}, **extra))
-    backend.allocate_kv(8 * BLOCKS_PER_SEQ, BS)
+    backend.allocate_kv(10 * BLOCKS_PER_SEQ, BS)  # up to 10 sequences
     return backend
 
 
@@ -78,7 +78,8 @@ def _greedy(backend: CPUBackend, rows: int) -> tuple[list[torch.Tensor], list[li
 
 @pytest.mark.parametrize("mode,dtype,rows", [("hybrid", "bfloat16", 1), ("native", "bfloat16", 3),
                                              ("native", "float32", 2), ("auto", "bfloat16", 1),
-                                             ("auto", "bfloat16", 8), ("f32", "float32", 2)])
+                                             ("auto", "bfloat16", 8), ("auto", "bfloat16", 10),
+                                             ("bf16", "bfloat16", 8), ("f32", "float32", 2)])
 def test_greedy_decoding_through_the_loop_gives_the_python_paths_bits(mode: str, dtype: str, rows: int) -> None:
     backend = _load(mode, dtype)
     loop = backend.model.decode_loop
@@ -164,7 +165,7 @@ def test_the_loop_takes_no_more_rows_than_below_gemm_from() -> None:
     backend = CPUBackend()
     backend.load(ModelSpec(name="g", path=default_model_path(), dtype="bfloat16",
                            passes={"quantise": "native", "gemm_from": 4}))
-    backend.allocate_kv(8 * BLOCKS_PER_SEQ, BS)
+    backend.allocate_kv(10 * BLOCKS_PER_SEQ, BS)  # up to 10 sequences
     assert backend.model.decode_loop.max_rows == 3
     _prefilled(backend, 4)
     calls = _count_loop_calls(backend)

@@ -294,11 +294,11 @@ def test_exact_multiplies_the_dense_weights_values_reading_blocks_for_small_batc
     generator = torch.Generator().manual_seed(3)
     for p in (projections[0], projections[-1]):
         x = torch.randn(40, p.in_features, generator=generator).to(torch.bfloat16)
-        for rows in (1, 5, 7):  # the blocks, multiplied as invariant_linear multiplies the dense weights
+        for rows in (1, 5, ql.EXACT_GEMM_FROM_ROWS - 1):  # the blocks, multiplied as invariant_linear multiplies the dense weights
             want = cpu_kernels.loaded().invariant_linear(x[:rows], p.dense_weight, None)
             assert torch.equal(p(x[:rows]), want)
             assert torch.equal(p(x[rows - 1 : rows]), want[-1:])  # a row alone: the same bits as among others
-        for rows in (8, 40):  # from gemm_from: the packed dense GEMM, as the bf16 mode runs it
+        for rows in (ql.EXACT_GEMM_FROM_ROWS, 40):  # from gemm_from: the packed dense GEMM, as the bf16 mode runs it
             assert torch.equal(p(x[:rows]), ql.packed_linear(x[:rows], p.packed_dense))
     ids = torch.tensor([0, 1, 17, 49151])
     assert torch.equal(model.embed(ids), dense.model.embed(ids))  # the Q8_0 embedding's rows: the same values
