@@ -17,7 +17,9 @@ rows (hybrid) or ``EXACT_GEMM_FROM_ROWS`` (exact). With ``exact`` set, the first
 ``kernels.cpu.exact_linear`` instead of ``qmatmul``: bfloat16 activations times the blocks decoded
 to those same bfloat16 weights, so small batches read the blocks and still multiply the numbers
 the batches' GEMM multiplies (``qmatmul`` rounds the activations to int8 first).
-A deterministic model (``deterministic`` True) always takes ``qmatmul``.
+A deterministic model (``deterministic`` True) always takes ``qmatmul``, except with ``exact``: there
+``exact_linear`` below ``gemm_from`` and ``invariant_linear`` on the dense weights from there, which
+are the same bits, so a row's result never depends on the batch.
 ``QuantEmbedding`` is the token embedding in blocks (a lookup dequantises the rows
 it needs); with tied embeddings it shares its blocks with the output head.
 
@@ -91,8 +93,11 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.exact and not self.deterministic and rows.shape[0] < self.gemm_from and rows.dtype == torch.bfloat16:
+        exact = self.exact and rows.dtype == torch.bfloat16
+        if exact and rows.shape[0] < self.gemm_from:
             y = cpu_kernels.exact_linear(rows, self.blocks, self.qtype)
+        elif exact and self.deterministic:  # exact_linear's bits from the dense weights, at a GEMM's pace
+            y = cpu_kernels.loaded().invariant_linear(rows, self.dense_weight, None)
         elif self.deterministic or rows.shape[0] < self.gemm_from:
             y = cpu_kernels.qmatmul(rows, self.blocks, self.qtype).to(x.dtype)
         elif self.packed_dense is not None:

@@ -17,7 +17,8 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
   plus the blocks'); ``exact`` keeps both too, but multiplies small batches' bfloat16 rows by the
   blocks decoded to the dense weights' own values (``exact_linear``), so every batch size
   multiplies the same numbers: the default for a quantised file in bfloat16 where the kernel
-  builds (AVX-512 BF16); ``int8`` re-quantises
+  builds (AVX-512 BF16), deterministic mode included (there ``invariant_linear`` on the dense
+  weights takes the batches, the same bits as ``exact_linear``); ``int8`` re-quantises
   float weights to Q8_0 (int8, a float16 scale per 32); ``int4`` to Q4_1 (4 bits, a
   scale and minimum per 32); ``bf16``/``f32`` keep dense weights in the model's dtype.
 * ``choose_kernels``: each quantised projection's row threshold for the GEMM path
@@ -145,13 +146,12 @@ def resolve_mode(mode: str, *, dtype_name: str, exact_ok: bool = False) -> str:
     return "exact" if exact_ok else "bf16"
 
 
-def exact_available(source: Any, deterministic: bool = False) -> bool:
+def exact_available(source: Any) -> bool:
     """Whether ``auto`` may resolve to ``exact`` for this source: its projections in blocks the
-    kernel reads, the kernel built here, and not deterministic mode (which multiplies dense
-    weights with ``invariant_linear``, the same bits, at every size)."""
+    kernel reads, and the kernel built here."""
     from kernels import cpu as cpu_kernels
 
-    return not deterministic and cpu_kernels.exact_linear_supported() and quantised_file(source)
+    return cpu_kernels.exact_linear_supported() and quantised_file(source)
 
 
 def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
@@ -255,6 +255,9 @@ def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tu
         if deterministic:  # Transformer.use_invariant_kernels put them on the invariant kernel
             return "ran", "deterministic: dense projections through the batch-invariant invariant_linear"
         return "ran", "dense projections: torch GEMM at every batch size" + _pack_dense(model, config)
+    if deterministic and exact:  # invariant_linear needs the plain dense weights: nothing to pack
+        return "ran", (f"deterministic: exact_linear below {gemm_from} rows, invariant_linear on the dense "
+                       f"weights from {gemm_from} (the same bits)")
     if deterministic:
         return "ran", "deterministic: the batch-invariant qmatmul kernel at every batch size"
     batch = "GEMM on the dense weights" if hybrid or exact else "dequantise-per-tile + GEMM"

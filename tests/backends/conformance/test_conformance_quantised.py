@@ -4,8 +4,9 @@ float32 is the exact mode (test_conformance_generation: greedy equality with the
 equal to transformers). A quantised mode changes the weights, so its reference is the same
 weights dequantised and multiplied in float32: for ``native``, ``int8`` and ``int4`` the
 loaded model itself with every projection's blocks dequantised once into a float32
-``F.linear``; for ``bf16`` and ``exact`` (the same bfloat16 weights, a small batch's read from the
-blocks), the float32 model with each weight rounded to bfloat16. What the
+``F.linear``; for ``bf16``, ``exact`` (the same bfloat16 weights, a small batch's read from the
+blocks) and ``hybrid`` (those weights for batches, the blocks with int8 activations for a single
+row, as ``native``), the float32 model with each weight rounded to bfloat16. What the
 subject adds is only its arithmetic: the quantised kernels round activations to int8 per
 block of 32 (as llama.cpp does), and bf16 runs activations in bfloat16.
 
@@ -93,7 +94,7 @@ def _subject_and_reference(mode: str) -> tuple[Any, Any]:
     from backends.base import BackendError
 
     try:
-        if mode in ("bf16", "exact"):  # exact: bf16's weights, small batches read from the blocks
+        if mode in ("bf16", "exact", "hybrid"):  # the bfloat16 dense weights (beside the blocks in exact, hybrid)
             subject = _load(dtype="bfloat16", passes={"quantise": mode})
             reference = _load(dtype="float32", passes={"quantise": "f32"})
             with torch.no_grad():
@@ -107,7 +108,7 @@ def _subject_and_reference(mode: str) -> tuple[Any, Any]:
     return backend, backend
 
 
-@pytest.mark.parametrize("mode", ["native", "int8", "int4", "bf16", "exact"])
+@pytest.mark.parametrize("mode", ["native", "int8", "int4", "bf16", "exact", "hybrid"])
 def test_quantised_mode_within_its_float32_reference(mode: str, prompts: list[list[int]]) -> None:
     subject, reference = _subject_and_reference(mode)
     kls, agree = [], []

@@ -49,9 +49,10 @@ def test_first_difference_sees_one_ulp_and_a_token():
     assert first_difference(base, base[:1]) is not None
 
 
-# The file's own Q4_1 blocks through the quantised kernel, and dense bfloat16 weights through
-# invariant_linear: the two kinds of projection a deterministic model may run.
-@pytest.fixture(scope="module", params=["native", "bf16"])
+# The file's own Q4_1 blocks through the quantised kernel, dense bfloat16 weights through
+# invariant_linear, and both (exact: the blocks below gemm_from, the dense weights from there,
+# the same bits): the kinds of projection a deterministic model may run.
+@pytest.fixture(scope="module", params=["native", "bf16", "exact"])
 def model(request: pytest.FixtureRequest) -> tuple[CPUBackend, Any, Any]:
     spec = ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", deterministic=True,
                      passes={"quantise": request.param})

@@ -302,3 +302,19 @@ def test_exact_multiplies_the_dense_weights_values_reading_blocks_for_small_batc
             assert torch.equal(p(x[:rows]), ql.packed_linear(x[:rows], p.packed_dense))
     ids = torch.tensor([0, 1, 17, 49151])
     assert torch.equal(model.embed(ids), dense.model.embed(ids))  # the Q8_0 embedding's rows: the same values
+
+
+@needs_exact
+def test_deterministic_exact_gives_a_row_the_same_bits_on_both_sides_of_gemm_from() -> None:
+    from backends.cpu import linear as ql
+
+    backend = CPUBackend()
+    info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", deterministic=True))
+    record = next(r for r in info.passes if r["name"] == "choose_kernels")
+    assert record["detail"].startswith(f"deterministic: exact_linear below {ql.EXACT_GEMM_FROM_ROWS} rows")
+    for p in (backend.model.layers[0].mlp.down, backend.model.head_linear.linear):
+        assert p.exact and p.deterministic and p.packed_dense is None
+        x = torch.randn(20, p.in_features, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+        batched = p(x)  # 20 rows: invariant_linear on the dense weights
+        for i in (0, 7, 19):  # alone: exact_linear on the blocks
+            assert torch.equal(p(x[i : i + 1]), batched[i : i + 1])
