@@ -74,11 +74,11 @@ def main() -> None:
     for p in projs:  # the contract, before any timing
         x = torch.randn(5, p.in_features).to(torch.bfloat16)
         for rows in (1, 5):
-            want = cpu_kernels.loaded().invariant_linear(x[:rows], p.dense_weight, None)
+            want = cpu_kernels.loaded().invariant_linear(x[:rows], p.dense(torch.bfloat16), None)
             if not torch.equal(cpu_kernels.exact_linear(x[:rows], p.blocks, p.qtype), want):
                 raise SystemExit("exact_linear differs from invariant_linear on the dense weights")
     blocks_mb = sum(p.blocks.numel() for p in projs) / 1e6
-    dense_mb = sum(p.dense_weight.numel() * 2 for p in projs) / 1e6
+    dense_mb = sum(p.out_features * p.in_features * 2 for p in projs) / 1e6
     print(f"# exact_linear vs packed bfloat16 GEMM (oneDNN) - {cpu_name()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}")
     print(f"# method: every projection of SmolLM2-135M as one step ({len(projs)} calls: blocks {blocks_mb:.0f} MB, "

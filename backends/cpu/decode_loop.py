@@ -71,7 +71,7 @@ def max_rows(model: Transformer) -> int:
 def _exact_dense(p: QuantLinear) -> torch.Tensor | None:
     """The dense weight an exact projection's forward multiplies from its gemm_from (packed or plain),
     which the loop multiplies too; None for any other QuantLinear."""
-    if not p.exact or p.deterministic or p.dense_weight is None:
+    if not p.exact or p.deterministic:
         return None
     return p.packed_dense if p.packed_dense is not None else p.dense_weight
 

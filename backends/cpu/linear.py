@@ -79,7 +79,8 @@ class QuantLinear(nn.Module):
         if dense is not None and tuple(dense.shape) != (blocks.shape[0], in_features):
             raise ValueError(f"dense weight of shape {tuple(dense.shape)} for {blocks.shape[0]} x {in_features}")
         self.register_buffer("dense_weight", dense, persistent=False)
-        self.register_buffer("packed_dense", None, persistent=False)  # ``dense_weight`` packed (``pack``), by a load pass
+        # ``dense_weight`` packed (``pack``), by a load pass; in the exact mode it then stands alone (dense_weight None).
+        self.register_buffer("packed_dense", None, persistent=False)
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = blocks.shape[0]
@@ -100,8 +101,8 @@ class QuantLinear(nn.Module):
             y = cpu_kernels.loaded().invariant_linear(rows, self.dense_weight, None)
         elif self.deterministic or rows.shape[0] < self.gemm_from:
             y = cpu_kernels.qmatmul(rows, self.blocks, self.qtype).to(x.dtype)
-        elif self.packed_dense is not None:
-            y = packed_linear(rows.to(self.dense_weight.dtype), self.packed_dense).to(x.dtype)
+        elif self.packed_dense is not None:  # ``pack`` packs bfloat16 weights only
+            y = packed_linear(rows.to(torch.bfloat16), self.packed_dense).to(x.dtype)
         elif self.dense_weight is not None:
             y = torch.nn.functional.linear(rows.to(self.dense_weight.dtype), self.dense_weight).to(x.dtype)
         else:

@@ -277,13 +277,11 @@ def _pack_dense(model: Any, config: PassConfig) -> str:
             done += ql.use_packed(m)
         elif isinstance(m, ql.QuantLinear) and m.dense_weight is not None:
             total += 1
-            m.packed_dense = ql.pack(m.dense_weight)
-            done += m.packed_dense is not None
+            done += _pack_beside_blocks(m)
     head = model.head_linear
-    if isinstance(head, ql.QuantHead) and head.linear.dense_weight is not None:  # hybrid: not among the modules
+    if isinstance(head, ql.QuantHead) and head.linear.dense_weight is not None:  # not among the modules
         total += 1
-        head.linear.packed_dense = ql.pack(head.linear.dense_weight)
-        done += head.linear.packed_dense is not None
+        done += _pack_beside_blocks(head.linear)
     head_weight = (model.embed.weight if model.lm_head is None and isinstance(model.embed, nn.Embedding)
                    else getattr(model.lm_head, "weight", None) if isinstance(model.lm_head, nn.Linear) else None)
     if head_weight is not None:
@@ -294,7 +292,22 @@ def _pack_dense(model: Any, config: PassConfig) -> str:
             done += 1
     if not done:
         return "; not packed (oneDNN's bfloat16 packing is not available here, or not bit-identical)" if total else ""
-    return f"; {done} of {total} dense weights packed once for oneDNN (copies beside them)"
+    alone = sum(1 for m in [*model.modules(), getattr(head, "linear", None)]
+                if isinstance(m, ql.QuantLinear) and m.packed_dense is not None and m.dense_weight is None)
+    where = f"{alone} beside blocks in place of the plain weights, the rest beside them" if alone else "copies beside them"
+    return f"; {done} of {total} dense weights packed once for oneDNN ({where})"
+
+
+def _pack_beside_blocks(m: ql.QuantLinear) -> bool:
+    """Pack a QuantLinear's dense weight (hybrid, exact). An exact projection then drops the plain
+    copy: its blocks are the small batches' weights and the packed copy the rest's (``pack`` has
+    checked that copy's bits), so nothing reads it and a third of its weight memory goes."""
+    m.packed_dense = ql.pack(m.dense_weight)
+    if m.packed_dense is None:
+        return False
+    if m.exact and not m.deterministic:
+        m.dense_weight = None
+    return True
 
 
 def decode_loop(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:

@@ -291,11 +291,17 @@ def test_exact_multiplies_the_dense_weights_values_reading_blocks_for_small_batc
     projections = [layer.attn.qkv for layer in model.layers] + [model.head_linear.linear]
     assert all(isinstance(p, ql.QuantLinear) and p.exact and p.gemm_from == ql.EXACT_GEMM_FROM_ROWS
                for p in projections)
+    # The packed copies stand in for the plain dense weights, which are dropped.
+    assert all(p.packed_dense is not None and p.dense_weight is None for p in projections)
+    assert "121 beside blocks in place of the plain weights" in records["choose_kernels"]["detail"]
+    assert records["choose_kernels"]["bytes_after"] == records["quantise"]["bytes_after"]  # copies in their place
     generator = torch.Generator().manual_seed(3)
-    for p in (projections[0], projections[-1]):
+    # The bf16 model's weights: the loader's own bfloat16 values, which exact must multiply.
+    for p, weight in ((projections[0], dense.model.layers[0].attn.qkv.weight), (projections[-1], dense.model.embed.weight)):
         x = torch.randn(40, p.in_features, generator=generator).to(torch.bfloat16)
+        assert torch.equal(p.dense(torch.bfloat16), weight)
         for rows in (1, 5, ql.EXACT_GEMM_FROM_ROWS - 1):  # the blocks, multiplied as invariant_linear multiplies the dense weights
-            want = cpu_kernels.loaded().invariant_linear(x[:rows], p.dense_weight, None)
+            want = cpu_kernels.loaded().invariant_linear(x[:rows], weight, None)
             assert torch.equal(p(x[:rows]), want)
             assert torch.equal(p(x[rows - 1 : rows]), want[-1:])  # a row alone: the same bits as among others
         for rows in (ql.EXACT_GEMM_FROM_ROWS, 40):  # from gemm_from: the packed dense GEMM, as the bf16 mode runs it
