@@ -169,13 +169,13 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
         config = PassConfig.parse(value)
         wanted = requested_dtype(dtype, config)
         dtype_name = resolve_dtype(wanted)
-        quantised = quantised_file(open_model(path))
+        source = open_model(path)
+        quantised = quantised_file(source)
         kernels_ok = cpu_kernels.load() is not None  # built once and cached, as the first load would
     except Exception as exc:  # a diagnostic: every reason a load would fail is reported, none raised
         return {**out, "error": str(exc)}
-    exact_ok = kernels_ok and quantised and cpu_kernels.exact_linear_supported()
     try:
-        mode = resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_ok)
+        mode = resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_available(source))
     except ValueError as exc:
         return {**out, "error": str(exc)}
     out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised)
@@ -228,9 +228,8 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
         slot.replace(qtype, torch.from_numpy(blocks), slot.dense().detach() if mode in _KEEP_DENSE else None)
         counts[ql.QTYPE_NAMES[qtype]] = counts.get(ql.QTYPE_NAMES[qtype], 0) + 1
     kept = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
-    how = {"native": "kept as stored in the file",
-           "hybrid": "kept as stored in the file, beside their dense weights for batches",
-           "exact": "kept as stored in the file, beside their dense weights for batches"}.get(mode, f"re-quantised ({mode})")
+    how = ("kept as stored in the file" + (", beside their dense weights for batches" if mode in _KEEP_DENSE else "")
+           if mode in _FILE_BLOCKS else f"re-quantised ({mode})")
     detail = f"{kept or 'no'} projections {how}" + (f"; {dense_left} left dense (no kernel for their type)"
                                                      if dense_left else "")
     return "ran", detail
@@ -270,18 +269,20 @@ def _pack_dense(model: Any, config: PassConfig) -> str:
     """Pack the bfloat16 dense weights GEMMs multiply (``linear.pack``); what was packed, for the record."""
     if config.pack is False:
         return "; not packed (pack: false)"
-    done = total = 0
+    done = total = alone = 0
+    head = model.head_linear
+    beside_blocks = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
+    if isinstance(head, ql.QuantHead):  # not among the modules
+        beside_blocks.append(head.linear)
     for m in list(model.modules()):
         if isinstance(m, nn.Linear) and m is not model.lm_head:
             total += 1
             done += ql.use_packed(m)
-        elif isinstance(m, ql.QuantLinear) and m.dense_weight is not None:
+    for m in beside_blocks:
+        if m.dense_weight is not None:
             total += 1
             done += _pack_beside_blocks(m)
-    head = model.head_linear
-    if isinstance(head, ql.QuantHead) and head.linear.dense_weight is not None:  # not among the modules
-        total += 1
-        done += _pack_beside_blocks(head.linear)
+            alone += m.dense_weight is None
     head_weight = (model.embed.weight if model.lm_head is None and isinstance(model.embed, nn.Embedding)
                    else getattr(model.lm_head, "weight", None) if isinstance(model.lm_head, nn.Linear) else None)
     if head_weight is not None:
@@ -292,8 +293,6 @@ def _pack_dense(model: Any, config: PassConfig) -> str:
             done += 1
     if not done:
         return "; not packed (oneDNN's bfloat16 packing is not available here, or not bit-identical)" if total else ""
-    alone = sum(1 for m in [*model.modules(), getattr(head, "linear", None)]
-                if isinstance(m, ql.QuantLinear) and m.packed_dense is not None and m.dense_weight is None)
     where = f"{alone} beside blocks in place of the plain weights, the rest beside them" if alone else "copies beside them"
     return f"; {done} of {total} dense weights packed once for oneDNN ({where})"
 

@@ -171,42 +171,41 @@ class DecodeLoop {
   // in: this step's buffer [M, pr.in] holding the projection's input.
   template <typename T>
   void project(const Projection& pr, const torch::Tensor& in_t, int64_t M, float* yf, T* out) {
-    if constexpr (std::is_same_v<T, at::BFloat16>) {
-      if (pr.exact_below > 0) {  // QuantLinear.forward's exact branches: the product, then + bias in bfloat16
-        if (M < pr.exact_below) {
-          ifx::exact_linear_rows(in_t.data_ptr<T>(), M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out,
-                                 pr.weight.size(1), pr.qtype, out);
-        } else {
-          const torch::Tensor y = pr.dense.is_mkldnn() ? packed_linear(in_t, pr.dense, c10::nullopt)
-                                                       : at::linear(in_t, pr.dense);
-          std::memcpy(out, y.contiguous().data_ptr<T>(), M * pr.out * sizeof(T));
-        }
-        if (pr.bias.numel()) {
-          const T* bias = pr.bias.data_ptr<T>();
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t n = 0; n < pr.out; ++n)
-              out[m * pr.out + n] = static_cast<T>(static_cast<float>(out[m * pr.out + n]) + static_cast<float>(bias[n]));
-        }
-        return;
-      }
-    }
     if (pr.kind != Kind::kBlocks) {  // the Python path's own op on the same tensors, so the same bits
       c10::optional<torch::Tensor> bias;
       if (pr.bias.numel()) bias = pr.bias;
-      const torch::Tensor y = pr.kind == Kind::kPacked ? packed_linear(in_t, pr.weight, bias)
-                                                       : at::linear(in_t, pr.weight, bias);
-      std::memcpy(out, y.contiguous().data_ptr<T>(), M * pr.out * sizeof(T));
+      dense_op(pr.weight, in_t, bias, M, pr.out, out);
       return;
     }
-    const T* in = in_t.data_ptr<T>();
-    ifx::qmatmul_rows(in, M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out, pr.weight.size(1), pr.qtype, yf, scratch_);
-    // QuantLinear: the float32 product rounded to the activation dtype, then + bias in that dtype.
-    const T* bias = pr.bias.numel() ? pr.bias.data_ptr<T>() : nullptr;
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < pr.out; ++n) {
-        const T v = static_cast<T>(yf[m * pr.out + n]);
-        out[m * pr.out + n] = bias ? static_cast<T>(static_cast<float>(v) + static_cast<float>(bias[n])) : v;
-      }
+    // QuantLinear.forward: the product in the activation dtype, then + bias in that dtype.
+    if (pr.exact_below > 0 && M >= pr.exact_below) {  // exact's dense side
+      dense_op(pr.dense, in_t, c10::nullopt, M, pr.out, out);
+    } else if (pr.exact_below > 0) {
+      if constexpr (std::is_same_v<T, at::BFloat16>)
+        ifx::exact_linear_rows(in_t.data_ptr<T>(), M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out,
+                               pr.weight.size(1), pr.qtype, out);
+      else
+        TORCH_CHECK(false, "DecodeLoop: exact_linear multiplies bfloat16 rows");  // the constructor refuses it
+    } else {
+      ifx::qmatmul_rows(in_t.data_ptr<T>(), M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out, pr.weight.size(1),
+                        pr.qtype, yf, scratch_);
+      for (int64_t i = 0; i < M * pr.out; ++i) out[i] = static_cast<T>(yf[i]);  // the float32 product, rounded
+    }
+    if (pr.bias.numel()) {
+      const T* bias = pr.bias.data_ptr<T>();
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < pr.out; ++n)
+          out[m * pr.out + n] = static_cast<T>(static_cast<float>(out[m * pr.out + n]) + static_cast<float>(bias[n]));
+    }
+  }
+
+  // A dense weight's op, the one its forward calls (oneDNN's on a packed weight, at::linear on a plain one),
+  // copied into out.
+  template <typename T>
+  static void dense_op(const torch::Tensor& weight, const torch::Tensor& in_t,
+                       const c10::optional<torch::Tensor>& bias, int64_t M, int64_t N, T* out) {
+    const torch::Tensor y = weight.is_mkldnn() ? packed_linear(in_t, weight, bias) : at::linear(in_t, weight, bias);
+    std::memcpy(out, y.contiguous().data_ptr<T>(), M * N * sizeof(T));
   }
 
   template <typename T>

@@ -32,25 +32,9 @@ namespace {
 constexpr int64_t QK = 32;
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8;
 
-int64_t block_bytes(int64_t qtype) {
-  switch (qtype) {
-    case Q4_0: return 18;
-    case Q4_1: return 20;
-    case Q8_0: return 34;
-    default: TORCH_CHECK(false, "exact_linear: unsupported ggml type ", qtype, " (Q4_0=2, Q4_1=3, Q8_0=8)");
-  }
-  return 0;
-}
+constexpr int64_t block_bytes(int64_t qtype) { return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 0; }
 
 #ifdef IFX_EXACT
-inline float fold(__m512 v) {  // invariant.cpp's fold: halves, then halves again
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
-}
-
 inline float half_at(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -87,16 +71,17 @@ template <int64_t QT, int MR>
 void tile(const c10::BFloat16* x, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
           c10::BFloat16* y, int64_t ldy) {
   const int64_t nb = K / QK;
+  constexpr int64_t kBytes = block_bytes(QT);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
     __m512 acc[MR];
     for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const __m512i wv = decode<QT>(row + b * block_bytes(QT));
+      const __m512i wv = decode<QT>(row + b * kBytes);
       for (int i = 0; i < MR; ++i)
         acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(x + i * K + b * QK), (__m512bh)wv);
     }
-    for (int i = 0; i < MR; ++i) y[i * ldy + n] = c10::BFloat16(fold(acc[i]));
+    for (int i = 0; i < MR; ++i) y[i * ldy + n] = c10::BFloat16(ifx::fold16(acc[i]));
   }
 }
 
@@ -155,6 +140,7 @@ void exact_linear_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8
 torch::Tensor exact_linear(torch::Tensor x, torch::Tensor w, int64_t qtype) {
   TORCH_CHECK(ifx::exact_linear_supported(), "exact_linear needs AVX-512 BF16, which this build's CPU lacks");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "exact_linear: x must be bfloat16 [M, K]");
+  TORCH_CHECK(block_bytes(qtype) > 0, "exact_linear: unsupported ggml type ", qtype, " (Q4_0=2, Q4_1=3, Q8_0=8)");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(K % QK == 0, "exact_linear: K = ", K, " is not a multiple of ", QK);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() &&
@@ -167,5 +153,3 @@ torch::Tensor exact_linear(torch::Tensor x, torch::Tensor w, int64_t qtype) {
                          y.data_ptr<c10::BFloat16>());
   return y;
 }
-
-bool exact_linear_supported() { return ifx::exact_linear_supported(); }

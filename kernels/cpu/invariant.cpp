@@ -27,13 +27,7 @@ namespace {
 #if defined(__AVX512F__)
 using Acc = __m512;
 inline Acc acc_zero() { return _mm512_setzero_ps(); }
-inline float fold(Acc v) {
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
-}
+inline float fold(Acc v) { return ifx::fold16(v); }
 
 // One chunk of K into an accumulator; the last chunk is masked, zeros adding nothing.
 struct F32Chunk {

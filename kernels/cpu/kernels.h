@@ -8,6 +8,10 @@
 
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 // paged_attention.cpp: causal attention of a few query tokens per sequence over the paged KV cache.
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start,
@@ -20,9 +24,9 @@ torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype);
 torch::Tensor dequantize_blocks(torch::Tensor w, int64_t qtype, int64_t K, bool bf16);
 
 // exact.cpp: y = x @ W^T (bfloat16 [M, N]) for bfloat16 x [M, K], W as ggml blocks (Q4_0, Q4_1, Q8_0) decoded to the
-// loader's bfloat16 weights: invariant_linear's bits on those weights, reading the blocks. Needs AVX-512 BF16.
+// loader's bfloat16 weights: invariant_linear's bits on those weights, reading the blocks. Needs AVX-512 BF16
+// (ifx::exact_linear_supported says whether it was built).
 torch::Tensor exact_linear(torch::Tensor x, torch::Tensor w, int64_t qtype);
-bool exact_linear_supported();
 
 // invariant.cpp: batch-invariant y = x @ w^T (+ bias), x [M, K], w [N, K], float32 or bfloat16 (the dtype of x);
 // each element reduced over K in one fixed order, so a row's result never depends on M, its position or threads.
@@ -48,6 +52,18 @@ void bind_decode_loop(pybind11::module& m);
 // their checks, and what decode_loop.cpp calls directly, with no tensor or dispatch per op. Each is
 // instantiated for float and c10::BFloat16 in its own .cpp file.
 namespace ifx {
+
+#if defined(__AVX512F__)
+// The one fold of 16 float32 lanes (halves, then halves again) that invariant_linear, invariant_rms_norm and
+// exact_linear end with: exact_linear's bits equal invariant_linear's only while they share it.
+inline float fold16(__m512 v) {
+  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+#endif
 
 // exact.cpp: exact_linear on raw buffers (y bfloat16 [M, N]); exact_linear_supported() says whether it was built.
 bool exact_linear_supported();
