@@ -161,10 +161,14 @@ def test_a_request_rate_limit_holds_across_three_replicas(cluster: Cluster) -> N
     print(f"\n{accepted} of {len(codes)} accepted with a limit of {limit} requests per minute; the last refusal "
           f"after {last} s")
     assert abs(accepted - limit) <= TOLERANCE * limit, f"{accepted} accepted with a limit of {limit}"
-    # Every replica answered some of each: the limit was shared, not enforced by one alone.
-    for i, replica in enumerate(cluster.replicas):
-        mine = codes[i::3]
-        assert 200 in mine and 429 in mine, (replica.name, mine)
+    # The limit was shared: each replica was sent exactly the limit, so counters of their own
+    # would have admitted every request (three times the limit, refused by the check above),
+    # and more than one replica refused. Which replica admitted how many depends on arrival
+    # order (one that decides late may admit none), so it is printed, not asserted.
+    admitted = {replica.name: codes[i::3].count(200) for i, replica in enumerate(cluster.replicas)}
+    print(f"admitted by replica: {admitted}")
+    refusing = [replica.name for i, replica in enumerate(cluster.replicas) if 429 in codes[i::3]]
+    assert len(refusing) >= 2, (admitted, refusing)
 
 
 def test_a_token_quota_holds_and_settles_across_three_replicas(cluster: Cluster) -> None:
