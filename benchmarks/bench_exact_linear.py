@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The exact mode's small-batch kernel against the packed bfloat16 GEMM it stands in for.
+"""The exact mode's small-batch kernel against the GEMM it stands in for (bfloat16: oneDNN's on packed
+weights; float32: torch's F.linear on the dense weights).
 
 Why: a one-row decode step of the default model is memory-bound, and its bfloat16
 projections are 2 bytes a weight; ``kernels.cpu.exact_linear`` reads the GGUF file's own
@@ -15,9 +16,13 @@ qkv, o, fused gate_up, down, then the tied Q8_0 head), each with its own weights
 activations. The two kernels alternate step by step, ``--rounds`` rounds of ``--steps``
 steps each; medians. Before timing, every projection's exact result is checked bit for
 bit against ``invariant_linear`` on its dense weight (the contract), at 1 and 5 rows.
+``--dtype float32`` does the same in float32 (a CPU without AVX-512 BF16, where ``auto``
+loads float32): the dense weights are 4 bytes a weight (539 MB), and the peer is
+``F.linear`` on them, what ``f32`` runs at every size.
 
 Usage:
-    .venv/bin/python benchmarks/bench_exact_linear.py [--rows 1,2,4,8,16] [--rounds 5] [--steps 10] [--json PATH]
+    .venv/bin/python benchmarks/bench_exact_linear.py [--rows 1,2,4,8,16] [--rounds 5] [--steps 10]
+        [--dtype bfloat16|float32] [--json PATH]
 """
 
 from __future__ import annotations
@@ -52,8 +57,10 @@ def step_seconds(projs: list[ql.QuantLinear], xs: dict[int, torch.Tensor], kerne
         x = xs[p.in_features]
         if kernel == "exact":
             cpu_kernels.exact_linear(x, p.blocks, p.qtype)
-        else:
+        elif p.packed_dense is not None:
             ql.packed_linear(x, p.packed_dense)
+        else:
+            torch.nn.functional.linear(x, p.dense_weight)
     return time.perf_counter() - start
 
 
@@ -62,31 +69,35 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,6,8,12,16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--json")
     args = ap.parse_args()
-    if cpu_kernels.load() is None or not cpu_kernels.exact_linear_supported():
-        raise SystemExit("exact_linear is not built here (it needs the C++ kernels and AVX-512 BF16)")
+    dtype = getattr(torch, args.dtype)
+    if cpu_kernels.load() is None or not cpu_kernels.exact_linear_supported(dtype):
+        need = "AVX-512 BF16" if dtype == torch.bfloat16 else "AVX-512F"
+        raise SystemExit(f"exact_linear is not built here for {args.dtype} (it needs the C++ kernels and {need})")
     backend = CPUBackend()
-    backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", passes={"quantise": "exact"}))
+    backend.load(ModelSpec(name="smol", path=default_model_path(), dtype=args.dtype, passes={"quantise": "exact"}))
     projs = projections(backend.model)
-    if any(p.packed_dense is None for p in projs):
+    if dtype == torch.bfloat16 and any(p.packed_dense is None for p in projs):
         raise SystemExit("oneDNN's bfloat16 packing is not available here: nothing to compare against")
+    peer = "packed bfloat16 GEMM (oneDNN)" if dtype == torch.bfloat16 else "float32 F.linear"
     for p in projs:  # the contract, before any timing
-        x = torch.randn(5, p.in_features).to(torch.bfloat16)
+        x = torch.randn(5, p.in_features).to(dtype)
         for rows in (1, 5):
-            want = cpu_kernels.loaded().invariant_linear(x[:rows], p.dense(torch.bfloat16), None)
+            want = cpu_kernels.loaded().invariant_linear(x[:rows], p.dense(dtype), None)
             if not torch.equal(cpu_kernels.exact_linear(x[:rows], p.blocks, p.qtype), want):
                 raise SystemExit("exact_linear differs from invariant_linear on the dense weights")
     blocks_mb = sum(p.blocks.numel() for p in projs) / 1e6
-    dense_mb = sum(p.out_features * p.in_features * 2 for p in projs) / 1e6
-    print(f"# exact_linear vs packed bfloat16 GEMM (oneDNN) - {cpu_name()}, {torch.get_num_threads()} threads, "
+    dense_mb = sum(p.out_features * p.in_features * dtype.itemsize for p in projs) / 1e6
+    print(f"# exact_linear vs {peer}, {args.dtype} - {cpu_name()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}")
     print(f"# method: every projection of SmolLM2-135M as one step ({len(projs)} calls: blocks {blocks_mb:.0f} MB, "
           f"dense {dense_mb:.0f} MB), the two kernels alternating step by step, {args.rounds} rounds x "
           f"{args.steps} steps, median ms a step; exact checked bit for bit against invariant_linear first")
     results = []
     for rows in (int(r) for r in args.rows.split(",")):
-        xs = {k: torch.randn(rows, k).to(torch.bfloat16) for k in {p.in_features for p in projs}}
+        xs = {k: torch.randn(rows, k).to(dtype) for k in {p.in_features for p in projs}}
         times: dict[str, list[float]] = {"exact": [], "packed": []}
         for kernel in times:  # warm-up
             step_seconds(projs, xs, kernel)
@@ -96,10 +107,11 @@ def main() -> None:
                     times[kernel].append(step_seconds(projs, xs, kernel))
         exact, packed = (statistics.median(times[k]) * 1e3 for k in ("exact", "packed"))
         results.append({"rows": rows, "exact_ms": exact, "packed_ms": packed, "speedup": packed / exact})
-        print(f"rows {rows:3d}: exact_linear {exact:7.2f} ms   packed GEMM {packed:7.2f} ms   "
+        print(f"rows {rows:3d}: exact_linear {exact:7.2f} ms   {peer} {packed:7.2f} ms   "
               f"exact is {packed / exact:4.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu_name(), "threads": torch.get_num_threads(),
+                                               "dtype": args.dtype, "peer": peer,
                                                "blocks_mb": blocks_mb, "dense_mb": dense_mb, "results": results},
                                               indent=1))
 

@@ -208,7 +208,7 @@ class CPUBackend:
             return []
         try:
             mode = passes.resolve_mode(config.quantise, dtype_name=dtype_name,
-                                       exact_ok=passes.exact_available(source))
+                                       exact_ok=passes.exact_available(source, dtype_name))
         except ValueError as exc:
             raise BackendError(str(exc)) from exc
         if mode not in passes.DENSE_DTYPES and self.kernel_error is not None:

@@ -11,11 +11,11 @@ times smaller than bfloat16. Which kernel runs depends on the number of rows:
   by tile into the activations' dtype and multiplied with torch's GEMM; only one tile
   is ever dense, so memory stays at the blocks' size.
 
-With a ``dense`` weight (the ``hybrid`` and ``exact`` modes: the loaded bfloat16 weights kept
-beside the blocks), the second path is a plain GEMM on it instead, from ``DENSE_GEMM_FROM_ROWS``
+With a ``dense`` weight (the ``hybrid`` and ``exact`` modes: the loaded bfloat16 or float32 weights
+kept beside the blocks), the second path is a plain GEMM on it instead, from ``DENSE_GEMM_FROM_ROWS``
 rows (hybrid) or ``EXACT_GEMM_FROM_ROWS`` (exact). With ``exact`` set, the first path is
-``kernels.cpu.exact_linear`` instead of ``qmatmul``: bfloat16 activations times the blocks decoded
-to those same bfloat16 weights, so small batches read the blocks and still multiply the numbers
+``kernels.cpu.exact_linear`` instead of ``qmatmul``: the activations times the blocks decoded
+to those same weights, in their dtype, so small batches read the blocks and still multiply the numbers
 the batches' GEMM multiplies (``qmatmul`` rounds the activations to int8 first).
 A deterministic model (``deterministic`` True) always takes ``qmatmul``, except with ``exact``: there
 ``exact_linear`` below ``gemm_from`` and ``invariant_linear`` on the dense weights from there, which
@@ -60,6 +60,10 @@ TILE_ROWS = 256
 # projections, alternating, exact_linear took 3.6 against 8.2 ms a step at 1 row, 6.7 against 8.7-10.1 at 8,
 # and 9.9-10.7 against 9.6-10.3 at 9-12 (docs/benchmarks.md, "The exact mode").
 EXACT_GEMM_FROM_ROWS = 9
+# The same in float32 (a CPU without AVX-512 BF16), against F.linear on the dense float32 weights (what
+# ``f32`` runs), measured the same way on a 2-core Intel Xeon without BF16, 2026-11-27: exact_linear took
+# 8.6 against 19.8 ms a step at 1 row, 46.6 against 52.0 at 24 and 62.6 against 57.8 at 32.
+EXACT_F32_GEMM_FROM_ROWS = 25
 
 
 class QuantLinear(nn.Module):
@@ -86,7 +90,7 @@ class QuantLinear(nn.Module):
         self.out_features = blocks.shape[0]
         self.gemm_from = gemm_from
         self.deterministic = deterministic
-        self.exact = False  # below gemm_from: exact_linear (bfloat16 rows) instead of qmatmul; set by a load pass
+        self.exact = False  # below gemm_from: exact_linear (bfloat16 or float32 rows) instead of qmatmul; set by a load pass
 
     @property
     def qtype_name(self) -> str:
@@ -94,7 +98,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        exact = self.exact and rows.dtype == torch.bfloat16
+        exact = self.exact and rows.dtype in (torch.bfloat16, torch.float32)
         if exact and rows.shape[0] < self.gemm_from:
             y = cpu_kernels.exact_linear(rows, self.blocks, self.qtype)
         elif exact and self.deterministic:  # exact_linear's bits from the dense weights, at a GEMM's pace

@@ -14,10 +14,10 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
 * ``quantise``: the weights' format. ``native`` keeps the GGUF file's own blocks
   (Q4_0/Q4_1/Q8_0: no re-quantisation error; other types stay dense); ``hybrid`` keeps the
   blocks for single rows and the loaded dense weights for batches (at the dense weights' memory
-  plus the blocks'); ``exact`` keeps both too, but multiplies small batches' bfloat16 rows by the
+  plus the blocks'); ``exact`` keeps both too, but multiplies small batches' rows by the
   blocks decoded to the dense weights' own values (``exact_linear``), so every batch size
-  multiplies the same numbers: the default for a quantised file in bfloat16 where the kernel
-  builds (AVX-512 BF16), deterministic mode included (there ``invariant_linear`` on the dense
+  multiplies the same numbers: the default for a quantised file where the kernel builds for the
+  model's dtype (bfloat16: AVX-512 BF16; float32: AVX-512F), deterministic mode included (there ``invariant_linear`` on the dense
   weights takes the batches, the same bits as ``exact_linear``); ``int8`` re-quantises
   float weights to Q8_0 (int8, a float16 scale per 32); ``int4`` to Q4_1 (4 bits, a
   scale and minimum per 32); ``bf16``/``f32`` keep dense weights in the model's dtype.
@@ -126,32 +126,37 @@ def requested_dtype(dtype: str, config: PassConfig) -> str:
 
 
 def resolve_mode(mode: str, *, dtype_name: str, exact_ok: bool = False) -> str:
-    """``auto``: the loaded dense weights in the model's dtype, and in bfloat16, where the file
-    stores its projections in blocks and ``exact_linear`` builds (``exact_ok``), those blocks
+    """``auto``: the loaded dense weights in the model's dtype and, where the file stores its
+    projections in blocks and ``exact_linear`` builds for that dtype (``exact_ok``), those blocks
     beside them for small batches (``exact``): the same numbers multiplied, read at a third of
-    the bytes.
+    the bytes in bfloat16 and a sixth in float32.
 
     Not ``hybrid``, though it multiplies a single row as fast: its one-row steps (the blocks'
-    kernel, int8 activations) and its batched steps (a bfloat16 GEMM) multiply different
+    kernel, int8 activations) and its batched steps (a GEMM on the dense weights) multiply different
     numbers, so a greedy answer would change with whether other requests share its step; three
     gateways over two engines answered one prompt two ways in CI. ``native`` would change every
     answer (int8 activations) and is slower for batches. Both are a choice to make per model
     (docs/backends.md says what each costs)."""
-    if mode == "exact" and dtype_name != "bfloat16":
-        raise ValueError(f"passes.quantise exact multiplies bfloat16 rows; dtype {dtype_name} contradicts it")
+    if mode == "exact" and dtype_name not in EXACT_DTYPES:
+        raise ValueError(f"passes.quantise exact multiplies bfloat16 or float32 rows; dtype {dtype_name} contradicts it")
     if mode != "auto":
         return mode
-    if dtype_name != "bfloat16":
-        return "f32"
-    return "exact" if exact_ok else "bf16"
+    if exact_ok:
+        return "exact"
+    return "bf16" if dtype_name == "bfloat16" else "f32"
 
 
-def exact_available(source: Any) -> bool:
-    """Whether ``auto`` may resolve to ``exact`` for this source: its projections in blocks the
-    kernel reads, and the kernel built here."""
+# The dtypes exact_linear multiplies (bfloat16 needs AVX-512 BF16, float32 AVX-512F).
+EXACT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def exact_available(source: Any, dtype_name: str) -> bool:
+    """Whether ``auto`` may resolve to ``exact`` for this source in this dtype: its projections in
+    blocks the kernel reads, and the kernel built here for rows of that dtype."""
     from kernels import cpu as cpu_kernels
 
-    return cpu_kernels.exact_linear_supported() and quantised_file(source)
+    dtype = EXACT_DTYPES.get(dtype_name)
+    return dtype is not None and cpu_kernels.exact_linear_supported(dtype) and quantised_file(source)
 
 
 def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
@@ -175,7 +180,7 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
     except Exception as exc:  # a diagnostic: every reason a load would fail is reported, none raised
         return {**out, "error": str(exc)}
     try:
-        mode = resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_available(source))
+        mode = resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_available(source, dtype_name))
     except ValueError as exc:
         return {**out, "error": str(exc)}
     out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised)
@@ -238,14 +243,17 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
 def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
     deterministic = bool(getattr(model, "deterministic", False))
     hybrid, exact = mode == "hybrid", mode == "exact"
-    default_from = ql.DENSE_GEMM_FROM_ROWS if hybrid else ql.EXACT_GEMM_FROM_ROWS if exact else ql.GEMM_FROM_ROWS
+    exact_from = ql.EXACT_GEMM_FROM_ROWS if model.dtype == torch.bfloat16 else ql.EXACT_F32_GEMM_FROM_ROWS
+    default_from = ql.DENSE_GEMM_FROM_ROWS if hybrid else exact_from if exact else ql.GEMM_FROM_ROWS
     gemm_from = config.gemm_from or default_from
     quantised = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
     if exact:
         from kernels import cpu as cpu_kernels
 
-        if not cpu_kernels.exact_linear_supported():
-            raise ValueError("passes.quantise exact needs the exact_linear kernel (AVX-512 BF16), not built here")
+        if not cpu_kernels.exact_linear_supported(model.dtype):
+            need = "AVX-512 BF16" if model.dtype == torch.bfloat16 else "AVX-512F"
+            raise ValueError(f"passes.quantise exact needs the exact_linear kernel for {model.dtype} rows ({need}), "
+                             "not built here")
         if isinstance(model.head_linear, ql.QuantHead):  # a plain attribute, not among the modules
             quantised.append(model.head_linear.linear)
     for m in quantised:
@@ -292,6 +300,8 @@ def _pack_dense(model: Any, config: PassConfig) -> str:
             model.head_linear = ql.PackedHead(packed)
             done += 1
     if not done:
+        if total and model.dtype != torch.bfloat16:
+            return f"; not packed ({model.dtype} weights: oneDNN's packing here is bfloat16's)"
         return "; not packed (oneDNN's bfloat16 packing is not available here, or not bit-identical)" if total else ""
     where = f"{alone} beside blocks in place of the plain weights, the rest beside them" if alone else "copies beside them"
     return f"; {done} of {total} dense weights packed once for oneDNN ({where})"

@@ -124,7 +124,7 @@ def add_parser(
     load.add_argument("--quantise", choices=("auto", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32"),
                       help="load pass (cpu backend): native keeps the GGUF file's own blocks, hybrid those and "
                       "the dense weights for batches, exact those and the dense weights with small batches multiplied by "
-                      "the weights' own bfloat16 values (auto's choice where it builds), int8/int4 re-quantise, "
+                      "the weights' own bfloat16 or float32 values (auto's choice where it builds), int8/int4 re-quantise, "
                       "bf16/f32 stay dense (default: the "
                       "server's engine.passes, else auto)")  # fmt: skip
     load.add_argument("--gemm-from", type=int, metavar="ROWS",

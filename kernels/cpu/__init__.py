@@ -105,14 +105,20 @@ def qmatmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 def exact_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
-    """``x @ W.T`` in bfloat16 for bfloat16 ``x``, ``W`` as ggml blocks decoded to the loader's bfloat16
-    weights: ``invariant_linear(x, W_bf16)``'s bits (so batch-invariant too), reading the blocks."""
+    """``x @ W.T`` in ``x``'s dtype (bfloat16 or float32), ``W`` as ggml blocks decoded to the loader's
+    weights in that dtype: ``invariant_linear(x, W)``'s bits (so batch-invariant too), reading the blocks."""
     return loaded().exact_linear(x, blocks, qtype)
 
 
-def exact_linear_supported() -> bool:
-    """Whether the kernels are loaded and ``exact_linear`` was built (it needs AVX-512 BF16)."""
-    return _module is not None and bool(_module.exact_linear_supported())
+def exact_linear_supported(dtype: torch.dtype | None = None) -> bool:
+    """Whether the kernels are loaded and ``exact_linear`` was built for rows of ``dtype`` (default
+    bfloat16, which needs AVX-512 BF16; float32 needs AVX-512F)."""
+    import torch
+
+    dtype = torch.bfloat16 if dtype is None else dtype
+    if dtype not in (torch.bfloat16, torch.float32):
+        return False
+    return _module is not None and bool(_module.exact_linear_supported(dtype == torch.bfloat16))
 
 
 def dequantize_blocks(blocks: torch.Tensor, qtype: int, k: int, bf16: bool) -> torch.Tensor:

@@ -7,8 +7,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qmatmul", &qmatmul, "x @ W^T with W in ggml blocks (Q4_0, Q4_1, Q8_0), batch-invariant per row");
   m.def("dequantize_blocks", &dequantize_blocks, "ggml blocks (Q4_0, Q4_1, Q8_0) to a dense float32/bfloat16 matrix");
   m.def("exact_linear", &exact_linear,
-        "bfloat16 x @ W^T with W in ggml blocks decoded to the loader's bfloat16 weights: invariant_linear's bits");
-  m.def("exact_linear_supported", &ifx::exact_linear_supported, "whether exact_linear was built (AVX-512 BF16)");
+        "bfloat16 or float32 x @ W^T with W in ggml blocks decoded to the loader's weights: invariant_linear's bits");
+  m.def("exact_linear_supported", &ifx::exact_linear_supported,
+        "whether exact_linear was built for bfloat16 rows (AVX-512 BF16) or float32 rows (AVX-512F)",
+        pybind11::arg("bf16") = true);
   m.def("invariant_linear", &invariant_linear, "Batch-invariant x @ w^T (+ bias): a fixed reduction order per element",
         pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias") = pybind11::none());
   m.def("invariant_rms_norm", &invariant_rms_norm, "RMSNorm per row in float32, in a fixed order");

@@ -117,8 +117,8 @@ class DecodeLoop {
     for (size_t i = 0; i < exact_below.size(); ++i) {
       Projection& pr = layers_[i / kProjections].proj[i % kProjections];
       if (exact_below[i] <= 0) continue;
-      TORCH_CHECK(pr.kind == Kind::kBlocks && dtype_ == torch::kBFloat16 && ifx::exact_linear_supported(),
-                  "DecodeLoop: exact_linear multiplies blocks by bfloat16 rows, where it was built");
+      TORCH_CHECK(pr.kind == Kind::kBlocks && ifx::exact_linear_supported(dtype_ == torch::kBFloat16),
+                  "DecodeLoop: exact_linear multiplies blocks by rows of the model's dtype, where it was built");
       const torch::Tensor& d = exact_dense[i];
       TORCH_CHECK(d.defined() && d.dim() == 2 && d.size(0) == pr.out &&
                       (d.is_mkldnn() || (d.is_contiguous() && d.scalar_type() == dtype_)),
@@ -181,11 +181,8 @@ class DecodeLoop {
     if (pr.exact_below > 0 && M >= pr.exact_below) {  // exact's dense side
       dense_op(pr.dense, in_t, c10::nullopt, M, pr.out, out);
     } else if (pr.exact_below > 0) {
-      if constexpr (std::is_same_v<T, at::BFloat16>)
-        ifx::exact_linear_rows(in_t.data_ptr<T>(), M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out,
-                               pr.weight.size(1), pr.qtype, out);
-      else
-        TORCH_CHECK(false, "DecodeLoop: exact_linear multiplies bfloat16 rows");  // the constructor refuses it
+      ifx::exact_linear_rows(in_t.data_ptr<T>(), M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out, pr.weight.size(1),
+                             pr.qtype, out);
     } else {
       ifx::qmatmul_rows(in_t.data_ptr<T>(), M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out, pr.weight.size(1),
                         pr.qtype, yf, scratch_);

@@ -23,9 +23,9 @@ torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype);
 // qmatmul.cpp: ggml blocks to a dense [N, K] tensor, float32 or (bf16) bfloat16.
 torch::Tensor dequantize_blocks(torch::Tensor w, int64_t qtype, int64_t K, bool bf16);
 
-// exact.cpp: y = x @ W^T (bfloat16 [M, N]) for bfloat16 x [M, K], W as ggml blocks (Q4_0, Q4_1, Q8_0) decoded to the
-// loader's bfloat16 weights: invariant_linear's bits on those weights, reading the blocks. Needs AVX-512 BF16
-// (ifx::exact_linear_supported says whether it was built).
+// exact.cpp: y = x @ W^T ([M, N], x's dtype) for bfloat16 or float32 x [M, K], W as ggml blocks (Q4_0, Q4_1, Q8_0)
+// decoded to the loader's weights in that dtype: invariant_linear's bits on those weights, reading the blocks.
+// bfloat16 needs AVX-512 BF16, float32 AVX-512F (ifx::exact_linear_supported says whether each was built).
 torch::Tensor exact_linear(torch::Tensor x, torch::Tensor w, int64_t qtype);
 
 // invariant.cpp: batch-invariant y = x @ w^T (+ bias), x [M, K], w [N, K], float32 or bfloat16 (the dtype of x);
@@ -65,10 +65,13 @@ inline float fold16(__m512 v) {
 }
 #endif
 
-// exact.cpp: exact_linear on raw buffers (y bfloat16 [M, N]); exact_linear_supported() says whether it was built.
-bool exact_linear_supported();
+// exact.cpp: exact_linear on raw buffers (y [M, N] in x's dtype); exact_linear_supported(bf16) says whether the
+// kernel for bfloat16 (or float32) rows was built.
+bool exact_linear_supported(bool bf16);
 void exact_linear_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                        int64_t qtype, c10::BFloat16* y);
+void exact_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
+                       int64_t qtype, float* y);
 
 // fused.cpp: rows x n; residual null: new_residual is x (copied there unless it is x itself).
 template <typename T>

@@ -53,6 +53,8 @@ def test_inferctl_backends_json_plans_each_cpu_models_passes(tmp_path, capsys):
     here (auto on the shipped Q4_1 file: its own blocks where the kernels build), or why it would not load."""
     import json
 
+    import torch
+
     from backends.cpu import passes
     from backends.models import default_model_path
     from gateway.cli import main
@@ -67,10 +69,11 @@ def test_inferctl_backends_json_plans_each_cpu_models_passes(tmp_path, capsys):
     plans = {m["name"]: m["pass_plan"] for m in json.loads(capsys.readouterr().out)["models"]}
     kernels = cpu_kernels.load() is not None
     assert plans["auto"]["pipeline"] == [name for name, _ in passes.PASSES]
-    # auto in bfloat16 on this quantised file: exact where exact_linear builds (AVX-512 BF16), else bf16.
-    exact = "exact" if kernels and cpu_kernels.exact_linear_supported() else "bf16"
-    want = {"bfloat16": exact, "float32": "f32"}[plans["auto"]["dtype"]]
-    assert plans["auto"]["quantised_file"] is True and plans["auto"]["quantise"] == want
+    # auto on this quantised file: exact where exact_linear builds for the dtype (bfloat16: AVX-512 BF16;
+    # float32: AVX-512F), else the dense weights alone (bf16, f32).
+    exact = {dtype: "exact" if kernels and cpu_kernels.exact_linear_supported(getattr(torch, dtype)) else dense
+             for dtype, dense in (("bfloat16", "bf16"), ("float32", "f32"))}
+    assert plans["auto"]["quantised_file"] is True and plans["auto"]["quantise"] == exact[plans["auto"]["dtype"]]
     assert plans["i4"]["quantise"] == "int4" and ("error" in plans["i4"]) is not kernels
-    assert plans["f32"] == {**plans["f32"], "quantise": "f32", "dtype": "float32"}
+    assert plans["f32"] == {**plans["f32"], "quantise": exact["float32"], "dtype": "float32"}
     assert plans["gone"]["quantise"] is None and "/nowhere/m.gguf" in plans["gone"]["error"]

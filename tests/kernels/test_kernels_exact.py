@@ -1,5 +1,6 @@
-"""exact_linear (kernels/cpu/exact.cpp): the blocks decoded to the loader's bfloat16 weights, multiplied in
-invariant_linear's order, so the same bits as invariant_linear on the dense weights, at any row count."""
+"""exact_linear (kernels/cpu/exact.cpp): the blocks decoded to the loader's weights (bfloat16 or float32, the
+activations' dtype), multiplied in invariant_linear's order, so the same bits as invariant_linear on the dense
+weights, at any row count. Each dtype runs where its kernel builds (bfloat16: AVX-512 BF16; float32: AVX-512F)."""
 
 from __future__ import annotations
 
@@ -11,31 +12,39 @@ from gguf import GGMLQuantizationType, quants
 from backends.models.quants import dequantize
 from kernels import cpu as cpu_kernels
 
-pytestmark = pytest.mark.skipif(
-    not (cpu_kernels.load() is not None and cpu_kernels.exact_linear_supported()),
-    reason="exact_linear needs the C++ kernels built with AVX-512 BF16, which this CPU lacks",
-)
+pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C++ CPU kernels are not built here")
+
+WHY_NOT = {torch.bfloat16: "AVX-512 BF16", torch.float32: "AVX-512F"}
+DTYPES = [
+    pytest.param(dtype, marks=pytest.mark.skipif(
+        cpu_kernels.load() is None or not cpu_kernels.exact_linear_supported(dtype),
+        reason=f"exact_linear on {dtype} rows needs the kernels built with {need}, which this CPU lacks"))
+    for dtype, need in WHY_NOT.items()
+]  # fmt: skip
 
 QTYPES = {2: GGMLQuantizationType.Q4_0, 3: GGMLQuantizationType.Q4_1, 8: GGMLQuantizationType.Q8_0}
 
 
-def _blocks(qtype: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random weights quantised by gguf, as blocks and as the loader dequantises them (to bfloat16)."""
+def _blocks(qtype: int, n: int, k: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random weights quantised by gguf, as blocks and as the loader dequantises them (to ``dtype``)."""
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.05
     w[0, :32] += 3.0  # one block with a large minimum and scale
     raw = np.ascontiguousarray(quants.quantize(w, QTYPES[qtype])).view(np.uint8).reshape(n, -1)
-    dense = torch.from_numpy(dequantize(raw.reshape(-1), qtype, (n, k))).to(torch.bfloat16)
+    dense = torch.from_numpy(dequantize(raw.reshape(-1), qtype, (n, k))).to(dtype)
     return torch.from_numpy(raw.copy()), dense
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qtype", sorted(QTYPES))
 @pytest.mark.parametrize(("n", "k"), [(1, 32), (37, 64), (96, 576)])
-def test_the_same_bits_as_invariant_linear_on_the_dequantised_weights(qtype: int, n: int, k: int) -> None:
-    blocks, dense = _blocks(qtype, n, k, seed=n + k + qtype)
-    x = torch.randn(9, k, generator=torch.Generator().manual_seed(qtype)).to(torch.bfloat16)
+def test_the_same_bits_as_invariant_linear_on_the_dequantised_weights(
+    qtype: int, n: int, k: int, dtype: torch.dtype
+) -> None:
+    blocks, dense = _blocks(qtype, n, k, seed=n + k + qtype, dtype=dtype)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(qtype)).to(dtype)
     for rows in (1, 3, 4, 5, 9):
         got = cpu_kernels.exact_linear(x[:rows], blocks, qtype)
-        assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+        assert got.dtype == dtype and got.shape == (rows, n)
         assert torch.equal(got, cpu_kernels.loaded().invariant_linear(x[:rows], dense, None))
     # Batch-invariant: each row alone gives its bits among the others.
     full = cpu_kernels.exact_linear(x, blocks, qtype)
@@ -43,10 +52,12 @@ def test_the_same_bits_as_invariant_linear_on_the_dequantised_weights(qtype: int
         assert torch.equal(cpu_kernels.exact_linear(x[i : i + 1], blocks, qtype), full[i : i + 1])
     # And it is the product: close to float64's on the same weights.
     want = (x.double() @ dense.double().T).float()
-    assert torch.allclose(full.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert torch.allclose(full.float(), want, rtol=tolerance, atol=tolerance * float(want.abs().max()))
 
 
-def test_the_default_models_own_blocks() -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_default_models_own_blocks(dtype: torch.dtype) -> None:
     from backends.models import default_model_path
     from gguf import GGUFReader
 
@@ -56,17 +67,21 @@ def test_the_default_models_own_blocks() -> None:
         raw = np.asarray(t.data).reshape(-1).view(np.uint8)
         n, k, qtype = int(t.shape[1]), int(t.shape[0]), int(t.tensor_type)
         blocks = torch.from_numpy(raw.copy().reshape(n, -1))[:300].contiguous()
-        dense = torch.from_numpy(dequantize(raw, qtype, (n, k))).to(torch.bfloat16)[:300]
-        x = torch.randn(3, k).to(torch.bfloat16)
+        dense = torch.from_numpy(dequantize(raw, qtype, (n, k))).to(dtype)[:300]
+        x = torch.randn(3, k).to(dtype)
         assert torch.equal(cpu_kernels.exact_linear(x, blocks, qtype), cpu_kernels.loaded().invariant_linear(x, dense, None))
 
 
 @pytest.mark.parametrize(("x", "blocks", "qtype", "message"), [
-    (torch.zeros(2, 64), torch.zeros(4, 40, dtype=torch.uint8), 3, "x must be bfloat16"),
+    (torch.zeros(2, 64, dtype=torch.float16), torch.zeros(4, 40, dtype=torch.uint8), 3, "x must be bfloat16 or float32"),
+    (torch.zeros(64), torch.zeros(4, 40, dtype=torch.uint8), 3, "x must be bfloat16 or float32"),
+    (torch.zeros(2, 48), torch.zeros(4, 30, dtype=torch.uint8), 3, "not a multiple of 32"),
     (torch.zeros(2, 48, dtype=torch.bfloat16), torch.zeros(4, 30, dtype=torch.uint8), 3, "not a multiple of 32"),
     (torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(4, 36, dtype=torch.uint8), 3, "blocks must be"),
     (torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(4, 40, dtype=torch.uint8), 12, "unsupported ggml type"),
 ])
 def test_bad_arguments_are_refused(x: torch.Tensor, blocks: torch.Tensor, qtype: int, message: str) -> None:
+    if x.dtype in WHY_NOT and not cpu_kernels.exact_linear_supported(x.dtype):  # refused for the CPU first
+        message = "needs"
     with pytest.raises(RuntimeError, match=message):
         cpu_kernels.exact_linear(x, blocks, qtype)

@@ -23,8 +23,11 @@ STEPS = 10
 
 
 def _load(mode: str, dtype: str = "bfloat16", **extra: Any) -> CPUBackend:
+    """``mode``: a quantise mode, or ``mode@n`` for one with ``gemm_from: n``."""
+    mode, _, gemm_from = mode.partition("@")
+    config: dict[str, Any] = {"quantise": mode, **({"gemm_from": int(gemm_from)} if gemm_from else {})}
     backend = CPUBackend()
-    backend.load(ModelSpec(name="m", path=default_model_path(), dtype=dtype, passes={"quantise": mode}, **extra))
+    backend.load(ModelSpec(name="m", path=default_model_path(), dtype=dtype, passes=config, **extra))
     backend.allocate_kv(10 * BLOCKS_PER_SEQ, BS)  # up to 10 sequences
     return backend
 
@@ -76,10 +79,17 @@ def _greedy(backend: CPUBackend, rows: int) -> tuple[list[torch.Tensor], list[li
     return steps, tokens
 
 
-@pytest.mark.parametrize("mode,dtype,rows", [("hybrid", "bfloat16", 1), ("native", "bfloat16", 3),
-                                             ("native", "float32", 2), ("auto", "bfloat16", 1),
-                                             ("auto", "bfloat16", 8), ("auto", "bfloat16", 10),
-                                             ("bf16", "bfloat16", 8), ("f32", "float32", 2)])
+needs_exact32 = pytest.mark.skipif(not cpu_kernels.exact_linear_supported(torch.float32),
+                                   reason="exact_linear on float32 rows needs AVX-512F, which this CPU lacks")
+
+
+@pytest.mark.parametrize("mode,dtype,rows", [
+    ("hybrid", "bfloat16", 1), ("native", "bfloat16", 3), ("native", "float32", 2), ("auto", "bfloat16", 1),
+    ("auto", "bfloat16", 8), ("auto", "bfloat16", 10), ("bf16", "bfloat16", 8), ("f32", "float32", 2),
+    # float32 exact (auto there, with AVX-512F): the blocks' side, and with gemm_from 9 the dense side too.
+    pytest.param("auto", "float32", 1, marks=needs_exact32), pytest.param("exact", "float32", 8, marks=needs_exact32),
+    pytest.param("exact@9", "float32", 10, marks=needs_exact32),
+])  # fmt: skip
 def test_greedy_decoding_through_the_loop_gives_the_python_paths_bits(mode: str, dtype: str, rows: int) -> None:
     backend = _load(mode, dtype)
     loop = backend.model.decode_loop
