@@ -207,8 +207,9 @@ class CPUBackend:
         if str(self.device) != "cpu":
             return []
         try:
-            mode = passes.resolve_mode(config.quantise, dtype_name=dtype_name,
-                                       exact_ok=passes.exact_available(source, dtype_name))
+            # auto never picks a mode that needs the kernels this backend is not using.
+            exact_ok = self.kernel_error is None and passes.exact_available(source, dtype_name)
+            mode = passes.resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_ok)
         except ValueError as exc:
             raise BackendError(str(exc)) from exc
         if mode not in passes.DENSE_DTYPES and self.kernel_error is not None:

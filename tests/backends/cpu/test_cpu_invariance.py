@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from backends.base import ModelSpec
 from backends.cpu import CPUBackend
 from backends.engine import EngineConfig, LLMEngine, SamplingParams
 from backends.engine.speculative import SpeculativeConfig
 from backends.models import default_model_path, open_model
+from kernels import cpu as cpu_kernels
 from tests.support.greedy_runs import reference_prompts
 
 pytestmark = pytest.mark.model
@@ -49,16 +51,29 @@ def test_first_difference_sees_one_ulp_and_a_token():
     assert first_difference(base, base[:1]) is not None
 
 
+def _exact_where_it_builds(dtype: torch.dtype) -> Any:
+    need = "AVX-512 BF16" if dtype == torch.bfloat16 else "AVX-512F"
+    name = str(dtype).removeprefix("torch.")
+    return pytest.param(("exact", name), id=f"exact-{name}", marks=pytest.mark.skipif(
+        not (cpu_kernels.load() is not None and cpu_kernels.exact_linear_supported(dtype)),
+        reason=f"exact_linear on {name} rows needs {need}, which this CPU lacks"))
+
+
 # The file's own Q4_1 blocks through the quantised kernel, dense bfloat16 weights through
 # invariant_linear, and both (exact: the blocks below gemm_from, the dense weights from there,
-# the same bits): the kinds of projection a deterministic model may run.
-@pytest.fixture(scope="module", params=["native", "bf16", "exact"])
+# the same bits; in bfloat16, and in float32 as a CPU without BF16 loads it): the kinds of
+# projection a deterministic model may run.
+@pytest.fixture(scope="module", params=[
+    pytest.param(("native", "bfloat16"), id="native"), pytest.param(("bf16", "bfloat16"), id="bf16"),
+    _exact_where_it_builds(torch.bfloat16), _exact_where_it_builds(torch.float32),
+])  # fmt: skip
 def model(request: pytest.FixtureRequest) -> tuple[CPUBackend, Any, Any]:
-    spec = ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", deterministic=True,
-                     passes={"quantise": request.param})
+    mode, dtype = request.param
+    spec = ModelSpec(name="smol", path=default_model_path(), dtype=dtype, deterministic=True,
+                     passes={"quantise": mode})
     backend = CPUBackend()
     info = backend.load(spec)
-    assert info.deterministic and info.dtype == "bfloat16"
+    assert info.deterministic and info.dtype == dtype
     return backend, info, open_model(default_model_path()).tokenizer()
 
 
