@@ -182,11 +182,13 @@ def test_text_format_json_schema_parses_and_validates(oa: openai.OpenAI) -> None
 
 
 def test_responses_parse_with_a_pydantic_model(oa: openai.OpenAI) -> None:
-    from pydantic import BaseModel
+    from pydantic import BaseModel, Field
 
+    # Bounded strings (maxLength reaches the grammar), so the object closes within the token budget
+    # whatever the small model writes: unbounded, its greedy answer ran on past 64 tokens with float32 weights.
     class City(BaseModel):
-        name: str
-        country: str
+        name: str = Field(max_length=20)
+        country: str = Field(max_length=20)
 
     parsed = oa.responses.parse(model=MODEL, input="Describe Paris.", max_output_tokens=64, text_format=City)
     assert isinstance(parsed.output_parsed, City)
