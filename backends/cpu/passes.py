@@ -17,8 +17,9 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
   plus the blocks'); ``exact`` keeps both too, but multiplies small batches' rows by the
   blocks decoded to the dense weights' own values (``exact_linear``), so every batch size
   multiplies the same numbers: the default for a quantised file where the kernel builds for the
-  model's dtype (bfloat16: AVX-512 BF16; float32: AVX-512F), deterministic mode included (there ``invariant_linear`` on the dense
-  weights takes the batches, the same bits as ``exact_linear``); ``int8`` re-quantises
+  model's dtype (bfloat16: AVX-512 BF16; float32: AVX-512F), deterministic mode included (there
+  ``invariant_linear`` on the dense weights takes the batches, the same bits as ``exact_linear``);
+  ``int8`` re-quantises
   float weights to Q8_0 (int8, a float16 scale per 32); ``int4`` to Q4_1 (4 bits, a
   scale and minimum per 32); ``bf16``/``f32`` keep dense weights in the model's dtype.
 * ``choose_kernels``: each quantised projection's row threshold for the GEMM path
