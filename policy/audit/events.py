@@ -14,7 +14,6 @@ into nonsense is an error, not a crash.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import itertools
@@ -56,7 +55,13 @@ class _EventIds:
         if n >> 40:
             self.reseed()
             n = next(self._counter)
-        return self._prefix + base64.b32encode(n.to_bytes(5, "big")).decode("ascii").lower()
+        # base32 of the 40-bit counter, 10 bits (two characters) at a time: a fifth of b32encode's cost.
+        pairs = _BASE32_PAIRS
+        return self._prefix + pairs[n >> 30] + pairs[(n >> 20) & 1023] + pairs[(n >> 10) & 1023] + pairs[n & 1023]
+
+
+_BASE32 = "abcdefghijklmnopqrstuvwxyz234567"  # RFC 4648's alphabet, lower case
+_BASE32_PAIRS = tuple(a + b for a in _BASE32 for b in _BASE32)
 
 
 _event_ids = _EventIds()
@@ -84,6 +89,10 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "rule_id": self.rule_id, "stage": self.stage, "action": self.action}
+
+
+_OPTIONAL_TEXTS = ("request_id", "principal", "route", "model", "user", "action", "target_kind", "target_id",
+                   "prompt_hmac", "completion_hmac")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +134,10 @@ class AuditEvent:
                 raise InvalidAuditEvent(f"{name} must be a string of 1 to 64 characters", param=name)
         if not isinstance(self.at, datetime) or self.at.tzinfo is None:
             raise InvalidAuditEvent("at must be an aware datetime", param="at")
-        for name in ("request_id", "principal", "route", "model", "user", "action", "target_kind",
-                     "target_id", "prompt_hmac", "completion_hmac"):
-            _optional_text(getattr(self, name), name)
+        for name in _OPTIONAL_TEXTS:  # inline, not _optional_text: every answered call builds an event
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not 1 <= len(value) <= _MAX_TEXT):
+                _text(value, name)  # raises, saying what is wrong
         if not isinstance(self.reasons, tuple) or len(self.reasons) > _MAX_REASONS:
             raise InvalidAuditEvent(f"reasons must be a tuple of at most {_MAX_REASONS} codes", param="reasons")
         for reason in self.reasons:

@@ -20,12 +20,12 @@ from policy.guardrails.normalize import Normalized, normalize
 
 @dataclass(frozen=True, slots=True)
 class LiteralGroup:
-    """Blocklist literals looked for together: one RE2 search (``gate``) tells whether any of them
-    occurs in a text, and only then is each looked for, with its word boundaries. A tenant's list of
+    """Blocklist literals looked for together: one pass of an RE2 set (``gate``) tells which of them
+    occur in a text, and only those are looked for, with their word boundaries. A tenant's list of
     words then costs one search per text that holds none of them, not one per word."""
 
     matchers: tuple[Matcher, ...]
-    gate: Any  # re2._Regexp
+    gate: Any  # re2.Set over the matchers' literals, in their order
 
 
 ScanPlan = tuple[Matcher | LiteralGroup, ...]
@@ -54,9 +54,10 @@ def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> l
         refuse_unencodable(text)
     for entry in matchers:
         if isinstance(entry, LiteralGroup):
-            if entry.gate.search(text) is None:
+            found = entry.gate.Match(text)
+            if found is None:
                 continue
-            group: Sequence[Matcher] = entry.matchers
+            group: Sequence[Matcher] = [entry.matchers[i] for i in sorted(found)]
         else:
             group = (entry,)
         for matcher in group:

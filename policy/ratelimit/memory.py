@@ -37,6 +37,43 @@ from policy.ratelimit.checks import (
 
 log = logging.getLogger("inferflux.policy.ratelimit")
 
+
+class _Window:
+    """One sliding-window counter: usage per bucket, with their sum and the newest used bucket kept.
+
+    A check reads the sum instead of adding the buckets up (a minute of one-second buckets
+    is sixty of them on every request of a busy caller); ``window_check`` adds them up
+    only for a refusal, to say when the request would fit.
+    """
+
+    __slots__ = ("counts", "used", "newest")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}  # bucket index -> usage
+        self.used = 0  # sum(counts.values())
+        self.newest: int | None = None  # the newest bucket with usage in it
+
+    def drop_before(self, oldest: int) -> None:
+        """Forget the buckets that have left the window."""
+        counts = self.counts
+        if counts and min(counts) < oldest:  # min in C: most requests find none stale
+            for stale in [i for i in counts if i < oldest]:
+                self.used -= counts.pop(stale)
+            if self.newest is not None and self.newest < oldest:
+                self.newest = None
+
+    def add(self, index: int, amount: int) -> None:
+        """Add ``amount`` (negative: a correction) to bucket ``index``, never below zero."""
+        counts = self.counts
+        before = counts.get(index, 0)
+        after = max(0, before + amount)
+        counts[index] = after
+        self.used += after - before
+        if after > 0 and (self.newest is None or index > self.newest):
+            self.newest = index
+        elif after == 0 and index == self.newest:
+            self.newest = max((i for i, c in counts.items() if c > 0), default=None)
+
 STATE_FILE = "ratelimit-quota.json"
 FORMAT_VERSION = 1
 SWEEP_SECONDS = 60.0
@@ -56,7 +93,7 @@ class MemoryBackend:
         self._clock = clock
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._windows: dict[str, dict[int, int]] = {}
+        self._windows: dict[str, _Window] = {}
         self._window_ends: dict[str, float] = {}  # when each window counter is all stale
         self._leases: dict[str, dict[str, float]] = {}  # counter -> lease id -> expiry
         self._quotas: dict[str, list[float]] = {}  # counter -> [used, expires_at]
@@ -142,16 +179,19 @@ class MemoryBackend:
     ) -> tuple[CheckResult, Callable[[], None]]:
         kind = check.dimension.kind
         if kind == "w":
-            counts = self._windows.get(check.key, {})
-            result, current = window_check(counts, check, now)
-            oldest = current - check.buckets
-            if counts and min(counts) < oldest:  # min in C: most requests find none stale
-                for stale in [i for i in counts if i < oldest]:
-                    del counts[stale]
+            window = self._windows.get(check.key) or _Window()
+            current = bucket_of(now, check.window, check.buckets)
+            window.drop_before(current - check.buckets)
+            if window.used + check.cost <= check.limit:  # what window_check says, without adding the buckets up
+                reset = 0 if window.newest is None else millis(
+                    bucket_expiry(window.newest, check.window, check.buckets) - now)
+                result = CheckResult(True, window.used, 0, reset)
+            else:
+                result, _ = window_check(window.counts, check, now)
 
             def charge_window() -> None:
-                self._windows.setdefault(check.key, counts)  # a counter exists once it has counted something
-                counts[current] = counts.get(current, 0) + check.cost
+                self._windows.setdefault(check.key, window)  # a counter exists once it has counted something
+                window.add(current, check.cost)
                 self._window_ends[check.key] = bucket_expiry(current, check.window, check.buckets)
 
             return result, charge_window
@@ -186,7 +226,7 @@ class MemoryBackend:
     def _correct_window(self, check: Check, reserved_at: float, delta: int, now: float) -> None:
         # Correct the bucket the estimate went into while it still counts;
         # once it has left the window only extra usage matters, charged now.
-        counts = self._windows.setdefault(check.key, {})
+        window = self._windows.setdefault(check.key, _Window())
         charged = bucket_of(reserved_at, check.window, check.buckets)
         current = bucket_of(now, check.window, check.buckets)
         if charged >= current - check.buckets:
@@ -195,7 +235,7 @@ class MemoryBackend:
             index = current
         else:
             return
-        counts[index] = max(0, counts.get(index, 0) + delta)
+        window.add(index, delta)
         end = bucket_expiry(index, check.window, check.buckets)
         self._window_ends[check.key] = max(self._window_ends.get(check.key, 0.0), end)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import itertools
 import json
 import os
 import re
@@ -13,7 +15,7 @@ import pytest
 
 from policy.audit.errors import InvalidAuditEvent
 from policy.audit import events as events_module
-from policy.audit.events import AuditEvent, ContentDigester, Finding, admin_event, api_event, new_event_id
+from policy.audit.events import AuditEvent, ContentDigester, Finding, _EventIds, admin_event, api_event, new_event_id
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -135,3 +137,12 @@ def test_event_ids_take_a_new_prefix_when_the_counter_runs_out(monkeypatch: pyte
     monkeypatch.setattr(events_module._event_ids, "_counter", iter([1 << 40]))
     after = new_event_id()
     assert after[:16] != before[:16] and after.endswith("a" * 8)  # the new prefix's first id
+
+
+@pytest.mark.parametrize("counter", [0, 1, 31, 32, 1023, 1024, 0x123456789A, (1 << 40) - 1])
+def test_an_event_id_ends_in_its_counter_in_base32(counter: int) -> None:
+    # The last eight characters are the 40-bit counter, RFC 4648 base32 in lower case.
+    ids = _EventIds()
+    ids._counter = itertools.count(counter)
+    expected = base64.b32encode(counter.to_bytes(5, "big")).decode("ascii").lower()
+    assert ids.next() == ids._prefix + expected

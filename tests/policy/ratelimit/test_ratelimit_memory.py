@@ -9,9 +9,12 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policy.ratelimit import Admission, EffectiveLimits, FixedLimits, Limits, MemoryBackend, RateLimiter
-from policy.ratelimit.memory import STATE_FILE
+from policy.ratelimit.checks import Check, Dimension, Level, bucket_of, window_check
+from policy.ratelimit.memory import STATE_FILE, _Window
 from policy.rbac import Principal
 
 from ratelimit_helpers import FakeClock, PrincipalFactory
@@ -102,3 +105,35 @@ async def test_stale_counters_are_forgotten(clock: FakeClock, make_principal: Pr
     assert isinstance(later, Admission)
     remaining = [*backend._windows, *backend._leases, *backend._quotas]
     assert remaining and all("{ten_d}" in key for key in remaining)
+
+
+# -- the window's kept sum: what window_check says, without adding the buckets up
+
+_WINDOW_STEPS = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 70), st.integers(-40, 40)),  # time step (buckets), bucket back, amount
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_WINDOW_STEPS, st.integers(1, 200), st.integers(0, 30))
+def test_a_window_check_reads_the_kept_sum_as_window_check_adds_the_buckets(
+    steps: list[tuple[int, int, int]], limit: int, cost: int
+) -> None:
+    # Charges and corrections (negative) land in buckets old and new, time moves on; at each step the
+    # backend's admitted-request shortcut and the plain sum over the buckets must agree exactly.
+    backend = MemoryBackend(None)
+    check = Check(Dimension.REQUESTS, Level.TENANT, "k", limit, cost, 60.0, 60)
+    now = 1_800_000_000.5
+    for advance, back, amount in steps:
+        now += advance
+        window = backend._windows.setdefault("k", _Window())
+        current = bucket_of(now, check.window, check.buckets)
+        window.drop_before(current - check.buckets)
+        window.add(current - min(back, check.buckets), amount)
+        result, _ = backend._evaluate(check, "lease", now + 30, now)
+        expected, _ = window_check(window.counts, check, now)
+        assert result == expected
+        assert window.used == sum(window.counts.values())
+        positive = [i for i, c in window.counts.items() if c > 0]
+        assert window.newest == (max(positive) if positive else None)
