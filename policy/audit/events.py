@@ -91,6 +91,8 @@ class Finding:
         return {"type": self.type, "rule_id": self.rule_id, "stage": self.stage, "action": self.action}
 
 
+_SHA256_BLOCK = 64  # bytes: HMAC pads (or first hashes) the key to this
+
 _OPTIONAL_TEXTS = ("request_id", "principal", "route", "model", "user", "action", "target_kind", "target_id",
                    "prompt_hmac", "completion_hmac")
 
@@ -234,14 +236,19 @@ class ContentDigester:
     (required then: raw text must never reach a SIEM by default).
     """
 
-    __slots__ = ("_secret", "_debug", "_redact")
+    __slots__ = ("_inner", "_outer", "_debug", "_redact")
 
     def __init__(self, secret: bytes, *, debug: bool = False, redact: Callable[[str], str] | None = None) -> None:
         if not isinstance(secret, bytes) or len(secret) < 16:
             raise ValueError("the audit content secret must be at least 16 bytes")
         if debug and redact is None:
             raise ValueError("debug content capture needs a redaction function")
-        self._secret = secret
+        # HMAC's two keyed SHA-256 states (RFC 2104), made once: each digest copies them rather than
+        # keying a new OpenSSL HMAC context, half the cost, and far less on a CPU cold from the model.
+        key = hashlib.sha256(secret).digest() if len(secret) > _SHA256_BLOCK else secret
+        key = key.ljust(_SHA256_BLOCK, b"\0")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
         self._debug = debug
         self._redact = redact
 
@@ -251,7 +258,10 @@ class ContentDigester:
     def digest(self, text: str | None) -> str | None:
         if text is None:
             return None
-        return hmac.new(self._secret, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+        inner, outer = self._inner.copy(), self._outer.copy()
+        inner.update(text.encode("utf-8", "surrogatepass"))
+        outer.update(inner.digest())
+        return outer.hexdigest()
 
     def matches(self, text: str, digest: str) -> bool:
         """Whether ``text`` is what ``digest`` was made from (constant time)."""

@@ -26,6 +26,23 @@ class LiteralGroup:
 
     matchers: tuple[Matcher, ...]
     gate: Any  # re2.Set over the matchers' literals, in their order
+    literals: tuple[str, ...]  # the matchers' literals, in their order
+
+    def occurring(self, text: str) -> list[Matcher]:
+        """The matchers whose literal occurs in ``text`` (in their order; none most of the time).
+
+        A few literals in a short text are each looked for with ``in``; beyond ``PLAIN_SEARCH_BUDGET``
+        characters times literals, the RE2 set's one pass (linear in the text whatever the list) is
+        cheaper. Both find exact occurrences, so they agree; the plain search touches only the
+        literals and the text, where the set's automaton, between two of a model's forward passes,
+        is no longer in the CPU's caches (0.5 us isolated, tens in a served request)."""
+        if len(text) * len(self.literals) <= PLAIN_SEARCH_BUDGET:
+            return [matcher for matcher, literal in zip(self.matchers, self.literals, strict=True) if literal in text]
+        found = self.gate.Match(text)
+        return [] if found is None else [self.matchers[i] for i in sorted(found)]
+
+
+PLAIN_SEARCH_BUDGET = 32_768  # text characters times literals below which ``in`` beats the RE2 set
 
 
 ScanPlan = tuple[Matcher | LiteralGroup, ...]
@@ -37,7 +54,8 @@ def scan_plan(matchers: Sequence[Matcher]) -> ScanPlan:
     gate = literal_gate([m.literal for m in literal if m.literal is not None]) if len(literal) > 1 else None
     if gate is None:
         return tuple(matchers)
-    return (*(m for m in matchers if m.literal is None), LiteralGroup(tuple(literal), gate))
+    literals = tuple(m.literal for m in literal if m.literal is not None)
+    return (*(m for m in matchers if m.literal is None), LiteralGroup(tuple(literal), gate, literals))
 
 
 def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> list[tuple[Matcher, Hit]]:
@@ -54,10 +72,7 @@ def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> l
         refuse_unencodable(text)
     for entry in matchers:
         if isinstance(entry, LiteralGroup):
-            found = entry.gate.Match(text)
-            if found is None:
-                continue
-            group: Sequence[Matcher] = [entry.matchers[i] for i in sorted(found)]
+            group: Sequence[Matcher] = entry.occurring(text)
         else:
             group = (entry,)
         for matcher in group:

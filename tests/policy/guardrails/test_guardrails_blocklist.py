@@ -10,6 +10,7 @@ import pytest
 from policy.errors import ValidationFailed
 from policy.guardrails import Guardrails, parse_spec
 from policy.guardrails.blocklist import MAX_PATTERN_LENGTH, compile_regex, regex_max_length
+from policy.guardrails import check as check_module
 from policy.guardrails.check import LiteralGroup, check_texts, scan_plan
 
 
@@ -108,10 +109,13 @@ def test_regex_max_length(pattern: str, expected: int | None) -> None:
     assert regex_max_length(pattern) == expected
 
 
+@pytest.mark.parametrize("budget", [0, 10**9], ids=["re2-set", "plain-search"])
 def test_many_literals_share_one_gate_and_find_what_each_alone_finds(
-    make_guardrails: Callable[..., Guardrails],
+    make_guardrails: Callable[..., Guardrails], monkeypatch: pytest.MonkeyPatch, budget: int
 ) -> None:
-    # One RE2 search decides whether any of a tenant's words occurs; it must not change a single finding.
+    # One search decides which of a tenant's words occur (the RE2 set's, or a plain one for a short text):
+    # neither may change a single finding.
+    monkeypatch.setattr(check_module, "PLAIN_SEARCH_BUDGET", budget)
     words = [f"word{i}x" for i in range(300)] + ["a.b", "c++", "zürich", "two words"]
     rules = [{"id": f"r{i}", "literal": w, "action": "redact"} for i, w in enumerate(words)]
     rules.append({"id": "sub", "literal": "ski", "match": "substring"})
