@@ -22,7 +22,6 @@ off the request path.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -38,6 +37,7 @@ from gateway.errors import render_error
 from gateway.tracing import stage
 from policy.authn.apikeys import looks_like_key
 from policy.authn.oidc import OidcProviderConfig, OidcVerifier, VerifiedToken
+from policy.digests import sha256
 from policy.errors import (
     AuthenticationError,
     InvalidApiKey,
@@ -118,7 +118,7 @@ class _TTLCache:
 
 
 def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+    return sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
 def _epoch(value: datetime | None) -> float | None:

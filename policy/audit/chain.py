@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from policy.digests import sha256
+
 FORMAT_VERSION: Final = 1
 GENESIS: Final = "0" * 64  # the prev of every chain's record 0
 _HEX = frozenset("0123456789abcdef")
@@ -68,7 +70,7 @@ def sealed_line(chain: str, seq: int, prev: str, event: Mapping[str, Any]) -> tu
     event_json = canonical_json(event)
     head = b'{"chain":' + canonical_json(chain) + b',"event":' + event_json
     tail = b'"prev":' + canonical_json(prev) + b',"seq":' + (b"%d" % seq if type(seq) is int else canonical_json(seq)) + b',"v":%d}' % FORMAT_VERSION
-    digest = hashlib.sha256(head + b"," + tail).hexdigest()
+    digest = sha256(head + b"," + tail).hexdigest()
     record = {"v": FORMAT_VERSION, "chain": chain, "seq": seq, "prev": prev, "hash": digest, "event": event}
     return record, head + b',"hash":"' + digest.encode() + b'",' + tail
 
