@@ -21,8 +21,12 @@ a single client waits for each answer): on some virtual disks an fsync after
 an idle spell costs several times more, which puts a floor under a durable
 audit event's latency at low load.
 
+``--fine`` also stamps the steps inside the stages (authentication, the input
+check, the limiter's parts, the output checker, the audit event's digests,
+JSON and seal).
+
 Usage:
-    .venv/bin/python benchmarks/trace_policy.py [--requests 200] [--dtype auto]
+    .venv/bin/python benchmarks/trace_policy.py [--requests 200] [--dtype auto] [--fine]
 """
 
 from __future__ import annotations
@@ -119,6 +123,30 @@ def instrument(engine: Any) -> None:
     engine.stream = timed
 
 
+def instrument_finely() -> None:
+    """``--fine``: also the steps inside the stages (authentication, the input check, the limiter's
+    parts, the output checker, the audit event's digests, JSON and seal), to tell which part of a
+    stage its in-request cost is."""
+    import gateway.auth as gateway_auth
+    import gateway.request_policy as request_policy
+    import policy.audit.events as audit_events
+    import policy.guardrails.engine as guardrails_engine
+    import policy.guardrails.stream as guardrails_stream
+    import policy.ratelimit.limiter as limiter
+    import policy.ratelimit.memory as memory
+
+    around(gateway_auth.Authenticator, "authenticate", "auth", "authed")
+    around(request_policy, "request_texts", None, "g.texts")
+    around(guardrails_engine.Guardrails, "check_input", None, "g.checked")
+    around(limiter.RateLimiter, "check_and_reserve", "rl.start", "rl.done")
+    around(memory.MemoryBackend, "reserve", "rl.backend", "rl.backend.done")
+    around(guardrails_stream.OutputStream, "feed", "out.feed", "out.fed")
+    around(RequestPolicy, "_finish", "finish", "finished")
+    around(audit_events.ContentDigester, "digest", "ev.digest", None)
+    around(audit_events.AuditEvent, "to_json", "ev.to_json", "ev.json")
+    around(spool_module, "sealed_line", None, "ev.sealed")
+
+
 def fsync_probe(pause: float, n: int = 60) -> float:
     """Median ms of an fsync after appending one line, with ``pause`` seconds before each."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -137,6 +165,8 @@ def fsync_probe(pause: float, n: int = 60) -> float:
 async def trace(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     bench = setup(args.dtype)
     instrument(bench.served.engine)
+    if args.fine:
+        instrument_finely()
     names = ("off", "on")
     segments: dict[str, dict[str, list[float]]] = {name: defaultdict(list) for name in names}
     async with contextlib.AsyncExitStack() as stack:
@@ -177,6 +207,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("Method")[0].strip())
     parser.add_argument("--requests", type=int, default=200, help="requests per variant")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--fine", action="store_true", help="also stamp the steps inside each stage")
     args = parser.parse_args()
     report = asyncio.run(trace(args))
     print(__doc__.split("Usage:")[0].strip())
