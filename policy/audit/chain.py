@@ -69,7 +69,8 @@ def sealed_line(chain: str, seq: int, prev: str, event: Mapping[str, Any]) -> tu
     """
     event_json = canonical_json(event)
     head = b'{"chain":' + canonical_json(chain) + b',"event":' + event_json
-    tail = b'"prev":' + canonical_json(prev) + b',"seq":' + (b"%d" % seq if type(seq) is int else canonical_json(seq)) + b',"v":%d}' % FORMAT_VERSION
+    seq_json = b"%d" % seq if type(seq) is int else canonical_json(seq)  # an int encodes as itself
+    tail = b'"prev":' + canonical_json(prev) + b',"seq":' + seq_json + b',"v":%d}' % FORMAT_VERSION
     digest = sha256(head + b"," + tail).hexdigest()
     record = {"v": FORMAT_VERSION, "chain": chain, "seq": seq, "prev": prev, "hash": digest, "event": event}
     return record, head + b',"hash":"' + digest.encode() + b'",' + tail

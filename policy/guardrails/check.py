@@ -51,10 +51,10 @@ ScanPlan = tuple[Matcher | LiteralGroup, ...]
 def scan_plan(matchers: Sequence[Matcher]) -> ScanPlan:
     """``matchers`` as ``scan`` runs them best: the plain blocklist literals behind one gate, the rest as given."""
     literal = [m for m in matchers if m.literal is not None]
-    gate = literal_gate([m.literal for m in literal if m.literal is not None]) if len(literal) > 1 else None
+    literals = tuple(m.literal for m in literal if m.literal is not None)
+    gate = literal_gate(literals) if len(literal) > 1 else None
     if gate is None:
         return tuple(matchers)
-    literals = tuple(m.literal for m in literal if m.literal is not None)
     return (*(m for m in matchers if m.literal is None), LiteralGroup(tuple(literal), gate, literals))
 
 
