@@ -153,5 +153,9 @@ def window_check(counts: Mapping[int, int], check: Check, now: float) -> tuple[C
             if released >= need:
                 retry = millis(bucket_expiry(index, check.window, check.buckets) - now)
                 break
-    reset = 0 if newest is None else millis(bucket_expiry(newest, check.window, check.buckets) - now)
-    return CheckResult(allowed, used, retry, reset), current
+    return CheckResult(allowed, used, retry, window_reset(newest, check, now)), current
+
+
+def window_reset(newest: int | None, check: Check, now: float) -> int:
+    """Milliseconds until a window counter whose newest used bucket is ``newest`` is back at zero."""
+    return 0 if newest is None else millis(bucket_expiry(newest, check.window, check.buckets) - now)

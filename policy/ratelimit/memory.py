@@ -33,9 +33,14 @@ from policy.ratelimit.checks import (
     bucket_of,
     millis,
     window_check,
+    window_reset,
 )
 
 log = logging.getLogger("inferflux.policy.ratelimit")
+
+STATE_FILE = "ratelimit-quota.json"
+FORMAT_VERSION = 1
+SWEEP_SECONDS = 60.0
 
 
 class _Window:
@@ -73,10 +78,6 @@ class _Window:
             self.newest = index
         elif after == 0 and index == self.newest:
             self.newest = max((i for i, c in counts.items() if c > 0), default=None)
-
-STATE_FILE = "ratelimit-quota.json"
-FORMAT_VERSION = 1
-SWEEP_SECONDS = 60.0
 
 
 class MemoryBackend:
@@ -183,9 +184,7 @@ class MemoryBackend:
             current = bucket_of(now, check.window, check.buckets)
             window.drop_before(current - check.buckets)
             if window.used + check.cost <= check.limit:  # what window_check says, without adding the buckets up
-                reset = 0 if window.newest is None else millis(
-                    bucket_expiry(window.newest, check.window, check.buckets) - now)
-                result = CheckResult(True, window.used, 0, reset)
+                result = CheckResult(True, window.used, 0, window_reset(window.newest, check, now))
             else:
                 result, _ = window_check(window.counts, check, now)
 

@@ -21,7 +21,7 @@ def test_sha256_is_hashlibs(data: bytes) -> None:
 
 @pytest.mark.parametrize("size", [0, 1, 16, 32, 63, 64, 65, 128, 200])
 def test_hmac_is_the_standard_one_for_every_key_length(size: int) -> None:
-    key = bytes(range(7, 7 + size % 249)) + b"k" * max(0, size - 249)
+    key = bytes(range(7, 7 + size))
     mac = HmacSha256(key)
     for data in DATA * 2:  # reused: the keyed states must not absorb a previous message
         assert mac.digest(data) == hmac.new(key, data, hashlib.sha256).digest()
