@@ -1,6 +1,6 @@
 """The usage rollup: indexed audit events become additive increments of ``usage_rollup``.
 
-``add_events`` runs inside the audit indexer's transaction (``AuditStore.index``),
+``increments`` and ``add`` run inside the audit indexer's transaction (``AuditStore.index``),
 on exactly the events that transaction inserts: an event indexed twice (at-least-once
 delivery) is found by its id and adds nothing, an event whose insert fails adds
 nothing, so the rollup is always the sum of the indexed events. Every replica
@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any, Final
 
-from sqlalchemy import Table
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Table
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from policy.usage.cost import Price, cost_micros
 
@@ -31,6 +33,7 @@ MINUTE: Final = "minute"
 MINUTE_HOURS: Final = 24  # minute rows are kept (and written) for this long
 REASON_CHARS: Final = 64
 _COUNTS: Final = ("requests", "prompt_tokens", "completion_tokens", "cost_micros")
+_KEY: Final = ("grain", "bucket", "tenant_id", "key_id", "model", "reason")  # a row's identity: Key's fields
 
 Key = tuple[str, datetime, str, str, str, str]  # grain, bucket, tenant, key, model, reason
 
@@ -81,20 +84,21 @@ def increments(
     return out
 
 
-def add(session: Session, table: Table, rows: Mapping[Key, list[int]]) -> None:
+def add(connection: Connection, table: Table, rows: Mapping[Key, list[int]]) -> None:
     """Upsert ``rows``, adding to what is there (PostgreSQL or SQLite)."""
     if not rows:
         return
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    names = ("grain", "bucket", "tenant_id", "key_id", "model", "reason")
-    values = [{**dict(zip(names, key, strict=True)), **dict(zip(_COUNTS, counts, strict=True))}
+    values = [{**dict(zip(_KEY, key, strict=True)), **dict(zip(_COUNTS, counts, strict=True))}
               for key, counts in sorted(rows.items())]  # fmt: skip  (sorted: a stable lock order between replicas)
+    connection.execute(_upsert(table, connection.dialect.name), values)
+
+
+@lru_cache(maxsize=8)
+def _upsert(table: Table, dialect: str) -> Any:
+    """The adding upsert for ``table`` on ``dialect``, built once: building it (the ``excluded``
+    columns, the ``SET`` expressions) cost the indexer more than running it, at every batch."""
+    insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
     statement = insert(table)
-    statement = statement.on_conflict_do_update(
-        index_elements=list(names), set_={c: table.c[c] + statement.excluded[c] for c in _COUNTS}
+    return statement.on_conflict_do_update(
+        index_elements=list(_KEY), set_={c: table.c[c] + statement.excluded[c] for c in _COUNTS}
     )
-    session.execute(statement, values)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from audit_support import FAST, POLL, make_event, wait_for
-from sqlalchemy import inspect
+from sqlalchemy import create_engine, inspect
 
 from policy.audit.chain import GENESIS, canonical_json, verify_lines
 from policy.audit.checkpoint import CheckpointSigner
@@ -17,7 +17,7 @@ from policy.audit.errors import ChainConflict
 from policy.audit.events import AuditEvent, admin_event
 from policy.audit.spool import Cursor, Spool, SpooledRecord, SpoolSettings
 from policy.audit.store import AuditStore, IndexerSink, Retention
-from policy.errors import ValidationFailed
+from policy.errors import StoreUnavailable, ValidationFailed
 from policy.store import PolicyStore, StoreSettings
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -91,6 +91,17 @@ def test_indexing_is_idempotent(spool: Spool, audit_store: AuditStore) -> None:
 def test_a_damaged_spooled_record_is_skipped_not_fatal(audit_store: AuditStore) -> None:
     broken = SpooledRecord(b"{}", {"chain": "c", "seq": 1, "event": {"id": "x"}}, Cursor(1, 2))
     assert audit_store.index([broken]) == 0
+
+
+def test_an_unreachable_store_is_unavailable_and_indexes_nothing(spool: Spool, audit_store: AuditStore) -> None:
+    start = spool.durable_cursor()
+    assert spool.append(make_event()).wait(10)
+    records, _ = spool.read(start)
+    nowhere = AuditStore(create_engine("postgresql+psycopg://postgres@127.0.0.1:1/test"), owns_engine=True)
+    with pytest.raises(StoreUnavailable):  # the sink retries it; the spool keeps the record meanwhile
+        nowhere.index(records)
+    nowhere.close()
+    assert audit_store.index(records) == 1  # and a store that answers takes it
 
 
 def test_bad_query_values_are_clear_errors(audit_store: AuditStore) -> None:
