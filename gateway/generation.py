@@ -254,13 +254,9 @@ class Generation:
     def _checked(self, item: ChoiceEvent) -> ChoiceEvent:
         """``item`` with its text passed through the choice's output guardrails."""
         check, out = self._checks[item.index], item.output
-        step = check.feed(out.new_text)
-        text, blocked, findings = step.text, step.blocked, list(step.findings)
-        if out.finished and not blocked:
-            last = check.flush()
-            text, blocked = text + last.text, last.blocked
-            findings += last.findings
-        self.output_findings += findings
+        step = check.flush(out.new_text) if out.finished else check.feed(out.new_text)
+        text, blocked = step.text, step.blocked
+        self.output_findings += step.findings
         if blocked:
             return self._cut_off(item, text)
         return ChoiceEvent(item.index, replace(out, new_text=text)) if text != out.new_text else item

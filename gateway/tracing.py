@@ -280,9 +280,9 @@ class TimedOutputStream:
         with self._meter.timing():
             return self._stream.feed(text)
 
-    def flush(self) -> Any:
+    def flush(self, last: str = "") -> Any:
         with self._meter.timing():
-            return self._stream.flush()
+            return self._stream.flush(last)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

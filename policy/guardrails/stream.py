@@ -1,7 +1,7 @@
 """Checking a streamed response incrementally, across chunk boundaries.
 
 Feed the generated text as it comes (``feed``), send what each call returns,
-and call ``flush`` at the end. The checker holds back the tail that a match
+and call ``flush`` at the end (with the last chunk, if it comes with the end). The checker holds back the tail that a match
 could still be growing into and releases the rest at once:
 
 * For a rule whose matches may contain a space (phone and card numbers, IBANs,
@@ -101,11 +101,19 @@ class OutputStream:
         self._buffer += chunk
         return self._step(final=False)
 
-    def flush(self) -> StreamStep:
-        """The end of the response: release (or block) everything held back."""
+    def flush(self, last: str | bytes = "") -> StreamStep:
+        """The end of the response, with its ``last`` chunk if any: release (or block) everything held back.
+
+        ``flush(last)`` decides as ``feed(last)`` then ``flush()`` would, in one pass instead of two:
+        a whole (not streamed) answer is one chunk, most of it held back by ``feed`` anyway."""
         if self.blocked:
             return StreamStep("", blocked=True)
-        self._buffer += self._pending()
+        if isinstance(last, bytes):
+            if self._decoder is None:
+                self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            self._buffer += self._decoder.decode(last, final=True)
+        else:
+            self._buffer += self._pending() + last
         if not self._matchers:
             text, self._buffer = self._buffer, ""
             return StreamStep(text)

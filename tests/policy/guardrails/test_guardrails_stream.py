@@ -23,15 +23,20 @@ TEXT = (
 )
 
 
-def _run(stream: OutputStream, chunks: list[str] | list[bytes]) -> tuple[str, bool]:
+def _run(stream: OutputStream, chunks: list[str] | list[bytes], *, last_with_flush: bool = False) -> tuple[str, bool]:
+    """What the stream sends for ``chunks``; ``last_with_flush``: the last chunk comes with the end (``flush(last)``)."""
     sent = []
-    for chunk in chunks:
+    fed = chunks[:-1] if last_with_flush and chunks else chunks
+    for chunk in fed:
         step = stream.feed(chunk)
         sent.append(step.text)
         if step.blocked:
             return "".join(sent), True
-    step = stream.flush()
+    step = stream.flush(chunks[-1]) if last_with_flush and chunks else stream.flush()
     return "".join(sent) + step.text, step.blocked
+
+
+ENDINGS = pytest.mark.parametrize("last_with_flush", [False, True], ids=["feed-then-flush", "flush-with-last"])
 
 
 def _split(text: str, cuts: list[int]) -> list[str]:
@@ -44,26 +49,29 @@ def guardrails(make_guardrails: Callable[..., Guardrails]) -> Guardrails:
     return make_guardrails(REDACT_ALL)
 
 
-@pytest.mark.parametrize("pieces", [2, 3, 7, 40, len(TEXT)])
-def test_stream_equals_whole_text_check(guardrails: Guardrails, pieces: int) -> None:
+@ENDINGS
+@pytest.mark.parametrize("pieces", [1, 2, 3, 7, 40, len(TEXT)])
+def test_stream_equals_whole_text_check(guardrails: Guardrails, pieces: int, last_with_flush: bool) -> None:
     whole = guardrails.check_output(TEXT).texts[0]
     assert whole.count("[") == 9  # every value above is found in the whole text
     rng = random.Random(pieces)
     for _ in range(20):
         cuts = rng.sample(range(1, len(TEXT)), pieces - 1)
-        assert _run(guardrails.output_stream(), _split(TEXT, cuts)) == (whole, False)
+        assert _run(guardrails.output_stream(), _split(TEXT, cuts), last_with_flush=last_with_flush) == (whole, False)
 
 
+@ENDINGS
 @pytest.mark.parametrize("step", [1, 2, 3, 5])
-def test_utf8_bytes_split_inside_characters(guardrails: Guardrails, step: int) -> None:
+def test_utf8_bytes_split_inside_characters(guardrails: Guardrails, step: int, last_with_flush: bool) -> None:
     data = TEXT.encode()
     chunks = [data[i : i + step] for i in range(0, len(data), step)]
-    assert _run(guardrails.output_stream(), chunks) == (guardrails.check_output(TEXT).texts[0], False)
+    sent = _run(guardrails.output_stream(), chunks, last_with_flush=last_with_flush)
+    assert sent == (guardrails.check_output(TEXT).texts[0], False)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.data())
-def test_any_split_of_generated_text_decides_like_the_whole(data: st.DataObject) -> None:
+@given(st.data(), st.booleans())
+def test_any_split_of_generated_text_decides_like_the_whole(data: st.DataObject, last_with_flush: bool) -> None:
     from policy.guardrails import parse_spec
 
     guardrails = Guardrails([parse_spec(REDACT_ALL)])
@@ -71,7 +79,8 @@ def test_any_split_of_generated_text_decides_like_the_whole(data: st.DataObject)
              "1.2.3", "２", "\u200b", " ", "  ", "-", ".", "ssn", "123-45-6789", "DE89", "3704"]  # fmt: skip
     text = "".join(data.draw(st.lists(st.sampled_from(words), max_size=30)))
     cuts = data.draw(st.lists(st.integers(1, max(1, len(text) - 1)), max_size=10)) if len(text) > 1 else []
-    assert _run(guardrails.output_stream(), _split(text, cuts)) == (guardrails.check_output(text).texts[0], False)
+    sent = _run(guardrails.output_stream(), _split(text, cuts), last_with_flush=last_with_flush)
+    assert sent == (guardrails.check_output(text).texts[0], False)
 
 
 def test_text_is_released_promptly_with_a_bounded_holdback(guardrails: Guardrails) -> None:
@@ -91,10 +100,13 @@ def test_without_output_rules_nothing_is_held(make_guardrails: Callable[..., Gua
     assert stream.feed("bob@example.com").text == "bob@example.com"
 
 
-def test_block_ends_the_stream_after_the_clean_text(make_guardrails: Callable[..., Guardrails]) -> None:
+@ENDINGS
+def test_block_ends_the_stream_after_the_clean_text(
+    make_guardrails: Callable[..., Guardrails], last_with_flush: bool
+) -> None:
     stream = make_guardrails({"pii": {"card": "block"}}).output_stream()
     chunks = ["Here it is: ", "4111 1111 ", "1111 1111", " enjoy", " more text to come " * 5]
-    sent, blocked = _run(stream, chunks)
+    sent, blocked = _run(stream, chunks, last_with_flush=last_with_flush)
     assert blocked and stream.blocked
     assert sent == "Here it is: "
     assert "4111" not in sent
