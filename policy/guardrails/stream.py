@@ -1,8 +1,9 @@
 """Checking a streamed response incrementally, across chunk boundaries.
 
 Feed the generated text as it comes (``feed``), send what each call returns,
-and call ``flush`` at the end (with the last chunk, if it comes with the end). The checker holds back the tail that a match
-could still be growing into and releases the rest at once:
+and call ``flush`` at the end (with the last chunk, if it comes with the end).
+The checker holds back the tail that a match could still be growing into and
+releases the rest at once:
 
 * For a rule whose matches may contain a space (phone and card numbers, IBANs,
   SSNs, PEM headers, blocklist phrases and regexes), the last ``H_ws``
