@@ -287,8 +287,9 @@ def test_int4_requantises_to_q4_1_blocks_close_to_the_weights(f32_model: Any) ->
     assert (abs(back - dense) <= spans / 30 + 1e-3).all()
 
 
-needs_exact = pytest.mark.skipif(not (cpu_kernels.load() is not None and cpu_kernels.exact_linear_supported()),
-                                 reason="exact_linear needs AVX-512 BF16, which this CPU lacks (auto stays bf16 here)")
+needs_exact = pytest.mark.skipif(
+    not (cpu_kernels.load() is not None and cpu_kernels.exact_linear_supported()),
+    reason="exact_linear on bfloat16 rows needs AVX-512 BF16, which this CPU lacks (auto runs float32 there)")
 
 
 @needs_exact
