@@ -2,7 +2,12 @@
 
 The build goes through ``torch.utils.cpp_extension`` (a C++ compiler and
 ``ninja``, which the ``cpu`` extra installs) into torch's extension cache, so
-later processes load the cached library at once. Every ``.cpp`` file in this
+later processes load the cached library at once. Each copy of the sources
+builds in a folder of its own there (``build_directory``): two checkouts
+side by side (a clean clone's CI beside a working tree) would otherwise
+rebuild over each other whenever their paths differ, and a process killed
+mid-build leaves torch's lock file behind, which every later load then waits
+on for ever. Every ``.cpp`` file in this
 directory goes into the one library: ``kernels.h`` declares each kernel and
 ``bindings.cpp`` (the only file with a ``PYBIND11_MODULE``) exposes it. Where the build is not
 possible, ``load()`` returns None and says why in ``load_error()``; callers fall
@@ -11,6 +16,7 @@ back to the PyTorch reference kernels in ``kernels.reference``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -68,12 +74,26 @@ def _build() -> ModuleType:
 
     # -march=native: the library is built on, and cached for, the machine that runs it.
     return cpp_extension.load(
-        name="inferflux_cpu_kernels",
+        name=EXTENSION,
         sources=sources(),
         extra_cflags=["-O3", "-march=native", "-fopenmp"],
         extra_include_paths=[str(SOURCE_DIR)],
+        build_directory=str(build_directory()),
         verbose=False,
     )
+
+
+EXTENSION = "inferflux_cpu_kernels"
+
+
+def build_directory() -> Path:
+    """This copy of the sources' folder in torch's extension cache (created): named after its path."""
+    from torch.utils import cpp_extension
+
+    digest = hashlib.sha256(str(SOURCE_DIR.resolve()).encode()).hexdigest()[:12]
+    path = Path(cpp_extension._get_build_directory(EXTENSION, verbose=False)).with_name(f"{EXTENSION}-{digest}")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def paged_attention(
