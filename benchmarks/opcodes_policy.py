@@ -12,7 +12,7 @@ by the file of its code; the report is the count per request, ``on`` minus
 gateway, the rest).
 
 Unlike a timing, the count is the same from run to run and CPU to CPU (within a
-few dozen: periodic tasks that land inside it), so a change to the chain can be
+few hundred: periodic tasks that land inside it), so a change to the chain can be
 measured exactly. It is not a time: a bytecode of the
 chain costs two to four times as much in a served request (caches emptied by
 the model's forward pass) as alone, and C code (RE2, OpenSSL, the JSON
