@@ -15,10 +15,9 @@ Unlike a timing, the count is the same from run to run and CPU to CPU (within a
 few hundred: periodic tasks that land inside it), so a change to the chain can be
 measured exactly. It is not a time: a bytecode of the
 chain costs two to four times as much in a served request (caches emptied by
-the model's forward pass) as alone, and C code (RE2, OpenSSL, the JSON
-encoder) is not counted at all, only the Python that calls it.
-The measurement showed why (docs/benchmarks.md, stop 38): in the request, the
-Python run, more than the work it describes, is what the chain costs.
+the model's forward pass) as alone, C code (RE2, OpenSSL, the JSON encoder) is
+not counted at all, only the Python that calls it, and a 14 % cut in the count
+did not show in the request's time (docs/benchmarks.md, stop 38).
 
 The client is the benchmark's, in the same thread: its part is what httpx does
 with the ``on`` answers' six ``x-ratelimit-*`` headers (its cookie jar parses

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, NamedTuple, Protocol
+from typing import Final, Protocol
 
 # A period's quota counter outlives the period by this much, for late settlements.
 QUOTA_GRACE_SECONDS: Final = 2 * 86400
@@ -56,9 +57,8 @@ class Level(StrEnum):
     KEY = "key"
 
 
-# Checks and results are NamedTuples, not dataclasses: a request makes several of each, and a tuple
-# is built in C where a dataclass's __init__ runs Python bytecode per field (docs/benchmarks.md, stop 38).
-class Check(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Check:
     """One counter a request must fit under."""
 
     dimension: Dimension
@@ -71,7 +71,8 @@ class Check(NamedTuple):
     expires_at: float = 0.0  # quotas: the end of the period (epoch seconds)
 
 
-class CheckResult(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class CheckResult:
     """A check's outcome, as the counter stood before this request was charged."""
 
     allowed: bool
