@@ -44,22 +44,22 @@ import httpx  # noqa: E402
 from bench_policy import body_for, setup  # noqa: E402  (this folder is on sys.path)
 
 ROOT = str(Path(__file__).resolve().parent.parent) + "/"
-# The client's own work: httpx and what its cookie jar and URL handling call in the standard library.
-_CLIENT_STDLIB = ("message.py", "_policybase.py", "request.py", "cookiejar.py", "parse.py", "feedparser.py",
-                  "utils.py", "_parseaddr.py", "header.py", "charset.py")  # fmt: skip
+STDLIB = str(Path(argparse.__file__).resolve().parent) + "/"
+# What only the client runs in the standard library: its cookie jar, which parses every answer's headers.
+_CLIENT_STDLIB = ("stdlib:email/", "stdlib:http/cookiejar.py", "stdlib:urllib/request.py")
 
 
 def place(filename: str) -> str:
-    """A code object's file as the report names it: a path in the project, or a package, or the stdlib."""
-    if filename.startswith(ROOT) and "/site-packages/" not in filename:
-        return filename[len(ROOT) :]
+    """A code object's file as the report names it: a path in the project, a package, or a stdlib path."""
     if "/site-packages/" in filename:
         return "site:" + filename.split("/site-packages/", 1)[1].split("/", 1)[0]
-    return "stdlib:" + filename.rsplit("/", 1)[-1]
+    if filename.startswith(ROOT):
+        return filename[len(ROOT) :]
+    return "stdlib:" + filename.removeprefix(STDLIB)
 
 
 def group(name: str) -> str:
-    if name == "site:httpx" or (name.startswith("stdlib:") and name.endswith(_CLIENT_STDLIB)):
+    if name == "site:httpx" or name.startswith(_CLIENT_STDLIB):
         return "the benchmark's client (httpx, its cookie jar)"
     if name.startswith("policy/"):
         return name
@@ -76,13 +76,11 @@ async def count(requests: int) -> dict[str, Counter[str]]:
     try:
         for name in ("off", "on"):
             app = bench.apps[name]
-            opcodes: Counter[str] = Counter()
-            names: dict[str, str] = {}
+            by_file: Counter[str] = Counter()
 
             def local(frame: FrameType, event: str, arg: Any) -> Any:
                 if event == "opcode":
-                    filename = frame.f_code.co_filename
-                    opcodes[names.get(filename) or names.setdefault(filename, place(filename))] += 1
+                    by_file[frame.f_code.co_filename] += 1
                 return local
 
             def tracer(frame: FrameType, event: str, arg: Any) -> Any:
@@ -104,7 +102,9 @@ async def count(requests: int) -> dict[str, Counter[str]]:
                         sys.settrace(None)
                     if response.status_code != 200:
                         raise SystemExit(f"unexpected {response.status_code}: {response.text}")
-            counts[name] = Counter({k: v // requests for k, v in opcodes.items()})
+            counts[name] = Counter()
+            for filename, n in by_file.items():
+                counts[name][place(filename)] += n // requests
     finally:
         bench.close()
     return counts
