@@ -5,9 +5,12 @@ The build goes through ``torch.utils.cpp_extension`` (a C++ compiler and
 later processes load the cached library at once. Each copy of the sources
 builds in a folder of its own there (``build_directory``): two checkouts
 side by side (a clean clone's CI beside a working tree) would otherwise
-rebuild over each other whenever their paths differ, and a process killed
-mid-build leaves torch's lock file behind, which every later load then waits
-on for ever. Every ``.cpp`` file in this
+rebuild over each other whenever their paths differ. A process killed mid-build
+leaves torch's lock file behind, which every later load would wait on for ever
+(torch's lock has no owner and no timeout): so builds and loads also take a
+``flock`` of their own on the folder, which the kernel drops when its holder
+dies, and whoever holds it removes a torch lock it finds (its builder is gone).
+Every ``.cpp`` file in this
 directory goes into the one library: ``kernels.h`` declares each kernel and
 ``bindings.cpp`` (the only file with a ``PYBIND11_MODULE``) exposes it. Where the build is not
 possible, ``load()`` returns None and says why in ``load_error()``; callers fall
@@ -21,6 +24,8 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -72,15 +77,46 @@ def _build() -> ModuleType:
         raise RuntimeError("no C++ compiler on PATH (set CXX or install g++)")
     from torch.utils import cpp_extension
 
-    # -march=native: the library is built on, and cached for, the machine that runs it.
-    return cpp_extension.load(
-        name=EXTENSION,
-        sources=sources(),
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
-        extra_include_paths=[str(SOURCE_DIR)],
-        build_directory=str(build_directory()),
-        verbose=False,
-    )
+    folder = build_directory()
+    with building(folder):
+        # -march=native: the library is built on, and cached for, the machine that runs it.
+        return cpp_extension.load(
+            name=EXTENSION,
+            sources=sources(),
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_include_paths=[str(SOURCE_DIR)],
+            build_directory=str(folder),
+            verbose=False,
+        )
+
+
+TORCH_LOCK = "lock"  # torch.utils.cpp_extension's FileBaton in the build folder
+BUILD_LOCK = "inferflux-build.lock"
+
+
+@contextmanager
+def building(folder: Path) -> Iterator[None]:
+    """Hold ``folder``'s build lock (waiting for another builder); a torch lock found then is stale.
+
+    Every build and load of the folder happens under this ``flock``, so while it is held no other
+    process can be inside torch's build: a torch lock file present then was left by a process that
+    died holding it, and is removed instead of being waited on for ever.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): torch's lock alone
+        yield
+        return
+    with open(folder / BUILD_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = folder / TORCH_LOCK
+            if stale.exists():
+                log.warning("removing %s: left by a kernel build that did not finish", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 EXTENSION = "inferflux_cpu_kernels"
