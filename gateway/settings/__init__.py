@@ -68,7 +68,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
           context_length: 131072   # optional: what /v1/models advertises
           ca_file: /etc/ssl/fleet-ca.pem   # optional: a private CA for https endpoints
     upstreams:
-      allowed_hosts: ["*.fleet.internal", 10.0.0.5]   # where upstream endpoints may point; unset: anywhere
+      allowed_hosts: ["*.fleet.internal", 10.0.0.5, 10.0.0.6]   # where upstream endpoints may point; unset: anywhere
       forward_headers: [traceparent, tracestate]      # the only client headers passed upstream
     model_registry:         # the admin API's models, kept in the store and followed by every replica
       poll_seconds: 1       # how often the store is checked for models loaded, unloaded or made default elsewhere

@@ -1,10 +1,17 @@
-"""Every ``inferctl`` command the README and docs/ show exists, with the options they give it.
+"""The README and docs/ are true to the code: what they show an operator to type or paste works.
 
-Documentation drifts from the code silently: a renamed subcommand or flag keeps working in
-the docs' examples until an operator pastes one. This reads each command line in the
-Markdown (fenced blocks and inline code), walks ``inferctl``'s own argparse tree along its
-words, and checks every ``--option`` against the subcommand it ends on. It does not run
-them: placeholders (``<tenant-id>``, ``$KEY``) stand where values go.
+Documentation drifts from the code silently: a renamed subcommand or flag, a setting's
+new rule, keeps the docs' examples looking right until an operator pastes one. So:
+
+* every ``inferctl`` command line in the Markdown (fenced blocks, inline code, the first
+  column of command tables) is walked along ``inferctl``'s own argparse tree, and every
+  ``--option`` checked against the subcommand it ends on; they are not run, so
+  placeholders (``<tenant-id>``, ``$KEY``) stand where values go. Every command must
+  appear somewhere.
+* every YAML block that is a server configuration, and the one in ``gateway.settings``'s
+  docstring, loads through ``load_settings`` as a ``--config`` file would;
+* the environment variables the settings docstring lists are the loader's, and every
+  ``INFERFLUX_*`` variable the docs name is read somewhere in the code or the tests.
 """
 
 from __future__ import annotations
@@ -16,8 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+import gateway.settings
 from gateway.cli import build_parser
+from gateway.settings import load_settings
+from gateway.settings.loading import ENV_KEYS
+from gateway.settings.schema import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("docs/*.md")])
@@ -173,3 +185,60 @@ def test_every_inferctl_command_is_in_the_docs() -> None:
 )
 def test_a_renamed_command_or_option_is_caught(words: tuple[str, ...]) -> None:
     assert problems(Example("here:1", words), build_parser())
+
+
+def config_examples() -> list[tuple[str, str]]:
+    """(where, YAML) of each fenced YAML block that is a server configuration, and the docstring's."""
+    found = []
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        for match in re.finditer(r"```ya?ml\n(.*?)```", text, re.S):
+            data = yaml.safe_load(match.group(1))
+            if isinstance(data, dict) and set(data) & set(Settings.model_fields):  # not a Kubernetes probe, say
+                found.append((f"{path.relative_to(ROOT)}:{text[: match.start()].count(chr(10)) + 1}", match.group(1)))
+    found.append(("gateway/settings/__init__.py (docstring)", docstring_block("::")))
+    return found
+
+
+def docstring_block(after: str) -> str:
+    """The indented block that follows the line ending with ``after`` in ``gateway.settings``'s docstring."""
+    lines = (gateway.settings.__doc__ or "").split(after + "\n", 1)[1].splitlines()
+    block = []
+    for line in lines:
+        if line and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    return "\n".join(block).strip("\n")
+
+
+@pytest.mark.parametrize("text", [pytest.param(text, id=where) for where, text in config_examples()])
+def test_every_configuration_example_loads(text: str, tmp_path: Path) -> None:
+    config = tmp_path / "inferflux.yaml"
+    config.write_text(text, encoding="utf-8")
+    load_settings(config, env={})  # a ConfigError names the key and what is wrong with it
+
+
+def test_the_docs_show_whole_configurations() -> None:
+    assert len(config_examples()) >= 5
+
+
+def test_the_settings_docstring_lists_the_loaders_environment_variables() -> None:
+    listed = dict(line.split(None, 1) for line in docstring_block("Environment variables (each sets the key beside it):").splitlines())
+    assert set(listed) - {"INFERFLUX_CONFIG"} == set(ENV_KEYS)
+    for variable, key in ENV_KEYS.items():
+        if key.split(".")[0] in Settings.model_fields:  # "model" and "model_name" are the loader's own, told in words
+            assert listed[variable].split()[0] == key, variable
+
+
+def test_every_environment_variable_the_docs_name_is_read() -> None:
+    code = "\n".join(
+        path.read_text(encoding="utf-8", errors="replace")
+        for folder in ("gateway", "backends", "policy", "kernels", "benchmarks", "tests", "deploy")
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in {".py", ".sh", ".toml", ".yaml"} or path.name in {"Dockerfile", "Makefile"}
+        if path != Path(__file__).resolve()
+    ) + (ROOT / "Makefile").read_text(encoding="utf-8")
+    named = {variable for path in DOCUMENTS for variable in re.findall(r"INFERFLUX_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8"))}
+    assert named, "the docs name no INFERFLUX_ variable: the search above found nothing to check"
+    unread = sorted(variable for variable in named if not re.search(rf"\b{variable}\b", code))
+    assert not unread, "variables the docs name that nothing reads: " + ", ".join(unread)
