@@ -536,6 +536,24 @@ def test_a_key_created_with_expires_in_expires(world: World, clocked: tuple[Test
     assert client.get("/v1/models", headers=bearer(key)).status_code == 401
 
 
+def test_a_rotated_key_expires_when_the_key_it_replaces_would_have(
+    world: World, clocked: tuple[TestClient, Clock]
+) -> None:
+    # Rotation must not turn a key given for a while into one valid for ever.
+    client, clock = clocked
+    admin = bearer(world.keys["tenant-admin"])
+    keys_url = f"/admin/v1/tenants/{world.acme.id}/keys"
+    created = client.post(keys_url, json={"name": "temp", "role": "viewer", "expires_in_seconds": 900}, headers=admin)
+    rotated = client.post(f"{keys_url}/{created.json()['id']}/rotate", json={"grace_seconds": 60}, headers=admin)
+    assert rotated.status_code == 201, rotated.text
+    assert rotated.json()["expires_at"] == created.json()["expires_at"]
+    new = rotated.json()["key"]
+    clock.offset = 899
+    assert client.get("/v1/models", headers=bearer(new)).status_code == 200
+    clock.offset = 901
+    assert client.get("/v1/models", headers=bearer(new)).status_code == 401
+
+
 def test_rotation_keeps_the_old_key_for_the_grace_period_only(world: World, clocked: tuple[TestClient, Clock]) -> None:
     client, clock = clocked
     admin = bearer(world.keys["tenant-admin"])

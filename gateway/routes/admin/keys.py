@@ -113,8 +113,8 @@ async def revoke_key(request: Request) -> Response:
     return ok(_key(record))
 
 
-@document("Rotate an API key: a new key now, the old one expires after a grace period", tag="keys", body=KeyRotate,
-          body_required=False, status=201)  # fmt: skip
+@document("Rotate an API key: a new key now, with the old one's expiry; the old one expires after a grace period",
+          tag="keys", body=KeyRotate, body_required=False, status=201)  # fmt: skip
 @requires(Scope.ADMIN_TENANT)
 async def rotate_key(request: Request) -> Response:
     principal, tenant_id = await tenant_in_scope(request)

@@ -109,10 +109,11 @@ class ApiKeyRepository(Repository):
         expires_at: datetime | None = None,
         created_by: str = "",
     ) -> tuple[ApiKeyRecord, str]:
-        """A new key like the old (name, role, models); the old one expires after ``grace_seconds``.
+        """A new key like the old (name, role, models, expiry); the old one expires after ``grace_seconds``.
 
-        The old key's expiry only ever moves earlier. Returns the new key's
-        record and the new key itself.
+        A rotation never lengthens a credential's life: the new key keeps the old
+        one's expiry unless ``expires_at`` names another, and the old key's expiry
+        only ever moves earlier. Returns the new key's record and the new key itself.
         """
         if isinstance(grace_seconds, bool) or not isinstance(grace_seconds, int) or grace_seconds < 0:
             raise ValidationFailed("grace_seconds must be a whole number of seconds, 0 or more", param="grace_seconds")
@@ -127,7 +128,8 @@ class ApiKeyRepository(Repository):
             if old.replaced_by is not None:
                 raise Conflict(f"The API key '{key_id}' was already rotated (replaced by '{old.replaced_by}')")
             models = list(old.allowed_models) if old.allowed_models is not None else None
-            new, token = self._new_key(tenant_id, old.name, old.role, models, expires_at, created_by or old.created_by)
+            expiry = expires_at if expires_at is not None else old.expires_at
+            new, token = self._new_key(tenant_id, old.name, old.role, models, expiry, created_by or old.created_by)
             session.add(new)
             grace_end = now + timedelta(seconds=grace_seconds)
             old.expires_at = grace_end if old.expires_at is None else min(old.expires_at, grace_end)

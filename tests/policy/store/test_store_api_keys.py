@@ -143,6 +143,20 @@ def test_rotation_never_extends_the_old_keys_life(store: PolicyStore) -> None:
     assert store.get_api_key(tenant.id, old.id).expires_at == expiry
 
 
+def test_a_rotated_key_keeps_the_old_keys_expiry(store: PolicyStore) -> None:
+    # A key given for 30 days must not come back from a rotation valid for ever.
+    tenant = store.create_tenant("acme")
+    expiry = datetime.now(UTC) + timedelta(days=30)
+    old, _ = store.create_api_key(tenant.id, "contractor", "member", expires_at=expiry)
+    new, _ = store.rotate_api_key(tenant.id, old.id, grace_seconds=600)
+    assert new.expires_at == expiry == store.get_api_key(tenant.id, new.id).expires_at
+    sooner = datetime.now(UTC) + timedelta(days=1)
+    newer, _ = store.rotate_api_key(tenant.id, new.id, grace_seconds=0, expires_at=sooner)
+    assert newer.expires_at == sooner  # the caller may name another (as a new key could)
+    forever, _ = store.create_api_key(tenant.id, "service", "member")
+    assert store.rotate_api_key(tenant.id, forever.id)[0].expires_at is None
+
+
 def test_last_used_is_batched_and_only_moves_forward(store: PolicyStore) -> None:
     tenant = store.create_tenant("acme")
     a, _ = store.create_api_key(tenant.id, "a", "member")
