@@ -11,7 +11,9 @@ new rule, keeps the docs' examples looking right until an operator pastes one. S
 * every YAML block that is a server configuration, and the one in ``gateway.settings``'s
   docstring, loads through ``load_settings`` as a ``--config`` file would;
 * the environment variables the settings docstring lists are the loader's, and every
-  ``INFERFLUX_*`` variable the docs name is read somewhere in the code or the tests.
+  ``INFERFLUX_*`` variable the docs name is read somewhere in the code or the tests;
+* every test a page cites as the evidence for a claim (the threat model's last column)
+  exists.
 """
 
 from __future__ import annotations
@@ -242,3 +244,37 @@ def test_every_environment_variable_the_docs_name_is_read() -> None:
     assert named, "the docs name no INFERFLUX_ variable: the search above found nothing to check"
     unread = sorted(variable for variable in named if not re.search(rf"\b{variable}\b", code))
     assert not unread, "variables the docs name that nothing reads: " + ", ".join(unread)
+
+
+def test_every_test_the_docs_cite_exists() -> None:
+    # The threat model (docs/security.md) and other pages name the test that covers each claim
+    # ("gateway/test_x.py::test_y", then "::test_z" in the same file) or the module that does:
+    # a renamed test leaves the claim uncovered without a word.
+    cited: list[tuple[str, Path, str | None]] = []  # (where, file, test or None for the module)
+    for path in DOCUMENTS:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            where, current = f"{path.relative_to(ROOT)}:{number}", None
+            for code in INLINE_CODE.findall(line):
+                for match in re.finditer(r"((?:[\w.-]+/)*test_\w+\.py)?(?:::(test_\w+))?", code):
+                    module, test = match.groups()
+                    if module:
+                        current = cited_module(module)
+                    if current is not None and (module or test):
+                        cited.append((where, current, test))
+    assert sum(test is not None for _, _, test in cited) >= 60, "the pattern found too few citations to be checking anything"
+    missing = []
+    for where, file, test in cited:
+        if not file.is_file():
+            missing.append(f"{where}: {file.relative_to(ROOT)}")
+        elif test and not re.search(rf"^(?:async )?def {test}\(", file.read_text(encoding="utf-8"), re.M):
+            missing.append(f"{where}: {file.relative_to(ROOT)}::{test}")
+    assert not missing, "tests the docs cite that do not exist:\n" + "\n".join(sorted(set(missing)))
+
+
+def cited_module(cited: str) -> Path:
+    """The file a citation names: under tests/ (its path given from there or from the root), or by
+    its bare name where the page's context gives the folder ("`test_local.py` runs ...")."""
+    if "/" not in cited:
+        found = sorted((ROOT / "tests").rglob(cited))
+        return found[0] if len(found) == 1 else ROOT / "tests" / cited
+    return ROOT / cited if cited.startswith("tests/") else ROOT / "tests" / cited
