@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -166,15 +166,20 @@ def _rotate_key(args: argparse.Namespace) -> int:
         f"re-encrypted {report.values} secret(s) in {report.rows} row(s)"
     )
     if report.pruned_versions:
-        print(f"removed key versions {', '.join(map(str, report.pruned_versions))}")
+        print(f"removed key {_versions(report.pruned_versions)}")
     elif report.previous_versions:
+        kept = _versions(report.previous_versions)
         print(
-            f"key versions {', '.join(map(str, report.previous_versions))} are kept to read backups made "
-            "before this rotation; remove them with --prune"
+            f"key {kept} {'are' if len(report.previous_versions) > 1 else 'is'} kept to read backups made before "
+            "this rotation; the next rotation with --prune removes them"
         )
     if new_passphrase is not None:
         print("restart every server with the new passphrase (INFERFLUX_STORE_PASSPHRASE)")
     return EXIT_OK
+
+
+def _versions(numbers: Sequence[int]) -> str:
+    return ("versions " if len(numbers) > 1 else "version ") + ", ".join(map(str, numbers))
 
 
 def add_store_options(parser: argparse.ArgumentParser) -> None:
