@@ -29,6 +29,8 @@ import yaml
 
 import gateway.settings
 from gateway.cli import build_parser
+from gateway.cli.common import subcommands
+from gateway.cli.completion import leaves
 from gateway.settings import load_settings
 from gateway.settings.loading import ENV_KEYS
 from gateway.settings.schema import Settings
@@ -89,13 +91,6 @@ def words_of(command: str) -> tuple[str, ...]:
         return tuple(command.split())
 
 
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
-
-
 def problems(example: Example, root: argparse.ArgumentParser) -> list[str]:
     """What in ``example`` the parser does not know: an unknown subcommand or option."""
     parser, path, words = root, ["inferctl"], list(example.words)
@@ -112,7 +107,8 @@ def problems(example: Example, root: argparse.ArgumentParser) -> list[str]:
         alternatives = word.split("|")  # a synopsis: "inferctl db upgrade|downgrade|current"
         missing = [name for name in alternatives if name not in choices]
         if missing:
-            return [f"{' '.join(path)} has no subcommand {name!r} (it has {', '.join(sorted(choices))})" for name in missing]
+            it_has = ", ".join(sorted(choices))
+            return [f"{' '.join(path)} has no subcommand {name!r} (it has {it_has})" for name in missing]
         if words[:1] in (["..."], ["…"]):
             return []  # "inferctl admin models|limits ... --url URL": the words between are left out
         if len(alternatives) > 1:
@@ -126,15 +122,8 @@ def problems(example: Example, root: argparse.ArgumentParser) -> list[str]:
 
 def unknown_options(words: list[str], known: set[str], path: list[str]) -> list[str]:
     options = [word.rstrip("),.:;").split("=")[0] for word in words if word.startswith("-") and len(word) > 1]
-    return [f"{' '.join(path)} has no option {option!r}" for option in options if option not in known and not option[1].isdigit()]
-
-
-def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    """Every command that runs something: the paths of the parser tree's leaves."""
-    choices = subcommands(parser)
-    if not choices:
-        return {path}
-    return set().union(*(leaves(child, (*path, name)) for name, child in choices.items()))
+    unknown = [option for option in options if option not in known and not option[1].isdigit()]  # "-1": a value
+    return [f"{' '.join(path)} has no option {option!r}" for option in unknown]
 
 
 def documented(example: Example, parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
@@ -170,8 +159,8 @@ def test_every_inferctl_command_is_in_the_docs() -> None:
     # A command no page shows is a capability an operator cannot find: each must appear in the
     # README or docs/ (a synopsis such as "keys list|create|rotate|revoke" shows each of its words).
     root = build_parser()
-    shown = set().union(*(documented(example, root) for example in EXAMPLES))
-    missing = sorted(" ".join(path) for path in leaves(root) - shown)
+    shown = {" ".join(path) for example in EXAMPLES for path in documented(example, root)}
+    missing = sorted(set(leaves(root)) - shown)
     assert not missing, "inferctl commands no page of the docs shows: " + ", ".join(missing)
 
 
@@ -225,7 +214,8 @@ def test_the_docs_show_whole_configurations() -> None:
 
 
 def test_the_settings_docstring_lists_the_loaders_environment_variables() -> None:
-    listed = dict(line.split(None, 1) for line in docstring_block("Environment variables (each sets the key beside it):").splitlines())
+    table = docstring_block("Environment variables (each sets the key beside it):")
+    listed = dict(line.split(None, 1) for line in table.splitlines())
     assert set(listed) - {"INFERFLUX_CONFIG"} == set(ENV_KEYS)
     for variable, key in ENV_KEYS.items():
         if key.split(".")[0] in Settings.model_fields:  # "model" and "model_name" are the loader's own, told in words
@@ -240,7 +230,8 @@ def test_every_environment_variable_the_docs_name_is_read() -> None:
         if path.suffix in {".py", ".sh", ".toml", ".yaml"} or path.name in {"Dockerfile", "Makefile"}
         if path != Path(__file__).resolve()
     ) + (ROOT / "Makefile").read_text(encoding="utf-8")
-    named = {variable for path in DOCUMENTS for variable in re.findall(r"INFERFLUX_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8"))}
+    variable_name = re.compile(r"INFERFLUX_[A-Z0-9_]*[A-Z0-9]")
+    named = {variable for path in DOCUMENTS for variable in variable_name.findall(path.read_text(encoding="utf-8"))}
     assert named, "the docs name no INFERFLUX_ variable: the search above found nothing to check"
     unread = sorted(variable for variable in named if not re.search(rf"\b{variable}\b", code))
     assert not unread, "variables the docs name that nothing reads: " + ", ".join(unread)
@@ -261,7 +252,8 @@ def test_every_test_the_docs_cite_exists() -> None:
                         current = cited_module(module)
                     if current is not None and (module or test):
                         cited.append((where, current, test))
-    assert sum(test is not None for _, _, test in cited) >= 60, "the pattern found too few citations to be checking anything"
+    functions = sum(test is not None for _, _, test in cited)
+    assert functions >= 60, "the pattern found too few citations to be checking anything"
     missing = []
     for where, file, test in cited:
         if not file.is_file():
