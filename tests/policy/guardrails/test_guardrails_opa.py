@@ -23,6 +23,7 @@ from servers import free_loopback_socket
 from policy.guardrails import Guardrails, OpaDecision, PolicyDenied, PolicyEngineUnavailable, opa_input
 from policy.guardrails import opa as opa_module
 from policy.guardrails.opa import EmbeddedRego, OpaError, load_regopy, prepare_input
+from policy.guardrails.opa_cache import DecisionCache
 from policy.guardrails.spec import OpaSettings
 from policy.guardrails.rego_input import expressions, set_input
 from policy.rbac import Principal
@@ -298,6 +299,49 @@ def test_embedded_slow_policy_times_out(
     assert time.monotonic() - start < 0.5  # the answer does not wait for the evaluation
     assert decision.allowed is allowed
     assert decision.error is not None and "timed out after 20 ms" in decision.error
+    drain_opa_pool()
+
+
+def stalled(engine: EmbeddedRego, seconds: float) -> None:
+    """Make ``engine``'s evaluations wait ``seconds`` off the CPU first, as a thread kept from the GIL
+    or from a core by a busy gateway does."""
+    ask = engine._ask
+
+    def slow_ask(*args: Any) -> Any:
+        time.sleep(seconds)
+        return ask(*args)
+
+    engine._ask = slow_ask  # type: ignore[method-assign]
+
+
+@pytest.mark.skipif(not hasattr(time, "pthread_getcpuclockid"), reason="this platform cannot read a thread's CPU time")
+def test_an_evaluation_kept_waiting_by_a_busy_gateway_is_not_timed_out(
+    make_guardrails: Callable[..., Guardrails],
+) -> None:
+    # A decision of well under a millisecond of CPU that waits 150 ms for the GIL and a core: the
+    # 50 ms timeout is the policy's CPU time, so it decides; counted in wall time it failed closed.
+    guardrails = make_guardrails({"opa": {"engine": "embedded", "rego": REGO, "timeout_ms": 50, "on_error": "deny"}})
+    (engine,) = guardrails.engines
+    engine.cache = DecisionCache(None)  # every decision evaluated
+    stalled(engine, 0.15)
+    decision = decide(guardrails, document())
+    assert decision == OpaDecision(True, (), "p")
+
+
+@pytest.mark.parametrize(("on_error", "allowed"), [("deny", False), ("allow", True)])
+def test_an_evaluation_waiting_past_the_wall_bound_fails_as_the_policy_says(
+    make_guardrails: Callable[..., Guardrails], monkeypatch: pytest.MonkeyPatch, on_error: str, allowed: bool
+) -> None:
+    monkeypatch.setattr(opa_module, "RUN_SECONDS", 0.2)
+    spec = {"opa": {"engine": "embedded", "rego": REGO, "timeout_ms": 50, "on_error": on_error}}
+    guardrails = make_guardrails(spec)
+    (engine,) = guardrails.engines
+    stalled(engine, 1.0)
+    start = time.monotonic()
+    decision = decide(guardrails, document())
+    assert time.monotonic() - start < 0.8  # answered at the bound, not when the evaluation ends
+    assert decision.allowed is allowed
+    assert decision.error is not None and "no decision within 0.2 s (the gateway is overloaded)" in decision.error
     drain_opa_pool()
 
 
