@@ -68,7 +68,11 @@ for the two cores. A diagnostic, not the acceptance figure. ``--sweep-mb N``
 reads N MB of memory before each paired request, untimed: a real generation
 streams the model's weights through the CPU's caches between two requests, so
 the chain's code and data are cold when the next one comes; with the stand-in
-engine and 256 MB the chain costs about twice what it costs hot.
+engine and 256 MB the chain costs about twice what it costs hot. ``--gap-ms N``
+spins N ms before each paired request instead (or as well): on the shared
+hosts measured, 10 ms of a loop that touches nothing made the next request as
+slow as a sweep or a forward did, so the time between requests, not the
+weights' traffic, is what makes the chain cost more in a request than hot.
 
 Usage:
     .venv/bin/python benchmarks/bench_policy.py [--requests 60] [--rounds 20] [--pairs 400] [--concurrency 16] [--json out.json]
@@ -80,6 +84,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import math
 import json
 import os
 import platform
@@ -114,7 +119,7 @@ from policy.rbac import Principal  # noqa: E402
 from policy.store import PolicyStore  # noqa: E402
 
 from bench_auth import FixedPrincipal, pct  # noqa: E402  (this folder is on sys.path)
-from policy_paired import cache_sweeper, paired_requests, thread_ids, timed  # noqa: E402
+from policy_paired import before_each, paired_requests, thread_ids, timed  # noqa: E402
 
 PROMPT = "Please write back to jane.doe@example.com about the"
 # What the model sees once ``on`` has redacted PROMPT: ``off`` sends it as is, so
@@ -395,6 +400,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     gateway: dict[str, list[list[float]]] = {name: [] for name in apps}
     rps: dict[str, list[float]] = {name: [] for name in apps}
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(bench.close)  # last, and also when a request fails: the engine's thread would keep the process
         started: dict[str, set[int]] = {}  # the threads each app started (its audit trail's, say)
         for name, app in apps.items():
             before = thread_ids()
@@ -416,7 +422,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 total, own = await sequential(clients[name], headers[name], args.requests, clock)
                 latency[name].append(total)
                 gateway[name].append(own)
-        sweep = cache_sweeper(args.sweep_mb)
+        sweep = before_each(args.sweep_mb, args.gap_ms)
         pairs = await paired_requests(timed(lambda: one(clients["off"], headers["off"]), sweep),
                                       timed(lambda: one(clients["on"], headers["on"]), sweep), args.pairs,
                                       started["on"]) if args.pairs else None
@@ -428,7 +434,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for client in clients.values():
             await client.aclose()
         stages = await components(apps["on"], principal, bench.own_principal, apps["on-fsync"].state.audit_trail)
-    bench.close()
 
     def summary(name: str) -> dict[str, float]:
         return {
@@ -436,7 +441,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "p99_ms": pct([x for r in latency[name] for x in r], 99) * 1000,
             "gateway_p50_ms": statistics.median(pct(r, 50) for r in gateway[name]) * 1000,
             "gateway_p99_ms": pct([x for r in gateway[name] for x in r], 99) * 1000,
-            "rps": statistics.median(rps[name]),
+            "rps": statistics.median(rps[name]) if rps[name] else math.nan,  # nan: --throughput-rounds 0
         }
 
     def added(name: str, q: float, rounds: dict[str, list[list[float]]], base: str = "off") -> float:
@@ -474,6 +479,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "components": stages,
         "paired": pairs,
         "sweep_mb": args.sweep_mb,
+        "gap_ms": args.gap_ms,
         **({"on-traced": summary("on-traced"), "traced_added_to_on_p50_ms": added("on-traced", 50, latency, "on"),
             "traced_added_to_on_gateway_p50_ms": added("on-traced", 50, gateway, "on")} if args.traced else {}),
     }
@@ -497,6 +503,9 @@ def main() -> None:
     parser.add_argument("--sweep-mb", type=int, default=0,
                         help="before each paired request, read this many MB of memory (untimed): with "
                              "--stand-in-engine, the caches as a real generation leaves them (256 does)")
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="before each paired request, spin this long (untimed): with --stand-in-engine, the "
+                             "time a generation takes between two requests without its memory traffic")
     parser.add_argument("--stand-in-engine", action="store_true",
                         help="answer at once instead of generating: the gateway's own cost alone (a diagnostic)")
     parser.add_argument("--traced", action="store_true",
@@ -525,7 +534,9 @@ def main() -> None:
     print(f"end-to-end p50 added, round by round: {report['added_p50_ms_by_round']}")
     if (pairs := report["paired"]) is not None:
         low, high = pairs["added_p50_ci95_ms"]
-        swept = f" (each after reading {report['sweep_mb']} MB)" if report["sweep_mb"] else ""
+        before = [f"reading {report['sweep_mb']} MB"] if report["sweep_mb"] else []
+        before += [f"a {report['gap_ms']:g} ms spin"] if report["gap_ms"] else []
+        swept = f" (each after {' and '.join(before)})" if before else ""
         print(f"end to end, {pairs['pairs']} off/on pairs alternating request by request{swept}: p50 added "
               f"{pairs['added_p50_ms']:+.2f} ms (95 % interval {low:+.2f} to {high:+.2f}); the threads the on app "
               f"started (audit indexer, fsync, housekeeping) used {pairs['chain_threads_cpu_ms_per_request']:.3f} ms "

@@ -93,6 +93,31 @@ def timed(send: Callable[[], Awaitable[object]],
     return run
 
 
+def spin(seconds: float) -> None:
+    """Keep this thread busy for ``seconds``: the GIL held, nothing read but the clock. Time passing
+    between two requests without a forward's memory traffic, syscalls or an idle CPU; on the shared
+    hosts measured, the next request's Python still ran about twice as slowly after 10 ms of it as
+    back to back (``--gap-ms``; docs/benchmarks.md)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def before_each(sweep_mb: int, gap_ms: float) -> Callable[[], object] | None:
+    """What runs, untimed, before each paired request: a cache sweep, a spin, both or nothing."""
+    sweep = cache_sweeper(sweep_mb)
+    if gap_ms <= 0:
+        return sweep
+    gap = gap_ms / 1000
+
+    def run() -> None:
+        if sweep is not None:
+            sweep()
+        spin(gap)
+
+    return run
+
+
 def cache_sweeper(megabytes: int) -> Callable[[], object] | None:
     """A call that reads ``megabytes`` of memory (None for 0): what a real generation's weights do to
     the CPU's caches between two requests, for the stand-in engine, whose requests otherwise find the

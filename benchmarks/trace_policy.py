@@ -23,10 +23,13 @@ audit event's latency at low load.
 
 ``--fine`` also stamps the steps inside the stages (authentication, the input
 check, the limiter's parts, the output checker, the audit event's digests,
-JSON and seal).
+JSON and seal). ``--stand-in-engine`` answers at once instead of generating
+(``bench_policy.py``'s stand-in), and ``--gap-ms N`` spins N ms before each
+request, untimed: together, the gateway's own steps as cold as a request finds
+them after a generation, without the generation's noise.
 
 Usage:
-    .venv/bin/python benchmarks/trace_policy.py [--requests 200] [--dtype auto] [--fine]
+    .venv/bin/python benchmarks/trace_policy.py [--requests 200] [--dtype auto] [--fine] [--stand-in-engine] [--gap-ms 10]
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
 from bench_policy import body_for, setup  # noqa: E402  (this folder is on sys.path)
+from policy_paired import spin  # noqa: E402
 
 import gateway.audit as gateway_audit  # noqa: E402
 import gateway.routes.openai as openai_routes  # noqa: E402
@@ -163,7 +167,7 @@ def fsync_probe(pause: float, n: int = 60) -> float:
 
 
 async def trace(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    bench = setup(args.dtype)
+    bench = setup(args.dtype, stand_in_engine=args.stand_in_engine)
     instrument(bench.served.engine)
     if args.fine:
         instrument_finely()
@@ -180,6 +184,8 @@ async def trace(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         }
         for i in range(20 + args.requests):  # the first 20 warm up
             for name in names:
+                if args.gap_ms:
+                    spin(args.gap_ms / 1000)
                 _stamps.clear()
                 _stamps["sent"] = time.perf_counter()
                 response = await clients[name].post("/v1/completions", json=body_for(bench.headers[name]),
@@ -208,6 +214,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="requests per variant")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--fine", action="store_true", help="also stamp the steps inside each stage")
+    parser.add_argument("--stand-in-engine", action="store_true",
+                        help="answer at once instead of generating (bench_policy.py's stand-in)")
+    parser.add_argument("--gap-ms", type=float, default=0.0,
+                        help="before each request, spin this long (untimed): a pause without a forward")
     args = parser.parse_args()
     report = asyncio.run(trace(args))
     print(__doc__.split("Usage:")[0].strip())

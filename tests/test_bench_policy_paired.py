@@ -94,3 +94,20 @@ def test_the_work_before_a_request_runs_each_time_and_is_not_timed() -> None:
     assert pp.cache_sweeper(0) is None
     sweep = pp.cache_sweeper(1)
     assert sweep is not None and sweep() == (1 << 20) // 8  # a megabyte of float64 ones, read
+
+
+def test_the_gap_spins_for_its_time_after_the_sweep() -> None:
+    """``--gap-ms``: a spin of that long before each request, after the sweep when both are asked for."""
+    assert pp.before_each(0, 0) is None
+    start = time.perf_counter()
+    pp.spin(0.02)
+    assert time.perf_counter() - start >= 0.02
+    calls: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pp, "cache_sweeper", lambda mb: (lambda: calls.append(f"sweep {mb}")) if mb else None)
+        patch.setattr(pp, "spin", lambda seconds: calls.append(f"spin {seconds}"))
+        both, gap_only = pp.before_each(3, 5.0), pp.before_each(0, 5.0)
+        assert both is not None and gap_only is not None
+        both()
+        gap_only()
+    assert calls == ["sweep 3", "spin 0.005", "spin 0.005"]
