@@ -385,7 +385,10 @@ class EmbeddedRego(_Engine):
             now = time.monotonic()
             if running:
                 started, cpu, cpu_before = running[0]
-                left = self.timeout - (cpu() - cpu_before)
+                try:
+                    left = self.timeout - (cpu() - cpu_before)
+                except OSError:  # its thread is gone (the pool shut down with the process): no answer comes
+                    left = 0
                 if left <= 0:
                     answer.set_exception(TimeoutError())
                     return

@@ -294,8 +294,9 @@ def test_embedded_slow_policy_times_out(
     make_guardrails: Callable[..., Guardrails], on_error: str, allowed: bool
 ) -> None:
     spec = {"opa": {"engine": "embedded", "rego": slow_rego(200_000), "timeout_ms": 20, "on_error": on_error}}
+    guardrails = make_guardrails(spec)  # compiled (and regopy, with torch, loaded) before the clock starts
     start = time.monotonic()
-    decision = decide(make_guardrails(spec), document())
+    decision = decide(guardrails, document())
     assert time.monotonic() - start < 0.5  # the answer does not wait for the evaluation
     assert decision.allowed is allowed
     assert decision.error is not None and "timed out after 20 ms" in decision.error
@@ -342,6 +343,32 @@ def test_an_evaluation_waiting_past_the_wall_bound_fails_as_the_policy_says(
     assert time.monotonic() - start < 0.8  # answered at the bound, not when the evaluation ends
     assert decision.allowed is allowed
     assert decision.error is not None and "no decision within 0.2 s (the gateway is overloaded)" in decision.error
+    drain_opa_pool()
+
+
+def test_an_evaluation_whose_thread_clock_cannot_be_read_times_out(
+    make_guardrails: Callable[..., Guardrails], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Read from the loop, the clock of a thread that is gone raises: the request must not wait for an answer
+    # that will not come. The evaluating thread itself can always read its own clock.
+    def own_clock_only() -> Callable[[], float]:
+        owner = threading.get_ident()
+
+        def clock() -> float:
+            if threading.get_ident() != owner:
+                raise OSError(22, "Invalid argument")
+            return time.thread_time()
+
+        return clock
+
+    monkeypatch.setattr(opa_module, "thread_cpu_clock", own_clock_only)
+    guardrails = make_guardrails({"opa": {"engine": "embedded", "rego": REGO, "timeout_ms": 50, "on_error": "deny"}})
+    (engine,) = guardrails.engines
+    stalled(engine, 0.5)
+    start = time.monotonic()
+    decision = decide(guardrails, document())
+    assert time.monotonic() - start < 0.4
+    assert not decision.allowed and decision.error is not None and "timed out after 50 ms" in decision.error
     drain_opa_pool()
 
 
