@@ -84,8 +84,8 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import math
 import json
+import math
 import os
 import platform
 import statistics

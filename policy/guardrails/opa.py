@@ -364,10 +364,11 @@ class EmbeddedRego(_Engine):
 
         def run() -> None:
             cpu = thread_cpu_clock()
-            running.append((time.monotonic(), cpu, cpu()))
+            cpu_before = cpu()
+            running.append((time.monotonic(), cpu, cpu_before))
             try:
                 result: Any = self._evaluate_prepared(prepared, queued + QUEUE_SECONDS)
-                if cpu() - running[0][2] > self.timeout:  # ended between two looks of ``watch``
+                if cpu() - cpu_before > self.timeout:  # ended between two looks of ``watch``
                     result = TimeoutError()
             except Exception as exc:  # handed to the awaiting task, which decides what it means
                 result = exc
@@ -421,11 +422,13 @@ def thread_cpu_clock() -> Callable[[], float]:
     Where the platform cannot read another thread's CPU time (macOS), the
     monotonic clock stands in: there the timeout counts wall time, as before.
     """
-    clock_id = getattr(time, "pthread_getcpuclockid", None)
-    if clock_id is None:
+    if _CPU_CLOCK_ID is None:
         return time.monotonic
-    cpu = clock_id(threading.get_ident())  # the pool's threads live as long as the process
+    cpu = _CPU_CLOCK_ID(threading.get_ident())  # the pool's threads live as long as the process
     return lambda: time.clock_gettime(cpu)
+
+
+_CPU_CLOCK_ID = getattr(time, "pthread_getcpuclockid", None)  # absent on macOS
 
 
 def _settle(answer: asyncio.Future[Any], result: Any) -> None:
