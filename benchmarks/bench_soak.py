@@ -80,10 +80,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 sample = {
                     "t": round(time.monotonic() - start, 1), "rounds": rounds,
                     "rss": report["rss"], "rss_before_trim": report["rss_before_trim"], "threads": report["threads"],
+                    "malloc_in_use": report["malloc_in_use"], "python_blocks": report["python_blocks"],
                 }  # fmt: skip
                 samples.append(sample)
                 print(f"  t={sample['t']:7.1f}s rounds={rounds:4d} rss={report['rss'] / MiB:8.1f} MiB "
-                      f"(before trim {report['rss_before_trim'] / MiB:8.1f}) threads={report['threads']}", flush=True)
+                      f"(before trim {report['rss_before_trim'] / MiB:8.1f}) threads={report['threads']} "
+                      f"malloc in use={(report['malloc_in_use'] or 0) / MiB:8.1f} MiB "
+                      f"python blocks={report['python_blocks']}", flush=True)
                 next_sample += args.sample_seconds
             if elapsed >= args.minutes * 60:
                 break

@@ -2,7 +2,8 @@
 
 Run as ``python tests/support/soak_server.py serve <serve arguments>``. On SIGUSR1 the
 process collects garbage, gives free heap back to the kernel (``malloc_trim``)
-and writes a JSON report to ``$INFERFLUX_SOAK_REPORT``: its RSS, the count of
+and writes a JSON report to ``$INFERFLUX_SOAK_REPORT``: its RSS, the bytes it
+holds from malloc and the blocks Python's object allocator has handed out, the count of
 live gc-tracked objects per type, and (with ``INFERFLUX_SOAK_TRACE=1``) the
 lines whose tracemalloc allocations grew most since the previous report
 (tracing starts at the first report). The
@@ -36,13 +37,35 @@ def rss_bytes(pid: int | str = "self") -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name is not None else None
+
+
 def malloc_trim() -> bool:
     """glibc's malloc_trim(0): return free heap pages of every arena to the kernel."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    libc = ctypes.CDLL(name)
-    return bool(getattr(libc, "malloc_trim", lambda _pad: 0)(0))
+    return bool(getattr(_libc(), "malloc_trim", lambda _pad: 0)(0))
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+
+def malloc_in_use() -> int | None:
+    """Bytes the process holds from malloc (glibc's mallinfo2: in-use chunks plus mmapped ones).
+
+    Unlike RSS this does not move when the allocator's arenas grow, fragment or
+    are trimmed: it counts what the program has allocated and not freed, so a
+    native leak (a tensor, a C++ buffer) shows in it and allocator noise does
+    not. None where the C library has no mallinfo2 (glibc before 2.33, musl, macOS).
+    """
+    mallinfo2 = getattr(_libc(), "mallinfo2", None)
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _Mallinfo2
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
 
 
 def _type_counts() -> dict[str, int]:
@@ -71,6 +94,10 @@ def report(_signum: int = 0, _frame: FrameType | None = None) -> None:
         "trimmed": trimmed,
         "types": _type_counts(),
         "threads": len(os.listdir("/proc/self/task")),
+        # What the program holds, without the allocators' noise in RSS: the blocks Python's object
+        # allocator has handed out and not freed (a count), and malloc's in-use bytes.
+        "python_blocks": sys.getallocatedblocks(),
+        "malloc_in_use": malloc_in_use(),
     }
     if os.environ.get("INFERFLUX_SOAK_TRACE") == "1" and not tracemalloc.is_tracing():
         tracemalloc.start(8)  # from the first report on: tracing the model's loading takes minutes
