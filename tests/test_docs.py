@@ -13,7 +13,9 @@ new rule, keeps the docs' examples looking right until an operator pastes one. S
 * the environment variables the settings docstring lists are the loader's, and every
   ``INFERFLUX_*`` variable the docs name is read somewhere in the code or the tests;
 * every test a page cites as the evidence for a claim (the threat model's last column)
-  exists.
+  exists;
+* every API path the pages name (``/v1/...``, ``/admin/v1/...``) is a route, with the
+  methods written before it (``GET /admin/v1/usage``, ``POST/GET /admin/v1/tenants``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from starlette.routing import BaseRoute, Match
 
 import gateway.settings
 from gateway.cli import build_parser
 from gateway.cli.common import subcommands
 from gateway.cli.completion import leaves
+from gateway.routes import admin, health, openai
 from gateway.settings import load_settings
 from gateway.settings.loading import ENV_KEYS
 from gateway.settings.schema import Settings
@@ -270,3 +274,56 @@ def cited_module(cited: str) -> Path:
         found = sorted((ROOT / "tests").rglob(cited))
         return found[0] if len(found) == 1 else ROOT / "tests" / cited
     return ROOT / cited if cited.startswith("tests/") else ROOT / "tests" / cited
+
+
+# A path of the tenant or the admin API, with the methods written before it, if any
+# ("GET /admin/v1/usage", "POST/GET `/admin/v1/tenants/{id}/policies`").
+API_PATH = re.compile(r"(?:\b((?:GET|POST|PUT|PATCH|DELETE)(?:/(?:GET|POST|PUT|PATCH|DELETE))*)\s+`?)?"
+                      r"(/(?:admin/)?v1(?:/[\w.{}<>:-]+)+)")  # fmt: skip
+PLACEHOLDER = re.compile(r"\{[^}/]*\}|<[^>/]*>")
+# Paths the pages name that are not this gateway's: the OTLP collector's endpoint.
+FOREIGN_PATHS = {"/v1/traces"}
+
+
+def api_paths() -> list[tuple[str, str, list[str]]]:
+    """(where, path, methods) for every API path the pages name; generic ones (``/admin/v1/<path>``) left out."""
+    found = []
+    for path in DOCUMENTS:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in API_PATH.finditer(line):
+                methods, named = match.group(1), match.group(2).rstrip(".:")
+                if named in FOREIGN_PATHS or "<path>" in named:
+                    continue
+                found.append((f"{path.relative_to(ROOT)}:{number}", named, methods.split("/") if methods else []))
+    return found
+
+
+def unrouted(named: str, methods: list[str], routes: list[BaseRoute]) -> list[str]:
+    """What of ``methods`` on ``named`` no route takes (``[""]``: not the path with any method)."""
+    concrete = PLACEHOLDER.sub("x1", named)
+
+    def best(method: str) -> Match:
+        scope = {"type": "http", "path": concrete, "root_path": "", "method": method}
+        return max((route.matches(scope)[0] for route in routes), key=lambda m: m.value, default=Match.NONE)
+
+    if not methods:
+        return [] if best("GET") is not Match.NONE else [""]
+    return [method for method in methods if best(method) is not Match.FULL]
+
+
+def test_every_api_path_the_docs_name_is_a_route() -> None:
+    routes = [*openai.routes(), *admin.routes(), *health.routes()]
+    named = api_paths()
+    assert len(named) >= 40, "the pattern found too few paths to be checking anything"
+    wrong = [f"{where}: {' '.join(missing + [path]).strip()}"
+             for where, path, methods in named if (missing := unrouted(path, methods, routes))]
+    assert not wrong, "API paths or methods the docs name that no route takes:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [("/admin/v1/tenant/x1/keys", []), ("/admin/v1/usage", ["DELETE"]), ("/v1/completion", ["POST"])],
+)
+def test_a_wrong_api_path_or_method_is_caught(path: str, methods: list[str]) -> None:
+    routes = [*openai.routes(), *admin.routes(), *health.routes()]
+    assert unrouted(path, methods, routes)
