@@ -298,6 +298,11 @@ def api_paths() -> list[tuple[str, str, list[str]]]:
     return found
 
 
+def api_routes() -> list[BaseRoute]:
+    """The routes of the tenant API, the admin API and the probes (the app adds /metrics and /openapi.json)."""
+    return [*openai.routes(), *admin.routes(), *health.routes()]
+
+
 def unrouted(named: str, methods: list[str], routes: list[BaseRoute]) -> list[str]:
     """What of ``methods`` on ``named`` no route takes (``[""]``: not the path with any method)."""
     concrete = PLACEHOLDER.sub("x1", named)
@@ -312,7 +317,7 @@ def unrouted(named: str, methods: list[str], routes: list[BaseRoute]) -> list[st
 
 
 def test_every_api_path_the_docs_name_is_a_route() -> None:
-    routes = [*openai.routes(), *admin.routes(), *health.routes()]
+    routes = api_routes()
     named = api_paths()
     assert len(named) >= 40, "the pattern found too few paths to be checking anything"
     wrong = [f"{where}: {' '.join(missing + [path]).strip()}"
@@ -325,5 +330,5 @@ def test_every_api_path_the_docs_name_is_a_route() -> None:
     [("/admin/v1/tenant/x1/keys", []), ("/admin/v1/usage", ["DELETE"]), ("/v1/completion", ["POST"])],
 )
 def test_a_wrong_api_path_or_method_is_caught(path: str, methods: list[str]) -> None:
-    routes = [*openai.routes(), *admin.routes(), *health.routes()]
+    routes = api_routes()
     assert unrouted(path, methods, routes)

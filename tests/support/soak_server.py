@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import json
 import os
@@ -37,6 +38,7 @@ def rss_bytes(pid: int | str = "self") -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@functools.cache  # find_library runs ldconfig: once per process, not twice per probe
 def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name) if name is not None else None
