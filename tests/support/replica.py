@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 from servers import free_loopback_socket
 
+import kernels.cpu as kernels_cpu
+
 START_TIMEOUT = 180.0
 
 
@@ -37,6 +39,9 @@ class Replica:
             "--dtype", "float32", "--kv-cache-bytes", "32MiB", "--log-level", "warning",
             *(extra_args or []),
         ]  # fmt: skip
+        # A fresh checkout compiles the C++ kernels on their first load (a minute or more on two cores);
+        # build them here, once per test process, so START_TIMEOUT times a start and not a compile.
+        kernels_cpu.load()
         self._log_file = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self._terminated = False
         self.proc = subprocess.Popen(
