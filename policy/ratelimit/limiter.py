@@ -377,9 +377,8 @@ class RateLimiter:
                 out.append(Check(counter.dimension, counter.level, f"{counter.key}:{period}", counter.limit,
                                  charge, expires_at=end))  # fmt: skip
             else:
-                cost = estimated if counter.tokens else 1
-                out.append(Check(counter.dimension, counter.level, counter.key, counter.limit, cost,
-                                 counter.window, counter.buckets))  # fmt: skip
+                out.append(Check(counter.dimension, counter.level, counter.key, counter.limit,
+                                 estimated if counter.tokens else 1, counter.window, counter.buckets))  # fmt: skip
         return out
 
     def _counters(self, principal: Principal, limits: EffectiveLimits) -> tuple[_Counter, ...]:

@@ -43,6 +43,28 @@ async def test_a_spend_budget_admits_until_spent_then_refuses(
     assert isinstance(await limiter.check_and_reserve(me, prompt_tokens=1, max_tokens=0), Denial)
 
 
+async def test_a_spend_budget_is_charged_the_estimated_cost_beside_rate_limits(
+    make_limiter: LimiterFactory, make_principal: PrincipalFactory
+) -> None:
+    # Rate counters come before the budget in a request's checks; each charges one request or the
+    # estimated tokens, and the budget must still be charged the estimated cost in micro-dollars.
+    limiter = make_limiter(tenant=Limits(requests_per_minute=1000, tokens_per_minute=100_000,
+                                         spend_micros_per_month=100))  # fmt: skip
+    me = make_principal()
+    first = await limiter.check_and_reserve(me, prompt_tokens=10, max_tokens=50, price=PRICE)  # 10 + 100
+    assert isinstance(first, Admission) and first.handle.estimated_cost == 110
+    # Still running, its estimate has spent the budget: a second request is refused until it settles.
+    second = await limiter.check_and_reserve(me, prompt_tokens=1, max_tokens=0, price=PRICE)
+    assert isinstance(second, Denial) and second.dimension is Dimension.SPEND
+    await limiter.settle(first.handle, 10, 5)  # the real cost: 20 of 100
+    admitted = 0
+    while isinstance(later := await limiter.check_and_reserve(me, prompt_tokens=10, max_tokens=5, price=PRICE),
+                     Admission):  # fmt: skip
+        await limiter.settle(later.handle, 10, 5)
+        admitted += 1
+    assert admitted == 4 and later.dimension is Dimension.SPEND  # 20 + 4 * 20: spent
+
+
 async def test_thresholds_are_reported_once_and_a_token_budget_for_a_key(
     make_limiter: LimiterFactory, make_principal: PrincipalFactory
 ) -> None:
