@@ -1,6 +1,8 @@
 // The Python module of the CPU kernels: one m.def per kernel declared in kernels.h.
 #include "kernels.h"
 
+#include <torch/extension.h>  // the only file that needs it: pybind11 and its tensor casters
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "Causal attention of a few query tokens per sequence over the paged KV cache");
@@ -18,5 +20,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
   m.def("fused_rope", &fused_rope, "Half-split RoPE of [tokens, heads, head_dim] in one pass");
   m.def("fused_silu_and_mul", &fused_silu_and_mul, "SiLU(gate) * up in one pass");
-  bind_decode_loop(m);
+  pybind11::class_<DecodeLoop>(m, "DecodeLoop",
+                               "Every layer of a decode step of a few single-token rows in one call (decode_loop.cpp)")
+      .def(pybind11::init<std::vector<at::Tensor>, std::vector<int64_t>, int64_t, int64_t, int64_t, double, double,
+                          std::vector<at::Tensor>, std::vector<int64_t>>(),
+           pybind11::arg("layers"), pybind11::arg("qtypes"), pybind11::arg("num_heads"),
+           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"),
+           pybind11::arg("exact_dense") = std::vector<at::Tensor>(),
+           pybind11::arg("exact_below") = std::vector<int64_t>())
+      .def_property_readonly("num_layers", &DecodeLoop::num_layers)
+      .def("step", &DecodeLoop::step, pybind11::call_guard<pybind11::gil_scoped_release>(),
+           "x [rows, hidden] -> [hidden states, residual] after the last layer (the loop's own buffers)");
 }

@@ -40,19 +40,19 @@ constexpr int kTensorsPerLayer = 2 + 2 * kProjections;  // norms, projections' w
 enum class Kind { kBlocks, kPacked, kDense };
 
 struct Projection {
-  torch::Tensor weight;  // uint8 [out, row_bytes] blocks, or a dense [out, in] weight (packed for oneDNN or plain)
-  torch::Tensor bias;    // [out] of the activation dtype, or empty
+  at::Tensor weight;  // uint8 [out, row_bytes] blocks, or a dense [out, in] weight (packed for oneDNN or plain)
+  at::Tensor bias;    // [out] of the activation dtype, or empty
   int64_t qtype = 0, out = 0, in = 0;
   Kind kind = Kind::kBlocks;
   // QuantLinear with ``exact`` (passes' exact mode): blocks multiplied by exact_linear below exact_below rows, and
   // from there ``dense`` (the same weights, packed for oneDNN or plain) by the op QuantLinear calls on it.
-  torch::Tensor dense;
+  at::Tensor dense;
   int64_t exact_below = 0;
 };
 
 // linear.packed_linear's op: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "").
-torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                            const c10::optional<torch::Tensor>& bias) {
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed,
+                            const c10::optional<at::Tensor>& bias) {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -62,20 +62,20 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
 }
 
 struct Layer {
-  torch::Tensor input_norm, post_norm;
+  at::Tensor input_norm, post_norm;
   Projection proj[kProjections];
 };
 
 // One step's intermediate values: whole buffers of a power of two of rows, or their first M rows.
 struct Buffers {
-  torch::Tensor h, res, qkv, qk, attn, o, gu, silu, act, down, yf;
-  torch::Tensor gate, up;  // gu's halves, the views F.silu and the product see in Python
+  at::Tensor h, res, qkv, qk, attn, o, gu, silu, act, down, yf;
+  at::Tensor gate, up;  // gu's halves, the views F.silu and the product see in Python
 };
 
-class DecodeLoop {
+class Loop {
  public:
-  DecodeLoop(std::vector<torch::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads, int64_t num_kv_heads,
-             int64_t head_dim, double eps, double scale, std::vector<torch::Tensor> exact_dense,
+  Loop(std::vector<at::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads, int64_t num_kv_heads,
+             int64_t head_dim, double eps, double scale, std::vector<at::Tensor> exact_dense,
              std::vector<int64_t> exact_below)
       : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)), scale_(scale) {
     TORCH_CHECK(!layers.empty() && layers.size() % kTensorsPerLayer == 0,
@@ -84,11 +84,11 @@ class DecodeLoop {
     TORCH_CHECK(qtypes.size() * kTensorsPerLayer == layers.size() * kProjections, "DecodeLoop: 4 qtypes a layer");
     TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "DecodeLoop: heads must be a multiple of KV heads");
     dtype_ = layers[0].scalar_type();
-    TORCH_CHECK(dtype_ == torch::kFloat || dtype_ == torch::kBFloat16, "DecodeLoop: float32 or bfloat16 only");
+    TORCH_CHECK(dtype_ == at::kFloat || dtype_ == at::kBFloat16, "DecodeLoop: float32 or bfloat16 only");
     hidden_ = layers[0].size(0);
     const int64_t n = static_cast<int64_t>(layers.size()) / kTensorsPerLayer;
     for (int64_t l = 0; l < n; ++l) {
-      const torch::Tensor* t = &layers[l * kTensorsPerLayer];
+      const at::Tensor* t = &layers[l * kTensorsPerLayer];
       Layer layer;
       layer.input_norm = t[0].contiguous();
       layer.post_norm = t[1].contiguous();
@@ -99,7 +99,7 @@ class DecodeLoop {
         pr.qtype = qtypes[l * kProjections + p];
         pr.out = pr.weight.size(0);
         pr.kind = pr.weight.is_mkldnn() ? Kind::kPacked
-                  : pr.weight.scalar_type() == torch::kUInt8 ? Kind::kBlocks
+                  : pr.weight.scalar_type() == at::kByte ? Kind::kBlocks
                                                               : Kind::kDense;
         TORCH_CHECK(pr.weight.dim() == 2 && (pr.kind == Kind::kPacked || pr.weight.is_contiguous()) &&
                         (pr.kind == Kind::kBlocks || pr.weight.scalar_type() == dtype_),
@@ -117,9 +117,9 @@ class DecodeLoop {
     for (size_t i = 0; i < exact_below.size(); ++i) {
       Projection& pr = layers_[i / kProjections].proj[i % kProjections];
       if (exact_below[i] <= 0) continue;
-      TORCH_CHECK(pr.kind == Kind::kBlocks && ifx::exact_linear_supported(dtype_ == torch::kBFloat16),
+      TORCH_CHECK(pr.kind == Kind::kBlocks && ifx::exact_linear_supported(dtype_ == at::kBFloat16),
                   "DecodeLoop: exact_linear multiplies blocks by rows of the model's dtype, where it was built");
-      const torch::Tensor& d = exact_dense[i];
+      const at::Tensor& d = exact_dense[i];
       TORCH_CHECK(d.defined() && d.dim() == 2 && d.size(0) == pr.out &&
                       (d.is_mkldnn() || (d.is_contiguous() && d.scalar_type() == dtype_)),
                   "DecodeLoop: an exact projection needs its dense [out, in] weight (packed or plain)");
@@ -151,16 +151,14 @@ class DecodeLoop {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
-  // x [M, hidden] (the embedded tokens) -> {hidden states, residual} after the last layer, before the final
-  // norm. Both are this loop's buffers, overwritten by the next step of M rows: use them before that.
-  std::vector<torch::Tensor> step(const torch::Tensor& x, const std::vector<torch::Tensor>& k_caches,
-                                  const std::vector<torch::Tensor>& v_caches, const torch::Tensor& slots,
-                                  const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& tables,
-                                  const torch::Tensor& lens, const torch::Tensor& starts) {
+  std::vector<at::Tensor> step(const at::Tensor& x, const std::vector<at::Tensor>& k_caches,
+                                  const std::vector<at::Tensor>& v_caches, const at::Tensor& slots,
+                                  const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& tables,
+                                  const at::Tensor& lens, const at::Tensor& starts) {
     const int64_t M = x.size(0);
     check_step(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts);
     Buffers b = buffers(M);
-    if (dtype_ == torch::kBFloat16)
+    if (dtype_ == at::kBFloat16)
       run<at::BFloat16>(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts, b);
     else
       run<float>(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts, b);
@@ -170,9 +168,9 @@ class DecodeLoop {
  private:
   // in: this step's buffer [M, pr.in] holding the projection's input.
   template <typename T>
-  void project(const Projection& pr, const torch::Tensor& in_t, int64_t M, float* yf, T* out) {
+  void project(const Projection& pr, const at::Tensor& in_t, int64_t M, float* yf, T* out) {
     if (pr.kind != Kind::kBlocks) {  // the Python path's own op on the same tensors, so the same bits
-      c10::optional<torch::Tensor> bias;
+      c10::optional<at::Tensor> bias;
       if (pr.bias.numel()) bias = pr.bias;
       dense_op(pr.weight, in_t, bias, M, pr.out, out);
       return;
@@ -199,17 +197,17 @@ class DecodeLoop {
   // A dense weight's op, the one its forward calls (oneDNN's on a packed weight, at::linear on a plain one),
   // copied into out.
   template <typename T>
-  static void dense_op(const torch::Tensor& weight, const torch::Tensor& in_t,
-                       const c10::optional<torch::Tensor>& bias, int64_t M, int64_t N, T* out) {
-    const torch::Tensor y = weight.is_mkldnn() ? packed_linear(in_t, weight, bias) : at::linear(in_t, weight, bias);
+  static void dense_op(const at::Tensor& weight, const at::Tensor& in_t,
+                       const c10::optional<at::Tensor>& bias, int64_t M, int64_t N, T* out) {
+    const at::Tensor y = weight.is_mkldnn() ? packed_linear(in_t, weight, bias) : at::linear(in_t, weight, bias);
     std::memcpy(out, y.contiguous().data_ptr<T>(), M * N * sizeof(T));
   }
 
   template <typename T>
-  void run(const torch::Tensor& x, const std::vector<torch::Tensor>& k_caches,
-           const std::vector<torch::Tensor>& v_caches, const torch::Tensor& slots, const torch::Tensor& cos,
-           const torch::Tensor& sin, const torch::Tensor& tables, const torch::Tensor& lens,
-           const torch::Tensor& starts, Buffers& b) {
+  void run(const at::Tensor& x, const std::vector<at::Tensor>& k_caches,
+           const std::vector<at::Tensor>& v_caches, const at::Tensor& slots, const at::Tensor& cos,
+           const at::Tensor& sin, const at::Tensor& tables, const at::Tensor& lens,
+           const at::Tensor& starts, Buffers& b) {
     const int64_t M = x.size(0), D = head_dim_, qk_heads = heads_ + kv_heads_;
     const int64_t num_blocks = k_caches[0].size(1), block_size = k_caches[0].size(2);
     T *h = b.h.data_ptr<T>(), *res = b.res.data_ptr<T>(), *qkv = b.qkv.data_ptr<T>(), *qk = b.qk.data_ptr<T>();
@@ -257,19 +255,19 @@ class DecodeLoop {
     while (cap < M) cap *= 2;
     auto it = buffers_.find(cap);
     if (it == buffers_.end()) {
-      const auto opt = torch::TensorOptions().dtype(dtype_);
+      const auto opt = at::TensorOptions().dtype(dtype_);
       Buffers b;
-      b.h = torch::empty({cap, hidden_}, opt);
-      b.res = torch::empty({cap, hidden_}, opt);
-      b.qkv = torch::empty({cap, qkv_}, opt);
-      b.qk = torch::empty({cap, heads_ + kv_heads_, head_dim_}, opt);
-      b.attn = torch::empty({cap, heads_ * head_dim_}, opt);
-      b.o = torch::empty({cap, hidden_}, opt);
-      b.gu = torch::empty({cap, 2 * inter_}, opt);
-      b.silu = torch::empty({cap, inter_}, opt);
-      b.act = torch::empty({cap, inter_}, opt);
-      b.down = torch::empty({cap, hidden_}, opt);
-      b.yf = torch::empty({cap, std::max({qkv_, hidden_, 2 * inter_})}, opt.dtype(torch::kFloat));
+      b.h = at::empty({cap, hidden_}, opt);
+      b.res = at::empty({cap, hidden_}, opt);
+      b.qkv = at::empty({cap, qkv_}, opt);
+      b.qk = at::empty({cap, heads_ + kv_heads_, head_dim_}, opt);
+      b.attn = at::empty({cap, heads_ * head_dim_}, opt);
+      b.o = at::empty({cap, hidden_}, opt);
+      b.gu = at::empty({cap, 2 * inter_}, opt);
+      b.silu = at::empty({cap, inter_}, opt);
+      b.act = at::empty({cap, inter_}, opt);
+      b.down = at::empty({cap, hidden_}, opt);
+      b.yf = at::empty({cap, std::max({qkv_, hidden_, 2 * inter_})}, opt.dtype(at::kFloat));
       it = buffers_.emplace(cap, std::move(b)).first;
     }
     const Buffers& all = it->second;
@@ -283,10 +281,10 @@ class DecodeLoop {
     return b;
   }
 
-  void check_step(const torch::Tensor& x, const std::vector<torch::Tensor>& k_caches,
-                  const std::vector<torch::Tensor>& v_caches, const torch::Tensor& slots, const torch::Tensor& cos,
-                  const torch::Tensor& sin, const torch::Tensor& tables, const torch::Tensor& lens,
-                  const torch::Tensor& starts) const {
+  void check_step(const at::Tensor& x, const std::vector<at::Tensor>& k_caches,
+                  const std::vector<at::Tensor>& v_caches, const at::Tensor& slots, const at::Tensor& cos,
+                  const at::Tensor& sin, const at::Tensor& tables, const at::Tensor& lens,
+                  const at::Tensor& starts) const {
     const int64_t M = x.size(0);
     TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_ && x.scalar_type() == dtype_ && x.is_contiguous() && M > 0,
                 "DecodeLoop: x must be contiguous [rows, hidden] of the model's dtype");
@@ -300,14 +298,14 @@ class DecodeLoop {
                       shape[0] == kv_heads_ && shape[3] == head_dim_,
                   "DecodeLoop: caches must be contiguous [kv_heads, blocks, block_size, head_dim] of the model's dtype");
     const int64_t blocks = shape[1], block_size = shape[2];
-    auto long_rows = [&](const torch::Tensor& t, const char* name) {
-      TORCH_CHECK(t.scalar_type() == torch::kLong && t.is_contiguous() && t.numel() == M, "DecodeLoop: ", name,
+    auto long_rows = [&](const at::Tensor& t, const char* name) {
+      TORCH_CHECK(t.scalar_type() == at::kLong && t.is_contiguous() && t.numel() == M, "DecodeLoop: ", name,
                   " must be contiguous int64 [rows]");
     };
     long_rows(slots, "slots");
     long_rows(lens, "lens");
     long_rows(starts, "starts");
-    TORCH_CHECK(tables.dim() == 2 && tables.size(0) == M && tables.scalar_type() == torch::kLong &&
+    TORCH_CHECK(tables.dim() == 2 && tables.size(0) == M && tables.scalar_type() == at::kLong &&
                     tables.is_contiguous(),
                 "DecodeLoop: tables must be contiguous int64 [rows, max_blocks]");
     for (const auto* t : {&cos, &sin})
@@ -328,23 +326,30 @@ class DecodeLoop {
   int64_t heads_, kv_heads_, head_dim_, hidden_ = 0, qkv_ = 0, inter_ = 0;
   float eps_;
   double scale_;
-  torch::ScalarType dtype_ = torch::kFloat;
+  at::ScalarType dtype_ = at::kFloat;
   std::map<int64_t, Buffers> buffers_;
   ifx::QScratch scratch_;
 };
 
 }  // namespace
 
-void bind_decode_loop(pybind11::module& m) {
-  pybind11::class_<DecodeLoop>(m, "DecodeLoop",
-                               "Every layer of a decode step of a few single-token rows in one call (decode_loop.cpp)")
-      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, int64_t, int64_t, int64_t, double,
-                          double, std::vector<torch::Tensor>, std::vector<int64_t>>(),
-           pybind11::arg("layers"), pybind11::arg("qtypes"), pybind11::arg("num_heads"),
-           pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"),
-           pybind11::arg("exact_dense") = std::vector<torch::Tensor>(),
-           pybind11::arg("exact_below") = std::vector<int64_t>())
-      .def_property_readonly("num_layers", &DecodeLoop::num_layers)
-      .def("step", &DecodeLoop::step, pybind11::call_guard<pybind11::gil_scoped_release>(),
-           "x [rows, hidden] -> [hidden states, residual] after the last layer (the loop's own buffers)");
+struct DecodeLoop::Impl : Loop {
+  using Loop::Loop;
+};
+
+DecodeLoop::DecodeLoop(std::vector<at::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
+                       std::vector<at::Tensor> exact_dense, std::vector<int64_t> exact_below)
+    : impl_(std::make_unique<Impl>(std::move(layers), std::move(qtypes), num_heads, num_kv_heads, head_dim, eps,
+                                   scale, std::move(exact_dense), std::move(exact_below))) {}
+
+DecodeLoop::~DecodeLoop() = default;
+
+int64_t DecodeLoop::num_layers() const { return impl_->num_layers(); }
+
+std::vector<at::Tensor> DecodeLoop::step(const at::Tensor& x, const std::vector<at::Tensor>& k_caches,
+                                         const std::vector<at::Tensor>& v_caches, const at::Tensor& slots,
+                                         const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& tables,
+                                         const at::Tensor& lens, const at::Tensor& starts) {
+  return impl_->step(x, k_caches, v_caches, slots, cos, sin, tables, lens, starts);
 }

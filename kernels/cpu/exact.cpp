@@ -274,21 +274,21 @@ void exact_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, i
 
 }  // namespace ifx
 
-torch::Tensor exact_linear(torch::Tensor x, torch::Tensor w, int64_t qtype) {
-  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat),
+at::Tensor exact_linear(at::Tensor x, at::Tensor w, int64_t qtype) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
               "exact_linear: x must be bfloat16 or float32 [M, K]");
-  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(ifx::exact_linear_supported(bf16), "exact_linear on ", bf16 ? "bfloat16" : "float32",
               " rows needs ", bf16 ? "AVX-512 BF16" : "AVX-512F", ", which this build's CPU lacks");
   TORCH_CHECK(block_bytes(qtype) > 0, "exact_linear: unsupported ggml type ", qtype, " (Q4_0=2, Q4_1=3, Q8_0=8)");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(K % QK == 0, "exact_linear: K = ", K, " is not a multiple of ", QK);
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous() &&
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
                   w.size(1) == K / QK * block_bytes(qtype),
               "exact_linear: blocks must be contiguous uint8 [N, ", K / QK * block_bytes(qtype), "] for K = ", K,
               " of type ", qtype);
   auto xc = x.contiguous();
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (bf16)
     ifx::exact_linear_rows(xc.data_ptr<c10::BFloat16>(), M, K, w.data_ptr<uint8_t>(), N, w.size(1), qtype,
                            y.data_ptr<c10::BFloat16>());

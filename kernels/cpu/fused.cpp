@@ -101,7 +101,7 @@ template void rope_rows<at::BFloat16>(const at::BFloat16*, int64_t, int64_t, int
 namespace {
 
 template <typename T>
-void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
+void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t rows = gate_up.size(0), n = out.size(1);
   const T* gp = gate_up.data_ptr<T>();
   T* op = out.data_ptr<T>();
@@ -119,35 +119,35 @@ void silu_mul_rows(const torch::Tensor& gate_up, torch::Tensor& out) {
   });
 }
 
-void check_rows(const torch::Tensor& x, const char* name) {
+void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.device().is_cpu(), name, ": CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16, name,
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, name,
               ": float32 or bfloat16 only, got ", x.scalar_type());
 }
 
 }  // namespace
 
-std::vector<torch::Tensor> fused_add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
-                                              torch::Tensor weight, double eps) {
+std::vector<at::Tensor> fused_add_rms_norm(at::Tensor x, c10::optional<at::Tensor> residual,
+                                              at::Tensor weight, double eps) {
   check_rows(x, "fused_add_rms_norm");
   TORCH_CHECK(x.dim() == 2, "fused_add_rms_norm: x must be [rows, hidden], got ", x.sizes());
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == x.scalar_type(),
               "fused_add_rms_norm: weight must be [hidden] of x's dtype");
   auto xc = x.contiguous();
   auto wc = weight.contiguous();
-  auto out = torch::empty_like(xc);
-  torch::Tensor rc, new_residual;
+  auto out = at::empty_like(xc);
+  at::Tensor rc, new_residual;
   if (residual.has_value()) {
     TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
                 "fused_add_rms_norm: residual must match x");
     rc = residual->contiguous();
-    new_residual = torch::empty_like(xc);
+    new_residual = at::empty_like(xc);
   } else {
     new_residual = xc;  // no add: the residual is x itself
   }
   const float e = static_cast<float>(eps);
   const int64_t rows = xc.size(0), n = xc.size(1);
-  if (xc.scalar_type() == torch::kBFloat16)
+  if (xc.scalar_type() == at::kBFloat16)
     ifx::add_rms_norm_rows<at::BFloat16>(xc.data_ptr<at::BFloat16>(),
                                          residual.has_value() ? rc.data_ptr<at::BFloat16>() : nullptr,
                                          wc.data_ptr<at::BFloat16>(), rows, n, e, out.data_ptr<at::BFloat16>(),
@@ -159,7 +159,7 @@ std::vector<torch::Tensor> fused_add_rms_norm(torch::Tensor x, c10::optional<tor
   return {out, new_residual};
 }
 
-torch::Tensor fused_rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+at::Tensor fused_rope(at::Tensor x, at::Tensor cos, at::Tensor sin) {
   check_rows(x, "fused_rope");
   TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0, "fused_rope: x must be [tokens, heads, even head_dim]");
   TORCH_CHECK(x.stride(2) == 1, "fused_rope: x's head_dim must be contiguous");
@@ -169,8 +169,8 @@ torch::Tensor fused_rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) 
               "fused_rope: cos/sin must be [tokens, 1, head_dim] of x's dtype");
   auto cc = cos.contiguous();
   auto sc = sin.contiguous();
-  auto out = torch::empty({t, x.size(1), d}, x.options());
-  if (x.scalar_type() == torch::kBFloat16)
+  auto out = at::empty({t, x.size(1), d}, x.options());
+  if (x.scalar_type() == at::kBFloat16)
     ifx::rope_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), t, x.size(1), d, x.stride(0), x.stride(1),
                                  cc.data_ptr<at::BFloat16>(), sc.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>());
   else
@@ -179,12 +179,12 @@ torch::Tensor fused_rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) 
   return out;
 }
 
-torch::Tensor fused_silu_and_mul(torch::Tensor gate_up) {
+at::Tensor fused_silu_and_mul(at::Tensor gate_up) {
   check_rows(gate_up, "fused_silu_and_mul");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "fused_silu_and_mul: gate_up must be [rows, 2 * n]");
   auto gc = gate_up.contiguous();
-  auto out = torch::empty({gc.size(0), gc.size(1) / 2}, gc.options());
-  if (gc.scalar_type() == torch::kBFloat16)
+  auto out = at::empty({gc.size(0), gc.size(1) / 2}, gc.options());
+  if (gc.scalar_type() == at::kBFloat16)
     silu_mul_rows<at::BFloat16>(gc, out);
   else
     silu_mul_rows<float>(gc, out);

@@ -144,8 +144,8 @@ inline void row_block(const typename C::T* x, const typename C::T* w, const type
 }
 
 template <typename C>
-void linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& bias,
-            torch::Tensor& out) {
+void linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+            at::Tensor& out) {
   using T = typename C::T;
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const T* xp = x.data_ptr<T>();
@@ -168,7 +168,7 @@ void linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<
 
 // RMSNorm of one row in float32: the sum of squares in the linear layer's fixed order.
 template <typename C>
-void rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double eps, torch::Tensor& out) {
+void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out) {
   using T = typename C::T;
   const int64_t D = x.size(-1), rows = x.numel() / std::max<int64_t>(D, 1);
   const T* xp = x.data_ptr<T>();
@@ -187,13 +187,13 @@ void rms_norm_rows(const torch::Tensor& x, const torch::Tensor& weight, double e
 
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "invariant kernels: ", what); }
 
-void check_dtype(const torch::Tensor& t) {
-  check(t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kFloat, "dtype must be float32 or bfloat16");
+void check_dtype(const at::Tensor& t) {
+  check(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, "dtype must be float32 or bfloat16");
 }
 
 }  // namespace
 
-torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+at::Tensor invariant_linear(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias) {
   check(x.dim() == 2 && w.dim() == 2, "x must be [M, K] and w [N, K]");
   check(x.size(1) == w.size(1), "x and w differ in K");
   check_dtype(x);
@@ -204,24 +204,24 @@ torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor w, c10::optional<t
   }
   auto xc = x.contiguous();
   auto wc = w.contiguous();
-  c10::optional<torch::Tensor> bc;
+  c10::optional<at::Tensor> bc;
   if (bias.has_value()) bc = bias->contiguous();
-  auto out = torch::empty({x.size(0), w.size(0)}, x.options());
-  if (x.scalar_type() == torch::kBFloat16)
+  auto out = at::empty({x.size(0), w.size(0)}, x.options());
+  if (x.scalar_type() == at::kBFloat16)
     linear<BF16Chunk>(xc, wc, bc, out);
   else
     linear<F32Chunk>(xc, wc, bc, out);
   return out;
 }
 
-torch::Tensor invariant_rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor invariant_rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   check(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1), "weight must be [x.size(-1)]");
   check_dtype(x);
   check(x.scalar_type() == weight.scalar_type(), "x and weight must share a dtype");
   auto xc = x.contiguous();
   auto wc = weight.contiguous();
-  auto out = torch::empty_like(xc);
-  if (x.scalar_type() == torch::kBFloat16)
+  auto out = at::empty_like(xc);
+  if (x.scalar_type() == at::kBFloat16)
     rms_norm_rows<BF16Chunk>(xc, wc, eps, out);
   else
     rms_norm_rows<F32Chunk>(xc, wc, eps, out);

@@ -2,10 +2,19 @@
 // own .cpp file in this directory (kernels/cpu/__init__.py compiles all of them
 // into one library); bindings.cpp, the only file with a PYBIND11_MODULE, exposes
 // each with one m.def line. Adding a kernel: its .cpp, a declaration here, a line there.
+//
+// Only ATen's tensor and factory headers here, not <torch/extension.h>: that one (the whole C++
+// API and pybind11) takes about a minute to compile per file on a 2-core CI machine, and only
+// bindings.cpp needs it; with it in every file the first build took four and a half minutes.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
 
+#include <memory>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -13,40 +22,57 @@
 #endif
 
 // paged_attention.cpp: causal attention of a few query tokens per sequence over the paged KV cache.
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start,
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                              at::Tensor block_tables, at::Tensor context_lens, at::Tensor query_start,
                               double scale);
 
 // qmatmul.cpp: y = x @ W^T (float32 [M, N]) with W as ggml blocks (uint8 [N, row_bytes]) of type qtype
 // (ggml's ids: Q4_0 = 2, Q4_1 = 3, Q8_0 = 8); each row's result is independent of M and of its position.
-torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype);
+at::Tensor qmatmul(at::Tensor x, at::Tensor w, int64_t qtype);
 // qmatmul.cpp: ggml blocks to a dense [N, K] tensor, float32 or (bf16) bfloat16.
-torch::Tensor dequantize_blocks(torch::Tensor w, int64_t qtype, int64_t K, bool bf16);
+at::Tensor dequantize_blocks(at::Tensor w, int64_t qtype, int64_t K, bool bf16);
 
 // exact.cpp: y = x @ W^T ([M, N], x's dtype) for bfloat16 or float32 x [M, K], W as ggml blocks (Q4_0, Q4_1, Q8_0)
 // decoded to the loader's weights in that dtype: invariant_linear's bits on those weights, reading the blocks.
 // bfloat16 needs AVX-512 BF16, float32 AVX-512F (ifx::exact_linear_supported says whether each was built).
-torch::Tensor exact_linear(torch::Tensor x, torch::Tensor w, int64_t qtype);
+at::Tensor exact_linear(at::Tensor x, at::Tensor w, int64_t qtype);
 
 // invariant.cpp: batch-invariant y = x @ w^T (+ bias), x [M, K], w [N, K], float32 or bfloat16 (the dtype of x);
 // each element reduced over K in one fixed order, so a row's result never depends on M, its position or threads.
-torch::Tensor invariant_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+at::Tensor invariant_linear(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias);
 // invariant.cpp: RMSNorm over the last dimension, each row in float32 in the same fixed order.
-torch::Tensor invariant_rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+at::Tensor invariant_rms_norm(at::Tensor x, at::Tensor weight, double eps);
 
 // fused.cpp: the layer's elementwise ops in one pass each (kernels.cpu.fast, the default kernel set).
 // residual + x (rounded to the dtype), then RMSNorm of it per row in float32 in a fixed order; no residual: x.
 // Returns {normalised, new residual}.
-std::vector<torch::Tensor> fused_add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
-                                              torch::Tensor weight, double eps);
+std::vector<at::Tensor> fused_add_rms_norm(at::Tensor x, c10::optional<at::Tensor> residual,
+                                              at::Tensor weight, double eps);
 // fused.cpp: half-split RoPE of x [tokens, heads, head_dim] (rows may be strided) with cos/sin [tokens, 1, head_dim].
-torch::Tensor fused_rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+at::Tensor fused_rope(at::Tensor x, at::Tensor cos, at::Tensor sin);
 // fused.cpp: SiLU(gate) * up of gate_up [rows, 2 * n] -> [rows, n].
-torch::Tensor fused_silu_and_mul(torch::Tensor gate_up);
+at::Tensor fused_silu_and_mul(at::Tensor gate_up);
 
-// decode_loop.cpp: every layer of a decode step in one call (the C++ loop over layers), a class holding
-// the packed weights and reused buffers; it defines its own Python class on the module.
-void bind_decode_loop(pybind11::module& m);
+// decode_loop.cpp: every layer of a decode step in one call (the C++ loop over layers): it holds the packed
+// weights and reused buffers; bindings.cpp makes it the module's Python class DecodeLoop.
+class DecodeLoop {
+ public:
+  DecodeLoop(std::vector<at::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads, int64_t num_kv_heads,
+             int64_t head_dim, double eps, double scale, std::vector<at::Tensor> exact_dense,
+             std::vector<int64_t> exact_below);
+  ~DecodeLoop();
+  int64_t num_layers() const;
+  // x [M, hidden] (the embedded tokens) -> {hidden states, residual} after the last layer, before the final
+  // norm. Both are this loop's buffers, overwritten by the next step of M rows: use them before that.
+  std::vector<at::Tensor> step(const at::Tensor& x, const std::vector<at::Tensor>& k_caches,
+                               const std::vector<at::Tensor>& v_caches, const at::Tensor& slots, const at::Tensor& cos,
+                               const at::Tensor& sin, const at::Tensor& tables, const at::Tensor& lens,
+                               const at::Tensor& starts);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // ----- The kernels' inner functions on raw buffers: what the tensor entry points above call after
 // their checks, and what decode_loop.cpp calls directly, with no tensor or dispatch per op. Each is

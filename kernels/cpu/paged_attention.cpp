@@ -171,9 +171,9 @@ namespace {
 void check(bool ok, const char* what) { TORCH_CHECK(ok, "paged_attention: ", what); }
 
 template <typename T>
-void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-         const torch::Tensor& block_tables, const torch::Tensor& context_lens, const torch::Tensor& query_start,
-         double scale, torch::Tensor& out) {
+void run(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+         const at::Tensor& block_tables, const at::Tensor& context_lens, const at::Tensor& query_start,
+         double scale, at::Tensor& out) {
   const ifx::PagedShape shape{q.size(0), q.size(1), q.size(2), q.size(3), q.size(1) * q.size(2) * q.size(3),
                               q.size(2) * q.size(3), k_cache.size(0), k_cache.size(1), k_cache.size(2),
                               block_tables.size(1)};
@@ -184,8 +184,8 @@ void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tens
 
 }  // namespace
 
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor block_tables, torch::Tensor context_lens, torch::Tensor query_start,
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                              at::Tensor block_tables, at::Tensor context_lens, at::Tensor query_start,
                               double scale) {
   check(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "q and the caches must be 4-D");
   check(k_cache.sizes() == v_cache.sizes(), "k and v caches differ in shape");
@@ -195,8 +195,8 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   check(q.size(2) % k_cache.size(0) == 0, "query heads must be a multiple of KV heads");
   check(block_tables.dim() == 2 && block_tables.size(0) == q.size(0), "block_tables must be [num_seqs, max_blocks]");
   check(context_lens.numel() == q.size(0) && query_start.numel() == q.size(0), "one length and start per sequence");
-  check(block_tables.scalar_type() == torch::kLong && context_lens.scalar_type() == torch::kLong &&
-            query_start.scalar_type() == torch::kLong,
+  check(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong &&
+            query_start.scalar_type() == at::kLong,
         "tables, lengths and starts must be int64");
   check(k_cache.is_contiguous() && v_cache.is_contiguous(), "the caches must be contiguous");
   auto qc = q.contiguous();
@@ -207,11 +207,11 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         "a context is longer than its block table");
   check(tables.numel() == 0 || (tables.min().item<int64_t>() >= 0 && tables.max().item<int64_t>() < k_cache.size(1)),
         "a block table names a block outside the cache");
-  auto out = torch::empty_like(qc);
-  if (q.scalar_type() == torch::kBFloat16) {
+  auto out = at::empty_like(qc);
+  if (q.scalar_type() == at::kBFloat16) {
     run<c10::BFloat16>(qc, k_cache, v_cache, tables, lens, starts, scale, out);
   } else {
-    check(q.scalar_type() == torch::kFloat, "dtype must be float32 or bfloat16");
+    check(q.scalar_type() == at::kFloat, "dtype must be float32 or bfloat16");
     run<float>(qc, k_cache, v_cache, tables, lens, starts, scale, out);
   }
   return out;

@@ -247,8 +247,8 @@ void dequantise(const uint8_t* w, int64_t qtype, int64_t N, int64_t row_bytes, i
   });
 }
 
-void check_blocks(const torch::Tensor& w, int64_t qtype, int64_t K) {
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous(),
+void check_blocks(const at::Tensor& w, int64_t qtype, int64_t K) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "qmatmul: weights must be a contiguous uint8 [N, row_bytes] tensor of blocks");
   TORCH_CHECK(K > 0 && K % QK == 0, "qmatmul: K must be a positive multiple of 32, got ", K);
   TORCH_CHECK(w.size(1) == K / QK * block_bytes(qtype), "qmatmul: ", w.size(1),
@@ -291,16 +291,16 @@ template void qmatmul_rows<c10::BFloat16>(const c10::BFloat16*, int64_t, int64_t
 
 }  // namespace ifx
 
-torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype) {
+at::Tensor qmatmul(at::Tensor x, at::Tensor w, int64_t qtype) {
   TORCH_CHECK(x.dim() == 2, "qmatmul: x must be [M, K]");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16,
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "qmatmul: x must be float32 or bfloat16");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   check_blocks(w, qtype, K);
   auto xc = x.contiguous();
-  auto y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
+  auto y = at::empty({M, N}, x.options().dtype(at::kFloat));
   ifx::QScratch scratch;
-  if (x.scalar_type() == torch::kFloat)
+  if (x.scalar_type() == at::kFloat)
     ifx::qmatmul_rows(xc.data_ptr<float>(), M, K, w.data_ptr<uint8_t>(), N, w.size(1), qtype, y.data_ptr<float>(),
                       scratch);
   else
@@ -309,12 +309,12 @@ torch::Tensor qmatmul(torch::Tensor x, torch::Tensor w, int64_t qtype) {
   return y;
 }
 
-torch::Tensor dequantize_blocks(torch::Tensor w, int64_t qtype, int64_t K, bool bf16) {
+at::Tensor dequantize_blocks(at::Tensor w, int64_t qtype, int64_t K, bool bf16) {
   check_blocks(w, qtype, K);
-  const auto dtype = bf16 ? torch::kBFloat16 : torch::kFloat;
+  const auto dtype = bf16 ? at::kBFloat16 : at::kFloat;
   const int64_t N = w.size(0);
-  auto out = torch::empty({N, K}, w.options().dtype(dtype));
-  if (dtype == torch::kFloat) {
+  auto out = at::empty({N, K}, w.options().dtype(dtype));
+  if (dtype == at::kFloat) {
     dequantise(w.data_ptr<uint8_t>(), qtype, N, w.size(1), K, out.data_ptr<float>());
   } else {
     dequantise(w.data_ptr<uint8_t>(), qtype, N, w.size(1), K, out.data_ptr<c10::BFloat16>());
