@@ -179,6 +179,8 @@ class NoTraffic:
     async def start(self) -> None:
         return None
 
+    def observe_policy_version(self, version: int) -> None: ...
+
     async def close(self) -> None: ...
 
 

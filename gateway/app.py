@@ -139,6 +139,8 @@ def create_app(
         traffic = TrafficPolicy.build(
             settings, store, on_limiter_failure=metrics.observe_limiter_failure, snapshot=snapshot
         )
+    # One store read per poll interval tells authentication, limits and guardrails whether policy moved.
+    authenticator.on_version(traffic.observe_policy_version)
     model_admin = ModelAdmin(
         manager, store, settings, configured_models if configured_models is not None else {m.name for m in manager}
     )

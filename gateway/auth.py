@@ -176,6 +176,7 @@ class Authenticator:
         self._generation = 0
         self._last_used: dict[str, datetime] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._watchers: list[Callable[[int], None]] = []
 
     # -- lifecycle
 
@@ -207,6 +208,11 @@ class Authenticator:
             except Exception as exc:  # keep polling; the next round may succeed
                 log.warning("background %s failed: %s", getattr(fn, "__name__", fn), exc)
 
+    def on_version(self, watcher: Callable[[int], None]) -> None:
+        """Call ``watcher`` with every ``policy_version`` this poller reads (the limit and guardrail
+        resolvers take it as their own poll: one store read per interval for all three, none in a request)."""
+        self._watchers.append(watcher)
+
     async def refresh(self, force: bool = False) -> bool:
         """Drop cached decisions if the store changed since the last look; True if it did."""
         try:
@@ -215,6 +221,11 @@ class Authenticator:
             self.snapshot.failed()
             raise
         self.snapshot.fresh()
+        for watcher in self._watchers:
+            try:
+                watcher(version)
+            except Exception:  # a watcher's bug must not stop revocations reaching this replica
+                log.exception("a policy_version watcher failed")
         if not force and version == self._version:
             return False
         try:

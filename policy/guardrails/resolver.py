@@ -68,6 +68,7 @@ class GuardrailResolver:
         self._lock = threading.Lock()
         self._version: int | None = None
         self._checked_at = float("-inf")
+        self._observed = False  # fed by observe(): poll only when its readings stop
         self._cache: dict[str | None, Guardrails] = {}
         # OPA engines by what they were built from. At each version change the
         # current ones retire: those the new version still uses are taken back as
@@ -78,9 +79,30 @@ class GuardrailResolver:
         self._retired: dict[str, PolicyEngine] = {}
         self._to_close: list[PolicyEngine] = []
 
+    def observe(self, version: int) -> None:
+        """``version`` was read from the store just now by another poller (the gateway's authenticator):
+        take it as this resolver's poll, so requests find their tenant cached instead of waiting for one;
+        the resolver polls itself only if those readings stop for two intervals."""
+        with self._lock:
+            self._observed = True
+            self._take(version, self._clock())
+
+    def _take(self, version: int, now: float) -> None:
+        """A fresh reading of the store's version (lock held): drop what an older version compiled."""
+        if version != self._version:
+            self._cache.clear()
+            self._retire()
+            self._version = version
+        self._checked_at = now
+
+    def _due(self, now: float) -> bool:
+        """Whether the version must be read before answering from the cache."""
+        interval = self._poll * (2 if self._observed else 1)
+        return self._version is None or now - self._checked_at >= interval or self.snapshot.expired
+
     def _current_version(self) -> int:
         now = self._clock()
-        if self._version is None or now - self._checked_at >= self._poll or self.snapshot.expired:
+        if self._due(now):
             try:
                 version = self._store.policy_version()
             except StoreUnavailable:
@@ -91,16 +113,12 @@ class GuardrailResolver:
                 return self._version
             self.snapshot.fresh()
             with self._lock:
-                if version != self._version:
-                    self._cache.clear()
-                    self._retire()
-                    self._version = version
-                self._checked_at = now
+                self._take(version, now)
         return self._version if self._version is not None else -1
 
     def cached(self, tenant_id: str | None) -> Guardrails | None:
         """The tenant's guardrails if cached and the version need not be read yet; never touches the store."""
-        if self._version is None or self._clock() - self._checked_at >= self._poll or self.snapshot.expired:
+        if self._due(self._clock()):
             return None
         return self._cache.get(tenant_id)
 

@@ -216,7 +216,10 @@ class PolicyResolver:
 
     The version is polled at most every ``poll_interval`` seconds, by the
     first request after the interval (or by ``refresh``, which the gateway may
-    call from its own poller). Store calls run on a worker thread.
+    call from its own poller). Store calls run on a worker thread. Where another
+    poller reads the version anyway (the gateway's authenticator), it hands each
+    reading to ``observe``: requests then never wait for a poll, and the resolver
+    polls itself only if those readings stop for two intervals.
     """
 
     def __init__(
@@ -234,6 +237,7 @@ class PolicyResolver:
         self._tenants: dict[str, TenantLimits] = {}
         self._version: int | None = None
         self._polled_at = float("-inf")
+        self._observed = False  # fed by observe(): poll only when its readings stop
         # Bumped when the cache is dropped: a load that began before is not cached.
         self._generation = 0
 
@@ -257,6 +261,15 @@ class PolicyResolver:
     async def refresh(self, force: bool = False) -> bool:
         """Drop the cache if the store's policy changed since the last look; True if it did."""
         version = await asyncio.to_thread(self.store.policy_version)
+        return self._take(version, force)
+
+    def observe(self, version: int) -> None:
+        """``version`` was read from the store just now by another poller: take it as this resolver's poll."""
+        self._observed = True
+        self._polled_at = self._clock()
+        self._take(version)
+
+    def _take(self, version: int, force: bool = False) -> bool:
         if not force and version == self._version:
             return False
         self._version = version
@@ -278,7 +291,8 @@ class PolicyResolver:
 
     async def _maybe_poll(self) -> None:
         now = self._clock()
-        if now - self._polled_at < self.poll_interval and not self.snapshot.expired:
+        interval = self.poll_interval * (2 if self._observed else 1)
+        if now - self._polled_at < interval and not self.snapshot.expired:
             return
         self._polled_at = now  # before the await: one poll per interval, not one per waiting request
         try:

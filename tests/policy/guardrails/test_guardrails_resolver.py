@@ -70,6 +70,38 @@ def test_cached_within_the_poll_interval(store: PolicyStore) -> None:
     assert asyncio.run(resolver.resolve(acme.id)) is resolver.get(acme.id)
 
 
+def test_readings_of_another_poller_stand_for_its_own_polls(store: PolicyStore) -> None:
+    # The gateway's authenticator reads policy_version every interval and hands it over (observe):
+    # the resolver then answers from its cache without reading the store, and drops it on a change.
+    acme = store.create_tenant("acme")
+    now = [0.0]
+    reads = [0]
+    read_version = store.policy_version
+
+    def counted() -> int:
+        reads[0] += 1
+        return read_version()
+
+    resolver = GuardrailResolver(store, poll_seconds=1.0, clock=lambda: now[0])
+    first = resolver.get(acme.id)
+    store.policy_version = counted  # type: ignore[method-assign]
+    for step in range(1, 6):  # a reading every interval, requests in between: no read of its own
+        now[0] = step * 1.0
+        resolver.observe(read_version())
+        now[0] += 0.99
+        assert resolver.cached(acme.id) is first
+    assert reads[0] == 0
+    store.create_policy(acme.id, "guardrail", "acme", {"blocklist": [{"literal": "ski"}]})
+    resolver.observe(read_version())  # the change, seen by the other poller
+    assert resolver.cached(acme.id) is None
+    assert resolver.get(acme.id).check_input(["ski"]).blocked and reads[0] == 0
+    # The readings stop: after two intervals the resolver reads the version itself again.
+    now[0] += 2.0
+    assert resolver.cached(acme.id) is None
+    resolver.get(acme.id)
+    assert reads[0] == 1
+
+
 def test_unchanged_opa_policy_is_not_recompiled(store: PolicyStore) -> None:
     acme = store.create_tenant("acme")
     store.create_policy(acme.id, "guardrail", "acme", {"opa": {"rego": ALLOW_ALL}})

@@ -170,6 +170,40 @@ async def test_resolver_follows_the_store_without_restart(
     assert await resolver.refresh()
 
 
+async def test_readings_of_another_poller_stand_for_its_own_polls(
+    sqlite_store: PolicyStore, make_principal: PrincipalFactory
+) -> None:
+    # The gateway's authenticator reads policy_version every interval and hands it over (observe):
+    # requests then never wait for a read of the version, and a change still drops the cache.
+    tenant = sqlite_store.create_tenant("acme")
+    key = make_principal(tenant.id, "key_x")
+    policy = sqlite_store.create_policy(tenant.id, "rate_limit", "rpm", {"requests_per_minute": 10})
+    ticks = Ticks()
+    resolver = PolicyResolver(sqlite_store, poll_interval=1.0, clock=ticks)
+    assert (await resolver.limits_for(key)).tenant.requests_per_minute == 10
+    reads = 0
+    read_version = sqlite_store.policy_version
+
+    def counted() -> int:
+        nonlocal reads
+        reads += 1
+        return read_version()
+
+    sqlite_store.policy_version = counted  # type: ignore[method-assign]
+    for step in range(1, 6):
+        ticks.now = step * 1.0
+        resolver.observe(read_version())
+        ticks.now += 0.99
+        assert (await resolver.limits_for(key)).tenant.requests_per_minute == 10
+    assert reads == 0
+    sqlite_store.update_policy(tenant.id, policy.id, spec={"requests_per_minute": 3})
+    resolver.observe(read_version())
+    assert (await resolver.limits_for(key)).tenant.requests_per_minute == 3 and reads == 0
+    ticks.now += 2.0  # the readings stopped for two intervals: the resolver polls itself again
+    await resolver.limits_for(key)
+    assert reads == 1
+
+
 async def test_resolver_reads_every_page(sqlite_store: PolicyStore, make_principal: PrincipalFactory) -> None:
     tenant = sqlite_store.create_tenant("big")
     for i in range(205):  # more than one page of list_policies
