@@ -126,9 +126,7 @@ class TrafficPolicy:
     def observe_policy_version(self, version: int) -> None:
         """The store's ``policy_version``, read just now by the authenticator's poller: the limit and
         guardrail resolvers take it as their own poll (``Authenticator.on_version``)."""
-        observe = getattr(self.limiter.limits, "observe", None)  # FixedLimits has none: nothing to reload
-        if observe is not None:
-            observe(version)
+        self.limiter.limits.observe(version)
         self.guardrails.observe(version)
 
     async def start(self) -> AuditTrail:

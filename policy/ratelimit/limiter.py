@@ -73,6 +73,9 @@ class LimitSource(Protocol):
 
     async def limits_for(self, principal: Principal) -> EffectiveLimits: ...
 
+    def observe(self, version: int) -> None:
+        """The store's ``policy_version``, read just now by another poller (``PolicyResolver.observe``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FixedLimits:
@@ -82,6 +85,9 @@ class FixedLimits:
 
     async def limits_for(self, principal: Principal) -> EffectiveLimits:
         return self.limits
+
+    def observe(self, version: int) -> None:
+        """Nothing to reload: these limits are not read from the store."""
 
 
 MAX_KNOWN_CALLERS = 10_000  # callers whose counters are kept (_counters)
