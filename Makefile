@@ -37,8 +37,11 @@ install-dev: $(VENV)/.installed-dev
 serve: install
 	$(BIN)/inferctl serve $(SERVE_ARGS)
 
+# One worker process per core (pytest-xdist), a test file to a worker; the tests marked
+# `serial` run alone (tests/support/serial_lock.py). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= auto
 test: install-dev
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # pytest exits 5 when the selection is empty, which fails this rule too.
 test-fast: install-dev

@@ -37,8 +37,14 @@ if not _torch_sees_a_gpu():
 # Test helpers shared across test packages (the loopback identity provider, ...).
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
-# Fails the run if a secret the suite created (keys, tokens, client secrets) shows in a log record.
-pytest_plugins = ["secret_watch"]
+# Fails the run if a secret the suite created (keys, tokens, client secrets) shows in a log record;
+# runs the tests marked ``serial`` alone when pytest-xdist spreads the suite over workers (``make test``).
+pytest_plugins = ["secret_watch", "serial_lock"]
+
+# Two workers on two cores, each with torch's default of a thread per core, would run four
+# spinning threads on two cores: each worker's torch gets its share (torch is not imported yet).
+if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
 
 from servers import start_uvicorn, stop_uvicorn  # noqa: E402
 from services import fresh_schema, service_unavailable  # noqa: E402

@@ -337,6 +337,7 @@ def stream_chat_with_id(url: str, key: str, complete: list[str], *, max_tokens: 
 # -- a drain on SIGTERM -----------------------------------------------------------
 
 
+@pytest.mark.serial  # the exit is timed against the grace period
 def test_sigterm_drains_ready_first_then_ends_streams_cleanly(tmp_path: Path) -> None:
     import signal
     import threading

@@ -29,8 +29,9 @@ from services import fresh_schema
 from policy.authn.apikeys import generate_key
 from policy.store import PolicyStore, StoreSettings
 
-# Real `inferctl serve` processes serving the default model (the tiers: tests/conftest.py).
-pytestmark = pytest.mark.model
+# Real `inferctl serve` processes serving the default model (the tiers: tests/conftest.py);
+# serial: a revocation's propagation time and a shared limit's accuracy are measured in real time.
+pytestmark = [pytest.mark.model, pytest.mark.serial]
 
 BOUND_SECONDS = 2.0
 

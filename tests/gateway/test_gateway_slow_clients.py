@@ -22,6 +22,7 @@ from servers import start_uvicorn, stop_uvicorn
 
 DEADLINE = 1.0  # header, body and keep-alive timeouts of the server under test
 SLACK = 2.0  # how much later than the deadline the close may be seen
+pytestmark = pytest.mark.serial  # closes are timed against the deadlines
 
 
 @dataclass

@@ -46,8 +46,9 @@ from policy.audit.spool import segment_files
 from policy.authn.apikeys import generate_key
 
 # Real `inferctl serve` processes serving the default model (the tiers: tests/conftest.py);
-# PostgreSQL and Redis make them service tests as well.
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+# PostgreSQL and Redis make them service tests as well. Serial: limits' accuracy and the
+# registry's propagation time are measured in real time, with three model processes on the cores.
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.serial]
 
 MODEL = "smollm2-135m-instruct"
 POLL_SECONDS = 0.25  # auth.revocation_poll_seconds: a new policy reaches every replica within about this

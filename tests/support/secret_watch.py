@@ -7,7 +7,8 @@ hands to ``remember`` (client secrets, passphrases). A handler on the root
 logger, installed for the session, looks at every record as the code made it
 (before ``gateway.log_redaction.RedactSecrets``, which only a configured
 handler applies) and notes each one holding a recorded secret; the run fails
-at the end if any did, naming the test and the logger.
+at the end if any did, naming the test and the logger; the test itself fails in its
+teardown (under pytest-xdist that is how a worker's finding reaches the run).
 
 Cheap: API keys and tokens are found by their shape with one regular
 expression per record and then looked up in a set; only the few secrets
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,6 +35,7 @@ _shaped: set[str] = set()  # keys and tokens, found by shape
 _plain: set[str] = set()  # other secrets, found by substring
 _leaks: list[str] = []
 _current = "(outside a test)"
+_seen = 0  # len(_leaks) when the current test began
 
 
 def remember(secret: str) -> str:
@@ -100,8 +103,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    global _current
+    global _current, _seen
     _current = item.nodeid
+    _seen = len(_leaks)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A test whose set-up, run or tear-down logged a secret fails in its teardown report: reports are what
+    pytest-xdist's workers send back, so the run fails there too (a worker's session status is not)."""
+    report: pytest.TestReport = yield
+    if call.when == "teardown" and len(_leaks) > _seen and report.passed:
+        report.outcome = "failed"
+        report.longrepr = "secrets in log records:\n" + "\n".join(_leaks[_seen:][:10])
+    return report
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

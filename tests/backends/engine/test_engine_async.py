@@ -177,7 +177,12 @@ async def test_step_failure_fails_in_flight_requests_then_serves_new_ones(aengin
     assert outs[-1].finished and [t for o in outs for t in o.new_token_ids] == reference_greedy([3, 4], 5)
 
 
+def engine_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "inferflux-engine" and t.is_alive()}
+
+
 async def test_shutdown_joins_and_fails_requests(aengine):
+    others = engine_threads()  # engines of other tests in this process (a session's served model)
     a, _ = aengine(delay=0.002)
     got_one = asyncio.Event()
 
@@ -189,7 +194,7 @@ async def test_shutdown_joins_and_fails_requests(aengine):
     await asyncio.wait_for(got_one.wait(), TIMEOUT)
     await asyncio.to_thread(a.shutdown, 5)
     assert not a.is_running
-    assert not any(t.name == "inferflux-engine" and t.is_alive() for t in threading.enumerate())
+    assert engine_threads() <= others
     with pytest.raises(EngineDeadError):
         await asyncio.wait_for(task, TIMEOUT)
     with pytest.raises(EngineDeadError):

@@ -186,6 +186,7 @@ WINDOW = float(os.environ.get("INFERFLUX_RATELIMIT_WINDOW_SECONDS", "5"))
 LIMIT = int(os.environ.get("INFERFLUX_RATELIMIT_LIMIT", "100"))
 
 
+@pytest.mark.serial  # each process must really offer twice the limit in the window
 async def test_two_processes_enforce_one_limit(redis_server: str, redis_prefix: str) -> None:
     start = time.time() + 3  # both start together, once imported
     rate = 2 * LIMIT / WINDOW  # each process alone offers twice the limit
