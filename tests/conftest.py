@@ -178,6 +178,13 @@ def served_model() -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def hf_oracle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where ``hf_oracle`` keeps transformers' copy of the model for this run (its xdist workers share it)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "hf-oracle"
+
+
+@pytest.fixture(scope="session")
 def gateway_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The data directory of the session's gateway (SQLite store and its key file)."""
     return tmp_path_factory.mktemp("gateway-data")

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+import hf_oracle
+
 
 @pytest.fixture(scope="session")
-def hf_causal_lm():
-    """transformers' float32 model built from the default GGUF (costly: load once)."""
-    import torch
-    import transformers
-
-    from backends.models import default_model_path
-
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    )
-    return model.eval()
+def hf_causal_lm(hf_oracle_dir: Path) -> Any:
+    """transformers' float32 model built from the default GGUF (costly: once per run, ``hf_oracle``)."""
+    return hf_oracle.causal_lm(hf_oracle_dir)

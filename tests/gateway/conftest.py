@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import hf_oracle
 from streams import SEATS
 
 
@@ -27,19 +29,9 @@ def small_batch_model() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def hf_smollm2() -> Any:
-    """transformers' float32 copy of the default model, from the same GGUF (the oracle; costly: loaded once)."""
-    import os
-
-    import torch
-    import transformers
-
-    from backends.models import default_model_path
-
-    path = default_model_path()
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    ).eval()
+def hf_smollm2(hf_oracle_dir: Path) -> Any:
+    """transformers' float32 copy of the default model, from the same GGUF (the oracle; costly: ``hf_oracle``)."""
+    return hf_oracle.causal_lm(hf_oracle_dir)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import hf_oracle
 from backends.models import default_model_path, open_model
 
 
@@ -33,13 +34,11 @@ def hf_tokenizer(default_path):
 
 
 @pytest.fixture(scope="session")
-def hf_state_dict(default_path):
-    """The state dict transformers builds from the same GGUF (float32 numpy arrays)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(default_path), gguf_file=os.path.basename(default_path), dtype=torch.float32
-    )
+def hf_state_dict(hf_oracle_dir):
+    """The state dict transformers builds from the same GGUF (float32 numpy arrays; ``hf_oracle``)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    model = hf_oracle.causal_lm(hf_oracle_dir)
     state = {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
     tied = model.config.tie_word_embeddings
     del model
