@@ -1,6 +1,7 @@
 """The suite's own pytest plugins (tests/support) do their job under pytest-xdist, as `make test` runs them.
 
-Each test runs a small suite of its own in a fresh pytest process, with two workers.
+Each test runs a small suite of its own in a fresh pytest process (with two workers, and one process
+where that is the comparison).
 """
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 ``make test`` runs the suite in one worker process per core (pytest-xdist):
 most tests wait on sockets, subprocesses and clocks as much as they compute,
 so on two cores two workers finish it in well under the time one takes. A few
-tests measure time under load (one tenant's latency beside another's flood,
-how fast a revocation reaches a replica): beside another worker's tests their
-figures would measure the neighbour instead. Those carry ``@pytest.mark.serial``.
+tests assert a time under load (how fast a revocation reaches a replica, a
+shared limit's accuracy over a real window, a close timed against a deadline):
+beside another worker's tests they would measure the neighbour instead. Those
+carry ``@pytest.mark.serial``.
 
-Each test runs holding a shared lock on a file all workers of the run open; a
+Each test runs holding a shared lock on a file all workers of the run open (in
+the run's temporary folder, the parent of each worker's ``--basetemp``); a
 ``serial`` test holds it exclusively, so it starts once the tests running in
 the other workers have ended, and no other test starts until it has ended. A
 second file is the turnstile every test passes before asking for the first,
@@ -20,10 +22,9 @@ there is one process and nothing is locked.
 from __future__ import annotations
 
 import fcntl
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import pytest
 
@@ -32,11 +33,10 @@ _files: tuple[IO[bytes], IO[bytes]] | None = None  # (turnstile, run) of this wo
 
 def pytest_configure(config: pytest.Config) -> None:
     global _files
-    workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
-    if workerinput is None:  # not an xdist worker
+    if not hasattr(config, "workerinput"):  # not an xdist worker
         return
-    base = Path(tempfile.gettempdir()) / f"inferflux-tests-{workerinput['testrunuid']}"
-    _files = (open(f"{base}.turnstile", "ab"), open(f"{base}.run", "ab"))  # noqa: SIM115 - held for the session
+    run_folder = Path(config.option.basetemp).parent  # xdist gives each worker <the run's folder>/<worker id>
+    _files = (open(run_folder / "serial.turnstile", "ab"), open(run_folder / "serial.run", "ab"))  # noqa: SIM115
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -61,4 +61,3 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         fcntl.flock(run, fcntl.LOCK_UN)
-
