@@ -93,6 +93,9 @@ def duration(span: ReadableSpan) -> int:
     return span.end_time - span.start_time
 
 
+# Serial: the 95 % is a share of wall time. With another test worker on the same cores, the
+# untraced glue (thread hand-offs, the test client's portal) waits for a core: CI saw 94.3 %.
+@pytest.mark.serial
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_traced_request_shows_every_stage_and_they_tile_it(world: World, stream: bool) -> None:
     response = chat(world, stream=stream, max_tokens=8)
@@ -113,7 +116,10 @@ def test_a_traced_request_shows_every_stage_and_they_tile_it(world: World, strea
         assert after.start_time >= before.end_time, (before.name, after.name)
     assert sequential[-1].end_time is not None and sequential[-1].end_time <= root.end_time
     covered = sum(duration(s) for s in sequential) / duration(root)
-    assert 0.95 <= covered <= 1.0, {s.name: duration(s) / 1e6 for s in [root, *sequential]}
+    pairs = zip(sequential, sequential[1:])
+    gaps = [((after.start_time or 0) - (before.end_time or 0)) / 1e6 for before, after in pairs]
+    seen = f"ms: {[(s.name, duration(s) / 1e6) for s in [root, *sequential]]}; gaps between stages {gaps}"
+    assert 0.95 <= covered <= 1.0, seen
     # Decoding 8 tokens took time.
     assert duration(children[[s.name for s in children].index("decode")]) > 0
 

@@ -4,7 +4,8 @@
 most tests wait on sockets, subprocesses and clocks as much as they compute,
 so on two cores two workers finish it in well under the time one takes. A few
 tests assert a time under load (how fast a revocation reaches a replica, a
-shared limit's accuracy over a real window, a close timed against a deadline):
+shared limit's accuracy over a real window, a close timed against a deadline,
+the share of a request's wall time its traced stages cover):
 beside another worker's tests they would measure the neighbour instead. Those
 carry ``@pytest.mark.serial``.
 
