@@ -38,8 +38,9 @@ if not _torch_sees_a_gpu():
 sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 # Fails the run if a secret the suite created (keys, tokens, client secrets) shows in a log record;
-# runs the tests marked ``serial`` alone when pytest-xdist spreads the suite over workers (``make test``).
-pytest_plugins = ["secret_watch", "serial_lock"]
+# runs the tests marked ``serial`` alone when pytest-xdist spreads the suite over workers (``make test``),
+# and hands the workers the longest files first (tests/durations.json).
+pytest_plugins = ["secret_watch", "serial_lock", "longest_first"]
 
 # Two workers on two cores, each with torch's default of a thread per core, would run four
 # spinning threads on two cores: each worker's torch gets its share (torch is not imported yet).

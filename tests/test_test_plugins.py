@@ -103,3 +103,36 @@ def test_a_secret_in_a_log_record_fails_the_run_from_a_worker(tmp_path: Path) ->
         assert result.returncode == 1, output
         assert "test_leaky" in output and "secrets in log records" in output, output
         assert "1 failed" not in output and "1 error" in output  # the test ran; its teardown reports the leak
+
+
+def test_files_go_to_the_workers_longest_first(tmp_path: Path) -> None:
+    # Three files whose numbers of tests (xdist's own order: most first) disagree with the record.
+    counts = {"test_few.py": 1, "test_mid.py": 3, "test_many.py": 5}
+    for name, count in counts.items():
+        (tmp_path / name).write_text(textwrap.dedent(f"""
+            import pytest
+            from pathlib import Path
+
+            @pytest.mark.parametrize("i", range({count}))
+            def test_it(i):
+                with open(Path(__file__).with_name("order.txt"), "a") as out:
+                    out.write("{name}\\n")
+        """))
+    record = tmp_path / "durations.json"
+    record.write_text(json.dumps({"seconds_per_test": 1.0, "files": {"test_few.py": 100.0, "test_mid.py": 50.0}}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(REPO)])}
+    env["INFERFLUX_TEST_DURATIONS"] = str(record)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
+
+    def order(*plugin: str) -> list[str]:
+        (tmp_path / "order.txt").unlink(missing_ok=True)
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "-n", "1"]
+        command += ["--dist", "loadfile"]
+        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return list(dict.fromkeys((tmp_path / "order.txt").read_text().split()))
+
+    # test_many.py is not in the record: 5 tests at its mean of 1 s a test weigh 5 s, the least.
+    assert order("-p", "longest_first") == ["test_few.py", "test_mid.py", "test_many.py"]
+    assert order() == ["test_many.py", "test_mid.py", "test_few.py"]  # the check above can fail
