@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from backends.engine import GuidedSpec
 
 from gateway.errors import InvalidRequest, UnsupportedParameter
+from gateway.json_schema import closed_schema
 from gateway.tools import (
     ToolCall,
     ToolChoice,
@@ -93,7 +94,8 @@ class SpeculativeRequest(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    """``response_format.json_schema``: OpenAI's shape. The schema is always enforced, whatever ``strict`` says."""
+    """``response_format.json_schema``: OpenAI's shape. The schema is always enforced, whatever ``strict`` says,
+    with objects closed to the properties they list (``gateway.json_schema``)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -123,8 +125,9 @@ class ResponseFormat(BaseModel):
             return GuidedSpec("json_object")
         if self.type == "json_schema" and self.json_schema is not None:
             schema = self.json_schema.schema_
-            # No schema: any JSON value (OpenAI leaves it optional).
-            return GuidedSpec("json_schema", schema={} if schema is None else schema)
+            # No schema: any JSON value (OpenAI leaves it optional). Objects closed to their listed
+            # properties (gateway.json_schema): the answer still validates against the client's schema.
+            return GuidedSpec("json_schema", schema={} if schema is None else closed_schema(schema))
         return None
 
 

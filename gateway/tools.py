@@ -25,9 +25,10 @@ What the request then asks of the model (``ToolPlan``):
   set to true: a small model given the array keeps adding calls until
   ``max_tokens`` cuts the JSON (SmolLM2 does, at temperature 0). And an object
   of the parameters that lists its ``properties`` and says nothing of
-  ``additionalProperties`` takes only those properties in a forced call: a
-  small model otherwise invents arguments for as long as it may. The answer is
-  valid against the schema as the client gave it either way.
+  ``additionalProperties`` takes only those properties in a forced call
+  (``gateway.json_schema``): a small model otherwise invents arguments for as
+  long as it may. The answer is valid against the schema as the client gave it
+  either way.
 
 ``response_format`` (or ``guided_*``) with ``auto`` decodes under that
 constraint and parses no calls; with ``required`` or a named function it is
@@ -48,6 +49,7 @@ from backends.engine import GuidedSpec
 from backends.models.tool_prompt import generic_tool_messages, template_uses_tools
 
 from gateway.errors import InvalidRequest
+from gateway.json_schema import closed_schema
 
 if TYPE_CHECKING:
     from backends.models.tokenizer import Tokenizer
@@ -250,7 +252,7 @@ def call_schema(tools: Sequence[ToolDefinition], *, parallel: bool) -> dict[str,
     calls = []
     for i, tool in enumerate(tools):
         at = f"{where}/anyOf/{i}" if len(tools) > 1 else where
-        arguments = _rebased(_closed(_arguments_schema(tool.function.parameters)), f"{at}/properties/arguments")
+        arguments = _rebased(closed_schema(_arguments_schema(tool.function.parameters)), f"{at}/properties/arguments")
         calls.append({"type": "object", "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
                       "required": ["name", "arguments"], "additionalProperties": False})  # fmt: skip
     one = calls[0] if len(calls) == 1 else {"anyOf": calls}
@@ -264,30 +266,6 @@ def _arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
     if parameters is None:
         return {"type": "object"}
     return parameters if "type" in parameters else {**parameters, "type": "object"}
-
-
-# Where a schema holds subschemas: one (a dict), a list of them, or a map of names to them.
-_ONE, _LIST, _MAP = ("items", "additionalItems", "not"), ("anyOf", "oneOf", "allOf", "prefixItems"), (
-    "properties", "$defs", "definitions", "patternProperties")
-
-
-def _closed(schema: Any) -> Any:
-    """``schema`` with every object that lists ``properties`` (and says nothing of other properties) closed."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = _closed(out[key])
-    for key in _LIST:
-        if isinstance(out.get(key), list):
-            out[key] = [_closed(s) for s in out[key]]
-    for key in _MAP:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: _closed(s) for name, s in out[key].items()}
-    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out and "patternProperties" not in out:
-        out["additionalProperties"] = False
-    return out
 
 
 def _rebased(schema: Any, root: str) -> Any:

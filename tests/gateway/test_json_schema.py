@@ -1,0 +1,127 @@
+"""Closing clients' JSON Schemas (``gateway.json_schema``): only objects whose properties all come from their
+``properties`` are closed, closing only ever removes answers, and the engine's grammar then refuses a key
+the schema does not list, in ``response_format`` and in a forced tool call alike."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backends.engine import GuidedSpec
+from backends.engine.guided import GrammarCompiler
+from gateway.json_schema import closed_schema
+from gateway.protocol import ResponseFormat
+from gateway.tools import ToolDefinition, call_schema
+
+A = {"type": "object", "properties": {"a": {"type": "integer"}}}
+B = {"type": "object", "properties": {"b": {"type": "integer"}}}
+CLOSED_A = {**A, "additionalProperties": False}
+
+
+@pytest.mark.parametrize(
+    ("schema", "closed"),
+    [
+        (A, CLOSED_A),
+        ({"type": "object"}, {"type": "object"}),  # lists no properties: any object, as asked
+        ({**A, "additionalProperties": True}, {**A, "additionalProperties": True}),
+        ({**A, "patternProperties": {"^x": {}}}, {**A, "patternProperties": {"^x": {}}}),
+        ({"type": "array", "items": A}, {"type": "array", "items": CLOSED_A}),
+        ({"type": "object", "properties": {"in": A}}, {"type": "object", "properties": {"in": CLOSED_A},
+                                                      "additionalProperties": False}),
+        ({"$defs": {"x": A}, "$ref": "#/$defs/x"}, {"$defs": {"x": CLOSED_A}, "$ref": "#/$defs/x"}),
+        ({"anyOf": [A, B]}, {"anyOf": [CLOSED_A, {**B, "additionalProperties": False}]}),
+        # The same object described twice: closing either would refuse the other's properties.
+        ({"allOf": [A, B]}, {"allOf": [A, B]}),
+        ({**A, "anyOf": [B]}, {**A, "anyOf": [B]}),
+        ({"$defs": {"x": A}, "allOf": [{"$ref": "#/$defs/x"}, B]}, {"$defs": {"x": A}, "allOf": [{"$ref": "#/$defs/x"}, B]}),
+        ({"$defs": {"a/b": A}, "allOf": [{"$ref": "#/$defs/a~1b"}]}, {"$defs": {"a/b": A}, "allOf": [{"$ref": "#/$defs/a~1b"}]}),
+        # ...but what those describe inside is closed.
+        ({"allOf": [{"type": "object", "properties": {"in": A}}]},
+         {"allOf": [{"type": "object", "properties": {"in": CLOSED_A}}]}),
+        # Narrowing under `not` would widen the whole: untouched.
+        ({"not": A}, {"not": A}),
+    ],
+)  # fmt: skip
+def test_what_is_closed(schema: dict[str, Any], closed: dict[str, Any]) -> None:
+    before = json.dumps(schema)
+    assert closed_schema(schema) == closed
+    assert json.dumps(schema) == before  # the client's schema is not changed in place
+
+
+def test_an_all_of_of_two_objects_still_takes_both_properties() -> None:
+    schema = {"allOf": [A, B]}
+    jsonschema.validate({"a": 1, "b": 2}, closed_schema(schema))
+
+
+# Schemas built from the constructs above, and values to try against them.
+_leaf = st.sampled_from([{"type": "integer"}, {"type": "string"}, {}, {"type": "object"}])
+_names = st.sampled_from(["a", "b", "c"])
+
+
+def _extend(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    objects = st.fixed_dictionaries(
+        {"type": st.just("object"), "properties": st.dictionaries(_names, inner, max_size=2)},
+        optional={"required": st.lists(_names, max_size=2, unique=True), "additionalProperties": st.booleans()},
+    )
+    return st.one_of(
+        objects,
+        st.builds(lambda a, b: {"allOf": [a, b]}, objects, objects),
+        st.builds(lambda a, b: {"anyOf": [a, b]}, inner, inner),
+        st.builds(lambda o, a: {**o, "anyOf": [a]}, objects, inner),
+        st.builds(lambda o: {"not": o}, objects),
+        st.builds(lambda a: {"type": "array", "items": a}, inner),
+    )
+
+
+_schemas = st.recursive(_leaf, _extend, max_leaves=6)
+_values = st.recursive(
+    st.one_of(st.integers(-2, 2), st.sampled_from(["", "x"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=2), st.dictionaries(_names, inner, max_size=3)),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_schemas, _values)
+def test_closing_only_removes_answers(schema: dict[str, Any], value: Any) -> None:
+    if jsonschema.Draft202012Validator(closed_schema(schema)).is_valid(value):
+        assert jsonschema.Draft202012Validator(schema).is_valid(value), (schema, value)
+
+
+# The engine's grammar, as the served model's tokenizer drives it.
+
+
+@cache
+def _compiler() -> tuple[GrammarCompiler, Any]:
+    from backends.models import default_model_path, open_model
+
+    tokenizer = open_model(default_model_path()).tokenizer()
+    return GrammarCompiler(tokenizer, 49152, [tokenizer.eos_token_id]), tokenizer
+
+
+def _accepts(spec: GuidedSpec, text: str) -> bool:
+    compiler, tokenizer = _compiler()
+    guide = compiler.compile(spec).guide()
+    return all(guide.consume(t) for t in tokenizer.encode(text, add_special_tokens=False)) and guide.is_accepting
+
+
+def test_a_response_format_takes_only_the_listed_keys() -> None:
+    spec = ResponseFormat.model_validate({"type": "json_schema", "json_schema": {"name": "n", "schema": A}}).guided()
+    assert spec is not None
+    assert _accepts(spec, '{"a":1}') and _accepts(spec, "{}")
+    assert not _accepts(spec, '{"a":1,"z":2}')
+    # The client's schema as given would have taken it: the closing is what refuses it.
+    assert _accepts(GuidedSpec("json_schema", schema=A), '{"a":1,"z":2}')
+
+
+def test_a_forced_tool_call_takes_only_the_listed_arguments() -> None:
+    tool = ToolDefinition.model_validate({"type": "function", "function": {"name": "f", "parameters": A}})
+    spec = GuidedSpec("json_schema", schema=call_schema([tool], parallel=False))
+    assert _accepts(spec, '{"name":"f","arguments":{"a":1}}')
+    assert not _accepts(spec, '{"name":"f","arguments":{"a":1,"z":2}}')
