@@ -25,15 +25,16 @@ from __future__ import annotations
 
 from typing import Any
 
-# Subschemas that describe other values than the object they sit in (its items, its properties' values).
+# Subschemas that describe other values than the object they sit in (its items, its properties' values),
+# and definitions (closed unless a place that describes an object alongside others refers to them).
 _ELSEWHERE_ONE = ("items", "additionalItems", "contains", "additionalProperties", "unevaluatedProperties")
-_ELSEWHERE_MAP = ("properties", "patternProperties")
-_DEFINITIONS = ("$defs", "definitions")
+_ELSEWHERE_LIST = ("prefixItems",)
+_ELSEWHERE_MAP = ("properties", "patternProperties", "$defs", "definitions")
 # Subschemas that describe the same object as the one they sit in.
 _SAME_ONE = ("then", "else")
 _SAME_LIST = ("allOf",)
 _SAME_MAP = ("dependentSchemas",)
-_ALTERNATIVES = ("anyOf", "oneOf", "prefixItems")
+_ALTERNATIVES = ("anyOf", "oneOf")  # the same object too, but each alone describes all of it
 # Beside any of these an object's properties are not only its ``properties``.
 _OPEN_BESIDE = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf",
                 "$ref", "dependentSchemas", "if", "then", "else")  # fmt: skip
@@ -44,11 +45,11 @@ def closed_schema(schema: Any) -> Any:
     closed to them (``additionalProperties: false``)."""
     shared: set[str] = set()
     _find_shared_refs(schema, shared)
-    return _close(schema, close=True, shared=shared, at="#")
+    return _close(schema, "#", close=True, shared=shared)
 
 
 def _find_shared_refs(schema: Any, shared: set[str]) -> None:
-    """Collect the ``$ref``s of every subschema that applies to an object alongside others."""
+    """Collect the ``$ref``s of every subschema that describes an object alongside others."""
     if isinstance(schema, list):
         for item in schema:
             _find_shared_refs(item, shared)
@@ -59,12 +60,9 @@ def _find_shared_refs(schema: Any, shared: set[str]) -> None:
     same += [s for k in _SAME_LIST if isinstance(schema.get(k), list) for s in schema[k]]
     same += [s for k in _SAME_MAP if isinstance(schema.get(k), dict) for s in schema[k].values()]
     if _has_own_properties(schema):
-        same += [s for k in ("anyOf", "oneOf") if isinstance(schema.get(k), list) for s in schema[k]]
-        if isinstance(schema.get("$ref"), str):
-            shared.add(schema["$ref"])
-    for sub in same:
-        if isinstance(sub, dict) and isinstance(sub.get("$ref"), str):
-            shared.add(sub["$ref"])
+        same += [s for k in _ALTERNATIVES if isinstance(schema.get(k), list) for s in schema[k]]
+        same.append(schema)  # a $ref beside its own properties
+    shared.update(sub["$ref"] for sub in same if isinstance(sub, dict) and isinstance(sub.get("$ref"), str))
     for value in schema.values():
         if isinstance(value, dict | list):
             _find_shared_refs(value, shared)
@@ -74,35 +72,27 @@ def _has_own_properties(schema: dict[str, Any]) -> bool:
     return any(k in schema for k in ("properties", "patternProperties", "required", "additionalProperties"))
 
 
-def _close(schema: Any, *, close: bool, shared: set[str], at: str) -> Any:
+def _close(schema: Any, at: str, *, close: bool, shared: set[str]) -> Any:
+    """``schema`` (found at the JSON Pointer ``at``) closed; ``close=False`` leaves its own object open."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
-    for key in _ELSEWHERE_ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = _close(out[key], close=True, shared=shared, at=f"{at}/{key}")
-    for key in _ELSEWHERE_MAP:
-        if isinstance(out.get(key), dict):
-            out[key] = {n: _close(s, close=True, shared=shared, at=f"{at}/{key}/{n}") for n, s in out[key].items()}
-    for key in _DEFINITIONS:
-        if isinstance(out.get(key), dict):
-            out[key] = {n: _close(s, close=f"{at}/{key}/{_escaped(n)}" not in shared, shared=shared,
-                                  at=f"{at}/{key}/{_escaped(n)}")
-                        for n, s in out[key].items()}  # fmt: skip
-    for key in _SAME_ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = _close(out[key], close=False, shared=shared, at=f"{at}/{key}")
-    for key in _SAME_LIST:
-        if isinstance(out.get(key), list):
-            out[key] = [_close(s, close=False, shared=shared, at=f"{at}/{key}/{i}") for i, s in enumerate(out[key])]
-    for key in _SAME_MAP:
-        if isinstance(out.get(key), dict):
-            out[key] = {n: _close(s, close=False, shared=shared, at=f"{at}/{key}/{n}") for n, s in out[key].items()}
-    alone = not _has_own_properties(schema)  # alternatives of an object with no properties of its own
-    for key in _ALTERNATIVES:
-        if isinstance(out.get(key), list):
-            out[key] = [_close(s, close=alone or key == "prefixItems", shared=shared, at=f"{at}/{key}/{i}")
-                        for i, s in enumerate(out[key])]  # fmt: skip
+
+    def each(keys: tuple[str, ...], close: bool) -> None:
+        for key in keys:
+            value = out.get(key)
+            if isinstance(value, dict) and key in _ELSEWHERE_MAP + _SAME_MAP:
+                out[key] = {n: _close(s, f"{at}/{key}/{_escaped(n)}", close=close, shared=shared)
+                            for n, s in value.items()}  # fmt: skip
+            elif isinstance(value, dict):
+                out[key] = _close(value, f"{at}/{key}", close=close, shared=shared)
+            elif isinstance(value, list):
+                out[key] = [_close(s, f"{at}/{key}/{i}", close=close, shared=shared) for i, s in enumerate(value)]
+
+    each(_ELSEWHERE_ONE + _ELSEWHERE_LIST + _ELSEWHERE_MAP, True)
+    each(_SAME_ONE + _SAME_LIST + _SAME_MAP, False)
+    each(_ALTERNATIVES, not _has_own_properties(schema))
+    close = close and at not in shared  # a place a same-object $ref points at
     if close and isinstance(out.get("properties"), dict) and not any(key in out for key in _OPEN_BESIDE):
         out["additionalProperties"] = False
     return out
