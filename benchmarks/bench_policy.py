@@ -30,6 +30,9 @@ sockets, whose noise would swamp the difference):
   decision of it can be remembered (``policy.guardrails.opa_cache``): a
   tenant's policy is evaluated on the OPA thread pool, beside the engine, for
   every request: what a tenant's uncacheable Rego adds;
+* with ``--decode``, the ``guardrail`` policy of ``on`` (and of every variant
+  built on it) also decodes base64 and hex spans of the input and checks the
+  blocklist on them (``spec.decode``, which a policy turns on);
 * ``on-traced`` (with ``--traced``): ``on`` with ``tracing.enabled``, every
   request sampled, a span per stage made and ended on the request path, exported
   where ``OTEL_TRACES_EXPORTER`` says (``none`` unless it is set): what tracing
@@ -336,8 +339,9 @@ class Setup:
         self.store.close()
 
 
-def setup(dtype: str, *, stand_in_engine: bool = False, traced: bool = False) -> Setup:
-    """The store with the ``on`` tenant's policies, the model, and the three apps (not started)."""
+def setup(dtype: str, *, stand_in_engine: bool = False, traced: bool = False, decode: bool = False) -> Setup:
+    """The store with the ``on`` tenant's policies, the model, and the three apps (not started); ``decode``: the
+    guardrail policy also checks the blocklist on base64 and hex spans of the input, decoded."""
     data_dir = Path(tempfile.mkdtemp(prefix="bench-policy-"))
     store = PolicyStore.open(Settings(data_dir=data_dir).store, data_dir)
     store.ensure_bootstrap_admin()
@@ -345,7 +349,10 @@ def setup(dtype: str, *, stand_in_engine: bool = False, traced: bool = False) ->
     _, key = store.create_api_key(tenant.id, "bench", "member")
     _, own_key = store.create_api_key(own.id, "bench", "member")
     pii = {kind: "log" for kind in ("phone", "card", "iban", "ssn", "ip", "secret")}
-    guardrail = {"blocklist": [{"id": f"w{i}", "literal": w} for i, w in enumerate(WORDS)], "pii": {"email": "redact", **pii}}
+    guardrail: dict[str, Any] = {"blocklist": [{"id": f"w{i}", "literal": w} for i, w in enumerate(WORDS)],
+                                 "pii": {"email": "redact", **pii}}
+    if decode:
+        guardrail["decode"] = ["base64", "hex"]
     for tenant_id in (tenant.id, own.id):
         store.create_policy(tenant_id, "rate_limit", "bench", {
             "scope": "tenant", "requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000,
@@ -394,7 +401,7 @@ def setup(dtype: str, *, stand_in_engine: bool = False, traced: bool = False) ->
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.traced:  # spans made and ended on the request path; exported nowhere unless the OTEL_* variables say
         os.environ.setdefault("OTEL_TRACES_EXPORTER", "none")
-    bench = setup(args.dtype, stand_in_engine=args.stand_in_engine, traced=args.traced)
+    bench = setup(args.dtype, stand_in_engine=args.stand_in_engine, traced=args.traced, decode=args.decode)
     apps, headers, principal = bench.apps, bench.headers, bench.principal
     clock = EngineClock(bench.served.engine)
     # Per variant, per round: the round's requests' end-to-end latencies and gateway times (seconds).
@@ -482,6 +489,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "paired": pairs,
         "sweep_mb": args.sweep_mb,
         "gap_ms": args.gap_ms,
+        "decode": args.decode,
         **({"on-traced": summary("on-traced"), "traced_added_to_on_p50_ms": added("on-traced", 50, latency, "on"),
             "traced_added_to_on_gateway_p50_ms": added("on-traced", 50, gateway, "on")} if args.traced else {}),
     }
@@ -512,6 +520,9 @@ def main() -> None:
                         help="answer at once instead of generating: the gateway's own cost alone (a diagnostic)")
     parser.add_argument("--traced", action="store_true",
                         help="add on-traced: on with tracing.enabled (OTEL_TRACES_EXPORTER, default here none)")
+    parser.add_argument("--decode", action="store_true",
+                        help="the guardrail policy also decodes base64 and hex spans of the input for the blocklist "
+                             "(spec.decode, off by default)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
     report = asyncio.run(run(args))
