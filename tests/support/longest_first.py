@@ -1,18 +1,19 @@
 """A pytest plugin: under pytest-xdist, test files go to the workers longest first.
 
 ``make test`` hands out a file at a time (``--dist loadfile``). xdist's own
-order is by the number of tests in a file, so a file of one long test (the
-hostile-bodies fuzz: over two minutes) came near the end, and the other worker
-sat idle while it ran: the run was as long as its tail. Handing out the
-longest first (the classic longest-processing-time rule) leaves only short
-files for the end, so the two workers finish within seconds of each other.
+order is by the number of tests in a file, so the files of one long test (the
+kill -9 audit test and the soak: up to a minute each on a slow host) came
+last, and the other worker sat idle while they ran. Handing out the longest
+first (the classic longest-processing-time rule) leaves only short files for
+the end, so the two workers finish within seconds of each other.
 
 How long a file takes is read from ``tests/durations.json`` (seconds per file,
 setup and teardown included; ``$INFERFLUX_TEST_DURATIONS`` names another),
-which ``tests/support/record_durations.py`` writes from a run's JUnit XML. A file the record does not know is weighed as
-its number of tests times the record's mean seconds per test. A stale
-record only costs time, never a result: the order of files changes, the order
-of tests inside a file does not. Without xdist nothing is reordered.
+which ``tests/support/record_durations.py`` writes from a run's JUnit XML. A
+file the record does not know is weighed as its number of tests times the
+record's mean seconds per test. A stale record only costs time, never a
+result: the order of files changes, the order of tests inside a file does
+not. Without xdist nothing is reordered.
 """
 
 from __future__ import annotations
