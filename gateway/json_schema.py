@@ -35,6 +35,7 @@ _SAME_ONE = ("then", "else")
 _SAME_LIST = ("allOf",)
 _SAME_MAP = ("dependentSchemas",)
 _ALTERNATIVES = ("anyOf", "oneOf")  # the same object too, but each alone describes all of it
+_MAPS = _ELSEWHERE_MAP + _SAME_MAP  # name -> subschema
 # Beside any of these an object's properties are not only its ``properties``.
 _OPEN_BESIDE = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf",
                 "$ref", "dependentSchemas", "if", "then", "else")  # fmt: skip
@@ -81,7 +82,7 @@ def _close(schema: Any, at: str, *, close: bool, shared: set[str]) -> Any:
     def each(keys: tuple[str, ...], close: bool) -> None:
         for key in keys:
             value = out.get(key)
-            if isinstance(value, dict) and key in _ELSEWHERE_MAP + _SAME_MAP:
+            if isinstance(value, dict) and key in _MAPS:
                 out[key] = {n: _close(s, f"{at}/{key}/{_escaped(n)}", close=close, shared=shared)
                             for n, s in value.items()}  # fmt: skip
             elif isinstance(value, dict):

@@ -24,7 +24,12 @@ pytestmark = pytest.mark.slow  # pytest processes of their own, with worker proc
 def run_suite(directory: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
     (directory / "test_inner.py").write_text(textwrap.dedent(source))
     (directory / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: runs alone\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(REPO)])}
+    return run_pytest(directory, *args)
+
+
+def run_pytest(directory: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    """A fresh pytest over ``directory``, with the suite's plugins importable."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(REPO)]), **env_vars}
     env.pop("PYTEST_XDIST_WORKER", None)  # this suite may itself run in a worker
     env.pop("PYTEST_XDIST_WORKER_COUNT", None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(directory)]
@@ -120,16 +125,10 @@ def test_files_go_to_the_workers_longest_first(tmp_path: Path) -> None:
         """))
     record = tmp_path / "durations.json"
     record.write_text(json.dumps({"seconds_per_test": 1.0, "files": {"test_few.py": 100.0, "test_mid.py": 50.0}}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SUPPORT), str(REPO)])}
-    env["INFERFLUX_TEST_DURATIONS"] = str(record)
-    env.pop("PYTEST_XDIST_WORKER", None)
-    env.pop("PYTEST_XDIST_WORKER_COUNT", None)
 
     def order(*plugin: str) -> list[str]:
         (tmp_path / "order.txt").unlink(missing_ok=True)
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "-n", "1"]
-        command += ["--dist", "loadfile"]
-        result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        result = run_pytest(tmp_path, *plugin, "-n", "1", "--dist", "loadfile", INFERFLUX_TEST_DURATIONS=str(record))
         assert result.returncode == 0, result.stdout + result.stderr
         return list(dict.fromkeys((tmp_path / "order.txt").read_text().split()))
 

@@ -42,7 +42,8 @@ MiB = 1024 * 1024
 # +0.03, +4.58, +0.05, +0.10, -0.02 MiB, and failed the measure used until then (the median of
 # the last three storms against the first three); its median increments were +71 blocks and
 # +0.05 MiB. Keeping 50 small dicts per closed generation gave +3,806 blocks a storm, a 100 KB
-# buffer per closed generation +3.5 MiB (Intel Xeon 6/167; both fail). RSS keeps a gross bound for what neither counts (mmapped memory, thread stacks).
+# buffer per closed generation +3.5 MiB (Intel Xeon 6/167; both fail). RSS keeps a gross bound
+# for what neither counts (mmapped memory, thread stacks).
 PYTHON_BLOCKS_PER_STREAM = 32
 MALLOC_BYTES_PER_STREAM = 32 * 1024
 MAX_RSS_GROWTH = 32 * MiB
