@@ -64,7 +64,11 @@ def limiter_on(backend: Any, limits: Limits = ALL_LIMITS, **options: Any) -> Rat
 async def test_one_round_trip_per_step(counting: RedisBackend, make_principal: PrincipalFactory) -> None:
     limiter = limiter_on(counting)
     me = make_principal()
-    await limiter.check_and_reserve(me, prompt_tokens=5, max_tokens=5)  # connects, maybe loads the script
+    # The server must know every script first: on a fresh one (a new CI machine, this test the first to
+    # renew a lease) the first EVALSHA of each gets NOSCRIPT and is sent again as EVAL.
+    for script in (redis_backend._RESERVE, redis_backend._RENEW, redis_backend._SETTLE):
+        assert await counting.client.script_load(script.source) == script.sha
+    await limiter.check_and_reserve(me, prompt_tokens=5, max_tokens=5)  # a second request running
     CountingConnection.sent.clear()
     # ten counters (five limits, tenant and key) checked and charged in one call
     admission = await limiter.check_and_reserve(me, prompt_tokens=5, max_tokens=5)
