@@ -68,7 +68,7 @@ async def test_one_round_trip_per_step(counting: RedisBackend, make_principal: P
     # renew a lease) the first EVALSHA of each gets NOSCRIPT and is sent again as EVAL.
     for script in (redis_backend._RESERVE, redis_backend._RENEW, redis_backend._SETTLE):
         assert await counting.client.script_load(script.source) == script.sha
-    await limiter.check_and_reserve(me, prompt_tokens=5, max_tokens=5)  # a second request running
+    await limiter.check_and_reserve(me, prompt_tokens=5, max_tokens=5)  # one running request of the two renewed below
     CountingConnection.sent.clear()
     # ten counters (five limits, tenant and key) checked and charged in one call
     admission = await limiter.check_and_reserve(me, prompt_tokens=5, max_tokens=5)
