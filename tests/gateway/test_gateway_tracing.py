@@ -110,16 +110,18 @@ def coverage(root: ReadableSpan, sequential: list[ReadableSpan]) -> tuple[float,
 @pytest.mark.serial
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_traced_request_shows_every_stage_and_they_tile_it(world: World, stream: bool) -> None:
-    tries: list[tuple[float, str]] = []
-    while len(tries) < 5 and not any(covered >= 0.95 for covered, _ in tries):
-        root, sequential = check_one_traced_request(world, stream)
-        tries.append(coverage(root, sequential))
-    if not any(covered >= 0.95 for covered, _ in tries):
-        pytest.fail("no request's stages tiled 95 % of it:\n" + "\n".join(seen for _, seen in tries))
+    tries: list[str] = []
+    for _ in range(5):
+        covered, seen = check_one_traced_request(world, stream)
+        if 0.95 <= covered <= 1.0:
+            return
+        tries.append(seen)
+    pytest.fail("no request's stages tiled 95 % of it:\n" + "\n".join(tries))
 
 
-def check_one_traced_request(world: World, stream: bool) -> tuple[ReadableSpan, list[ReadableSpan]]:
-    """One request's trace has every stage, in order, inside the request and not overlapping."""
+def check_one_traced_request(world: World, stream: bool) -> tuple[float, str]:
+    """One request's trace has every stage, in order, inside the request and not overlapping; the share of
+    the request its stages cover, and what to print if it is too small."""
     response = chat(world, stream=stream, max_tokens=8)
     root, children = world.trace_of(response)
     assert root.name == "POST /v1/chat/completions" and root.attributes is not None
@@ -136,10 +138,9 @@ def check_one_traced_request(world: World, stream: bool) -> tuple[ReadableSpan, 
         assert before.end_time is not None and after.start_time is not None
         assert after.start_time >= before.end_time, (before.name, after.name)
     assert sequential[-1].end_time is not None and sequential[-1].end_time <= root.end_time
-    assert coverage(root, sequential)[0] <= 1.0
     # Decoding 8 tokens took time.
     assert duration(children[[s.name for s in children].index("decode")]) > 0
-    return root, sequential
+    return coverage(root, sequential)
 
 
 def test_the_clients_trace_is_continued(world: World) -> None:
