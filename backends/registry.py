@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
-from backends.base import Backend, BackendError, backend_kind
+from inferflux.backends.base import Backend, BackendError, backend_kind
 
 GROUP = "inferflux.backends"
 AUTO = "auto"

@@ -42,27 +42,24 @@ import os
 import platform
 import secrets
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 import httpx  # noqa: E402
 from joserfc import jwt  # noqa: E402
 from joserfc.jwk import RSAKey  # noqa: E402
 
-from gateway.app import create_app  # noqa: E402
-from gateway.auth import Authenticator  # noqa: E402
-from gateway.models import ModelManager  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from policy.authn.oidc import OidcVerifier  # noqa: E402
-from policy.rbac import Principal  # noqa: E402
-from policy.store import PolicyStore, StoreSettings  # noqa: E402
+from inferflux.gateway.app import create_app  # noqa: E402
+from inferflux.gateway.auth import Authenticator  # noqa: E402
+from inferflux.gateway.models import ModelManager  # noqa: E402
+from inferflux.gateway.settings import Settings  # noqa: E402
+from inferflux.policy.authn.oidc import OidcVerifier  # noqa: E402
+from inferflux.policy.rbac import Principal  # noqa: E402
+from inferflux.policy.store import PolicyStore, StoreSettings  # noqa: E402
 
 ISSUER = "https://idp.bench.example"
 AUDIENCE = "inferflux"

@@ -30,21 +30,18 @@ import json
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 import gguf  # noqa: E402
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 
-from backends.models import default_model_path, quants  # noqa: E402
-from backends.models.gguf_loader import GGUFModel  # noqa: E402
+from inferflux.backends.models import default_model_path, quants  # noqa: E402
+from inferflux.backends.models.gguf_loader import GGUFModel  # noqa: E402
 
 # Byte offsets of each block's float16 scales: random bytes there could be inf or NaN.
 F16_SCALES = {

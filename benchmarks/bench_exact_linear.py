@@ -30,20 +30,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from backends.base import ModelSpec  # noqa: E402
-from backends.cpu import CPUBackend  # noqa: E402
-from backends.cpu import linear as ql  # noqa: E402
-from backends.models import default_model_path  # noqa: E402
+from inferflux.backends.base import ModelSpec  # noqa: E402
+from inferflux.backends.cpu import CPUBackend  # noqa: E402
+from inferflux.backends.cpu import linear as ql  # noqa: E402
+from inferflux.backends.models import default_model_path  # noqa: E402
 from bench_packed_linear import cpu_name  # noqa: E402
-from kernels import cpu as cpu_kernels  # noqa: E402
+from inferflux.kernels import cpu as cpu_kernels  # noqa: E402
 
 
 def projections(model: torch.nn.Module) -> list[ql.QuantLinear]:

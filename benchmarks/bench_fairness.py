@@ -86,7 +86,7 @@ class Server:
         env = {**os.environ, **(env or {}), "INFERFLUX_BOOTSTRAP_ADMIN_KEY": self.admin_key, "PYTHONPATH": str(repo)}
         self.log = open(Path(self.data) / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [python, "-m", "gateway.cli", "serve", "--port", str(self.port), "--data-dir", self.data,
+            [python, "-m", "inferflux.gateway.cli", "serve", "--port", str(self.port), "--data-dir", self.data,
              "--log-level", "warning", *extra],
             cwd=repo, env=env, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip

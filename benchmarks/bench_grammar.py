@@ -58,13 +58,12 @@ from typing import Any, Callable
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 from bench_dequant import cpu_name  # noqa: E402
 
-from backends.engine.guided import apply_bitmask  # noqa: E402
-from backends.models import default_model_path, open_model  # noqa: E402
+from inferflux.backends.engine.guided import apply_bitmask  # noqa: E402
+from inferflux.backends.models import default_model_path, open_model  # noqa: E402
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

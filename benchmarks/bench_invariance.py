@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_offline import _Tok, run  # noqa: E402
@@ -35,10 +33,10 @@ MODES = ("off", "on")
 
 
 def _load(path: str, dtype: str, quantise: str | None, deterministic: bool, max_seqs: int) -> tuple[Any, Any]:
-    from backends.base import ModelSpec
-    from backends.cpu import CPUBackend
-    from backends.engine import EngineConfig, LLMEngine
-    from backends.models import open_model
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.cpu import CPUBackend
+    from inferflux.backends.engine import EngineConfig, LLMEngine
+    from inferflux.backends.models import open_model
 
     backend = CPUBackend()
     spec = ModelSpec(name=Path(path).stem, path=path, dtype=dtype, deterministic=deterministic,
@@ -73,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
 
-    from backends.engine import SamplingParams
-    from backends.models import default_model_path
+    from inferflux.backends.engine import SamplingParams
+    from inferflux.backends.models import default_model_path
 
     path = args.model or default_model_path()
     levels = [int(x) for x in args.streams.split(",")]

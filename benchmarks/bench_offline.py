@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_serving import (  # noqa: E402
@@ -116,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
-    from backends.base import ModelSpec
-    from backends.engine import EngineConfig, LLMEngine, SamplingParams
-    from backends.models import default_model_path, open_model
-    from backends.registry import get_backend
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams
+    from inferflux.backends.models import default_model_path, open_model
+    from inferflux.backends.registry import get_backend
 
     path = args.model or default_model_path()
     t_load = time.perf_counter()

@@ -36,7 +36,6 @@ from typing import Any, Sequence
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 DEFAULT_TEXT = REPO_ROOT / "benchmarks" / "data" / "tinyshakespeare-excerpt.txt"
 DEFAULT_PEER = Path(
@@ -82,9 +81,9 @@ def ours(gguf: str, text: str, ctx: int, mode: str, dtype: str, threads: int | N
     """``mode``: the load-time passes' ``quantise`` (backends/cpu/passes.py): ``f32`` and ``bf16``
     are dense weights in that dtype; ``native``, ``int8``, ``int4`` quantised ones with
     activations in ``dtype``."""
-    from backends.base import Batch, ModelSpec, SequenceSlice
-    from backends.cpu.backend import CPUBackend
-    from backends.models import open_model
+    from inferflux.backends.base import Batch, ModelSpec, SequenceSlice
+    from inferflux.backends.cpu.backend import CPUBackend
+    from inferflux.backends.models import open_model
 
     tokenizer = open_model(gguf).tokenizer()
     tokens = tokenizer.encode(text, add_special_tokens=True)

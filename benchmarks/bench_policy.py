@@ -92,7 +92,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -101,25 +100,23 @@ from pathlib import Path
 from collections.abc import AsyncIterator
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 import httpx  # noqa: E402
 
-from backends.base import ModelSpec  # noqa: E402
-from backends.engine import EngineConfig, RequestOutput  # noqa: E402
-from backends.models import default_model_path  # noqa: E402
-from gateway.app import create_app  # noqa: E402
-from gateway.models import ModelManager, load_served_model  # noqa: E402
-from gateway.settings import DEFAULT_MODEL_NAME, AuditSettings, Settings, TracingSettings  # noqa: E402
-from policy.audit.events import api_event  # noqa: E402
-from policy.guardrails import EMPTY, opa_input  # noqa: E402
-from policy.guardrails.opa import EmbeddedRego  # noqa: E402
-from policy.guardrails.opa_cache import DecisionCache  # noqa: E402
-from policy.guardrails.spec import OpaSettings  # noqa: E402
-from policy.ratelimit import DEFAULT_SCHEDULING, Scheduling  # noqa: E402
-from policy.rbac import Principal  # noqa: E402
-from policy.store import PolicyStore  # noqa: E402
+from inferflux.backends.base import ModelSpec  # noqa: E402
+from inferflux.backends.engine import EngineConfig, RequestOutput  # noqa: E402
+from inferflux.backends.models import default_model_path  # noqa: E402
+from inferflux.gateway.app import create_app  # noqa: E402
+from inferflux.gateway.models import ModelManager, load_served_model  # noqa: E402
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME, AuditSettings, Settings, TracingSettings  # noqa: E402
+from inferflux.policy.audit.events import api_event  # noqa: E402
+from inferflux.policy.guardrails import EMPTY, opa_input  # noqa: E402
+from inferflux.policy.guardrails.opa import EmbeddedRego  # noqa: E402
+from inferflux.policy.guardrails.opa_cache import DecisionCache  # noqa: E402
+from inferflux.policy.guardrails.spec import OpaSettings  # noqa: E402
+from inferflux.policy.ratelimit import DEFAULT_SCHEDULING, Scheduling  # noqa: E402
+from inferflux.policy.rbac import Principal  # noqa: E402
+from inferflux.policy.store import PolicyStore  # noqa: E402
 
 from bench_auth import FixedPrincipal, pct  # noqa: E402  (this folder is on sys.path)
 from policy_paired import before_each, paired_requests, thread_ids, timed  # noqa: E402

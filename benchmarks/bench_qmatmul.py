@@ -32,16 +32,10 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
-
-# The repository first: benchmarks/kernels.py would shadow the kernels package.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 
 FASTEST = False
 
@@ -68,9 +62,9 @@ def _cpu() -> str:
 
 
 def main() -> int:
-    from backends.base import ModelSpec
-    from backends.cpu import CPUBackend
-    from backends.models import default_model_path
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.cpu import CPUBackend
+    from inferflux.backends.models import default_model_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="GGUF file (default: the bundled SmolLM2)")

@@ -45,10 +45,9 @@ from typing import Any, Callable
 import httpx
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.serving_extras import KVSampler, plot_levels, plot_saved  # noqa: E402
-from policy.fileio import write_atomically  # noqa: E402
+from inferflux.policy.fileio import write_atomically  # noqa: E402
 
 DEFAULT_LLAMA_SERVER = Path(
     os.environ.get("INFERFLUX_CACHE", str(Path.home() / ".cache" / "inferflux"))
@@ -130,7 +129,7 @@ class LocalTokenizer(PromptTokenizer):
         self._enc: Callable[[str], list[int]] | None = None
         try:  # the project's own tokenizer
             sys.path.insert(0, str(REPO_ROOT))
-            from backends.models import open_model  # type: ignore
+            from inferflux.backends.models import open_model  # type: ignore
 
             tok = open_model(gguf).tokenizer()
             self._enc = lambda t: tok.encode(t, add_special_tokens=False)
@@ -640,7 +639,7 @@ def ours_def(args: argparse.Namespace) -> ServerDef:
 
     The key goes in the common headers; llama-server, started without --api-key, ignores them.
     """
-    from policy.authn.apikeys import generate_key
+    from inferflux.policy.authn.apikeys import generate_key
 
     key = args.api_key or generate_key().token
     HEADERS["Authorization"] = f"Bearer {key}"

@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "support"))  # the soak helpers, shared with the CI soak test
 
 from soak import completed, probe, start_gateway, storm, wait_idle  # noqa: E402
 
-from policy.authn.apikeys import generate_key  # noqa: E402
+from inferflux.policy.authn.apikeys import generate_key  # noqa: E402
 
 MiB = 1024 * 1024
 

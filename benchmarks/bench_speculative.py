@@ -27,19 +27,16 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
-from backends.base import ModelSpec  # noqa: E402
-from backends.cpu import CPUBackend  # noqa: E402
-from backends.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from backends.engine.speculative import SpeculativeConfig  # noqa: E402
-from backends.models import default_model_path, open_model  # noqa: E402
+from inferflux.backends.base import ModelSpec  # noqa: E402
+from inferflux.backends.cpu import CPUBackend  # noqa: E402
+from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from inferflux.backends.engine.speculative import SpeculativeConfig  # noqa: E402
+from inferflux.backends.models import default_model_path, open_model  # noqa: E402
 
 CODE = '''def moving_average(values, window):
     if window <= 0:

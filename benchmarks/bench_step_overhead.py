@@ -37,15 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 
 def _profile_extension() -> None:
     """Make every function of the compiled extension show in the profiler as one leaf op."""
     import torch
 
-    from kernels import cpu
+    from inferflux.kernels import cpu
 
     module = cpu.load()
     if module is None or getattr(module, "_profiled", False):
@@ -81,8 +79,8 @@ def measure(path: str, dtype: str, prompt_tokens: int, steps: int, which: str, t
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from backends.base import Batch, ModelSpec, SequenceSlice
-    from backends.cpu.backend import CPUBackend
+    from inferflux.backends.base import Batch, ModelSpec, SequenceSlice
+    from inferflux.backends.cpu.backend import CPUBackend
 
     _profile_extension()
     backend = CPUBackend(num_threads=threads or None)
@@ -94,7 +92,7 @@ def measure(path: str, dtype: str, prompt_tokens: int, steps: int, which: str, t
     elif which == "fast":
         backend.model.decode_loop = None  # the layers from Python
     elif backend.model is not None:
-        from kernels import cpu, reference
+        from inferflux.kernels import cpu, reference
 
         backend.model.use_kernels(reference)
         if which == "unfused" and backend.kernel_error is None:
@@ -174,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                         "machine that other work loads")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    from backends.models import default_model_path
+    from inferflux.backends.models import default_model_path
 
     path = args.model or default_model_path()
     results = []

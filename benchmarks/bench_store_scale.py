@@ -74,7 +74,6 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 from bench_fairness import cpu_model  # noqa: E402 (this folder is on sys.path)
 
@@ -82,14 +81,14 @@ import httpx  # noqa: E402
 from sqlalchemy import Engine, create_engine, event, pool, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from gateway.auth import Authenticator, call_store  # noqa: E402
-from policy.authn.apikeys import generate_key, hash_key  # noqa: E402
-from policy.guardrails.resolver import GuardrailResolver  # noqa: E402
-from policy.ratelimit.resolver import PolicyResolver  # noqa: E402
-from policy.rbac import Principal  # noqa: E402
-from policy.store import PolicyStore, StoreSettings, migrate  # noqa: E402
-from policy.store.pagination import _cursor as page_cursor  # noqa: E402  (the cursor of a row deep in a list)
-from policy.store.types import new_id  # noqa: E402
+from inferflux.gateway.auth import Authenticator, call_store  # noqa: E402
+from inferflux.policy.authn.apikeys import generate_key, hash_key  # noqa: E402
+from inferflux.policy.guardrails.resolver import GuardrailResolver  # noqa: E402
+from inferflux.policy.ratelimit.resolver import PolicyResolver  # noqa: E402
+from inferflux.policy.rbac import Principal  # noqa: E402
+from inferflux.policy.store import PolicyStore, StoreSettings, migrate  # noqa: E402
+from inferflux.policy.store.pagination import _cursor as page_cursor  # noqa: E402  (the cursor of a row deep in a list)
+from inferflux.policy.store.types import new_id  # noqa: E402
 
 PASSPHRASE = "bench-store-scale passphrase"
 START_TIMEOUT = 300.0
@@ -430,7 +429,7 @@ class Replica:
         self.log_path = workdir / f"{name}.log"
         env = {**os.environ, "INFERFLUX_STORE_URL": url, "INFERFLUX_STORE_PASSPHRASE": PASSPHRASE,
                "INFERFLUX_BOOTSTRAP_ADMIN_KEY": admin_key}  # fmt: skip
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(self.port), "--data-dir", str(data_dir),
+        argv = [sys.executable, "-m", "inferflux.gateway.cli", "serve", "--port", str(self.port), "--data-dir", str(data_dir),
                 "--dtype", "float32", "--kv-cache-bytes", "32MiB", "--log-level", "warning"]  # fmt: skip
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,

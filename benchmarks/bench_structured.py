@@ -50,15 +50,14 @@ from typing import Any, Callable
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 from bench_grammar import SCHEMA, cpu_name, document, finish, loadavg  # noqa: E402
 
-from backends.engine import GuidedSpec, SamplingParams, Sequence  # noqa: E402
-from backends.engine.guided import GrammarCompiler  # noqa: E402
-from backends.engine.sampler import Sampler  # noqa: E402
-from backends.models import default_model_path, open_model  # noqa: E402
+from inferflux.backends.engine import GuidedSpec, SamplingParams, Sequence  # noqa: E402
+from inferflux.backends.engine.guided import GrammarCompiler  # noqa: E402
+from inferflux.backends.engine.sampler import Sampler  # noqa: E402
+from inferflux.backends.models import default_model_path, open_model  # noqa: E402
 
 
 def baseline_modules(rev: str, scratch: Path) -> tuple[Any, Any]:

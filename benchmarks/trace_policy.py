@@ -54,10 +54,10 @@ import httpx  # noqa: E402
 from bench_policy import body_for, setup  # noqa: E402  (this folder is on sys.path)
 from policy_paired import spin  # noqa: E402
 
-import gateway.audit as gateway_audit  # noqa: E402
-import gateway.routes.openai as openai_routes  # noqa: E402
-from gateway.request_policy import RequestPolicy  # noqa: E402
-import policy.audit.spool as spool_module  # noqa: E402
+import inferflux.gateway.audit as gateway_audit  # noqa: E402
+import inferflux.gateway.routes.openai as openai_routes  # noqa: E402
+from inferflux.gateway.request_policy import RequestPolicy  # noqa: E402
+import inferflux.policy.audit.spool as spool_module  # noqa: E402
 
 _stamps: dict[str, float] = {}
 
@@ -131,13 +131,13 @@ def instrument_finely() -> None:
     """``--fine``: also the steps inside the stages (authentication, the input check, the limiter's
     parts, the output checker, the audit event's digests, JSON and seal), to tell which part of a
     stage its in-request cost is."""
-    import gateway.auth as gateway_auth
-    import gateway.request_policy as request_policy
-    import policy.audit.events as audit_events
-    import policy.guardrails.engine as guardrails_engine
-    import policy.guardrails.stream as guardrails_stream
-    import policy.ratelimit.limiter as limiter
-    import policy.ratelimit.memory as memory
+    import inferflux.gateway.auth as gateway_auth
+    import inferflux.gateway.request_policy as request_policy
+    import inferflux.policy.audit.events as audit_events
+    import inferflux.policy.guardrails.engine as guardrails_engine
+    import inferflux.policy.guardrails.stream as guardrails_stream
+    import inferflux.policy.ratelimit.limiter as limiter
+    import inferflux.policy.ratelimit.memory as memory
 
     around(gateway_auth.Authenticator, "authenticate", "auth", "authed")
     around(request_policy, "request_texts", None, "g.texts")

@@ -33,31 +33,31 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.adapters import AnthropicErrors
-from gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
-from gateway.authz import requires
-from gateway.console import Console
-from gateway.context import RequestContextMiddleware, get_context
-from gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
-from gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
-from gateway import log_redaction
-from gateway.audit import AuditMiddleware
-from gateway.drain import Drain
-from gateway.gate import AuditHealth, ServiceGate
-from gateway.middleware import BodyLimitMiddleware
-from gateway.slowclients import BodyDeadlineMiddleware
-from gateway.state import GatewayState
-from gateway.tracing import Tracing
-from gateway.traffic import TrafficPolicy
-from gateway.model_admin import ModelAdmin
-from gateway.models import _VERSION, ModelManager
-from gateway.openapi import document, openapi_route
-from gateway.routes import admin, health, openai
-from gateway.settings import Settings
-from policy.errors import ApiError
-from policy.rbac import Scope
-from policy.snapshot import StoreSnapshot
-from policy.store import PolicyStore
+from inferflux.gateway.adapters import AnthropicErrors
+from inferflux.gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
+from inferflux.gateway.authz import requires
+from inferflux.gateway.console import Console
+from inferflux.gateway.context import RequestContextMiddleware, get_context
+from inferflux.gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
+from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
+from inferflux.gateway import log_redaction
+from inferflux.gateway.audit import AuditMiddleware
+from inferflux.gateway.drain import Drain
+from inferflux.gateway.gate import AuditHealth, ServiceGate
+from inferflux.gateway.middleware import BodyLimitMiddleware
+from inferflux.gateway.slowclients import BodyDeadlineMiddleware
+from inferflux.gateway.state import GatewayState
+from inferflux.gateway.tracing import Tracing
+from inferflux.gateway.traffic import TrafficPolicy
+from inferflux.gateway.model_admin import ModelAdmin
+from inferflux.gateway.models import _VERSION, ModelManager
+from inferflux.gateway.openapi import document, openapi_route
+from inferflux.gateway.routes import admin, health, openai
+from inferflux.gateway.settings import Settings
+from inferflux.policy.errors import ApiError
+from inferflux.policy.rbac import Scope
+from inferflux.policy.snapshot import StoreSnapshot
+from inferflux.policy.store import PolicyStore
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter

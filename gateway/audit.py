@@ -35,15 +35,15 @@ from typing import Any
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth import PUBLIC_PATHS, _header
-from gateway.context import get_context
-from gateway.errors import render_error
-from gateway.log_redaction import redact
-from gateway.metrics import _KNOWN_METHODS, CLIENT_CLOSED_STATUS, route_template
-from gateway.streaming import sse_error_end
-from gateway.tracing import stage
-from policy.audit import AuditEvent, AuditUnavailable, Finding, admin_event, api_event
-from policy.authn.apikeys import parse_key
+from inferflux.gateway.auth import PUBLIC_PATHS, _header
+from inferflux.gateway.context import get_context
+from inferflux.gateway.errors import render_error
+from inferflux.gateway.log_redaction import redact
+from inferflux.gateway.metrics import _KNOWN_METHODS, CLIENT_CLOSED_STATUS, route_template
+from inferflux.gateway.streaming import sse_error_end
+from inferflux.gateway.tracing import stage
+from inferflux.policy.audit import AuditEvent, AuditUnavailable, Finding, admin_event, api_event
+from inferflux.policy.authn.apikeys import parse_key
 
 log = logging.getLogger(__name__)
 

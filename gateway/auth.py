@@ -32,13 +32,13 @@ from typing import Any, TypeVar
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.context import get_context
-from gateway.errors import render_error
-from gateway.tracing import stage
-from policy.authn.apikeys import looks_like_key
-from policy.authn.oidc import OidcProviderConfig, OidcVerifier, VerifiedToken
-from policy.digests import sha256
-from policy.errors import (
+from inferflux.gateway.context import get_context
+from inferflux.gateway.errors import render_error
+from inferflux.gateway.tracing import stage
+from inferflux.policy.authn.apikeys import looks_like_key
+from inferflux.policy.authn.oidc import OidcProviderConfig, OidcVerifier, VerifiedToken
+from inferflux.policy.digests import sha256
+from inferflux.policy.errors import (
     AuthenticationError,
     InvalidApiKey,
     InvalidToken,
@@ -47,9 +47,9 @@ from policy.errors import (
     PolicyError,
     StoreUnavailable,
 )
-from policy.rbac import Principal, Role, effective_models
-from policy.snapshot import StoreSnapshot
-from policy.store import PolicyStore, TenantRecord
+from inferflux.policy.rbac import Principal, Role, effective_models
+from inferflux.policy.snapshot import StoreSnapshot
+from inferflux.policy.store import PolicyStore, TenantRecord
 
 log = logging.getLogger("inferflux.gateway.auth")
 

@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.context import get_context
-from gateway.audit import changes_admin_state, record_attempt
-from policy.errors import AuthenticationError, NotFound
-from policy.rbac import Principal, Scope
+from inferflux.gateway.context import get_context
+from inferflux.gateway.audit import changes_admin_state, record_attempt
+from inferflux.policy.errors import AuthenticationError, NotFound
+from inferflux.policy.rbac import Principal, Scope
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 

@@ -22,12 +22,12 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.errors import UnsupportedParameter
+from inferflux.gateway.errors import UnsupportedParameter
 
 if TYPE_CHECKING:
-    from backends.engine import RequestOutput
+    from inferflux.backends.engine import RequestOutput
 
-    from gateway.plan import Plan
+    from inferflux.gateway.plan import Plan
 
 # The fill-in-the-middle tokens of the model families that have them: (prefix, suffix, middle).
 FIM_TOKENS: tuple[tuple[str, str, str], ...] = (

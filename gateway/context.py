@@ -21,8 +21,8 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from gateway.tracing import RequestTrace, Tracing
-    from policy.errors import ApiError
+    from inferflux.gateway.tracing import RequestTrace, Tracing
+    from inferflux.policy.errors import ApiError
 
 SCOPE_KEY = "inferflux.context"
 REQUEST_ID_HEADER = "x-request-id"

@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any
 
-from policy.errors import ApiError
+from inferflux.policy.errors import ApiError
 
 log = logging.getLogger("inferflux.gateway.drain")
 

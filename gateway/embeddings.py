@@ -32,16 +32,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from backends.engine import EmbeddingRequest, EmbeddingResult, EmbeddingsUnsupportedError, EngineStepError
-from backends.engine import InputTooLongError, InvalidRequestError
-from backends.openai.engine import estimate_tokens
-from backends.openai.request import RemoteEmbeddingRequest
+from inferflux.backends.engine import EmbeddingRequest, EmbeddingResult, EmbeddingsUnsupportedError, EngineStepError
+from inferflux.backends.engine import InputTooLongError, InvalidRequestError
+from inferflux.backends.openai.engine import estimate_tokens
+from inferflux.backends.openai.request import RemoteEmbeddingRequest
 
-from gateway.errors import ContextLengthExceeded, GatewayError, InternalError, InvalidRequest, UnsupportedParameter
-from gateway.generation import engine_error_to_gateway
-from gateway.models import ServedModel
-from gateway.settings import EmbeddingSettings, Settings
-from gateway.validation_errors import first_error
+from inferflux.gateway.errors import ContextLengthExceeded, GatewayError, InternalError, InvalidRequest, UnsupportedParameter
+from inferflux.gateway.generation import engine_error_to_gateway
+from inferflux.gateway.models import ServedModel
+from inferflux.gateway.settings import EmbeddingSettings, Settings
+from inferflux.gateway.validation_errors import first_error
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 MAX_TOTAL_TOKENS = 300_000  # and on their tokens, summed

@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from policy.errors import ApiError
+from inferflux.policy.errors import ApiError
 
 
 def error_payload(message: str, error_type: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -22,11 +22,11 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.context import get_context
-from gateway.drain import ShuttingDown, drain_of
-from gateway.errors import render_error
-from policy.audit.errors import AuditUnavailable
-from policy.audit.events import admin_event
+from inferflux.gateway.context import get_context
+from inferflux.gateway.drain import ShuttingDown, drain_of
+from inferflux.gateway.errors import render_error
+from inferflux.policy.audit.errors import AuditUnavailable
+from inferflux.policy.audit.events import admin_event
 
 log = logging.getLogger("inferflux.gateway.gate")
 

@@ -17,17 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from backends.engine import RequestTimings
-from backends.engine.errors import (
+from inferflux.backends.engine import RequestTimings
+from inferflux.backends.engine.errors import (
     CacheCapacityError,
     EngineDeadError,
     InvalidRequestError,
     PromptTooLongError,
 )
 
-from backends.openai.errors import UpstreamError, UpstreamRejected
-from backends.openai.errors import UpstreamUnavailable as UpstreamUnavailableError
-from gateway.errors import (
+from inferflux.backends.openai.errors import UpstreamError, UpstreamRejected
+from inferflux.backends.openai.errors import UpstreamUnavailable as UpstreamUnavailableError
+from inferflux.gateway.errors import (
     ContextLengthExceeded,
     GatewayError,
     InternalError,
@@ -36,15 +36,15 @@ from gateway.errors import (
     ServiceUnavailable,
     UpstreamUnavailable,
 )
-from gateway.tool_calls import ToolOutput
+from inferflux.gateway.tool_calls import ToolOutput
 
 if TYPE_CHECKING:
-    from backends.engine import EngineRequest, RequestOutput
-    from backends.openai.request import RemoteRequest
+    from inferflux.backends.engine import EngineRequest, RequestOutput
+    from inferflux.backends.openai.request import RemoteRequest
 
-    from gateway.models import ServedModel
-    from gateway.tool_calls import ToolStream
-    from policy.guardrails import OutputStream
+    from inferflux.gateway.models import ServedModel
+    from inferflux.gateway.tool_calls import ToolStream
+    from inferflux.policy.guardrails import OutputStream
 
 log = logging.getLogger("inferflux.gateway.generation")
 

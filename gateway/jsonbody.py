@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import InvalidRequest, MalformedJSON
+from inferflux.gateway.errors import InvalidRequest, MalformedJSON
 
 # (parent path, key): built per container while walking, joined into a string only for an error.
 _Path = tuple[Any, ...] | None

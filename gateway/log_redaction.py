@@ -129,7 +129,7 @@ def log_config(log_format: str = "text") -> dict[str, Any]:
     config = copy.deepcopy(LOGGING_CONFIG)
     config.setdefault("filters", {})["redact_secrets"] = {"()": f"{__name__}.RedactSecrets"}
     if log_format == "json":
-        config["formatters"] = {name: {"()": "gateway.structured_logs.JsonFormatter"} for name in config["formatters"]}
+        config["formatters"] = {name: {"()": "inferflux.gateway.structured_logs.JsonFormatter"} for name in config["formatters"]}
     for handler in config.get("handlers", {}).values():
         handler["filters"] = [*handler.get("filters", []), "redact_secrets"]
     return config

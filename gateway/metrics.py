@@ -20,13 +20,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.context import SCOPE_KEY
-from gateway.errors import InvalidRequest
+from inferflux.gateway.context import SCOPE_KEY
+from inferflux.gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from backends.engine import EngineStats
+    from inferflux.backends.engine import EngineStats
 
-    from gateway.models import ModelManager
+    from inferflux.gateway.models import ModelManager
 
 log = logging.getLogger("inferflux.gateway.metrics")
 

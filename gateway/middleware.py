@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.context import get_context
-from gateway.errors import GatewayError, InvalidRequest, RequestTooLarge
+from inferflux.gateway.context import get_context
+from inferflux.gateway.errors import GatewayError, InvalidRequest, RequestTooLarge
 
 
 class BodyLimitMiddleware:

@@ -35,16 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from backends.base import ModelSpec
+from inferflux.backends.base import ModelSpec
 
-from gateway.auth import call_store
-from gateway.models import ModelManager, ServedModel, engine_config_from, load_served_model
-from gateway.settings import Settings
-from gateway.settings.sections import REMOTE_BACKEND
-from gateway.model_sync import RegistryPoller
-from gateway.upstreams import checked_upstream, describe_upstream, upstream_key
-from policy.errors import Conflict, NotFound, ValidationFailed
-from policy.store import PolicyStore, ServedModelRecord
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.models import ModelManager, ServedModel, engine_config_from, load_served_model
+from inferflux.gateway.settings import Settings
+from inferflux.gateway.settings.sections import REMOTE_BACKEND
+from inferflux.gateway.model_sync import RegistryPoller
+from inferflux.gateway.upstreams import checked_upstream, describe_upstream, upstream_key
+from inferflux.policy.errors import Conflict, NotFound, ValidationFailed
+from inferflux.policy.store import PolicyStore, ServedModelRecord
 
 log = logging.getLogger("inferflux.gateway.model_admin")
 
@@ -167,7 +167,7 @@ class ModelAdmin:
         )
 
     def _check_backend(self, name: str) -> None:
-        from backends.registry import probe
+        from inferflux.backends.registry import probe
 
         status = probe(name, priority=self.settings.runtime.backend_priority)
         if not status.available:

@@ -20,9 +20,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from gateway.auth import call_store
-from policy.ratelimit.background import stop
-from policy.store import PolicyStore
+from inferflux.gateway.auth import call_store
+from inferflux.policy.ratelimit.background import stop
+from inferflux.policy.store import PolicyStore
 
 log = logging.getLogger("inferflux.gateway.model_sync")
 

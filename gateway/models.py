@@ -11,15 +11,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backends.base import ModelInfo, ModelSpec
+from inferflux.backends.base import ModelInfo, ModelSpec
 
-from gateway.errors import ModelNotFound
+from inferflux.gateway.errors import ModelNotFound
 
 if TYPE_CHECKING:  # the engine is only needed at load time
-    from backends.engine import AsyncEngine, EngineConfig
-    from backends.models import Tokenizer
+    from inferflux.backends.engine import AsyncEngine, EngineConfig
+    from inferflux.backends.models import Tokenizer
 
-    from gateway.settings import EngineSettings, SpeculativeSettings
+    from inferflux.gateway.settings import EngineSettings, SpeculativeSettings
 
 log = logging.getLogger("inferflux.gateway.models")
 
@@ -181,8 +181,8 @@ class ModelManager:
 def engine_config_from(engine: EngineSettings, speculative: SpeculativeSettings | None = None) -> EngineConfig:
     """The engine's configuration from the ``engine`` settings (and a model's own ``speculative``
     section, which wins over the engine's); unset keys keep the engine's defaults."""
-    from backends.engine import EngineConfig
-    from backends.engine.speculative import SpeculativeConfig
+    from inferflux.backends.engine import EngineConfig
+    from inferflux.backends.engine.speculative import SpeculativeConfig
 
     # Applied per request by the routes / below; deterministic and passes reach the backend through ModelSpec.
     gateway_only = {"prefix_cache_per_tenant", "speculative", "deterministic", "passes"}
@@ -198,7 +198,7 @@ def load_draft_model(backend_cls: Any, spec: ModelSpec, path: str, target: Model
 
     Its tokens are the target's token ids, so it must share the vocabulary.
     """
-    from backends.base import BackendError
+    from inferflux.backends.base import BackendError
 
     draft = backend_cls()
     info = draft.load(ModelSpec(name=f"{spec.name}-draft", path=path, dtype=spec.dtype))
@@ -230,10 +230,10 @@ def load_served_model(
     is unavailable or the model cannot be loaded.
     """
     stage = on_stage or (lambda _: None)
-    from backends.base import BackendError, backend_kind
-    from backends.engine import AsyncEngine, EngineConfig, LLMEngine
-    from backends.models import open_model
-    from backends.registry import resolve
+    from inferflux.backends.base import BackendError, backend_kind
+    from inferflux.backends.engine import AsyncEngine, EngineConfig, LLMEngine
+    from inferflux.backends.models import open_model
+    from inferflux.backends.registry import resolve
 
     backend, backend_cls = resolve(backend, priority=priority)
     if backend_kind(backend_cls) == "remote" or spec.upstream is not None:
@@ -276,7 +276,7 @@ def load_served_model(
 
 def _open_remote(spec: ModelSpec, backend: str, backend_cls: Any, api_key: str | None) -> ServedModel:
     """A model of a remote backend: its engine-shaped client over the upstream fleet."""
-    from backends.openai.fleet import FleetConfig
+    from inferflux.backends.openai.fleet import FleetConfig
 
     upstream = dict(spec.upstream or {})
     # FleetConfig raises ValueError for what it cannot use (an unreadable ca_file): the model does not load.

@@ -85,7 +85,7 @@ _ERROR_STATUSES = {
 
 
 def _operation(route: Route, method: str, schemas: dict[str, Any]) -> dict[str, Any]:
-    from gateway.authz import SCOPE_ATTR
+    from inferflux.gateway.authz import SCOPE_ATTR
 
     endpoint = route.endpoint
     doc: dict[str, Any] = getattr(endpoint, DOC_ATTR, None) or {"summary": route.name, "tag": "other", "status": 200}

@@ -16,15 +16,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.engine import EngineRequest, InvalidRequestError, SamplingParams
-from backends.models import ChatTemplateError
+from inferflux.backends.engine import EngineRequest, InvalidRequestError, SamplingParams
+from inferflux.backends.models import ChatTemplateError
 
-from gateway.completions import fim_prompt
-from gateway.errors import InvalidRequest
-from gateway.generation import ChoiceSpec, engine_error_to_gateway
-from gateway.models import ServedModel
-from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
-from gateway.tools import ToolPlan, check_parameters, render_chat
+from inferflux.gateway.completions import fim_prompt
+from inferflux.gateway.errors import InvalidRequest
+from inferflux.gateway.generation import ChoiceSpec, engine_error_to_gateway
+from inferflux.gateway.models import ServedModel
+from inferflux.gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from inferflux.gateway.tools import ToolPlan, check_parameters, render_chat
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
 

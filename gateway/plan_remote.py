@@ -15,17 +15,17 @@ import hashlib
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from backends.engine import SamplingParams, SamplingParamsError
-from backends.openai.engine import estimate_tokens
-from backends.openai.request import RemoteRequest
+from inferflux.backends.engine import SamplingParams, SamplingParamsError
+from inferflux.backends.openai.engine import estimate_tokens
+from inferflux.backends.openai.request import RemoteRequest
 
-from gateway.errors import InvalidRequest, UnsupportedParameter
-from gateway.generation import ChoiceSpec
-from gateway.plan import GenerationRequest, Placement, Plan, PreparedPrompt, param_names
-from gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from inferflux.gateway.errors import InvalidRequest, UnsupportedParameter
+from inferflux.gateway.generation import ChoiceSpec
+from inferflux.gateway.plan import GenerationRequest, Placement, Plan, PreparedPrompt, param_names
+from inferflux.gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
-    from gateway.models import ServedModel
+    from inferflux.gateway.models import ServedModel
 
 # What the affinity key reads of a prompt: where the part that requests share sits. A chat's key is its
 # leading system messages (what one application's conversations share); without them, and for a

@@ -34,11 +34,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from backends.engine import GuidedSpec
+from inferflux.backends.engine import GuidedSpec
 
-from gateway.errors import InvalidRequest, UnsupportedParameter
-from gateway.json_schema import closed_schema
-from gateway.tools import (
+from inferflux.gateway.errors import InvalidRequest, UnsupportedParameter
+from inferflux.gateway.json_schema import closed_schema
+from inferflux.gateway.tools import (
     ToolCall,
     ToolChoice,
     ToolDefinition,
@@ -52,7 +52,7 @@ from gateway.tools import (
     template_tools,
     tool_plan,
 )
-from gateway.validation_errors import first_error
+from inferflux.gateway.validation_errors import first_error
 
 MAX_N = 8
 MAX_CHOICES = 16

@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from backends.engine import RequestOutput, TokenLogprob
+from inferflux.backends.engine import RequestOutput, TokenLogprob
 
-from gateway.completions import keep_best
-from gateway.errors import GatewayError, error_body
-from gateway.generation import ChoiceEvent, Generation, Usage
-from gateway.streaming import SSE_DONE, sse_event
-from gateway.tool_calls import ToolCallDelta, ToolOutput, assemble
+from inferflux.gateway.completions import keep_best
+from inferflux.gateway.errors import GatewayError, error_body
+from inferflux.gateway.generation import ChoiceEvent, Generation, Usage
+from inferflux.gateway.streaming import SSE_DONE, sse_event
+from inferflux.gateway.tool_calls import ToolCallDelta, ToolOutput, assemble
 
 if TYPE_CHECKING:
-    from gateway.plan import Plan
+    from inferflux.gateway.plan import Plan
 
 
 async def collect(gen: Generation) -> dict[int, list[RequestOutput]]:

@@ -47,23 +47,23 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
-from gateway.authz import principal_of
-from gateway.context import RequestContext, get_context
-from gateway.errors import EngineOverloaded, InvalidRequest, RateLimited
-from gateway.log_redaction import redact
-from gateway.generation import Generation
-from gateway.metrics import GatewayMetrics
-from gateway.plan import GenerationRequest, Placement, Plan
-from gateway.state import state_of
-from gateway.tool_calls import ToolStream
-from gateway.tracing import TRACE_HEADERS, GuardMeter, stage
-from policy.errors import ApiError
-from policy.guardrails import Guardrails, OpaDecision, opa_input, request_texts, with_texts
-from policy.ratelimit import Admission, Denial, RateLimiter, Scheduling
+from inferflux.gateway.authz import principal_of
+from inferflux.gateway.context import RequestContext, get_context
+from inferflux.gateway.errors import EngineOverloaded, InvalidRequest, RateLimited
+from inferflux.gateway.log_redaction import redact
+from inferflux.gateway.generation import Generation
+from inferflux.gateway.metrics import GatewayMetrics
+from inferflux.gateway.plan import GenerationRequest, Placement, Plan
+from inferflux.gateway.state import state_of
+from inferflux.gateway.tool_calls import ToolStream
+from inferflux.gateway.tracing import TRACE_HEADERS, GuardMeter, stage
+from inferflux.policy.errors import ApiError
+from inferflux.policy.guardrails import Guardrails, OpaDecision, opa_input, request_texts, with_texts
+from inferflux.policy.ratelimit import Admission, Denial, RateLimiter, Scheduling
 
 if TYPE_CHECKING:
-    from gateway.embeddings import EmbeddingPlan
-    from gateway.models import ServedModel
+    from inferflux.gateway.embeddings import EmbeddingPlan
+    from inferflux.gateway.models import ServedModel
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError
+from inferflux.gateway.errors import GatewayError
 
 if TYPE_CHECKING:
-    from gateway.settings import InputLimitSettings
+    from inferflux.gateway.settings import InputLimitSettings
 
 
 class RequestTimeout(GatewayError):

@@ -15,22 +15,22 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import HTTPConnection
 
 if TYPE_CHECKING:
-    from policy.audit import AuditStore, AuditTrail
-    from policy.guardrails import GuardrailResolver
-    from policy.ratelimit import RateLimiter
-    from policy.snapshot import StoreSnapshot
-    from policy.store import PolicyStore
+    from inferflux.policy.audit import AuditStore, AuditTrail
+    from inferflux.policy.guardrails import GuardrailResolver
+    from inferflux.policy.ratelimit import RateLimiter
+    from inferflux.policy.snapshot import StoreSnapshot
+    from inferflux.policy.store import PolicyStore
 
-    from gateway.auth import Authenticator
-    from gateway.drain import Drain
-    from gateway.gate import AuditHealth
-    from gateway.jsonbody import JsonLimits
-    from gateway.metrics import GatewayMetrics
-    from gateway.model_admin import ModelAdmin
-    from gateway.models import ModelManager
-    from gateway.protocol import StopLimits
-    from gateway.settings import Settings
-    from gateway.traffic import TrafficPolicy
+    from inferflux.gateway.auth import Authenticator
+    from inferflux.gateway.drain import Drain
+    from inferflux.gateway.gate import AuditHealth
+    from inferflux.gateway.jsonbody import JsonLimits
+    from inferflux.gateway.metrics import GatewayMetrics
+    from inferflux.gateway.model_admin import ModelAdmin
+    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.protocol import StopLimits
+    from inferflux.gateway.settings import Settings
+    from inferflux.gateway.traffic import TrafficPolicy
 
 
 @dataclass(eq=False)

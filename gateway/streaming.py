@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
-from gateway.context import get_context
-from gateway.drain import INTERRUPTED_REASON, ShuttingDown, drain_of
-from gateway.errors import error_body
-from policy.errors import ApiError
+from inferflux.gateway.context import get_context
+from inferflux.gateway.drain import INTERRUPTED_REASON, ShuttingDown, drain_of
+from inferflux.gateway.errors import error_body
+from inferflux.policy.errors import ApiError
 
 log = logging.getLogger("inferflux.gateway.streaming")
 

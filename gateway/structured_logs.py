@@ -22,8 +22,8 @@ import logging
 import time
 from typing import Any
 
-from gateway.context import CURRENT
-from gateway.log_redaction import redact
+from inferflux.gateway.context import CURRENT
+from inferflux.gateway.log_redaction import redact
 
 
 class JsonFormatter(logging.Formatter):

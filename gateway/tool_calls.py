@@ -37,12 +37,12 @@ import secrets
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from backends.engine import RequestOutput
+from inferflux.backends.engine import RequestOutput
 
 if TYPE_CHECKING:
-    from policy.guardrails import Finding, Guardrails
+    from inferflux.policy.guardrails import Finding, Guardrails
 
-    from gateway.tools import ToolPlan
+    from inferflux.gateway.tools import ToolPlan
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","arguments":')

@@ -45,14 +45,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from backends.engine import GuidedSpec
-from backends.models.tool_prompt import generic_tool_messages, template_uses_tools
+from inferflux.backends.engine import GuidedSpec
+from inferflux.backends.models.tool_prompt import generic_tool_messages, template_uses_tools
 
-from gateway.errors import InvalidRequest
-from gateway.json_schema import closed_schema
+from inferflux.gateway.errors import InvalidRequest
+from inferflux.gateway.json_schema import closed_schema
 
 if TYPE_CHECKING:
-    from backends.models.tokenizer import Tokenizer
+    from inferflux.backends.models.tokenizer import Tokenizer
 
 MAX_TOOLS = 128
 MAX_PARAMETERS_BYTES = 65536  # one function's parameters schema, as compact JSON

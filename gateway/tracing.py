@@ -47,10 +47,10 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer
 
-    from backends.engine import RequestTimings
-    from gateway.context import RequestContext
-    from gateway.settings.sections import TracingSettings
-    from policy.guardrails import OutputStream
+    from inferflux.backends.engine import RequestTimings
+    from inferflux.gateway.context import RequestContext
+    from inferflux.gateway.settings.sections import TracingSettings
+    from inferflux.policy.guardrails import OutputStream
 
 _EPOCH_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -125,7 +125,7 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-        from gateway.models import _VERSION
+        from inferflux.gateway.models import _VERSION
 
         resource = Resource.create({"service.version": _VERSION})
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
@@ -206,7 +206,7 @@ class RequestTrace:
 
     def end(self, scope: Scope, ctx: RequestContext) -> None:
         """Close the request's span now, named by its route template, with what the request became."""
-        from gateway.metrics import route_template
+        from inferflux.gateway.metrics import route_template
 
         span, route = self.span, route_template(scope)
         if route != "unmatched":

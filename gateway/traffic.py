@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from policy.audit import (
+from inferflux.policy.audit import (
     AuditStore,
     AuditTrail,
     ContentDigester,
@@ -26,21 +26,21 @@ from policy.audit import (
     SpoolSettings,
     SyslogSink,
 )
-from policy.audit.checkpoint import CHECKPOINT_PURPOSE, Checkpointer, CheckpointSigner
-from policy.audit.refusals import RefusalAggregator
-from policy.errors import StoreUnavailable
-from policy.guardrails import GuardrailResolver
-from policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter, RedisBackend
-from policy.snapshot import StoreSnapshot
-from policy.usage.store import UsageStore
+from inferflux.policy.audit.checkpoint import CHECKPOINT_PURPOSE, Checkpointer, CheckpointSigner
+from inferflux.policy.audit.refusals import RefusalAggregator
+from inferflux.policy.errors import StoreUnavailable
+from inferflux.policy.guardrails import GuardrailResolver
+from inferflux.policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter, RedisBackend
+from inferflux.policy.snapshot import StoreSnapshot
+from inferflux.policy.usage.store import UsageStore
 
-from gateway.usage import BudgetAlerts, PriceBook
+from inferflux.gateway.usage import BudgetAlerts, PriceBook
 
 if TYPE_CHECKING:
-    from policy.audit.delivery import Sink
-    from policy.store import PolicyStore
+    from inferflux.policy.audit.delivery import Sink
+    from inferflux.policy.store import PolicyStore
 
-    from gateway.settings import AuditSinkSettings, Settings
+    from inferflux.gateway.settings import AuditSinkSettings, Settings
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from backends.base import BackendError
-from gateway.settings import Settings
-from gateway.settings.sections import UpstreamSettings
-from gateway.validation_errors import first_error
-from policy.errors import NotFound, ValidationFailed
-from policy.store import PolicyStore
+from inferflux.backends.base import BackendError
+from inferflux.gateway.settings import Settings
+from inferflux.gateway.settings.sections import UpstreamSettings
+from inferflux.gateway.validation_errors import first_error
+from inferflux.policy.errors import NotFound, ValidationFailed
+from inferflux.policy.store import PolicyStore
 
 
 def checked_upstream(settings: Settings, raw: Any) -> dict[str, Any]:

@@ -16,12 +16,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from policy.audit import AuditTrail
-from policy.audit.events import AuditEvent, admin_event
-from policy.errors import ApiError, StoreUnavailable
-from policy.ratelimit import BudgetCrossing, Dimension
-from policy.usage.cost import Price, format_usd
-from policy.usage.store import UsageStore
+from inferflux.policy.audit import AuditTrail
+from inferflux.policy.audit.events import AuditEvent, admin_event
+from inferflux.policy.errors import ApiError, StoreUnavailable
+from inferflux.policy.ratelimit import BudgetCrossing, Dimension
+from inferflux.policy.usage.cost import Price, format_usd
+from inferflux.policy.usage.store import UsageStore
 
 log = logging.getLogger("inferflux.gateway.usage")
 

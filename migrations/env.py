@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-from policy.store.models import Base
+from inferflux.policy.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from policy.errors import NotFound, PermissionDenied
+from inferflux.policy.errors import NotFound, PermissionDenied
 
 
 class Role(StrEnum):

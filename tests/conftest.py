@@ -47,6 +47,7 @@ pytest_plugins = ["secret_watch", "serial_lock", "longest_first"]
 if workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(workers))))
 
+import oracles  # noqa: E402
 from servers import start_uvicorn, stop_uvicorn  # noqa: E402
 from services import fresh_schema, service_unavailable  # noqa: E402
 
@@ -102,6 +103,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for tier in sorted(tiers_of(item)):
             item.add_marker(tier)
+
+
+# The fixtures that build transformers' copy of a model, the tests' oracle (tests/support/oracles.py).
+ORACLE_FIXTURES = frozenset({"hf_smollm2", "hf_causal_lm", "hf_state_dict", "hf_tokenizer", "oracle_tokens"})
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test that compared against an oracle says which version it was written against."""
+    report = yield
+    if report.failed:
+        used = set(oracles.used_by(item))
+        if set(getattr(item, "fixturenames", ())) & ORACLE_FIXTURES:
+            used |= {name for name in oracles.ORACLES if name in sys.modules}
+        for name in sorted(used):
+            report.sections.append(("oracle", oracles.describe(name)))
+    return report
 
 
 # PostgreSQL tests each get a schema of their own (``search_path`` set through
@@ -160,12 +178,12 @@ def pg_url(pg_server: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def served_model() -> Iterator[object]:
     """SmolLM2-135M-Instruct (the bundled default) on the cpu backend, float32, 64 MiB of KV."""
-    from backends.base import ModelSpec
-    from backends.engine import EngineConfig
-    from backends.models import default_model_path
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.engine import EngineConfig
+    from inferflux.backends.models import default_model_path
 
-    from gateway.models import load_served_model
-    from gateway.settings import DEFAULT_MODEL_NAME
+    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 
     spec = ModelSpec(
         name=DEFAULT_MODEL_NAME,
@@ -194,8 +212,8 @@ def gateway_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def gateway_store(gateway_data_dir: Path) -> Iterator[Any]:
     """The session's policy store (SQLite under ``gateway_data_dir``), bootstrapped."""
-    from gateway.settings import Settings
-    from policy.store import PolicyStore
+    from inferflux.gateway.settings import Settings
+    from inferflux.policy.store import PolicyStore
 
     settings = Settings(data_dir=gateway_data_dir)
     store = PolicyStore.open(settings.store, settings.data_dir)
@@ -218,9 +236,9 @@ def auth_headers(admin_key: str) -> dict[str, str]:
 
 def build_app(served_model: Any, store: Any, authenticator: Any = None, **settings: Any) -> Any:
     """An app serving the session model from ``store``; the engine stays the session's."""
-    from gateway.app import create_app
-    from gateway.models import ModelManager
-    from gateway.settings import Settings
+    from inferflux.gateway.app import create_app
+    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.settings import Settings
 
     manager = ModelManager(expected=[served_model.name])
     manager.add(served_model)

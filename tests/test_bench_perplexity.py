@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.support.scripts import load_benchmark
+from scripts import load_benchmark
 
 ppl = load_benchmark("bench_perplexity")
 

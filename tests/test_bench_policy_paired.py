@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.support.scripts import load_benchmark
+from scripts import load_benchmark
 
 pp = load_benchmark("policy_paired")
 

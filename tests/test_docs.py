@@ -30,14 +30,14 @@ import pytest
 import yaml
 from starlette.routing import BaseRoute, Match
 
-import gateway.settings
-from gateway.cli import build_parser
-from gateway.cli.common import subcommands
-from gateway.cli.completion import leaves
-from gateway.routes import admin, health, openai
-from gateway.settings import load_settings
-from gateway.settings.loading import ENV_KEYS
-from gateway.settings.schema import Settings
+from inferflux.gateway import settings as gateway_settings
+from inferflux.gateway.cli import build_parser
+from inferflux.gateway.cli.common import subcommands
+from inferflux.gateway.cli.completion import leaves
+from inferflux.gateway.routes import admin, health, openai
+from inferflux.gateway.settings import load_settings
+from inferflux.gateway.settings.loading import ENV_KEYS
+from inferflux.gateway.settings.schema import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *ROOT.glob("docs/*.md")])
@@ -197,7 +197,7 @@ def config_examples() -> list[tuple[str, str]]:
 
 def docstring_block(after: str) -> str:
     """The indented block that follows the line ending with ``after`` in ``gateway.settings``'s docstring."""
-    lines = (gateway.settings.__doc__ or "").split(after + "\n", 1)[1].splitlines()
+    lines = (gateway_settings.__doc__ or "").split(after + "\n", 1)[1].splitlines()
     block = []
     for line in lines:
         if line and not line.startswith("    "):

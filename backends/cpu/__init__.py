@@ -1,5 +1,5 @@
 """The CPU backend: PyTorch on the host, paged KV in preallocated host tensors."""
 
-from backends.cpu.backend import CPUBackend
+from inferflux.backends.cpu.backend import CPUBackend
 
 __all__ = ["CPUBackend"]

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
-from backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed_args, choose_dtype
+from inferflux.backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed_args, choose_dtype
 
 if TYPE_CHECKING:
     import torch
 
-    from backends.cpu import passes
-    from backends.cpu.model import AttentionMetadata, Transformer
-    from backends.cpu.swap import DiskSwap, HostSwap
+    from inferflux.backends.cpu import passes
+    from inferflux.backends.cpu.model import AttentionMetadata, Transformer
+    from inferflux.backends.cpu.swap import DiskSwap, HostSwap
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +153,9 @@ class CPUBackend:
     # -- loading -----------------------------------------------------------------
 
     def load(self, spec: ModelSpec) -> ModelInfo:
-        from backends.cpu import passes
-        from backends.cpu.model import Transformer
-        from backends.models import open_model
+        from inferflux.backends.cpu import passes
+        from inferflux.backends.cpu.model import Transformer
+        from inferflux.backends.models import open_model
 
         torch = self._torch
         pass_config = self._pass_config(spec)
@@ -188,7 +188,7 @@ class CPUBackend:
                                    passes=tuple(r.as_dict() for r in records))
 
     def _pass_config(self, spec: ModelSpec) -> passes.PassConfig:
-        from backends.cpu import passes
+        from inferflux.backends.cpu import passes
 
         try:
             config = passes.PassConfig.parse(spec.passes)
@@ -202,7 +202,7 @@ class CPUBackend:
     def _run_passes(self, spec: ModelSpec, model: Transformer, source: Any, config: passes.PassConfig,
                     dtype_name: str) -> list[passes.PassRecord]:
         """The load-time pass pipeline (backends/cpu/passes.py), logged; none off the CPU."""
-        from backends.cpu import passes
+        from inferflux.backends.cpu import passes
 
         if str(self.device) != "cpu":
             return []
@@ -233,11 +233,11 @@ class CPUBackend:
     def _use_kernels(model: Transformer) -> str | None:
         """Swap the compiled kernel set in (kernels/cpu/fast.py: fused elementwise ops and
         paged attention) where it builds; else why not."""
-        from kernels import cpu as cpu_kernels
+        from inferflux.kernels import cpu as cpu_kernels
 
         if cpu_kernels.load() is None:
             return cpu_kernels.load_error()
-        from kernels.cpu import fast
+        from inferflux.kernels.cpu import fast
 
         model.use_kernels(fast)
         return None
@@ -249,7 +249,7 @@ class CPUBackend:
         if self.kernel_error is not None:
             raise BackendError(f"deterministic mode needs the C++ CPU kernels, which are unavailable: "
                                f"{self.kernel_error}")
-        from kernels.cpu import invariant
+        from inferflux.kernels.cpu import invariant
 
         model.use_invariant_kernels(invariant)
 
@@ -303,7 +303,7 @@ class CPUBackend:
     # -- swap (backends.base: preemption by swapping) -----------------------------
 
     def allocate_swap(self, num_slots: int, block_size: int, directory: str | None) -> None:
-        from backends.cpu.swap import DiskSwap, HostSwap
+        from inferflux.backends.cpu.swap import DiskSwap, HostSwap
 
         if not self.kv_caches or block_size != self.block_size:
             raise BackendError("allocate_swap needs allocate_kv first, with the same block size")
@@ -313,13 +313,13 @@ class CPUBackend:
         self.swap = HostSwap(num_slots, slot_bytes) if directory is None else DiskSwap(num_slots, slot_bytes, directory)
 
     def swap_out(self, pairs: Sequence[tuple[int, int]]) -> None:
-        from backends.cpu.swap import gather_blocks
+        from inferflux.backends.cpu.swap import gather_blocks
 
         swap = self._swap_space()
         swap.write([slot for _, slot in pairs], gather_blocks(self.kv_caches, [block for block, _ in pairs]))
 
     def swap_in(self, pairs: Sequence[tuple[int, int]]) -> None:
-        from backends.cpu.swap import scatter_blocks
+        from inferflux.backends.cpu.swap import scatter_blocks
 
         swap = self._swap_space()
         scatter_blocks(self.kv_caches, [block for _, block in pairs], swap.read([slot for slot, _ in pairs]))
@@ -368,7 +368,7 @@ class CPUBackend:
 
     def _prepare_fresh(self, token_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, AttentionMetadata]:
         """Token ids and attention metadata of sequences that each start at position 0 and keep no KV."""
-        from backends.cpu.model import AttentionMetadata, PrefillGroup
+        from inferflux.backends.cpu.model import AttentionMetadata, PrefillGroup
 
         torch = self._torch
         ids: list[int] = []
@@ -401,7 +401,7 @@ class CPUBackend:
         """The RoPE cos/sin rows of ``pos`` (all below ``end``), looked up in tables of rope_cos_sin over
         positions 0..n-1, made once and doubled when a position reaches past them: each row is computed
         as before, once per model instead of six ops every step."""
-        from kernels.reference import rope_cos_sin
+        from inferflux.kernels.reference import rope_cos_sin
 
         tables = self._rope_tables
         if tables is None or end > tables[0].shape[0]:
@@ -411,8 +411,8 @@ class CPUBackend:
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Flatten the batch: token ids, cache slots, rope tables and attention groups."""
-        from backends.cpu.model import CONTINUATION_KERNEL_WORK, AttentionMetadata, PrefillGroup
-        from kernels.reference import attention_mask
+        from inferflux.backends.cpu.model import CONTINUATION_KERNEL_WORK, AttentionMetadata, PrefillGroup
+        from inferflux.kernels.reference import attention_mask
 
         torch, bs = self._torch, batch.block_size
         ids: list[int] = []

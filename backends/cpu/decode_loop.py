@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from backends.cpu.linear import QuantLinear, dense_operand
-from kernels import cpu as cpu_kernels
+from inferflux.backends.cpu.linear import QuantLinear, dense_operand
+from inferflux.kernels import cpu as cpu_kernels
 
 if TYPE_CHECKING:
-    from backends.cpu.model import AttentionMetadata, Transformer
+    from inferflux.backends.cpu.model import AttentionMetadata, Transformer
 
 # Rows a step may have and still go through the loop (below the quantised projections' gemm_from too): the
 # engine's default max_num_seqs. The loop saves a step's overhead between ops (~40 a layer) whatever its rows:
@@ -39,7 +39,7 @@ MAX_ROWS = 64
 
 def why_not(model: Transformer) -> str | None:
     """Why the loop cannot run this model's decode steps (None: it can)."""
-    from kernels.cpu import fast
+    from inferflux.kernels.cpu import fast
 
     if cpu_kernels.load() is None:
         return f"no C++ kernels: {cpu_kernels.load_error()}"

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import cpu as cpu_kernels
+from inferflux.kernels import cpu as cpu_kernels
 
 # ggml type ids the C++ kernel multiplies (kernels/cpu/qmatmul.cpp), and their block
 # sizes in bytes per 32 weights.

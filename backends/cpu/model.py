@@ -16,12 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from backends.models import layout
-from kernels import reference
+from inferflux.backends.models import layout
+from inferflux.kernels import reference
 
 if TYPE_CHECKING:
-    from backends.cpu.decode_loop import DecodeLoop
-    from backends.models import ModelConfig
+    from inferflux.backends.cpu.decode_loop import DecodeLoop
+    from inferflux.backends.models import ModelConfig
 
 # kernels.reference.paged_attention's signature, which every implementation shares.
 PagedAttention = Callable[..., torch.Tensor]

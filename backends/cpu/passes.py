@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from backends.cpu import linear as ql
-from backends.models import layout
+from inferflux.backends.cpu import linear as ql
+from inferflux.backends.models import layout
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ EXACT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def exact_available(source: Any, dtype_name: str) -> bool:
     """Whether ``auto`` may resolve to ``exact`` for this source in this dtype: its projections in
     blocks the kernel reads, and the kernel built here for rows of that dtype."""
-    from kernels import cpu as cpu_kernels
+    from inferflux.kernels import cpu as cpu_kernels
 
     dtype = EXACT_DTYPES.get(dtype_name)
     return dtype is not None and cpu_kernels.exact_linear_supported(dtype) and quantised_file(source)
@@ -167,8 +167,8 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
     before and after are known only after a load (``GET /admin/v1/models/{id}``). ``error``: why it
     would not load (a bad passes section, a contradicting dtype, an unreadable file, no C++ kernels).
     ``resolve_dtype``: the backend's (backends.cpu.backend.resolve_dtype, which imports this module)."""
-    from backends.models import open_model
-    from kernels import cpu as cpu_kernels
+    from inferflux.backends.models import open_model
+    from inferflux.kernels import cpu as cpu_kernels
 
     out: dict[str, Any] = {"pipeline": [name for name, _ in PASSES], "quantise": None}
     try:
@@ -249,7 +249,7 @@ def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tu
     gemm_from = config.gemm_from or default_from
     quantised = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
     if exact:
-        from kernels import cpu as cpu_kernels
+        from inferflux.kernels import cpu as cpu_kernels
 
         if not cpu_kernels.exact_linear_supported(model.dtype):
             need = "AVX-512 BF16" if model.dtype == torch.bfloat16 else "AVX-512F"
@@ -321,7 +321,7 @@ def _pack_beside_blocks(m: ql.QuantLinear) -> bool:
 
 
 def decode_loop(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
-    from backends.cpu.decode_loop import DecodeLoop, why_not
+    from inferflux.backends.cpu.decode_loop import DecodeLoop, why_not
 
     if config.decode_loop is False:
         return "skipped", "decode_loop: false (every step runs the layers from Python)"

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from backends.base import BackendError
+from inferflux.backends.base import BackendError
 
 KVCaches = Sequence[tuple[torch.Tensor, torch.Tensor]]
 

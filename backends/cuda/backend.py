@@ -24,14 +24,14 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence, TypeVar
 
-from backends.base import Batch, BackendError, choose_dtype
-from backends.cpu.backend import CPUBackend, resolve_dtype
-from kernels.errors import KernelError
+from inferflux.backends.base import Batch, BackendError, choose_dtype
+from inferflux.backends.cpu.backend import CPUBackend, resolve_dtype
+from inferflux.kernels.errors import KernelError
 
 if TYPE_CHECKING:
     import torch
 
-    from backends.cpu.model import AttentionMetadata, Transformer
+    from inferflux.backends.cpu.model import AttentionMetadata, Transformer
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class DeviceRunner(CPUBackend):
     default_block_size: ClassVar[int] = 16
 
     def __init__(self, device: str, kernels: ModuleType, num_threads: int | None = None) -> None:
-        from kernels import reference
+        from inferflux.kernels import reference
 
         super().__init__(num_threads)
         self.device = self._torch.device(device)
@@ -102,7 +102,7 @@ class DeviceRunner(CPUBackend):
         return resolve_dtype("auto")  # on the cpu device: bf16 where the CPU multiplies it natively
 
     def _use_kernels(self, model: Transformer) -> str | None:  # type: ignore[override]
-        from kernels import reference
+        from inferflux.kernels import reference
 
         model.use_kernels(self.kernels)
         # Not None makes _prepare build the reference's decode mask once a step.
@@ -213,7 +213,7 @@ class DeviceSwap:
 
         if not pairs:
             return
-        from backends.cpu.swap import stack_blocks
+        from inferflux.backends.cpu.swap import stack_blocks
 
         slots = self._checked([slot for _, slot in pairs])
         staging = stack_blocks(kv_caches, [block for block, _ in pairs])
@@ -241,7 +241,7 @@ class DeviceSwap:
             compute = torch.cuda.current_stream(self.device)
             for event in {id(e): e for s in slots if (e := self.pending.pop(s, None)) is not None}.values():
                 compute.wait_event(event)  # the device waits, not the host
-        from backends.cpu.swap import unstack_blocks
+        from inferflux.backends.cpu.swap import unstack_blocks
 
         staging = torch.empty((len(slots), *self.slot_shape), dtype=self.store.dtype, device=self.device)
         self._copy_runs(slots, staging, to_host=False)
@@ -366,7 +366,7 @@ class DecodeGraphs:
         self.starts[start:stop] = 0
 
     def _forward_static(self, size: int) -> torch.Tensor:
-        from backends.cpu.model import AttentionMetadata
+        from inferflux.backends.cpu.model import AttentionMetadata
 
         meta = AttentionMetadata(
             slots=self.slots[:size], cos=self.cos[:size], sin=self.sin[:size],
@@ -412,7 +412,7 @@ class CUDABackend(DeviceRunner):
         num_threads: int | None = None,
     ) -> None:
         if kernels is None:
-            from kernels import triton as kernels
+            from inferflux.kernels import triton as kernels
         super().__init__(device, kernels, num_threads)
         if cuda_graphs is None:
             cuda_graphs = os.environ.get(GRAPHS_ENV, "1").strip().lower() not in {"0", "off", "false", "no"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from backends.base import Backend, ModelInfo, default_block_size
+from inferflux.backends.base import Backend, ModelInfo, default_block_size
 
 from .block_manager import DEFAULT_BLOCK_SIZE
 from .errors import EngineConfigError

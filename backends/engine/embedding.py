@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import POOLINGS, Backend, BackendError, ModelInfo
+from inferflux.backends.base import POOLINGS, Backend, BackendError, ModelInfo
 
 from .errors import EmbeddingsUnsupportedError, InputTooLongError, InvalidRequestError
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Backend, BackendError, ModelInfo
+from inferflux.backends.base import Backend, BackendError, ModelInfo
 
 from .block_manager import BlockManager, blocks_for
 from .config import (

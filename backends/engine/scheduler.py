@@ -53,7 +53,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from backends.base import Batch, SequenceSlice
+from inferflux.backends.base import Batch, SequenceSlice
 
 from .block_manager import BlockManager, KVOpKind
 from .errors import BlockManagerError

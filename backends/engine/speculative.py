@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from backends.base import Backend, Batch, SequenceSlice
+from inferflux.backends.base import Backend, Batch, SequenceSlice
 
 from .block_manager import BlockManager
 from .errors import EngineConfigError

@@ -1,5 +1,5 @@
 """Metal backend: PyTorch on the mps device with our own Metal shaders for paged attention."""
 
-from backends.metal.backend import MetalBackend
+from inferflux.backends.metal.backend import MetalBackend
 
 __all__ = ["MetalBackend"]

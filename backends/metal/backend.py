@@ -11,7 +11,7 @@ import importlib.util
 import platform
 from typing import ClassVar
 
-from backends.cuda.backend import DeviceRunner
+from inferflux.backends.cuda.backend import DeviceRunner
 
 
 def macos_major() -> int:
@@ -43,7 +43,7 @@ class MetalBackend(DeviceRunner):
         return cls.machine_reason()
 
     def __init__(self, num_threads: int | None = None) -> None:
-        from kernels import metal
+        from inferflux.kernels import metal
 
         super().__init__("mps", metal, num_threads)
 

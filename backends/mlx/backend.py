@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
-from backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed_args, choose_dtype
+from inferflux.backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed_args, choose_dtype
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
-    from backends.mlx.model import StepMetadata, Transformer
+    from inferflux.backends.mlx.model import StepMetadata, Transformer
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,8 @@ class MLXBackend:
     # -- loading -----------------------------------------------------------------
 
     def load(self, spec: ModelSpec) -> ModelInfo:
-        from backends.mlx.model import Transformer
-        from backends.models import ModelLoadError, open_model
+        from inferflux.backends.mlx.model import Transformer
+        from inferflux.backends.models import ModelLoadError, open_model
 
         mx = self._mx
         if spec.deterministic:
@@ -246,7 +246,7 @@ class MLXBackend:
 
     def embed(self, token_lists: Sequence[Sequence[int]], pooling: str) -> Any:
         """Each token list's pooled final hidden states, float32 ``[n, hidden]``, run without the KV cache."""
-        from backends.mlx.model import PrefillGroup, StepMetadata
+        from inferflux.backends.mlx.model import PrefillGroup, StepMetadata
 
         mx = self._mx
         check_embed_args(self.model is not None, token_lists, pooling)
@@ -269,7 +269,7 @@ class MLXBackend:
 
     def _prepare(self, batch: Batch) -> tuple[mx.array, StepMetadata, mx.array]:
         """Flatten the batch: token ids, cache slots, positions and attention groups."""
-        from backends.mlx.model import DecodeGroup, PrefillGroup, StepMetadata
+        from inferflux.backends.mlx.model import DecodeGroup, PrefillGroup, StepMetadata
 
         mx, bs = self._mx, batch.block_size
         ids: list[int] = []

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from backends.base import BackendError
+from inferflux.backends.base import BackendError
 
 ENV_SWITCH = "INFERFLUX_MLX_METAL_KERNELS"
 

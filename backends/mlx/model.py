@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Iterable
 import mlx.core as mx
 import numpy as np
 
-from backends.mlx.metal_kernels import PagedDecodeAttention, metal_kernels_enabled
-from backends.models import layout
+from inferflux.backends.mlx.metal_kernels import PagedDecodeAttention, metal_kernels_enabled
+from inferflux.backends.models import layout
 
 if TYPE_CHECKING:
-    from backends.models import ModelConfig
+    from inferflux.backends.models import ModelConfig
 
 KVCache = list[tuple[mx.array, mx.array]]  # per layer: k, v [kv_heads, num_blocks, block_size, head_dim]
 

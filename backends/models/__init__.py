@@ -13,9 +13,9 @@ from typing import Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from backends.models.config import ModelConfig
-from backends.models.errors import ChatTemplateError, ModelLoadError
-from backends.models.tokenizer import Tokenizer
+from inferflux.backends.models.config import ModelConfig
+from inferflux.backends.models.errors import ChatTemplateError, ModelLoadError
+from inferflux.backends.models.tokenizer import Tokenizer
 
 __all__ = [
     "ChatTemplateError",
@@ -55,12 +55,12 @@ def open_model(path: str | os.PathLike[str]) -> ModelSource:
     """
     path = os.fspath(path)
     if os.path.isdir(path):
-        from backends.models.safetensors_loader import SafetensorsModel
+        from inferflux.backends.models.safetensors_loader import SafetensorsModel
 
         return SafetensorsModel(path)
     if not os.path.exists(path):
         raise ModelLoadError(f"model path does not exist: {path}", {"path": path})
-    from backends.models.gguf_loader import GGUFModel
+    from inferflux.backends.models.gguf_loader import GGUFModel
 
     try:
         return GGUFModel(path)

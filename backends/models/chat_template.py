@@ -21,7 +21,7 @@ import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from backends.models.errors import ChatTemplateError
+from inferflux.backends.models.errors import ChatTemplateError
 
 __all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "template_variables", "validate_messages"]
 

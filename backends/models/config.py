@@ -23,8 +23,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from backends.base import ModelInfo
-from backends.models.errors import ModelLoadError
+from inferflux.backends.base import ModelInfo
+from inferflux.backends.models.errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3")
 ROPE_TYPES: tuple[str, ...] = ("linear", "llama3", "freq_factors")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backends.base import BackendError
+from inferflux.backends.base import BackendError
 
 
 class ModelLoadError(BackendError):

@@ -14,11 +14,11 @@ from typing import Any, Iterator
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from backends.models import quants
-from backends.models.config import ModelConfig
-from backends.models.errors import ModelLoadError
-from backends.models.layout import check_tensors
-from backends.models.tokenizer import Tokenizer
+from inferflux.backends.models import quants
+from inferflux.backends.models.config import ModelConfig
+from inferflux.backends.models.errors import ModelLoadError
+from inferflux.backends.models.layout import check_tensors
+from inferflux.backends.models.tokenizer import Tokenizer
 
 GGUF_MAGIC = b"GGUF"
 

@@ -21,8 +21,8 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from backends.models.config import ModelConfig
-from backends.models.errors import ModelLoadError
+from inferflux.backends.models.config import ModelConfig
+from inferflux.backends.models.errors import ModelLoadError
 
 Shape = tuple[int, ...]
 

@@ -15,10 +15,10 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from backends.models.config import ModelConfig, rope_scaling_from_hf
-from backends.models.errors import ModelLoadError
-from backends.models.layout import check_tensors
-from backends.models.tokenizer import Tokenizer
+from inferflux.backends.models.config import ModelConfig, rope_scaling_from_hf
+from inferflux.backends.models.errors import ModelLoadError
+from inferflux.backends.models.layout import check_tensors
+from inferflux.backends.models.tokenizer import Tokenizer
 
 _DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 _MAX_HEADER = 100 * 1024 * 1024  # the format's own limit; larger means a corrupt file

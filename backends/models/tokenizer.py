@@ -27,8 +27,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 
-from backends.models.chat_template import CHATML_TEMPLATE, ChatTemplate
-from backends.models.errors import ModelLoadError
+from inferflux.backends.models.chat_template import CHATML_TEMPLATE, ChatTemplate
+from inferflux.backends.models.errors import ModelLoadError
 
 # Token types of a GGUF vocabulary (llama.cpp's llama_token_type).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from backends.models.chat_template import template_variables
-from backends.models.errors import ChatTemplateError
+from inferflux.backends.models.chat_template import template_variables
+from inferflux.backends.models.errors import ChatTemplateError
 
 __all__ = ["GENERIC_TOOL_PROMPT", "generic_tool_messages", "tool_call_text", "template_uses_tools"]
 

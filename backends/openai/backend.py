@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from backends.openai.engine import RemoteEngine
-from backends.openai.fleet import FleetConfig
+from inferflux.backends.openai.engine import RemoteEngine
+from inferflux.backends.openai.fleet import FleetConfig
 
 
 class OpenAIBackend:

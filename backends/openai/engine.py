@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from backends.engine import EmbeddingResult, EngineStats, RequestOutput, TokenLogprob
-from backends.openai.errors import UpstreamFailed
-from backends.openai.fleet import Fleet, FleetConfig
-from backends.openai.request import RemoteEmbeddingRequest, RemoteRequest
+from inferflux.backends.engine import EmbeddingResult, EngineStats, RequestOutput, TokenLogprob
+from inferflux.backends.openai.errors import UpstreamFailed
+from inferflux.backends.openai.fleet import Fleet, FleetConfig
+from inferflux.backends.openai.request import RemoteEmbeddingRequest, RemoteRequest
 
 ROUTES = {"chat": "/chat/completions", "completion": "/completions"}
 # Upstreams stream deltas; vLLM, llama.cpp, SGLang and TGI name a finished choice with these.

@@ -47,8 +47,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backends.openai.config import FleetConfig
-from backends.openai.errors import (
+from inferflux.backends.openai.config import FleetConfig
+from inferflux.backends.openai.errors import (
     Scrubber,
     UpstreamError,
     UpstreamFailed,
@@ -56,10 +56,10 @@ from backends.openai.errors import (
     error_from_answer,
     error_in_stream,
 )
-from backends.openai.health import EndpointState, EndpointStatus
-from backends.openai.routing import LeastOutstanding, PrefixRing
-from backends.openai.sse import EventReader
-from backends.openai.transport import (
+from inferflux.backends.openai.health import EndpointState, EndpointStatus
+from inferflux.backends.openai.routing import LeastOutstanding, PrefixRing
+from inferflux.backends.openai.sse import EventReader
+from inferflux.backends.openai.transport import (
     Answer,
     ConnectFailed,
     ConnectionLost,

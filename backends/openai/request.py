@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from backends.engine import SamplingParams
+from inferflux.backends.engine import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

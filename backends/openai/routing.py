@@ -22,7 +22,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 
-from backends.openai.health import EndpointState
+from inferflux.backends.openai.health import EndpointState
 
 VNODES = 100  # ring points per endpoint: within a few percent of an even split of keys
 LOAD_FACTOR = 1.25

@@ -10,7 +10,7 @@ and ``retry`` are skipped.
 
 from __future__ import annotations
 
-from backends.openai.errors import UpstreamFailed
+from inferflux.backends.openai.errors import UpstreamFailed
 
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # a line or an event beyond this is garbage, not a token chunk
 

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from backends.openai.config import BAD_VALUE
+from inferflux.backends.openai.config import BAD_VALUE
 
 __all__ = ["Answer", "ConnectFailed", "ConnectionLost", "DeadlinePassed", "Outgoing", "TimedOut", "Transport"]
 

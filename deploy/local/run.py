@@ -68,7 +68,7 @@ def save_secrets(state: Path, values: dict[str, str]) -> None:
 
 
 def new_key() -> str:
-    from policy.authn.apikeys import generate_key
+    from inferflux.policy.authn.apikeys import generate_key
 
     return generate_key().token
 
@@ -141,7 +141,7 @@ def check_services(pg_server: str, redis_url: str) -> None:
 
 def inferctl() -> list[str]:
     beside = Path(sys.executable).with_name("inferctl")
-    return [str(beside)] if beside.exists() else [sys.executable, "-m", "gateway.cli"]
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "inferflux.gateway.cli"]
 
 
 def port_free(port: int) -> bool:

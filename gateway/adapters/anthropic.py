@@ -38,11 +38,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.adapters.common import BodyError, ChatReader, ToolCall, json_args, named_event, parse_body, parse_part
-from gateway.adapters.common import ParsedRequest, unsupported
-from gateway.adapters.errors import anthropic_error
-from gateway.generation import Usage
-from policy.errors import ApiError
+from inferflux.gateway.adapters.common import BodyError, ChatReader, ToolCall, json_args, named_event, parse_body, parse_part
+from inferflux.gateway.adapters.common import ParsedRequest, unsupported
+from inferflux.gateway.adapters.errors import anthropic_error
+from inferflux.gateway.generation import Usage
+from inferflux.policy.errors import ApiError
 
 _CONFIG = ConfigDict(extra="ignore", strict=True)
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "content_filter": "refusal"}

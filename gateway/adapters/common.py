@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
-from gateway.generation import ChoiceEvent, Generation, Usage
-from gateway.rendering import ChatRenderer, stream_chunks
-from gateway.streaming import SSELast, sse_data
-from gateway.validation_errors import first_error
-from policy.errors import ApiError
+from inferflux.gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
+from inferflux.gateway.generation import ChoiceEvent, Generation, Usage
+from inferflux.gateway.rendering import ChatRenderer, stream_chunks
+from inferflux.gateway.streaming import SSELast, sse_data
+from inferflux.gateway.validation_errors import first_error
+from inferflux.policy.errors import ApiError
 
 if TYPE_CHECKING:
-    from backends.engine import RequestOutput
+    from inferflux.backends.engine import RequestOutput
 
-    from gateway.plan import Plan
+    from inferflux.gateway.plan import Plan
 
 M = TypeVar("M", bound=BaseModel)
 

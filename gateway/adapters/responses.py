@@ -39,10 +39,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gateway.adapters.common import BodyError, ChatReader, ParsedRequest, ToolCall, named_event, parse_body
-from gateway.adapters.common import parse_part, unsupported
-from gateway.generation import Usage
-from policy.errors import ApiError
+from inferflux.gateway.adapters.common import BodyError, ChatReader, ParsedRequest, ToolCall, named_event, parse_body
+from inferflux.gateway.adapters.common import parse_part, unsupported
+from inferflux.gateway.generation import Usage
+from inferflux.policy.errors import ApiError
 
 _CONFIG = ConfigDict(extra="ignore", strict=True)
 _PART_TEXT = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # part type -> its text field

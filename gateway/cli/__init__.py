@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from gateway.cli import (
+from inferflux.gateway.cli import (
     admin_api,
     audit_tail,
     completion,
@@ -36,8 +36,8 @@ from gateway.cli import (
     store,
     usage,
 )
-from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ClientError, print_error, subparsers_of
-from gateway.settings import ConfigError
+from inferflux.gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, ClientError, print_error, subparsers_of
+from inferflux.gateway.settings import ConfigError
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "ClientError", "build_parser", "main"]
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from gateway.cli import main
+from inferflux.gateway.cli import main
 
 sys.exit(main())

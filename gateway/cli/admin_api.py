@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
-from gateway.cli.common import EXIT_OK, positive_int
+from inferflux.gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
+from inferflux.gateway.cli.common import EXIT_OK, positive_int
 
 _TENANT_COLUMNS = ("id", "name", "display_name", "disabled", "allowed_models")
 _KEY_COLUMNS = ("id", "prefix", "name", "role", "expires_at", "revoked_at", "last_used_at")

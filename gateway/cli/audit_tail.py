@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from gateway.cli.client import add_client_options, admin_call
-from gateway.cli.common import EXIT_OK, positive_int, subparsers_of
+from inferflux.gateway.cli.client import add_client_options, admin_call
+from inferflux.gateway.cli.common import EXIT_OK, positive_int, subparsers_of
 
 _MAX_PAGES = 1000  # a bound on one poll: 200,000 events
 

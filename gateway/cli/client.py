@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, SSEError
 
-from gateway.cli.common import EXIT_OK, ClientError
+from inferflux.gateway.cli.common import EXIT_OK, ClientError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from gateway.cli.common import EXIT_OK, subcommands
+from inferflux.gateway.cli.common import EXIT_OK, subcommands
 
 Node = tuple[str, list[str], list[str]]  # (command path, subcommands, options)
 

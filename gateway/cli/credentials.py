@@ -14,8 +14,8 @@ import getpass
 import os
 import sys
 
-from gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
-from gateway.cli.common import ClientError
+from inferflux.gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
+from inferflux.gateway.cli.common import ClientError
 
 _COLUMNS = ("id", "name", "created_at", "updated_at")
 _PATH = "/credentials"

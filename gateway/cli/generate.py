@@ -14,9 +14,9 @@ from typing import Any
 
 from httpx_sse import connect_sse
 
-from gateway.cli import interactive
-from gateway.cli.client import add_client_options, connect, raise_for_error, stream_payloads
-from gateway.cli.common import EXIT_OK, ClientError
+from inferflux.gateway.cli import interactive
+from inferflux.gateway.cli.client import add_client_options, connect, raise_for_error, stream_payloads
+from inferflux.gateway.cli.common import EXIT_OK, ClientError
 
 # (a choice of the answer, whether it is the whole answer rather than a stream's chunk) -> its text
 TextOf = Callable[[dict[str, Any], bool], str]

@@ -17,8 +17,8 @@ import sys
 from typing import Any
 from urllib.parse import urlencode
 
-from gateway.cli.client import add_client_options, admin_call, deleted, json_object, list_all, show
-from gateway.cli.common import ClientError
+from inferflux.gateway.cli.client import add_client_options, admin_call, deleted, json_object, list_all, show
+from inferflux.gateway.cli.common import ClientError
 
 _COLUMNS = ("id", "name", "tenant_id", "enabled", "has_sensitive_spec", "updated_at")
 _PATH = "/guardrails"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
-from gateway.cli.common import ClientError
+from inferflux.gateway.cli.client import add_client_options, admin_call, deleted, list_all, show
+from inferflux.gateway.cli.common import ClientError
 
 _COLUMNS = ("id", "name", "tenant_id", "tenant_ids", "allow_platform", "issuer", "audience", "enabled")
 _PATH = "/oidc-providers"

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 from httpx_sse import connect_sse
 
-from gateway.cli.client import connect, raise_for_error, stream_payloads
-from gateway.cli.common import EXIT_OK, ClientError, print_error
+from inferflux.gateway.cli.client import connect, raise_for_error, stream_payloads
+from inferflux.gateway.cli.common import EXIT_OK, ClientError, print_error
 
 PROMPT = "you> "
 HELP = """commands:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway.cli.client import add_client_options, admin_call, deleted, json_object, list_all, show
-from gateway.cli.common import ClientError, positive_int
+from inferflux.gateway.cli.client import add_client_options, admin_call, deleted, json_object, list_all, show
+from inferflux.gateway.cli.common import ClientError, positive_int
 
 _COLUMNS = ("id", "kind", "name", "enabled", "spec")
 _RATE_FLAGS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")

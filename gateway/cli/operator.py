@@ -12,12 +12,12 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, print_error
-from gateway.settings import ConfigError, ensure_data_dir, load_settings
-from policy.errors import StoreConfigError
+from inferflux.gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, print_error
+from inferflux.gateway.settings import ConfigError, ensure_data_dir, load_settings
+from inferflux.policy.errors import StoreConfigError
 
 if TYPE_CHECKING:
-    from backends.base import ModelSpec
+    from inferflux.backends.base import ModelSpec
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
     level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
-    from gateway import log_redaction, structured_logs
+    from inferflux.gateway import log_redaction, structured_logs
 
     structured_logs.configure(settings.log_format, level)  # text, or one JSON object a line
 
@@ -54,16 +54,16 @@ def _serve(args: argparse.Namespace) -> int:
 
     # Imported here: loading pulls in the engine and backends, which --help and
     # the client commands do not need.
-    from backends.base import BackendError
-    from gateway import drain
-    from gateway.app import create_app
-    from gateway.slowclients import server_options
-    from gateway.tracing import TracingConfigError
-    from gateway.models import ModelManager, engine_config_from, load_served_model
+    from inferflux.backends.base import BackendError
+    from inferflux.gateway import drain
+    from inferflux.gateway.app import create_app
+    from inferflux.gateway.slowclients import server_options
+    from inferflux.gateway.tracing import TracingConfigError
+    from inferflux.gateway.models import ModelManager, engine_config_from, load_served_model
 
-    from gateway.model_admin import ModelAdmin
-    from gateway.upstreams import upstream_key
-    from policy.store import PolicyStore
+    from inferflux.gateway.model_admin import ModelAdmin
+    from inferflux.gateway.upstreams import upstream_key
+    from inferflux.policy.store import PolicyStore
 
     # The store first: a wrong key or an unreachable database should fail in
     # a second, not after the models have loaded.
@@ -121,8 +121,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from backends import registry
-    from backends.base import BackendError
+    from inferflux.backends import registry
+    from inferflux.backends.base import BackendError
 
     settings = load_settings(args.config)
     priority = settings.runtime.backend_priority
@@ -164,8 +164,8 @@ def _pass_plan(spec: ModelSpec, backend: str, chosen: str | None) -> dict[str, A
     """The cpu backend's load passes for a model it would serve: the pipeline and the mode they resolve to."""
     if (chosen if backend == "auto" else backend) != "cpu":
         return {}
-    from backends.cpu import passes
-    from backends.cpu.backend import resolve_dtype
+    from inferflux.backends.cpu import passes
+    from inferflux.backends.cpu.backend import resolve_dtype
 
     return {"pass_plan": passes.plan(spec.passes, spec.dtype, spec.path, resolve_dtype)}
 

@@ -18,10 +18,10 @@ import json
 import time
 from typing import Any
 
-from backends.base import POOLINGS
-from gateway.cli.client import add_client_options, admin_call, show
-from gateway.cli.common import EXIT_FAILURE, EXIT_OK, ClientError
-from gateway.cli.progress import Progress
+from inferflux.backends.base import POOLINGS
+from inferflux.gateway.cli.client import add_client_options, admin_call, show
+from inferflux.gateway.cli.common import EXIT_FAILURE, EXIT_OK, ClientError
+from inferflux.gateway.cli.progress import Progress
 
 POLL_SECONDS = 0.5
 

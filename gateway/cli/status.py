@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from gateway.cli.client import add_client_options, connect, raise_for_error
-from gateway.cli.common import EXIT_FAILURE, EXIT_OK
+from inferflux.gateway.cli.client import add_client_options, connect, raise_for_error
+from inferflux.gateway.cli.common import EXIT_FAILURE, EXIT_OK
 
 
 def _probe(client: httpx.Client, path: str) -> dict[str, Any]:

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from gateway.cli.common import EXIT_OK, ClientError, positive_int
-from gateway.cli.progress import Progress
-from gateway.settings import ConfigError, Settings, ensure_data_dir, load_settings
-from policy.audit.cli import add_audit_parser  # stdlib only: --help stays fast
-from policy.errors import PolicyError, StoreConfigError
+from inferflux.gateway.cli.common import EXIT_OK, ClientError, positive_int
+from inferflux.gateway.cli.progress import Progress
+from inferflux.gateway.settings import ConfigError, Settings, ensure_data_dir, load_settings
+from inferflux.policy.audit.cli import add_audit_parser  # stdlib only: --help stays fast
+from inferflux.policy.errors import PolicyError, StoreConfigError
 
 if TYPE_CHECKING:  # SQLAlchemy is imported by the store commands only
     from sqlalchemy import Engine
@@ -35,9 +35,9 @@ def _audit_checkpoint(args: argparse.Namespace, chain_id: str) -> tuple[Any, Any
     and the signer (its key derived from the store's secret) that checks it. OSError if the store cannot be read."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from policy.audit.checkpoint import CHECKPOINT_PURPOSE, CheckpointSigner
-    from policy.audit.store import AuditStore
-    from policy.store import PolicyStore
+    from inferflux.policy.audit.checkpoint import CHECKPOINT_PURPOSE, CheckpointSigner
+    from inferflux.policy.audit.store import AuditStore
+    from inferflux.policy.store import PolicyStore
 
     try:
         settings = _store_settings(args)
@@ -81,7 +81,7 @@ def _store_settings(args: argparse.Namespace) -> Settings:
 def _store_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
     """An engine on the configured store, and how to name it (without a password)."""
     # Imported here, like the server: SQLAlchemy and Alembic are not needed for --help.
-    from policy.store.db import create_store_engine, describe_url
+    from inferflux.policy.store.db import create_store_engine, describe_url
 
     settings = _store_settings(args)
     url = settings.store.database_url(settings.data_dir)
@@ -93,7 +93,7 @@ def _store_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, str]]:
 
 
 def _print_revision(engine: Engine, where: str, as_json: bool = False) -> None:
-    from policy.store import migrate
+    from inferflux.policy.store import migrate
 
     revision, head = migrate.current(engine), migrate.head()
     if as_json:
@@ -106,7 +106,7 @@ def _print_revision(engine: Engine, where: str, as_json: bool = False) -> None:
 @_store_command
 def _db_migrate(args: argparse.Namespace) -> int:
     """``db upgrade`` or ``db downgrade`` (``args.direction``) to ``args.revision``."""
-    from policy.store import migrate
+    from inferflux.policy.store import migrate
 
     step = migrate.upgrade if args.direction == "upgrade" else migrate.downgrade
     with _store_engine(args) as (engine, where):
@@ -138,7 +138,7 @@ def _new_passphrase() -> str:
 
 @_store_command
 def _rotate_key(args: argparse.Namespace) -> int:
-    from policy.store import PolicyStore
+    from inferflux.policy.store import PolicyStore
 
     settings = _store_settings(args)
     new_passphrase = _new_passphrase() if args.new_passphrase else None

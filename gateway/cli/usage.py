@@ -18,8 +18,8 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
-from gateway.cli.client import add_client_options, admin_call, connect, list_all, raise_for_error, show
-from gateway.cli.common import EXIT_OK, ClientError, positive_int
+from inferflux.gateway.cli.client import add_client_options, admin_call, connect, list_all, raise_for_error, show
+from inferflux.gateway.cli.common import EXIT_OK, ClientError, positive_int
 
 _PRICE_COLUMNS = ("model", "prompt_usd_per_million", "completion_usd_per_million", "updated_at")
 _BUDGET_COLUMNS = ("id", "name", "enabled", "spec")

@@ -16,6 +16,6 @@ in ``oidc``.
 
 from __future__ import annotations
 
-from gateway.console.views import Console
+from inferflux.gateway.console.views import Console
 
 __all__ = ["Console"]

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import Message
 
-from gateway.errors import error_payload
+from inferflux.gateway.errors import error_payload
 
 API_PREFIX = "/admin/v1"
 # Starlette's ExceptionMiddleware puts the app's handlers here; a route call reads them from its scope.

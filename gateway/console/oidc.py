@@ -27,10 +27,10 @@ from authlib.integrations.httpx_client import AsyncOAuth2Client
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from gateway.auth import call_store
-from gateway.console.sessions import COOKIE_PATH
-from policy.errors import AuthenticationError, NotFound, PolicyError
-from policy.store import PolicyStore
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.console.sessions import COOKIE_PATH
+from inferflux.policy.errors import AuthenticationError, NotFound, PolicyError
+from inferflux.policy.store import PolicyStore
 
 PENDING_SECONDS = 600
 MAX_PENDING = 10_000

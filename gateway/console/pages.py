@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.rbac import ROLE_NAMES, Principal, Scope
+from inferflux.policy.rbac import ROLE_NAMES, Principal, Scope
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ from datetime import UTC, datetime
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.auth import Authenticator, call_store
-from policy.errors import NotFound, PolicyError
-from policy.rbac import Principal
-from policy.store import PolicyStore
+from inferflux.gateway.auth import Authenticator, call_store
+from inferflux.policy.errors import NotFound, PolicyError
+from inferflux.policy.rbac import Principal
+from inferflux.policy.store import PolicyStore
 
 COOKIE = "inferflux_console"
 LOGIN_COOKIE = "inferflux_console_login"  # the sign-in form's double-submit CSRF token, before any session

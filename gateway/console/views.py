@@ -19,12 +19,12 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import BaseRoute, Mount, Route, Router
 from starlette.staticfiles import StaticFiles
 
-from gateway.auth import Authenticator
-from gateway.console.dispatch import API_PREFIX, ApiAnswer, call_api
-from gateway.console.oidc import BINDING_COOKIE, OidcLogin, continue_page
-from gateway.console.pages import TAIL_PAGES, TAIL_ROWS, TAIL_SECONDS, Page, cell, find_action, find_page, form_body, menu
-from gateway.console.security import REPORT_PATH, CspReports, SecurityHeaders
-from gateway.console.sessions import (
+from inferflux.gateway.auth import Authenticator
+from inferflux.gateway.console.dispatch import API_PREFIX, ApiAnswer, call_api
+from inferflux.gateway.console.oidc import BINDING_COOKIE, OidcLogin, continue_page
+from inferflux.gateway.console.pages import TAIL_PAGES, TAIL_ROWS, TAIL_SECONDS, Page, cell, find_action, find_page, form_body, menu
+from inferflux.gateway.console.security import REPORT_PATH, CspReports, SecurityHeaders
+from inferflux.gateway.console.sessions import (
     COOKIE,
     IDLE_SECONDS,
     LOGIN_COOKIE,
@@ -35,14 +35,14 @@ from gateway.console.sessions import (
     csrf_matches,
     set_cookie,
 )
-from gateway.context import get_context
-from gateway.errors import NotFound, render_error
-from gateway.metrics import GatewayMetrics
-from gateway.state import state_of
-from policy.audit.events import admin_event
-from policy.errors import ApiError, AuthenticationError, PolicyError
-from policy.rbac import Principal, Scope
-from policy.store import PolicyStore
+from inferflux.gateway.context import get_context
+from inferflux.gateway.errors import NotFound, render_error
+from inferflux.gateway.metrics import GatewayMetrics
+from inferflux.gateway.state import state_of
+from inferflux.policy.audit.events import admin_event
+from inferflux.policy.errors import ApiError, AuthenticationError, PolicyError
+from inferflux.policy.rbac import Principal, Scope
+from inferflux.policy.store import PolicyStore
 
 _HERE = Path(__file__).parent
 _MAX_FORM = 256 * 1024

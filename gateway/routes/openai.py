@@ -24,28 +24,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.adapters import Adapter, AdapterRenderer, MessagesRequest, ResponsesRequest, parse_messages
-from gateway.adapters import parse_responses
-from gateway.authz import principal_of, requires
-from gateway.context import get_context
-from gateway.embeddings import EmbeddingsRequest, embed, embedding_settings, parse_embeddings, plan_embeddings
-from gateway.embeddings import render_embeddings
-from gateway.errors import ModelNotFound, UnsupportedMediaType
-from gateway.generation import ChoiceEvent, Generation
-from gateway.jsonbody import decode_json_body
-from gateway.metrics import CLIENT_CLOSED_STATUS
-from gateway.models import ModelManager, ServedModel
-from gateway.openapi import document
-from gateway.plan import GenerationRequest, Placement, Plan, plan_chat, plan_completion
-from gateway.plan_remote import plan_remote
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
-from gateway.rendering import ChatRenderer, CompletionRenderer, Renderer, collect, sse_body
-from gateway.request_policy import RequestPolicy
-from gateway.state import state_of
-from gateway.streaming import ClientDisconnected, SSEResponse, drain_deadline, run_until_disconnect
-from gateway.tracing import stage
-from policy.errors import ApiError
-from policy.rbac import Scope
+from inferflux.gateway.adapters import Adapter, AdapterRenderer, MessagesRequest, ResponsesRequest, parse_messages
+from inferflux.gateway.adapters import parse_responses
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.context import get_context
+from inferflux.gateway.embeddings import EmbeddingsRequest, embed, embedding_settings, parse_embeddings, plan_embeddings
+from inferflux.gateway.embeddings import render_embeddings
+from inferflux.gateway.errors import ModelNotFound, UnsupportedMediaType
+from inferflux.gateway.generation import ChoiceEvent, Generation
+from inferflux.gateway.jsonbody import decode_json_body
+from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS
+from inferflux.gateway.models import ModelManager, ServedModel
+from inferflux.gateway.openapi import document
+from inferflux.gateway.plan import GenerationRequest, Placement, Plan, plan_chat, plan_completion
+from inferflux.gateway.plan_remote import plan_remote
+from inferflux.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from inferflux.gateway.rendering import ChatRenderer, CompletionRenderer, Renderer, collect, sse_body
+from inferflux.gateway.request_policy import RequestPolicy
+from inferflux.gateway.state import state_of
+from inferflux.gateway.streaming import ClientDisconnected, SSEResponse, drain_deadline, run_until_disconnect
+from inferflux.gateway.tracing import stage
+from inferflux.policy.errors import ApiError
+from inferflux.policy.rbac import Scope
 
 Req = TypeVar("Req", ChatCompletionRequest, CompletionRequest)
 

@@ -140,9 +140,9 @@ and name types they share), ``schema`` (``Settings``, the top-level keys),
 ``loading`` (``load_settings``: the layers, ``ENV_KEYS``, ``ConfigError``).
 """
 
-from gateway.settings.loading import ENV_KEYS, ConfigError, ensure_data_dir, load_settings
-from gateway.settings.schema import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_NAME, Settings, default_data_dir
-from gateway.settings.sections import (
+from inferflux.gateway.settings.loading import ENV_KEYS, ConfigError, ensure_data_dir, load_settings
+from inferflux.gateway.settings.schema import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_NAME, Settings, default_data_dir
+from inferflux.gateway.settings.sections import (
     AuditSettings,
     AuditSinkSettings,
     AuthSettings,

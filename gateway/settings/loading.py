@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.validation_errors import first_error
-from gateway.settings.schema import DEFAULT_MODEL_NAME, Settings, default_data_dir, default_model_path
+from inferflux.gateway.validation_errors import first_error
+from inferflux.gateway.settings.schema import DEFAULT_MODEL_NAME, Settings, default_data_dir, default_model_path
 
 log = logging.getLogger("inferflux.gateway.settings")
 

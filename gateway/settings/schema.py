@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from backends.base import ModelSpec
-from gateway.settings.sections import (
+from inferflux.backends.base import ModelSpec
+from inferflux.gateway.settings.sections import (
     AuditSettings,
     AuthSettings,
     ByteSize,
@@ -30,7 +30,7 @@ from gateway.settings.sections import (
     TracingSettings,
     UpstreamPolicySettings,
 )
-from policy.store.config import StoreSettings
+from inferflux.policy.store.config import StoreSettings
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -141,6 +141,6 @@ class Settings(BaseModel):
 
 def default_model_path() -> str:
     """The default SmolLM2's GGUF file (imported on use: settings load without the model package)."""
-    from backends.models import default_model_path as packaged
+    from inferflux.backends.models import default_model_path as packaged
 
     return packaged()

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from gateway.jsonbody import JsonLimits
-from gateway.protocol import StopLimits
+from inferflux.gateway.jsonbody import JsonLimits
+from inferflux.gateway.protocol import StopLimits
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)b?|b)?\s*$", re.IGNORECASE)
 
@@ -465,8 +465,8 @@ class RuntimeSettings(BaseModel):
     def _names(cls, names: list[str] | None) -> list[str] | None:
         if names is None:
             return None
-        from backends.base import BackendError
-        from backends.registry import parse_names
+        from inferflux.backends.base import BackendError
+        from inferflux.backends.registry import parse_names
 
         try:
             return list(parse_names(names, "backend_priority"))

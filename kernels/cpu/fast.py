@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kernels import cpu
-from kernels.reference import (  # noqa: F401  (re-exported: the rest of the kernel set)
+from inferflux.kernels import cpu
+from inferflux.kernels.reference import (  # noqa: F401  (re-exported: the rest of the kernel set)
     apply_rope_interleaved,
     attention_mask,
     causal_attention,

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from kernels.contracts import check_paged_attention, check_store_kv
-from kernels.errors import KernelError
-from kernels.reference import add_rms_norm, apply_rope, apply_rope_interleaved, causal_attention, rms_norm, silu_and_mul
+from inferflux.kernels.contracts import check_paged_attention, check_store_kv
+from inferflux.kernels.errors import KernelError
+from inferflux.kernels.reference import add_rms_norm, apply_rope, apply_rope_interleaved, causal_attention, rms_norm, silu_and_mul
 
 __all__ = [
     "add_rms_norm",

@@ -26,7 +26,7 @@ compiled or interpreted. ``python -m kernels.triton.compile_check`` compiles eve
 kernel for CUDA (sm_80, sm_90) and ROCm (gfx942) targets without a GPU.
 """
 
-from kernels.reference import causal_attention
+from inferflux.kernels.reference import causal_attention
 
 from .activation import silu_and_mul
 from .kv_store import store_kv

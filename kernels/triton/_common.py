@@ -12,7 +12,7 @@ import os
 import torch
 import triton
 
-from kernels.errors import KernelError
+from inferflux.kernels.errors import KernelError
 
 # Triton makes a kernel compiled or interpreted when @triton.jit runs, which is when
 # this package is imported (this module first): later changes of TRITON_INTERPRET

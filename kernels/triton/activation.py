@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contracts import check_float
-from kernels.errors import KernelError
+from inferflux.kernels.contracts import check_float
+from inferflux.kernels.errors import KernelError
 
 from ._common import check_device, unit_last_stride
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contracts import check_store_kv
+from inferflux.kernels.contracts import check_store_kv
 
 from ._common import block, check_cache_strides, check_device, unit_last_stride
 

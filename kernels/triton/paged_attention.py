@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.contracts import check_paged_attention
+from inferflux.kernels.contracts import check_paged_attention
 
 from ._common import block, check_cache_strides, check_device, interpreting, unit_last_stride
 

@@ -38,7 +38,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
-from policy.errors import StoreConfigError
+from inferflux.policy.errors import StoreConfigError
 
 revision: str = "0003"
 down_revision: str | None = "0002"

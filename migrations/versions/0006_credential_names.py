@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from policy.errors import StoreConfigError
+from inferflux.policy.errors import StoreConfigError
 
 revision: str = "0006"
 down_revision: str | None = "0005"

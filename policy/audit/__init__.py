@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from policy.lazy import lazy_exports
+from inferflux.policy.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from policy.audit.chain import Problem, VerifyReport, verify_lines
-    from policy.audit.cli import add_audit_parser, verify_files, verify_spool
-    from policy.audit.delivery import Backoff, Delivery, Sink
-    from policy.audit.errors import (
+    from inferflux.policy.audit.chain import Problem, VerifyReport, verify_lines
+    from inferflux.policy.audit.cli import add_audit_parser, verify_files, verify_spool
+    from inferflux.policy.audit.delivery import Backoff, Delivery, Sink
+    from inferflux.policy.audit.errors import (
         AuditUnavailable,
         ChainConflict,
         InvalidAuditEvent,
@@ -40,23 +40,23 @@ if TYPE_CHECKING:
         SpoolConfigError,
         TooManySubscriptions,
     )
-    from policy.audit.events import AuditEvent, ContentDigester, Finding, admin_event, api_event
-    from policy.audit.sinks.file import FileSink
-    from policy.audit.sinks.http import HttpSink
-    from policy.audit.sinks.syslog import SyslogSink
-    from policy.audit.spool import Cursor, Receipt, Spool, SpooledRecord, SpoolSettings
-    from policy.audit.store import AuditRecord, AuditStore, IndexerSink
-    from policy.audit.store import Retention
-    from policy.audit.tail import Dropped, LiveTail, Subscription, sse_message
-    from policy.audit.trail import AuditTrail
+    from inferflux.policy.audit.events import AuditEvent, ContentDigester, Finding, admin_event, api_event
+    from inferflux.policy.audit.sinks.file import FileSink
+    from inferflux.policy.audit.sinks.http import HttpSink
+    from inferflux.policy.audit.sinks.syslog import SyslogSink
+    from inferflux.policy.audit.spool import Cursor, Receipt, Spool, SpooledRecord, SpoolSettings
+    from inferflux.policy.audit.store import AuditRecord, AuditStore, IndexerSink
+    from inferflux.policy.audit.store import Retention
+    from inferflux.policy.audit.tail import Dropped, LiveTail, Subscription, sse_message
+    from inferflux.policy.audit.trail import AuditTrail
 
 __all__, __getattr__ = lazy_exports(
     __name__,
     {
-        "policy.audit.chain": ("Problem", "VerifyReport", "verify_lines"),
-        "policy.audit.cli": ("add_audit_parser", "verify_files", "verify_spool"),
-        "policy.audit.delivery": ("Backoff", "Delivery", "Sink"),
-        "policy.audit.errors": (
+        "inferflux.policy.audit.chain": ("Problem", "VerifyReport", "verify_lines"),
+        "inferflux.policy.audit.cli": ("add_audit_parser", "verify_files", "verify_spool"),
+        "inferflux.policy.audit.delivery": ("Backoff", "Delivery", "Sink"),
+        "inferflux.policy.audit.errors": (
             "AuditUnavailable",
             "ChainConflict",
             "InvalidAuditEvent",
@@ -64,13 +64,13 @@ __all__, __getattr__ = lazy_exports(
             "SpoolConfigError",
             "TooManySubscriptions",
         ),
-        "policy.audit.events": ("AuditEvent", "ContentDigester", "Finding", "admin_event", "api_event"),
-        "policy.audit.sinks.file": ("FileSink",),
-        "policy.audit.sinks.http": ("HttpSink",),
-        "policy.audit.sinks.syslog": ("SyslogSink",),
-        "policy.audit.spool": ("Cursor", "Receipt", "Spool", "SpooledRecord", "SpoolSettings"),
-        "policy.audit.store": ("AuditRecord", "AuditStore", "IndexerSink", "Retention"),
-        "policy.audit.tail": ("Dropped", "LiveTail", "Subscription", "sse_message"),
-        "policy.audit.trail": ("AuditTrail",),
+        "inferflux.policy.audit.events": ("AuditEvent", "ContentDigester", "Finding", "admin_event", "api_event"),
+        "inferflux.policy.audit.sinks.file": ("FileSink",),
+        "inferflux.policy.audit.sinks.http": ("HttpSink",),
+        "inferflux.policy.audit.sinks.syslog": ("SyslogSink",),
+        "inferflux.policy.audit.spool": ("Cursor", "Receipt", "Spool", "SpooledRecord", "SpoolSettings"),
+        "inferflux.policy.audit.store": ("AuditRecord", "AuditStore", "IndexerSink", "Retention"),
+        "inferflux.policy.audit.tail": ("Dropped", "LiveTail", "Subscription", "sse_message"),
+        "inferflux.policy.audit.trail": ("AuditTrail",),
     },
 )

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from policy.digests import sha256
+from inferflux.policy.digests import sha256
 
 FORMAT_VERSION: Final = 1
 GENESIS: Final = "0" * 64  # the prev of every chain's record 0

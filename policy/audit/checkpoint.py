@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from policy.audit.chain import ChainSummary, Problem, canonical_json
-from policy.audit.errors import AuditUnavailable
-from policy.audit.events import checkpoint_event
+from inferflux.policy.audit.chain import ChainSummary, Problem, canonical_json
+from inferflux.policy.audit.errors import AuditUnavailable
+from inferflux.policy.audit.events import checkpoint_event
 
 if TYPE_CHECKING:
-    from policy.audit.spool import Spool
+    from inferflux.policy.audit.spool import Spool
 
 log = logging.getLogger("inferflux.policy.audit")
 

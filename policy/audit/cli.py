@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported when a command runs: ``inferctl --help`` loads only this module
-    from policy.audit.chain import VerifyReport
-    from policy.audit.checkpoint import Checkpoint, CheckpointSigner
+    from inferflux.policy.audit.chain import VerifyReport
+    from inferflux.policy.audit.checkpoint import Checkpoint, CheckpointSigner
 
 # (parsed arguments, chain id) -> (that chain's latest checkpoint or None, the signer that checks it)
 CheckpointLoader = Callable[[argparse.Namespace, str], "tuple[Checkpoint | None, CheckpointSigner]"]
@@ -40,9 +40,9 @@ def verify_spool(
     """
     from dataclasses import replace
 
-    from policy.audit.chain import verify_lines
-    from policy.audit.checkpoint import check_tail
-    from policy.audit.spool import segment_files
+    from inferflux.policy.audit.chain import verify_lines
+    from inferflux.policy.audit.checkpoint import check_tail
+    from inferflux.policy.audit.spool import segment_files
 
     directory = Path(directory)
     if not (directory / "segments").is_dir():
@@ -65,7 +65,7 @@ def spool_chain_id(directory: str | Path) -> str:
 
 def verify_files(paths: Sequence[str | Path], *, allow_duplicates: bool = True) -> VerifyReport:
     """Verify JSON-lines files (a file sink's output, oldest first), skipping identical re-deliveries."""
-    from policy.audit.chain import verify_lines
+    from inferflux.policy.audit.chain import verify_lines
 
     return verify_lines(_lines([Path(p) for p in paths]), allow_duplicates=allow_duplicates)
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, Self
 
-from policy.audit.spool import Cursor, Spool, SpooledRecord
+from inferflux.policy.audit.spool import Cursor, Spool, SpooledRecord
 
 log = logging.getLogger("inferflux.policy.audit")
 

@@ -7,7 +7,7 @@ operators and start-up code and never carry a secret in their message.
 
 from __future__ import annotations
 
-from policy.errors import PolicyError
+from inferflux.policy.errors import PolicyError
 
 
 class AuditUnavailable(PolicyError):

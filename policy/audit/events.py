@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from policy.audit.errors import InvalidAuditEvent
-from policy.digests import HmacSha256
-from policy.ids import random_id
+from inferflux.policy.audit.errors import InvalidAuditEvent
+from inferflux.policy.digests import HmacSha256
+from inferflux.policy.ids import random_id
 
 KINDS: Final = ("api", "admin", "checkpoint")  # checkpoint: a signed chain head (policy.audit.checkpoint)
 DECISIONS: Final = ("allow", "deny", "error")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Final
 
-from policy.audit.events import AuditEvent, new_event_id
+from inferflux.policy.audit.events import AuditEvent, new_event_id
 
 OVERFLOW: Final = "*overflow*"
 

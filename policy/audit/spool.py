@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from policy.audit.chain import GENESIS, sealed_line
-from policy.audit.errors import AuditUnavailable, SpoolConfigError
-from policy.audit.events import AuditEvent
-from policy.audit.spool_files import (
+from inferflux.policy.audit.chain import GENESIS, sealed_line
+from inferflux.policy.audit.errors import AuditUnavailable, SpoolConfigError
+from inferflux.policy.audit.events import AuditEvent
+from inferflux.policy.audit.spool_files import (
     NAME,
     SEGMENT_SUFFIX,
     Cursor,
@@ -63,8 +63,8 @@ from policy.audit.spool_files import (
     segment_files,
     segment_path,
 )
-from policy.audit.spool_receipts import Receipt, resolve_receipts
-from policy.fileio import fsync_dir, remove_temporaries, whole_lines_length, write_all
+from inferflux.policy.audit.spool_receipts import Receipt, resolve_receipts
+from inferflux.policy.fileio import fsync_dir, remove_temporaries, whole_lines_length, write_all
 
 # Cursor, Receipt, SpooledRecord, segment_files and SEGMENT_SUFFIX were first defined here; importers keep them.
 __all__ = ["FAILURE_HOLD_SECONDS", "FREE_CHECK_SECONDS", "SEGMENT_SUFFIX", "Cursor", "Receipt", "Spool",

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from policy.audit.chain import canonical_json
-from policy.audit.errors import SpoolConfigError
-from policy.fileio import write_atomically
+from inferflux.policy.audit.chain import canonical_json
+from inferflux.policy.audit.errors import SpoolConfigError
+from inferflux.policy.fileio import write_atomically
 
 log = logging.getLogger("inferflux.policy.audit")
 

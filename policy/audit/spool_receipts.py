@@ -14,7 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from policy.audit.errors import AuditUnavailable
+from inferflux.policy.audit.errors import AuditUnavailable
 
 
 class Receipt:

@@ -33,21 +33,21 @@ from sqlalchemy import Connection, Engine, Table, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from policy.audit.checkpoint import Checkpoint
-from policy.audit.delivery import Worker
-from policy.audit.events import DECISIONS, KINDS, AuditEvent
-from policy.audit.errors import ChainConflict, InvalidAuditEvent
-from policy.audit.spool import SpooledRecord
-from policy.errors import ValidationFailed
-from policy.ids import random_id
-from policy.store.config import StoreSettings
-from policy.store.db import create_store_engine
-from policy.store.models import AuditCheckpointRow, AuditEventRow, ModelPrice, UsageRow
-from policy.store.pagination import paginate
-from policy.store.records import Page
-from policy.store.repos.base import unavailable_as_503
-from policy.usage import rollup
-from policy.usage.cost import Price
+from inferflux.policy.audit.checkpoint import Checkpoint
+from inferflux.policy.audit.delivery import Worker
+from inferflux.policy.audit.events import DECISIONS, KINDS, AuditEvent
+from inferflux.policy.audit.errors import ChainConflict, InvalidAuditEvent
+from inferflux.policy.audit.spool import SpooledRecord
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.ids import random_id
+from inferflux.policy.store.config import StoreSettings
+from inferflux.policy.store.db import create_store_engine
+from inferflux.policy.store.models import AuditCheckpointRow, AuditEventRow, ModelPrice, UsageRow
+from inferflux.policy.store.pagination import paginate
+from inferflux.policy.store.records import Page
+from inferflux.policy.store.repos.base import unavailable_as_503
+from inferflux.policy.usage import rollup
+from inferflux.policy.usage.cost import Price
 
 log = logging.getLogger("inferflux.policy.audit")
 

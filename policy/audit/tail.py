@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policy.audit.chain import canonical_json
-from policy.audit.errors import AuditUnavailable, TooManySubscriptions
-from policy.audit.spool import SpooledRecord
+from inferflux.policy.audit.chain import canonical_json
+from inferflux.policy.audit.errors import AuditUnavailable, TooManySubscriptions
+from inferflux.policy.audit.spool import SpooledRecord
 
 
 RETRY_AFTER_SECONDS = 5

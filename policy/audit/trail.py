@@ -30,13 +30,13 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from policy.audit.checkpoint import Checkpointer
-from policy.audit.delivery import Backoff, Delivery, Sink, Worker
-from policy.audit.errors import AuditUnavailable
-from policy.audit.events import AuditEvent
-from policy.audit.refusals import RefusalAggregator
-from policy.audit.spool import Receipt, Spool
-from policy.audit.tail import LiveTail, Subscription
+from inferflux.policy.audit.checkpoint import Checkpointer
+from inferflux.policy.audit.delivery import Backoff, Delivery, Sink, Worker
+from inferflux.policy.audit.errors import AuditUnavailable
+from inferflux.policy.audit.events import AuditEvent
+from inferflux.policy.audit.refusals import RefusalAggregator
+from inferflux.policy.audit.spool import Receipt, Spool
+from inferflux.policy.audit.tail import LiveTail, Subscription
 
 log = logging.getLogger("inferflux.policy.audit")
 

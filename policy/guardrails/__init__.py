@@ -20,17 +20,17 @@ undone, ``pii`` for the detectors and ``stream`` for the hold-back bound.
 
 from __future__ import annotations
 
-from policy.guardrails.check import Decision
-from policy.guardrails.engine import EMPTY, Guardrails, validate_policy
-from policy.guardrails.errors import ContentFiltered, GuardrailMisconfigured, PolicyDenied, PolicyEngineUnavailable
-from policy.guardrails.findings import Action, Direction, Finding
-from policy.guardrails.normalize import Normalized, normalize
-from policy.guardrails.opa import EmbeddedRego, OpaDecision, RemoteOpa, opa_input
-from policy.guardrails.pii import PII_TYPES
-from policy.guardrails.resolver import GuardrailResolver
-from policy.guardrails.spec import KIND, GuardrailSpec, parse_spec
-from policy.guardrails.stream import OutputStream, StreamStep
-from policy.guardrails.texts import request_texts, with_texts
+from inferflux.policy.guardrails.check import Decision
+from inferflux.policy.guardrails.engine import EMPTY, Guardrails, validate_policy
+from inferflux.policy.guardrails.errors import ContentFiltered, GuardrailMisconfigured, PolicyDenied, PolicyEngineUnavailable
+from inferflux.policy.guardrails.findings import Action, Direction, Finding
+from inferflux.policy.guardrails.normalize import Normalized, normalize
+from inferflux.policy.guardrails.opa import EmbeddedRego, OpaDecision, RemoteOpa, opa_input
+from inferflux.policy.guardrails.pii import PII_TYPES
+from inferflux.policy.guardrails.resolver import GuardrailResolver
+from inferflux.policy.guardrails.spec import KIND, GuardrailSpec, parse_spec
+from inferflux.policy.guardrails.stream import OutputStream, StreamStep
+from inferflux.policy.guardrails.texts import request_texts, with_texts
 
 __all__ = [
     "EMPTY",

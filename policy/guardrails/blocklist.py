@@ -35,9 +35,9 @@ from collections.abc import Iterator, Sequence
 
 import re2
 
-from policy.errors import ValidationFailed
-from policy.guardrails.findings import Finder, Hit
-from policy.guardrails.normalize import normalize
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.guardrails.findings import Finder, Hit
+from inferflux.policy.guardrails.normalize import normalize
 
 MAX_PATTERN_LENGTH = 1000
 MAX_LITERAL_LENGTH = 200

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policy.guardrails.blocklist import literal_gate
-from policy.guardrails.decode import DECODERS
-from policy.guardrails.errors import ContentFiltered
-from policy.guardrails.findings import Action, Finding, Hit, Matcher
-from policy.guardrails.normalize import Normalized, normalize
+from inferflux.policy.guardrails.blocklist import literal_gate
+from inferflux.policy.guardrails.decode import DECODERS
+from inferflux.policy.guardrails.errors import ContentFiltered
+from inferflux.policy.guardrails.findings import Action, Finding, Hit, Matcher
+from inferflux.policy.guardrails.normalize import Normalized, normalize
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from policy.errors import ValidationFailed
-from policy.guardrails.blocklist import compile_regex, is_plain, literal_finder, regex_finder
-from policy.guardrails import confusables
-from policy.guardrails.check import Decision, Decodings, check_texts, scan_plan
-from policy.guardrails.findings import Action, Direction, Matcher
-from policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all, decide_inline
-from policy.guardrails.pii import DETECTORS, PLACEHOLDERS
-from policy.guardrails.spec import DECODINGS, GuardrailSpec, parse_spec
-from policy.guardrails.stream import OutputStream, holdback
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.guardrails.blocklist import compile_regex, is_plain, literal_finder, regex_finder
+from inferflux.policy.guardrails import confusables
+from inferflux.policy.guardrails.check import Decision, Decodings, check_texts, scan_plan
+from inferflux.policy.guardrails.findings import Action, Direction, Matcher
+from inferflux.policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all, decide_inline
+from inferflux.policy.guardrails.pii import DETECTORS, PLACEHOLDERS
+from inferflux.policy.guardrails.spec import DECODINGS, GuardrailSpec, parse_spec
+from inferflux.policy.guardrails.stream import OutputStream, holdback
 
 BLOCKLIST_PLACEHOLDER = "[REDACTED]"
 

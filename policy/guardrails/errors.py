@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from policy.errors import PermissionDenied, PolicyError, PolicyUnusable
+from inferflux.policy.errors import PermissionDenied, PolicyError, PolicyUnusable
 
 if TYPE_CHECKING:
-    from policy.guardrails.findings import Finding
+    from inferflux.policy.guardrails.findings import Finding
 
 
 class ContentFiltered(PolicyError):
@@ -31,7 +31,7 @@ class ContentFiltered(PolicyError):
 
     @classmethod
     def from_findings(cls, findings: Iterable[Finding], *, direction: str = "input") -> ContentFiltered:
-        from policy.guardrails.findings import Action
+        from inferflux.policy.guardrails.findings import Action
 
         findings = tuple(findings)
         reasons = tuple(dict.fromkeys(f.reason() for f in findings if f.action is Action.BLOCK))

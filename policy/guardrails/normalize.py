@@ -47,7 +47,7 @@ from functools import lru_cache
 
 import re2
 
-from policy.guardrails import confusables
+from inferflux.policy.guardrails import confusables
 
 # Default-ignorable code points outside category Cf (which is removed wholesale).
 _IGNORABLE = frozenset(

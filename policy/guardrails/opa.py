@@ -48,16 +48,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from policy.errors import ValidationFailed
-from policy.guardrails.errors import PolicyDenied, PolicyEngineUnavailable
-from policy.guardrails.findings import Finding
-from policy.guardrails.opa_cache import DecisionCache, cacheable_fields
-from policy.guardrails.rego_input import expressions, query, rego_input
-from policy.rbac import Principal
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.guardrails.errors import PolicyDenied, PolicyEngineUnavailable
+from inferflux.policy.guardrails.findings import Finding
+from inferflux.policy.guardrails.opa_cache import DecisionCache, cacheable_fields
+from inferflux.policy.guardrails.rego_input import expressions, query, rego_input
+from inferflux.policy.rbac import Principal
 
 if TYPE_CHECKING:
     # A type only: spec imports this module to compile a policy's Rego when it is written.
-    from policy.guardrails.spec import OpaSettings
+    from inferflux.policy.guardrails.spec import OpaSettings
 
 log = logging.getLogger("inferflux.guardrails.opa")
 

@@ -41,7 +41,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from policy.bounded import remember
+from inferflux.policy.bounded import remember
 
 MAX_ENTRIES = 1024
 

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import re2
 
-from policy.guardrails.findings import Finder, Hit
+from inferflux.policy.guardrails.findings import Finder, Hit
 
 PII_TYPES: tuple[str, ...] = ("secret", "card", "iban", "ssn", "email", "ip", "phone")
 PLACEHOLDERS: dict[str, str] = {

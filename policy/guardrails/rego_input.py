@@ -43,7 +43,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from policy.bounded import remember
+from inferflux.policy.bounded import remember
 
 _INT64 = (-(2**63), 2**63 - 1)
 # What json.dumps(ensure_ascii=False) escapes: the quote, the backslash and control characters.

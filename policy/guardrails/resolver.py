@@ -28,15 +28,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from policy.errors import StoreUnavailable, ValidationFailed
-from policy.guardrails.engine import Guardrails
-from policy.guardrails.errors import GuardrailMisconfigured
-from policy.guardrails.opa import EmbeddedRego, PolicyEngine, build_engine
-from policy.guardrails.spec import KIND, GuardrailSpec, OpaSettings, parse_spec
-from policy.snapshot import StoreSnapshot
+from inferflux.policy.errors import StoreUnavailable, ValidationFailed
+from inferflux.policy.guardrails.engine import Guardrails
+from inferflux.policy.guardrails.errors import GuardrailMisconfigured
+from inferflux.policy.guardrails.opa import EmbeddedRego, PolicyEngine, build_engine
+from inferflux.policy.guardrails.spec import KIND, GuardrailSpec, OpaSettings, parse_spec
+from inferflux.policy.snapshot import StoreSnapshot
 
 if TYPE_CHECKING:
-    from policy.store import PolicyRecord, PolicyStore
+    from inferflux.policy.store import PolicyRecord, PolicyStore
 
 log = logging.getLogger("inferflux.guardrails")
 

@@ -37,16 +37,16 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from policy.errors import ValidationFailed
-from policy.guardrails.blocklist import (
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.guardrails.blocklist import (
     DEFAULT_REGEX_MAX_LENGTH,
     compile_regex,
     normalize_literal,
     regex_max_length,
 )
-from policy.guardrails.decode import DECODERS
-from policy.guardrails.findings import Action, Direction
-from policy.guardrails.pii import PII_TYPES
+from inferflux.policy.guardrails.decode import DECODERS
+from inferflux.policy.guardrails.findings import Action, Direction
+from inferflux.policy.guardrails.pii import PII_TYPES
 
 KIND = "guardrail"
 DECODINGS = tuple(DECODERS)
@@ -265,7 +265,7 @@ def _opa(value: Any, token: str | None) -> OpaSettings:
         query = value.get("query", DEFAULT_OPA_QUERY)
         if not isinstance(query, str) or not _QUERY.match(query):
             raise ValidationFailed("spec.opa.query must look like data.<package>.<rule>", param="spec.opa.query")
-        from policy.guardrails.opa import check_rego  # compiles it: a syntax error is refused here
+        from inferflux.policy.guardrails.opa import check_rego  # compiles it: a syntax error is refused here
 
         check_rego(rego, query)
         return OpaSettings(**common, rego=rego, query=query)

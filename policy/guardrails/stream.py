@@ -41,9 +41,9 @@ import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policy.guardrails.check import ScanPlan, finding, redact, refuse_unencodable, scan, scan_plan
-from policy.guardrails.findings import Action, Finding, Matcher
-from policy.guardrails.normalize import SEPARATORS, Normalized, normalize
+from inferflux.policy.guardrails.check import ScanPlan, finding, redact, refuse_unencodable, scan, scan_plan
+from inferflux.policy.guardrails.findings import Action, Finding, Matcher
+from inferflux.policy.guardrails.normalize import SEPARATORS, Normalized, normalize
 
 LOOKAHEAD = 2  # characters after a match that can still change it ("a@b.co" + ".uk")
 CONTEXT = 24  # released characters kept so that rules can look behind ("version 1.2.3.4")

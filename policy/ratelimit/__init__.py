@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from policy.ratelimit.checks import Backend, BackendUnavailable, Dimension, Level
-from policy.ratelimit.errors import BudgetExceeded, QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
-from policy.ratelimit.headers import RateLimitInfo, Usage
-from policy.ratelimit.limiter import Admission, BudgetCrossing, Denial, FixedLimits, Handle, LimitSource, RateLimiter
-from policy.ratelimit.memory import MemoryBackend
-from policy.ratelimit.resolver import (
+from inferflux.policy.ratelimit.checks import Backend, BackendUnavailable, Dimension, Level
+from inferflux.policy.ratelimit.errors import BudgetExceeded, QuotaExceeded, RateLimited, RateLimiterUnavailable, TokensRateLimited
+from inferflux.policy.ratelimit.headers import RateLimitInfo, Usage
+from inferflux.policy.ratelimit.limiter import Admission, BudgetCrossing, Denial, FixedLimits, Handle, LimitSource, RateLimiter
+from inferflux.policy.ratelimit.memory import MemoryBackend
+from inferflux.policy.ratelimit.resolver import (
     DEFAULT_SCHEDULING,
     UNLIMITED,
     EffectiveLimits,
@@ -28,10 +28,10 @@ from policy.ratelimit.resolver import (
     compile_policies,
     effective_limits,
 )
-from policy.ratelimit.spec import KINDS, LimitPolicy, parse_spec
+from inferflux.policy.ratelimit.spec import KINDS, LimitPolicy, parse_spec
 
 if TYPE_CHECKING:
-    from policy.ratelimit.redis_backend import RedisBackend
+    from inferflux.policy.ratelimit.redis_backend import RedisBackend
 
 __all__ = [
     "DEFAULT_SCHEDULING",
@@ -70,7 +70,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "RedisBackend":
-        from policy.ratelimit.redis_backend import RedisBackend
+        from inferflux.policy.ratelimit.redis_backend import RedisBackend
 
         return RedisBackend
-    raise AttributeError(f"module 'policy.ratelimit' has no attribute {name!r}")
+    raise AttributeError(f"module 'inferflux.policy.ratelimit' has no attribute {name!r}")

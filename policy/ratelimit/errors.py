@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from policy.errors import PolicyError
+from inferflux.policy.errors import PolicyError
 
 
 class RateLimited(PolicyError):

@@ -50,16 +50,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, Protocol
 
-from policy.bounded import remember
-from policy.errors import ValidationFailed
-from policy.ratelimit.background import every, stop
-from policy.ratelimit.checks import Backend, BackendUnavailable, Check, Dimension, Level
-from policy.ratelimit.errors import RateLimiterUnavailable
-from policy.ratelimit.headers import RateLimitInfo
-from policy.ratelimit.outcomes import BudgetCrossing, Denial, denial_of, info_of
-from policy.ratelimit.resolver import EffectiveLimits, Limits, Scheduling
-from policy.rbac import Principal
-from policy.usage.cost import Price, cost_micros
+from inferflux.policy.bounded import remember
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.ratelimit.background import every, stop
+from inferflux.policy.ratelimit.checks import Backend, BackendUnavailable, Check, Dimension, Level
+from inferflux.policy.ratelimit.errors import RateLimiterUnavailable
+from inferflux.policy.ratelimit.headers import RateLimitInfo
+from inferflux.policy.ratelimit.outcomes import BudgetCrossing, Denial, denial_of, info_of
+from inferflux.policy.ratelimit.resolver import EffectiveLimits, Limits, Scheduling
+from inferflux.policy.rbac import Principal
+from inferflux.policy.usage.cost import Price, cost_micros
 
 log = logging.getLogger("inferflux.policy.ratelimit")
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from policy.fileio import remove_temporaries, write_atomically
-from policy.ratelimit.background import every, stop
-from policy.ratelimit.checks import (
+from inferflux.policy.fileio import remove_temporaries, write_atomically
+from inferflux.policy.ratelimit.background import every, stop
+from inferflux.policy.ratelimit.checks import (
     CONCURRENCY_RETRY_MS,
     QUOTA_GRACE_SECONDS,
     Check,

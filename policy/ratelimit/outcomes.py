@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy.ratelimit.checks import Check, CheckResult, Dimension, Level, bucket_expiry, bucket_of, millis
-from policy.ratelimit.errors import BudgetExceeded, QuotaExceeded, RateLimited, TokensRateLimited
-from policy.ratelimit.headers import RateLimitInfo, Usage, duration, retry_after_seconds, tightest
-from policy.usage.cost import format_usd
+from inferflux.policy.ratelimit.checks import Check, CheckResult, Dimension, Level, bucket_expiry, bucket_of, millis
+from inferflux.policy.ratelimit.errors import BudgetExceeded, QuotaExceeded, RateLimited, TokensRateLimited
+from inferflux.policy.ratelimit.headers import RateLimitInfo, Usage, duration, retry_after_seconds, tightest
+from inferflux.policy.usage.cost import format_usd
 
 @dataclass(frozen=True, slots=True)
 class BudgetCrossing:

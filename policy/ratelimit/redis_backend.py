@@ -32,7 +32,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
-from policy.ratelimit.checks import (
+from inferflux.policy.ratelimit.checks import (
     CONCURRENCY_RETRY_MS,
     QUOTA_GRACE_SECONDS,
     BackendUnavailable,

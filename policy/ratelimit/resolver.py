@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from policy.bounded import remember
-from policy.errors import PolicyUnusable, StoreUnavailable, ValidationFailed
-from policy.ratelimit.spec import (
+from inferflux.policy.bounded import remember
+from inferflux.policy.errors import PolicyUnusable, StoreUnavailable, ValidationFailed
+from inferflux.policy.ratelimit.spec import (
     KINDS,
     LIMIT_FIELDS,
     MAX_PRIORITY,
@@ -46,11 +46,11 @@ from policy.ratelimit.spec import (
     LimitPolicy,
     parse_spec,
 )
-from policy.rbac import Principal
-from policy.snapshot import StoreSnapshot
+from inferflux.policy.rbac import Principal
+from inferflux.policy.snapshot import StoreSnapshot
 
 if TYPE_CHECKING:
-    from policy.store import PolicyRecord, PolicyStore
+    from inferflux.policy.store import PolicyRecord, PolicyStore
 
 log = logging.getLogger("inferflux.policy.ratelimit")
 

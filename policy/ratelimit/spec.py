@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from policy.errors import ValidationFailed
-from policy.usage.cost import parse_usd
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.usage.cost import parse_usd
 
 RATE_LIMIT: Final = "rate_limit"
 QUOTA: Final = "quota"

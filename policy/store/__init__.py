@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from policy.lazy import lazy_exports
+from inferflux.policy.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from policy.store.config import StoreSettings
-    from policy.store.records import (
+    from inferflux.policy.store.config import StoreSettings
+    from inferflux.policy.store.records import (
         AdminEventRecord,
         ApiKeyRecord,
         CredentialRecord,
@@ -29,14 +29,14 @@ if TYPE_CHECKING:
         ServedModelRecord,
         TenantRecord,
     )
-    from policy.store.repository import PLATFORM_TENANT, UNSET, PolicyStore
+    from inferflux.policy.store.repository import PLATFORM_TENANT, UNSET, PolicyStore
 
 __all__, __getattr__ = lazy_exports(
     __name__,
     {
-        "policy.store.config": ("StoreSettings",),
-        "policy.store.repository": ("PLATFORM_TENANT", "UNSET", "PolicyStore"),
-        "policy.store.records": (
+        "inferflux.policy.store.config": ("StoreSettings",),
+        "inferflux.policy.store.repository": ("PLATFORM_TENANT", "UNSET", "PolicyStore"),
+        "inferflux.policy.store.records": (
             "AdminEventRecord",
             "ApiKeyRecord",
             "CredentialRecord",

@@ -42,8 +42,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from policy.errors import StoreConfigError
-from policy.fileio import write_atomically
+from inferflux.policy.errors import StoreConfigError
+from inferflux.policy.fileio import write_atomically
 
 FORMAT = 1
 KEY_BYTES = 32

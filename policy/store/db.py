@@ -22,8 +22,8 @@ from sqlalchemy import BigInteger, Engine, Text, cast, create_engine, event, sel
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from policy.store.config import StoreSettings
-from policy.store.models import Base, StoreMeta
+from inferflux.policy.store.config import StoreSettings
+from inferflux.policy.store.models import Base, StoreMeta
 
 POLICY_VERSION = "policy_version"
 _meta = Base.metadata.tables[StoreMeta.__tablename__]

@@ -28,10 +28,10 @@ from pathlib import Path
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from policy.errors import StoreConfigError
-from policy.fileio import remove_temporaries
-from policy.store.config import StoreSettings
-from policy.store.crypto import (
+from inferflux.policy.errors import StoreConfigError
+from inferflux.policy.fileio import remove_temporaries
+from inferflux.policy.store.config import StoreSettings
+from inferflux.policy.store.crypto import (
     DecryptionError,
     KeyFile,
     KeyRing,
@@ -44,9 +44,9 @@ from policy.store.crypto import (
     read_key_file,
     replace_key_file,
 )
-from policy.store.db import lock_for_write
-from policy.store.models import Base, StoreMeta
-from policy.store.types import row_aad, secret_aad
+from inferflux.policy.store.db import lock_for_write
+from inferflux.policy.store.models import Base, StoreMeta
+from inferflux.policy.store.types import row_aad, secret_aad
 
 log = logging.getLogger("inferflux.policy.store")
 

@@ -19,9 +19,9 @@ from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, pool
 from sqlalchemy.engine import URL
 
-import migrations
-from policy.errors import StoreConfigError
-from policy.store.config import normalize_url
+from inferflux import migrations
+from inferflux.policy.errors import StoreConfigError
+from inferflux.policy.store.config import normalize_url
 
 Target = str | URL | Engine
 

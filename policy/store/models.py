@@ -29,8 +29,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from policy.store.crypto import Sealed
-from policy.store.types import EncryptedText, UTCDateTime, json_type, secret_columns
+from inferflux.policy.store.crypto import Sealed
+from inferflux.policy.store.types import EncryptedText, UTCDateTime, json_type, secret_columns
 
 # Explicit constraint names: Alembic can only alter (and SQLite batch mode can
 # only recreate) constraints it can name.

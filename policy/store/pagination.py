@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, and_, or_
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from policy.errors import ValidationFailed
-from policy.store.records import Page
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.store.records import Page
 
 MAX_PAGE = 200
 R = TypeVar("R")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from policy.authn.bounds import TenantBounds
+from inferflux.policy.authn.bounds import TenantBounds
 
 T = TypeVar("T")
 

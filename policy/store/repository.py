@@ -38,24 +38,24 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from policy.errors import StoreConfigError
-from policy.store import migrate
-from policy.store.config import StoreSettings
-from policy.store.crypto import DecryptionError
-from policy.store.db import create_store_engine, describe_url, lock_for_write, read_policy_version
-from policy.store.keys import KeyManager
-from policy.store.models import StoreMeta
-from policy.store.records import RotationReport
-from policy.store.repos.admin_events import AdminEventRepository
-from policy.store.repos.api_keys import ApiKeyRepository
-from policy.store.repos.base import PLATFORM_TENANT, UNSET, unavailable_as_503
-from policy.store.repos.credentials import CredentialRepository
-from policy.store.repos.identity_providers import IdentityProviderRepository, OwnerFilter
-from policy.store.repos.policies import PolicyRepository
-from policy.store.repos.role_bindings import RoleBindingRepository
-from policy.store.repos.served_models import ServedModelRepository
-from policy.store.repos.tenants import TenantRepository
-from policy.store.rotation import Progress, rotate
+from inferflux.policy.errors import StoreConfigError
+from inferflux.policy.store import migrate
+from inferflux.policy.store.config import StoreSettings
+from inferflux.policy.store.crypto import DecryptionError
+from inferflux.policy.store.db import create_store_engine, describe_url, lock_for_write, read_policy_version
+from inferflux.policy.store.keys import KeyManager
+from inferflux.policy.store.models import StoreMeta
+from inferflux.policy.store.records import RotationReport
+from inferflux.policy.store.repos.admin_events import AdminEventRepository
+from inferflux.policy.store.repos.api_keys import ApiKeyRepository
+from inferflux.policy.store.repos.base import PLATFORM_TENANT, UNSET, unavailable_as_503
+from inferflux.policy.store.repos.credentials import CredentialRepository
+from inferflux.policy.store.repos.identity_providers import IdentityProviderRepository, OwnerFilter
+from inferflux.policy.store.repos.policies import PolicyRepository
+from inferflux.policy.store.repos.role_bindings import RoleBindingRepository
+from inferflux.policy.store.repos.served_models import ServedModelRepository
+from inferflux.policy.store.repos.tenants import TenantRepository
+from inferflux.policy.store.rotation import Progress, rotate
 
 __all__ = ["PLATFORM_TENANT", "UNSET", "OwnerFilter", "PolicyStore"]
 

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from policy.store.db import lock_for_write
-from policy.store.keys import KeyManager, active_version
-from policy.store.models import encrypted_models
-from policy.store.records import RotationReport
-from policy.store.types import secret_columns
+from inferflux.policy.store.db import lock_for_write
+from inferflux.policy.store.keys import KeyManager, active_version
+from inferflux.policy.store.models import encrypted_models
+from inferflux.policy.store.records import RotationReport
+from inferflux.policy.store.types import secret_columns
 
 Progress = Callable[[str, int], None]  # (table, rows re-encrypted so far in it)
 _MAX_PASSES = 3

@@ -45,8 +45,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-from policy.ids import random_id
-from policy.store.crypto import Sealed
+from inferflux.policy.ids import random_id
+from inferflux.policy.store.crypto import Sealed
 
 ID_RANDOM_CHARS = 16  # 80 bits
 AAD_PREFIX = "inferflux:v1"

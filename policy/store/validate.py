@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from policy.errors import ValidationFailed
-from policy.rbac import ROLE_NAMES
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.rbac import ROLE_NAMES
 
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
-from policy.errors import ValidationFailed
+from inferflux.policy.errors import ValidationFailed
 
 MICROS: Final = 1_000_000
 MAX_MICROS: Final = 10**12  # a million dollars: limits stay exact in Redis' Lua doubles

@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from policy.usage.cost import Price, cost_micros
+from inferflux.policy.usage.cost import Price, cost_micros
 
 DAY: Final = "day"
 MINUTE: Final = "minute"

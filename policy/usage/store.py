@@ -18,11 +18,11 @@ from sqlalchemy import Engine, case, delete, func, select
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from policy.errors import NotFound, StoreUnavailable, ValidationFailed
-from policy.store.db import lock_for_write
-from policy.store.models import BudgetAlert, ModelPrice, UsageRow
-from policy.usage.cost import Price
-from policy.usage.rollup import DAY, MINUTE, MINUTE_HOURS
+from inferflux.policy.errors import NotFound, StoreUnavailable, ValidationFailed
+from inferflux.policy.store.db import lock_for_write
+from inferflux.policy.store.models import BudgetAlert, ModelPrice, UsageRow
+from inferflux.policy.usage.cost import Price
+from inferflux.policy.usage.rollup import DAY, MINUTE, MINUTE_HOURS
 
 GRAINS: Final = (DAY, MINUTE)
 GROUPS: Final = ("tenant", "key", "model")

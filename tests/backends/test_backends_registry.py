@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from backends import registry
-from backends.base import BackendError
+from inferflux.backends import registry
+from inferflux.backends.base import BackendError
 
 ACME_MODULE = "acme_inferflux_backend"
 ACME_CODE = '''
 import os
 
-from backends.cpu import CPUBackend
+from inferflux.backends.cpu import CPUBackend
 
 if os.environ.get("ACME_IMPORT_MARKER"):
     with open(os.environ["ACME_IMPORT_MARKER"], "a") as f:
@@ -144,7 +144,7 @@ def test_unknown_and_unavailable_explicit_names_are_errors(acme_site: Path, monk
 
 
 def test_a_third_party_distribution_is_discovered_probed_and_chosen_when_first(acme_site: Path) -> None:
-    from backends.cpu import CPUBackend
+    from inferflux.backends.cpu import CPUBackend
 
     assert "acme" in registry.backend_names()
     status = registry.probe("acme")
@@ -206,7 +206,7 @@ def test_broken_plugins_are_reported_not_raised(acme_site: Path) -> None:
 def _inferctl_backends(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k not in (registry.ALLOWED_ENV, registry.PRIORITY_ENV)}
     environ.update(PYTHONPATH=str(site), **env)
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "backends", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "inferflux.gateway.cli", "backends", *args], capture_output=True,
                           text=True, timeout=60, env=environ, cwd=Path(__file__).parents[2])
 
 
@@ -254,7 +254,7 @@ def test_inferctl_backends_honours_the_allow_list(acme_site: Path) -> None:
 
 
 def test_backend_priority_setting_from_file_and_environment(tmp_path: Path) -> None:
-    from gateway.settings import ConfigError, load_settings
+    from inferflux.gateway.settings import ConfigError, load_settings
 
     config = tmp_path / "inferflux.yaml"
     config.write_text("runtime:\n  backend_priority: [mlx, cpu]\n")
@@ -271,10 +271,10 @@ def test_backend_priority_setting_from_file_and_environment(tmp_path: Path) -> N
 def test_serving_through_the_chain_records_the_backend_chosen(
     acme_site: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from backends.base import ModelSpec
-    from backends.engine import EngineConfig
-    from backends.models import default_model_path
-    from gateway.models import load_served_model
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.engine import EngineConfig
+    from inferflux.backends.models import default_model_path
+    from inferflux.gateway.models import load_served_model
 
     spec = ModelSpec(name="smollm2", path=default_model_path(), dtype="float32")
     served = load_served_model(spec, "auto", EngineConfig(num_blocks=8), priority=["acme", "cpu"])
@@ -303,11 +303,11 @@ def test_the_openai_backend_is_listed_as_remote_and_auto_never_takes_it() -> Non
 def test_each_builtin_engine_backend_names_its_kv_block_size() -> None:
     # The cuda and metal runners subclass the cpu backend: without their own setting they
     # would inherit its 8-token blocks, which their tiled kernels were not measured with.
-    from backends.base import default_block_size
-    from backends.cpu.backend import CPUBackend
-    from backends.cuda.backend import CUDABackend
-    from backends.metal.backend import MetalBackend
-    from backends.mlx.backend import MLXBackend
+    from inferflux.backends.base import default_block_size
+    from inferflux.backends.cpu.backend import CPUBackend
+    from inferflux.backends.cuda.backend import CUDABackend
+    from inferflux.backends.metal.backend import MetalBackend
+    from inferflux.backends.mlx.backend import MLXBackend
 
     sizes = [default_block_size(cls, 0) for cls in (CPUBackend, CUDABackend, MetalBackend, MLXBackend)]
     assert sizes == [8, 16, 16, 0]  # mlx: the engine's DEFAULT_BLOCK_SIZE

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import build_parser
-from gateway.routes import health
-from gateway.settings import ENV_KEYS
+from inferflux.gateway.cli import build_parser
+from inferflux.gateway.routes import health
+from inferflux.gateway.settings import ENV_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"

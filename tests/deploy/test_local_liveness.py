@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.scripts import ROOT, load_script
+from scripts import ROOT, load_script
 
 run = load_script(ROOT / "deploy" / "local" / "run.py", "deploy_local_run")
 pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc (Linux)")

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.auth import PUBLIC_PATHS
-from gateway.metrics import _ENGINE_METRICS
-from gateway.routes import health
-from gateway.settings import ENV_KEYS, load_settings
+from inferflux.gateway.auth import PUBLIC_PATHS
+from inferflux.gateway.metrics import _ENGINE_METRICS
+from inferflux.gateway.routes import health
+from inferflux.gateway.settings import ENV_KEYS, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE_DIR = ROOT / "deploy" / "kubernetes"
@@ -296,7 +296,7 @@ def settings_of(objects: list[dict[str, Any]], tmp_path: Path) -> tuple[Any, dic
 def test_each_settings_file_loads_and_shares_the_store_and_limits(
     rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
-    from gateway.settings import ModelEntry
+    from inferflux.gateway.settings import ModelEntry
 
     overlay, objects = rendered
     if overlay == "gateway-upstream" and "upstream" not in ModelEntry.model_fields:

@@ -15,12 +15,12 @@ from streams import SEATS
 @pytest.fixture(scope="session")
 def small_batch_model() -> Iterator[Any]:
     """The default model with a batch of ``SEATS`` sequences, for tests where a flood must queue."""
-    from backends.base import ModelSpec
-    from backends.engine import EngineConfig
-    from backends.models import default_model_path
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.engine import EngineConfig
+    from inferflux.backends.models import default_model_path
 
-    from gateway.models import load_served_model
-    from gateway.settings import DEFAULT_MODEL_NAME
+    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 
     spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype="float32")
     model = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=32 * 1024 * 1024, max_num_seqs=SEATS))
@@ -37,9 +37,9 @@ def hf_smollm2(hf_oracle_dir: Path) -> Any:
 @pytest.fixture(scope="module")
 def fleet_model() -> Iterator[Any]:
     """A model served by an upstream that does not exist (``upstream.invalid``): planning needs no connection."""
-    from backends.base import ModelSpec
+    from inferflux.backends.base import ModelSpec
 
-    from gateway.models import load_served_model
+    from inferflux.gateway.models import load_served_model
 
     spec = ModelSpec(name="fleet", path="", upstream={"endpoints": ["http://upstream.invalid/v1"], "model": "up"})
     model = load_served_model(spec, "openai")  # nothing connects until a request streams

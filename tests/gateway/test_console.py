@@ -21,7 +21,7 @@ from admin_seed import Seeded, seed_store
 from console_support import CSRF, console_app, key_of, sibling, sign_in
 from http_helpers import error_of
 
-from gateway.console.security import CSP
+from inferflux.gateway.console.security import CSP
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +281,7 @@ def _fuzz_client(main: TestClient, seeded: Seeded) -> TestClient:
 
 
 async def test_sessions_expire_idle_and_absolute(world: tuple[Seeded, Any]) -> None:
-    from gateway.console.sessions import SessionStore
+    from inferflux.gateway.console.sessions import SessionStore
 
     seeded, main = world
     now = [1000.0]
@@ -300,9 +300,9 @@ async def test_sessions_expire_idle_and_absolute(world: tuple[Seeded, Any]) -> N
 
 
 def test_a_disabled_console_is_an_unknown_route(world: tuple[Seeded, Any], tmp_path: Path) -> None:
-    from gateway.app import create_app
-    from gateway.models import ModelManager
-    from gateway.settings import Settings
+    from inferflux.gateway.app import create_app
+    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.settings import Settings
 
     seeded, _ = world
     settings = Settings(data_dir=tmp_path, console={"enabled": False})

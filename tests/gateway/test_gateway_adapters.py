@@ -24,8 +24,8 @@ import jsonschema
 import openai
 import pytest
 
-from gateway.settings import DEFAULT_MODEL_NAME
-from policy.store import PolicyStore, StoreSettings
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.policy.store import PolicyStore, StoreSettings
 from servers import start_uvicorn, stop_uvicorn
 
 MODEL = DEFAULT_MODEL_NAME
@@ -429,7 +429,7 @@ def test_a_stream_the_audit_refuses_at_its_end_ends_in_its_own_apis_error(
 ) -> None:
     """The audit layer holds a stream's last event until the call is on record; when the trail refuses it
     (a full spool, say) the stream ends in that API's error framing, never in OpenAI's ``[DONE]``."""
-    from policy.audit.errors import AuditUnavailable
+    from inferflux.policy.audit.errors import AuditUnavailable
 
     async def refuse(*_: Any, **__: Any) -> None:
         raise AuditUnavailable("the audit spool is full")
@@ -550,8 +550,8 @@ def test_both_apis_front_a_model_an_upstream_serves(world: World, key: str, oa: 
     """A gateway in front of this module's live server (backend openai): the adapters plan through
     plan_remote like chat does, and say what the upstream said; a stop on a stop sequence reads end_turn there
     (an upstream does not report which stop string matched)."""
-    from backends.base import ModelSpec
-    from gateway.models import load_served_model
+    from inferflux.backends.base import ModelSpec
+    from inferflux.gateway.models import load_served_model
 
     spec = ModelSpec(name="fleet", path="", upstream={"endpoints": [f"{world.url}/v1"], "model": MODEL})
     model = load_served_model(spec, "openai", upstream_key=key)

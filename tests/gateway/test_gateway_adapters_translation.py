@@ -17,11 +17,11 @@ import openai.types.responses as rt
 import pytest
 from pydantic import TypeAdapter
 
-from gateway.adapters import parse_messages, parse_responses
-from gateway.adapters.common import ChatReader
-from gateway.adapters.errors import rewrite
-from gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
-from gateway.generation import Usage
+from inferflux.gateway.adapters import parse_messages, parse_responses
+from inferflux.gateway.adapters.common import ChatReader
+from inferflux.gateway.adapters.errors import rewrite
+from inferflux.gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
+from inferflux.gateway.generation import Usage
 
 MODEL = "m"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -364,7 +364,7 @@ def test_error_bodies_are_rewritten_in_anthropics_shape() -> None:
 
 
 def test_a_failed_message_stream_ends_with_anthropics_error_event() -> None:
-    from gateway.errors import ServiceUnavailable
+    from inferflux.gateway.errors import ServiceUnavailable
 
     out = messages(messages=[{"role": "user", "content": "x"}]).streamer(HEADER)
     [(name, data)] = events_of([out.failed(ServiceUnavailable("the engine stopped"))])

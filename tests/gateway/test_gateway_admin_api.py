@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from backends.models import default_model_path
-from gateway.model_admin import ModelAdmin
-from gateway.models import ModelManager
-from gateway.settings import Settings
-from policy.store import PolicyStore, StoreSettings
+from inferflux.backends.models import default_model_path
+from inferflux.gateway.model_admin import ModelAdmin
+from inferflux.gateway.models import ModelManager
+from inferflux.gateway.settings import Settings
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 LOAD_TIMEOUT = 180.0
 
@@ -178,8 +178,8 @@ def test_v1_models_says_what_each_model_serves(world: dict[str, Any]) -> None:
 
 
 def test_inferctl_served_models_load_passes_the_embedding_section(tmp_path: Path) -> None:
-    from gateway.cli import build_parser
-    from gateway.cli.served_models import _load_body
+    from inferflux.gateway.cli import build_parser
+    from inferflux.gateway.cli.served_models import _load_body
 
     upstream = tmp_path / "up.json"
     upstream.write_text('{"endpoints": ["http://10.0.0.5:8000/v1"]}')
@@ -220,8 +220,8 @@ def test_a_deterministic_model_is_loaded_reported_kept_and_restored(world: dict[
 
 
 def test_inferctl_served_models_load_passes_deterministic() -> None:
-    from gateway.cli import build_parser
-    from gateway.cli.served_models import _load_body
+    from inferflux.gateway.cli import build_parser
+    from inferflux.gateway.cli.served_models import _load_body
 
     for flag, value in (("--deterministic", True), ("--no-deterministic", False)):
         args = build_parser().parse_args(["served-models", "load", "m", "--path", "/m.gguf", flag])
@@ -266,8 +266,8 @@ def test_a_models_load_passes_are_validated_run_kept_and_restored(world: dict[st
 
 
 def test_inferctl_served_models_load_passes_the_load_passes() -> None:
-    from gateway.cli import build_parser
-    from gateway.cli.served_models import _load_body
+    from inferflux.gateway.cli import build_parser
+    from inferflux.gateway.cli.served_models import _load_body
 
     args = build_parser().parse_args(["served-models", "load", "m", "--path", "/m.gguf", "--quantise", "native",
                                       "--gemm-from", "32"])

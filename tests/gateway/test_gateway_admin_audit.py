@@ -25,7 +25,7 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from policy.audit import api_event, verify_spool
+from inferflux.policy.audit import api_event, verify_spool
 from admin_seed import Seeded, seeded_app
 from audit_wait import eventually, indexed_events, wait_indexed
 from http_helpers import error_of
@@ -332,7 +332,7 @@ def test_a_bounded_stream_ends_by_itself(world: World, live: tuple[Any, str]) ->
 
 
 def test_an_idle_stream_sends_heartbeats(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.routes.admin import audit as admin_audit
+    from inferflux.gateway.routes.admin import audit as admin_audit
 
     monkeypatch.setattr(admin_audit, "HEARTBEAT_SECONDS", 0.05)
     response = world.client.get("/admin/v1/audit/stream", params={"max_seconds": "0.5"}, headers=world.acme_admin)

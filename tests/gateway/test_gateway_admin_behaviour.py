@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from backends.models import default_model_path
-from gateway.routes.admin.guardrails import GuardrailCreate, GuardrailUpdate
-from gateway.routes.admin.idps import OidcProviderCreate, OidcProviderUpdate
-from gateway.routes.admin.keys import KeyCreate
-from gateway.routes.admin.models import ModelLoadRequest
-from gateway.routes.admin.policies import TrafficPolicyCreate, TrafficPolicyUpdate
-from gateway.routes.admin.role_bindings import RoleBindingCreate
-from gateway.routes.admin.tenants import ModelAllowList, TenantCreate, TenantUpdate
-from gateway.settings import DEFAULT_MODEL_NAME
-from policy.audit import admin_event
+from inferflux.backends.models import default_model_path
+from inferflux.gateway.routes.admin.guardrails import GuardrailCreate, GuardrailUpdate
+from inferflux.gateway.routes.admin.idps import OidcProviderCreate, OidcProviderUpdate
+from inferflux.gateway.routes.admin.keys import KeyCreate
+from inferflux.gateway.routes.admin.models import ModelLoadRequest
+from inferflux.gateway.routes.admin.policies import TrafficPolicyCreate, TrafficPolicyUpdate
+from inferflux.gateway.routes.admin.role_bindings import RoleBindingCreate
+from inferflux.gateway.routes.admin.tenants import ModelAllowList, TenantCreate, TenantUpdate
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.policy.audit import admin_event
 from admin_seed import Seeded, seed_store
 from audit_wait import eventually, wait_indexed
 from http_helpers import bearer, error_of
@@ -574,8 +574,8 @@ def test_a_load_that_cannot_be_recorded_is_not_left_serving(world: World, monkey
     """A model whose record cannot be written (here: the store refuses it) is failed and unserved."""
     import time
 
-    import gateway.model_admin
-    from policy.errors import Conflict
+    from inferflux.gateway import model_admin
+    from inferflux.policy.errors import Conflict
 
     store, client, admin = world.store, world.client, world.admin
     fakes: list[FakeServed] = []
@@ -589,7 +589,7 @@ def test_a_load_that_cannot_be_recorded_is_not_left_serving(world: World, monkey
         fakes.append(FakeServed(spec.name, tuple(spec.aliases)))
         return fakes[-1]
 
-    monkeypatch.setattr(gateway.model_admin, "load_served_model", fake_load)
+    monkeypatch.setattr(model_admin, "load_served_model", fake_load)
     monkeypatch.setattr(store, "create_served_model", refuse)
     started = client.post(
         "/admin/v1/models", json={"name": "stale", "path": default_model_path(), "default": True}, headers=admin

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from policy.guardrails import GuardrailResolver
-from policy.ratelimit import PolicyResolver
-from policy.rbac import Principal
+from inferflux.policy.guardrails import GuardrailResolver
+from inferflux.policy.ratelimit import PolicyResolver
+from inferflux.policy.rbac import Principal
 from admin_seed import Seeded, seeded_app
 from audit_wait import wait_indexed
 from http_helpers import error_of

@@ -27,9 +27,9 @@ import pytest
 from audit_support import Rsyslog, rsyslogd_path, wait_for
 from replica import Replica
 
-from policy.audit.chain import canonical_json, verify_lines
-from policy.audit.spool import segment_files
-from policy.authn.apikeys import generate_key
+from inferflux.policy.audit.chain import canonical_json, verify_lines
+from inferflux.policy.audit.spool import segment_files
+from inferflux.policy.authn.apikeys import generate_key
 
 # A real `inferctl serve` with the default model, and a real rsyslogd (the tiers: tests/conftest.py).
 pytestmark = [pytest.mark.model, pytest.mark.service]
@@ -79,7 +79,7 @@ def load_until_killed(gateway: Replica, key: str) -> list[tuple[str, int]]:
 
 def inferctl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=120, cwd=REPO
+        [sys.executable, "-m", "inferflux.gateway.cli", *args], capture_output=True, text=True, timeout=120, cwd=REPO
     )
 
 

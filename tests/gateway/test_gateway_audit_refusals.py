@@ -28,8 +28,8 @@ from admin_seed import Seeded, seed_store
 from idp import hand_built_token
 from starlette.testclient import TestClient
 
-from policy.audit import verify_spool
-from policy.authn.apikeys import generate_key
+from inferflux.policy.audit import verify_spool
+from inferflux.policy.authn.apikeys import generate_key
 
 
 def spool_events(spool_dir: Path) -> list[dict[str, Any]]:
@@ -128,8 +128,8 @@ def test_a_refusal_on_a_long_path_is_recorded_by_its_template(world: tuple[Seede
 
 def test_the_app_checkpoints_its_chain_into_the_store(make_app: Any, tmp_path: Path) -> None:
     """The served trail signs its head (here at shutdown) into the store; the CLI's check then finds a cut."""
-    from policy.audit.checkpoint import CHECKPOINT_PURPOSE, CheckpointSigner
-    from policy.audit.cli import spool_chain_id
+    from inferflux.policy.audit.checkpoint import CHECKPOINT_PURPOSE, CheckpointSigner
+    from inferflux.policy.audit.cli import spool_chain_id
 
     seeded = seed_store(tmp_path)
     try:

@@ -22,12 +22,12 @@ import pytest
 from idp import RSA_KID, LoopbackIdP
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.auth import Authenticator
-from gateway.models import ModelManager
-from gateway.settings import Settings
-from policy.errors import InvalidApiKey, PermissionDenied
-from policy.store import PolicyStore, StoreSettings
+from inferflux.gateway.app import create_app
+from inferflux.gateway.auth import Authenticator
+from inferflux.gateway.models import ModelManager
+from inferflux.gateway.settings import Settings
+from inferflux.policy.errors import InvalidApiKey, PermissionDenied
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 WAIT = 10.0  # seconds; only reached when something is broken
 

@@ -28,15 +28,15 @@ import pytest
 from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 
-from gateway.auth import CONSOLE_PREFIX, PUBLIC_PATHS, Authenticator
-from gateway.authz import SCOPE_ATTR
-from gateway.openapi import openapi_path
-from gateway.settings import DEFAULT_MODEL_NAME
-from policy.errors import ValidationFailed
-from policy.rbac import ROLE_SCOPES, Scope
-from policy.store import PolicyStore, StoreSettings
-from policy.usage.cost import Price
-from policy.usage.store import UsageStore
+from inferflux.gateway.auth import CONSOLE_PREFIX, PUBLIC_PATHS, Authenticator
+from inferflux.gateway.authz import SCOPE_ATTR
+from inferflux.gateway.openapi import openapi_path
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.rbac import ROLE_SCOPES, Scope
+from inferflux.policy.store import PolicyStore, StoreSettings
+from inferflux.policy.usage.cost import Price
+from inferflux.policy.usage.store import UsageStore
 from http_helpers import assert_same_answer, bearer, error_of
 
 MODEL = DEFAULT_MODEL_NAME

@@ -7,7 +7,7 @@ import secrets
 
 import pytest
 
-from gateway import cli
+from inferflux.gateway import cli
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

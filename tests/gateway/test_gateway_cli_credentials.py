@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway import cli
-from policy.errors import NotFound
+from inferflux.gateway import cli
+from inferflux.policy.errors import NotFound
 from secret_watch import remember
 
 

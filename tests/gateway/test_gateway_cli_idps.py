@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway import cli
+from inferflux.gateway import cli
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -30,7 +30,7 @@ class Terminal:
             # As a terminal's shell starts a command: a run started in the background of a
             # non-interactive shell inherits SIGINT ignored, and Python keeps an ignored SIGINT.
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.execv(sys.executable, [sys.executable, "-m", "gateway.cli", *argv])
+            os.execv(sys.executable, [sys.executable, "-m", "inferflux.gateway.cli", *argv])
         self.seen = ""  # everything read so far
         self.mark = 0  # where the next expect starts looking
 
@@ -136,7 +136,7 @@ def test_interactive_session(live_server: str, admin_key: str) -> None:
 
 
 def test_interactive_refuses_a_message(live_server: str, admin_key: str) -> None:
-    from gateway import cli
+    from inferflux.gateway import cli
 
     assert cli.main(["chat", "hi", "--interactive", "--url", live_server, "--api-key", admin_key]) == 1
     assert cli.main(["chat", "--url", live_server, "--api-key", admin_key]) == 1  # neither a message nor -i

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from gateway import cli
-from gateway.cli.client import admin_call
-from gateway.cli.common import subcommands
-from gateway.cli.completion import leaves, walk
+from inferflux.gateway import cli
+from inferflux.gateway.cli.client import admin_call
+from inferflux.gateway.cli.common import subcommands
+from inferflux.gateway.cli.completion import leaves, walk
 
-INFERCTL = [sys.executable, "-m", "gateway.cli"]
+INFERCTL = [sys.executable, "-m", "inferflux.gateway.cli"]
 UNREACHABLE = json.dumps({"endpoints": ["http://upstream.invalid/v1"], "model": "up"})
 # Commands that print no result to ask for as JSON: the server itself and a shell script.
 NO_JSON = {"serve", "completion"}

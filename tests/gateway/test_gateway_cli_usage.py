@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from gateway import cli
-from gateway.cli.client import admin_call
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.gateway import cli
+from inferflux.gateway.cli.client import admin_call
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.completions import FIM_TOKENS, fim_prompt, keep_best, mean_logprob
-from gateway.errors import UnsupportedParameter
-from gateway.plan import encode_prompts
-from gateway.protocol import CompletionRequest
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.gateway.completions import FIM_TOKENS, fim_prompt, keep_best, mean_logprob
+from inferflux.gateway.errors import UnsupportedParameter
+from inferflux.gateway.plan import encode_prompts
+from inferflux.gateway.protocol import CompletionRequest
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from app_world import AppWorld, open_world
 from http_helpers import bearer, error_of
 
@@ -209,7 +209,7 @@ def fim_tokenizer(names: tuple[str, str, str], bos: bool = False) -> Any:
     from tokenizers import models, pre_tokenizers
     from tokenizers.processors import TemplateProcessing
 
-    from backends.models.tokenizer import Tokenizer
+    from inferflux.backends.models.tokenizer import Tokenizer
 
     words = ["<s>", "</s>", "[UNK]", "def", "add", "(", ")", "return", "print", *names]
     backend = Backend(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
@@ -288,9 +288,9 @@ def test_opa_sees_the_user(world: World) -> None:
 
 
 def test_a_remote_model_passes_user_suffix_and_best_of_upstream(fleet_model: Any) -> None:
-    from gateway.plan import Placement
-    from gateway.plan_remote import plan_remote
-    from gateway.protocol import ChatCompletionRequest
+    from inferflux.gateway.plan import Placement
+    from inferflux.gateway.plan_remote import plan_remote
+    from inferflux.gateway.protocol import ChatCompletionRequest
 
     req = CompletionRequest.model_validate({"model": "fleet", "prompt": "def f(", "suffix": ")", "user": "u1",
                                             "n": 2, "best_of": 2, "max_tokens": 5})  # fmt: skip

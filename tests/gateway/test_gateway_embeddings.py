@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from backends.models import default_model_path
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.backends.models import default_model_path
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from http_helpers import bearer, error_of
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 MODEL = DEFAULT_MODEL_NAME
 HIDDEN = 576  # SmolLM2-135M's hidden size
@@ -239,10 +239,10 @@ def test_a_backend_without_embed_says_the_model_serves_no_embeddings(
     """A backend may leave the optional ``embed`` out: 400 naming the model, not 404 (it exists) nor 500."""
     from tiny_checkpoints import write_variant
 
-    from backends.base import ModelSpec
-    from backends.cpu import CPUBackend
-    from backends.engine import AsyncEngine, EngineConfig, LLMEngine
-    from gateway.models import ServedModel
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.cpu import CPUBackend
+    from inferflux.backends.engine import AsyncEngine, EngineConfig, LLMEngine
+    from inferflux.gateway.models import ServedModel
 
     class WithoutEmbed(CPUBackend):
         embed = None  # type: ignore[assignment]
@@ -347,8 +347,8 @@ def test_a_remote_model_forwards_to_its_upstreams_embeddings(live_server: str, a
                                                              tmp_path: Path, world: World, key: str) -> None:  # fmt: skip
     """The gateway in front of an upstream InferFlux (the session's live server): the same vectors, the
     upstream's own token count, its refusals as the client's 400s, and the audit on the front."""
-    from backends.base import ModelSpec
-    from gateway.models import load_served_model
+    from inferflux.backends.base import ModelSpec
+    from inferflux.gateway.models import load_served_model
     from servers import start_uvicorn, stop_uvicorn
 
     spec = ModelSpec(name="fleet", path="", upstream={"endpoints": [f"{live_server}/v1"], "model": MODEL})

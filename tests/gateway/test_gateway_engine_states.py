@@ -7,10 +7,10 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from backends.engine import AsyncEngine
-from gateway.app import create_app
-from gateway.models import ModelManager, ServedModel
-from gateway.settings import Settings
+from inferflux.backends.engine import AsyncEngine
+from inferflux.gateway.app import create_app
+from inferflux.gateway.models import ModelManager, ServedModel
+from inferflux.gateway.settings import Settings
 
 BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -20,9 +20,9 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from http_helpers import bearer, error_of
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store import PolicyStore, StoreSettings
 from servers import start_uvicorn, stop_uvicorn
 from streams import SEATS, first_token_at
 

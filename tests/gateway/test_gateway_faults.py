@@ -49,9 +49,9 @@ def stream_chat(url: str, key: str, *, max_tokens: int = 4) -> tuple[int, list[s
 
 def serving(served_model: Any, policy_store: Any, **settings: Any) -> Any:
     """An app serving the session's model from ``store`` with ``settings`` (any key, ``store`` included)."""
-    from gateway.app import create_app
-    from gateway.models import ModelManager
-    from gateway.settings import Settings
+    from inferflux.gateway.app import create_app
+    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.settings import Settings
 
     manager = ModelManager(expected=[served_model.name])
     manager.add(served_model)
@@ -95,7 +95,7 @@ def throwaway_pg() -> Iterator[ThrowawayPostgres]:
 def test_store_outage_serves_cached_decisions_for_the_stale_window_only(
     throwaway_pg: ThrowawayPostgres, served_model: Any, tmp_path: Path
 ) -> None:
-    from policy.store import PolicyStore, StoreSettings
+    from inferflux.policy.store import PolicyStore, StoreSettings
 
     stale_seconds = 8.0
     store_settings = {"url": throwaway_pg.url, "stale_seconds": stale_seconds}
@@ -170,7 +170,7 @@ def _pings(client: Any) -> bool:
 def test_redis_outage_with_fail_closed_limits_is_not_ready(served_model: Any, tmp_path: Path) -> None:
     if shutil.which("redis-server") is None:
         service_unavailable("no redis-server binary", "Redis outage")
-    from policy.store import PolicyStore, StoreSettings
+    from inferflux.policy.store import PolicyStore, StoreSettings
 
     sock = free_loopback_socket()
     port = sock.getsockname()[1]
@@ -247,7 +247,7 @@ def spooled(spool: Path) -> list[dict[str, Any]]:
 def test_no_answer_leaves_without_its_audit_event_when_the_spool_disk_fills(
     small_disk: Path, served_model: Any, tmp_path: Path
 ) -> None:
-    from policy.store import PolicyStore, StoreSettings
+    from inferflux.policy.store import PolicyStore, StoreSettings
 
     store = PolicyStore.open(StoreSettings(), tmp_path)
     admin = str(store.ensure_bootstrap_admin())
@@ -342,7 +342,7 @@ def test_sigterm_drains_ready_first_then_ends_streams_cleanly(tmp_path: Path) ->
     import signal
     import threading
 
-    from policy.authn.apikeys import generate_key
+    from inferflux.policy.authn.apikeys import generate_key
     from replica import Replica
 
     grace = 3.0

@@ -18,7 +18,7 @@ import pytest
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from admin_seed import Seeded, seed_store
 from http_helpers import assert_same_answer, error_of
 
@@ -127,7 +127,7 @@ def send(world: World, method: str, url: str, body: Any) -> Any:
 
 def declared_routes() -> list[tuple[str, str]]:
     """The admin routes as the admin package declares them, for parametrizing before any app exists."""
-    from gateway.routes import admin
+    from inferflux.gateway.routes import admin
 
     return sorted((m, r.path) for r in admin.routes() if isinstance(r, Route) for m in r.methods or () if m != "HEAD")
 

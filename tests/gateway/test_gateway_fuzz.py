@@ -122,8 +122,8 @@ def test_every_write_operation_documents_its_body(fuzz: Fuzz) -> None:
 
 def _operation_ids() -> list[str]:
     """Every operation the app serves, as "METHOD /path" (a test checks the served document has the same)."""
-    from gateway.openapi import openapi_path
-    from gateway.routes import admin, health, openai
+    from inferflux.gateway.openapi import openapi_path
+    from inferflux.gateway.routes import admin, health, openai
 
     routes = [*openai.routes(), *admin.routes(), *health.routes()]
     ids = {f"{method} {openapi_path(route.path)}" for route in routes for method in route.methods - {"HEAD"}}

@@ -30,8 +30,8 @@ import pytest
 from starlette.routing import Route
 
 from admin_seed import Seeded, seed_store
-from gateway.routes import admin
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.gateway.routes import admin
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from http_helpers import bearer
 from servers import start_uvicorn, stop_uvicorn
 from streams import SEATS, first_token_at

@@ -176,8 +176,8 @@ def test_a_guardrail_with_a_lone_surrogate_is_refused_and_not_stored(world: Worl
 
 def test_policy_validation_refuses_what_cannot_be_compiled() -> None:
     """The policy layer's own check (any writer, not only the gateway): the same literal is a 422 naming it."""
-    from policy.errors import ValidationFailed
-    from policy.guardrails import validate_policy
+    from inferflux.policy.errors import ValidationFailed
+    from inferflux.policy.guardrails import validate_policy
 
     cases = [
         ({"blocklist": [{"id": "w", "literal": "\ud800"}]}, None, "spec.blocklist[0].literal"),
@@ -192,7 +192,7 @@ def test_policy_validation_refuses_what_cannot_be_compiled() -> None:
 
 
 def test_the_store_refuses_text_it_could_not_give_back(world: World) -> None:
-    from policy.errors import ValidationFailed
+    from inferflux.policy.errors import ValidationFailed
 
     acme = world.acme.id
     for call in (

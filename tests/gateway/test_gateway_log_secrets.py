@@ -22,7 +22,7 @@ import pytest
 from idp import running_idp
 from replica import Replica
 
-from policy.authn.apikeys import generate_key
+from inferflux.policy.authn.apikeys import generate_key
 
 # A real `inferctl serve` with the default model (the tiers: tests/conftest.py).
 pytestmark = pytest.mark.model

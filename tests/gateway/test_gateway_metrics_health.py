@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.models import ModelManager, ServedModel
-from gateway.settings import Settings
+from inferflux.gateway.app import create_app
+from inferflux.gateway.models import ModelManager, ServedModel
+from inferflux.gateway.settings import Settings
 
 MODEL = "smollm2-135m-instruct"
 

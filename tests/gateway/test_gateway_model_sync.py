@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from backends.models import default_model_path
-from gateway.model_sync import RegistryPoller
-from gateway.settings import DEFAULT_MODEL_NAME
-from policy.errors import StoreUnavailable
-from policy.store import PolicyStore, StoreSettings
+from inferflux.backends.models import default_model_path
+from inferflux.gateway.model_sync import RegistryPoller
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.policy.errors import StoreUnavailable
+from inferflux.policy.store import PolicyStore, StoreSettings
 from audit_wait import eventually
 
 POLL = 0.1
@@ -104,17 +104,17 @@ def test_a_load_a_default_and_an_unload_through_one_replica_reach_the_other(repl
 def test_a_failed_load_from_the_registry_is_tried_again_only_when_the_store_changes(
     replicas: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gateway.model_admin
+    from inferflux.gateway import model_admin
 
     a, b, admin, store = replicas["a"], replicas["b"], replicas["admin"], replicas["store"]
     attempts: list[str] = []
-    real_load = gateway.model_admin.load_served_model
+    real_load = model_admin.load_served_model
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         attempts.append(args[0].name)
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(gateway.model_admin, "load_served_model", counted)
+    monkeypatch.setattr(model_admin, "load_served_model", counted)
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)  # the right name and magic, nothing loadable
     store.create_served_model("broken", path=str(broken), dtype="float32")  # as another replica would have

@@ -17,9 +17,9 @@ import pytest
 from idp import EC_KID, ED_KID, RSA_KID, LoopbackIdP, hand_built_token, hmac_token, running_idp
 from servers import start_uvicorn, stop_uvicorn
 
-from gateway.auth import Authenticator
-from policy.authn.oidc import OidcVerifier
-from policy.store import PolicyStore, StoreSettings
+from inferflux.gateway.auth import Authenticator
+from inferflux.policy.authn.oidc import OidcVerifier
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 CHAT = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 

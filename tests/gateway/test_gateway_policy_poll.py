@@ -15,10 +15,10 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from gateway.context import CURRENT
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.gateway.context import CURRENT
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from http_helpers import bearer
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 POLL = 0.2
 

@@ -26,8 +26,8 @@ import pytest
 from replica import START_TIMEOUT, Replica
 from services import fresh_schema
 
-from policy.authn.apikeys import generate_key
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.authn.apikeys import generate_key
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 # Real `inferctl serve` processes serving the default model (the tiers: tests/conftest.py);
 # serial: a revocation's propagation time and a shared limit's accuracy are measured in real time.

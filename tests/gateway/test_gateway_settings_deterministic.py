@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from gateway.settings import Settings
+from inferflux.gateway.settings import Settings
 
 
 def _specs(**settings: object) -> dict[str, bool]:
@@ -36,7 +36,7 @@ def test_not_a_boolean_is_refused():
 
 
 def test_inferctl_backends_json_reports_each_models_flag(tmp_path, capsys):
-    from gateway.cli import main
+    from inferflux.gateway.cli import main
 
     config = tmp_path / "inferflux.yaml"
     config.write_text("engine:\n  deterministic: true\nmodels:\n"
@@ -55,10 +55,10 @@ def test_inferctl_backends_json_plans_each_cpu_models_passes(tmp_path, capsys):
 
     import torch
 
-    from backends.cpu import passes
-    from backends.models import default_model_path
-    from gateway.cli import main
-    from kernels import cpu as cpu_kernels
+    from inferflux.backends.cpu import passes
+    from inferflux.backends.models import default_model_path
+    from inferflux.gateway.cli import main
+    from inferflux.kernels import cpu as cpu_kernels
 
     config = tmp_path / "inferflux.yaml"
     config.write_text(f"backend: cpu\nmodels:\n  - {{name: auto, path: {default_model_path()}}}\n"

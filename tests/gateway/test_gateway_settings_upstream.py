@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.settings import Settings
+from inferflux.gateway.settings import Settings
 
 ENDPOINT = "http://10.0.0.5:8000/v1"
 

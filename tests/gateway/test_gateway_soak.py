@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from soak import probe, start_gateway, storm, wait_idle
 
-from policy.authn.apikeys import generate_key
+from inferflux.policy.authn.apikeys import generate_key
 
 # A served gateway of its own (default model) through several storms (the tiers: tests/conftest.py).
 pytestmark = [pytest.mark.model, pytest.mark.slow]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from http_helpers import error_of
 
 COPY_PROMPT = "Copy the list exactly.\nList: red, green, blue, yellow, purple, orange, black, white.\nCopy: red,"
@@ -19,12 +19,12 @@ COPY_PROMPT = "Copy the list exactly.\nList: red, green, blue, yellow, purple, o
 @pytest.fixture(scope="module")
 def speculative_model() -> Iterator[Any]:
     """The default model again, in its own engine with n-gram speculation (k = 4)."""
-    from backends.base import ModelSpec
-    from backends.engine import EngineConfig
-    from backends.engine.speculative import SpeculativeConfig
-    from backends.models import default_model_path
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.engine import EngineConfig
+    from inferflux.backends.engine.speculative import SpeculativeConfig
+    from inferflux.backends.models import default_model_path
 
-    from gateway.models import load_served_model
+    from inferflux.gateway.models import load_served_model
 
     spec = ModelSpec(name="smollm2-spec", path=default_model_path(), dtype="float32")
     model = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=32 << 20, speculative=SpeculativeConfig(k=4)))
@@ -35,12 +35,12 @@ def speculative_model() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def draft_model() -> Iterator[Any]:
     """The default model with a draft model: itself again, loaded as the draft through the gateway's loader."""
-    from backends.base import ModelSpec
-    from backends.engine import EngineConfig
-    from backends.engine.speculative import SpeculativeConfig
-    from backends.models import default_model_path
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.engine import EngineConfig
+    from inferflux.backends.engine.speculative import SpeculativeConfig
+    from inferflux.backends.models import default_model_path
 
-    from gateway.models import load_served_model
+    from inferflux.gateway.models import load_served_model
 
     spec = ModelSpec(name="smollm2-draft", path=default_model_path(), dtype="float32")
     draft = SpeculativeConfig(method="draft", draft_model=default_model_path(), k=3)
@@ -53,9 +53,9 @@ def draft_model() -> Iterator[Any]:
 def client(served_model: Any, speculative_model: Any, draft_model: Any, gateway_store: Any) -> Iterator[TestClient]:
     import tempfile
 
-    from gateway.app import create_app
-    from gateway.models import ModelManager
-    from gateway.settings import Settings
+    from inferflux.gateway.app import create_app
+    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.settings import Settings
 
     manager = ModelManager(expected=[served_model.name, speculative_model.name, draft_model.name])
     manager.add(served_model)

@@ -26,11 +26,11 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def swapping_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The default model in float32 with 8 KV blocks of 16 tokens: room for two or three of the requests at once."""
-    from backends.base import ModelSpec
-    from backends.engine import EngineConfig
-    from backends.models import default_model_path
+    from inferflux.backends.base import ModelSpec
+    from inferflux.backends.engine import EngineConfig
+    from inferflux.backends.models import default_model_path
 
-    from gateway.models import load_served_model
+    from inferflux.gateway.models import load_served_model
 
     swap_dir = tmp_path_factory.mktemp("swap")
     spec = ModelSpec(name="smollm2-swap", path=default_model_path(), dtype="float32")
@@ -44,9 +44,9 @@ def swapping_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def client(swapping_model: Any, gateway_store: Any) -> Iterator[TestClient]:
     import tempfile
 
-    from gateway.app import create_app
-    from gateway.models import ModelManager
-    from gateway.settings import Settings
+    from inferflux.gateway.app import create_app
+    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.settings import Settings
 
     manager = ModelManager(expected=[swapping_model.name])
     manager.add(swapping_model)

@@ -20,9 +20,9 @@ import pytest
 from idp import RSA_KID, LoopbackIdP, running_idp
 from servers import start_uvicorn, stop_uvicorn
 
-from gateway.auth import Authenticator
-from policy.authn.oidc import OidcVerifier
-from policy.store import PolicyStore, StoreSettings
+from inferflux.gateway.auth import Authenticator
+from inferflux.policy.authn.oidc import OidcVerifier
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 ROLES = {"dev": "member", "boss": "tenant-admin"}
 

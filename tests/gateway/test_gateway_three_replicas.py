@@ -39,11 +39,11 @@ from http_helpers import bearer
 from replica import Replica, fleet
 from services import fresh_schema
 
-from backends.models import default_model_path
-from policy.audit.chain import parse_record
-from policy.audit.cli import spool_chain_id, verify_spool
-from policy.audit.spool import segment_files
-from policy.authn.apikeys import generate_key
+from inferflux.backends.models import default_model_path
+from inferflux.policy.audit.chain import parse_record
+from inferflux.policy.audit.cli import spool_chain_id, verify_spool
+from inferflux.policy.audit.spool import segment_files
+from inferflux.policy.authn.apikeys import generate_key
 
 # Real `inferctl serve` processes serving the default model (the tiers: tests/conftest.py);
 # PostgreSQL and Redis make them service tests as well. Serial: limits' accuracy and the

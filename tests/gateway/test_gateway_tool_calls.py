@@ -14,10 +14,10 @@ import json
 
 import pytest
 
-from backends.engine import RequestOutput
-from gateway.tool_calls import AutoCalls, ForcedCalls, ToolCallDelta, ToolStream, assemble, parse_calls
-from gateway.tools import ToolPlan
-from policy.guardrails import Guardrails, parse_spec
+from inferflux.backends.engine import RequestOutput
+from inferflux.gateway.tool_calls import AutoCalls, ForcedCalls, ToolCallDelta, ToolStream, assemble, parse_calls
+from inferflux.gateway.tools import ToolPlan
+from inferflux.policy.guardrails import Guardrails, parse_spec
 
 NAMES = frozenset({"get_weather", "get_time"})
 PARIS = '{"city":"Paris"}'

@@ -26,13 +26,13 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.testclient import TestClient
 
-from backends.base import ModelSpec
+from inferflux.backends.base import ModelSpec
 from fake_upstream import running_fake_upstream
-from gateway.app import create_app
-from gateway.models import ModelManager, load_served_model
-from gateway.settings import DEFAULT_MODEL_NAME, Settings
+from inferflux.gateway.app import create_app
+from inferflux.gateway.models import ModelManager, load_served_model
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME, Settings
 from http_helpers import bearer
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 MODEL, REMOTE = DEFAULT_MODEL_NAME, "fleet"
 SEQUENTIAL = ["authentication", "read_body", "guardrails.input", "plan", "limits", "opa", "queue_wait", "prefill",

@@ -20,11 +20,11 @@ from starlette.testclient import TestClient
 
 from app_world import AppWorld, open_world, wait_until
 from audit_support import make_event
-from gateway.settings import DEFAULT_MODEL_NAME, Settings
-from gateway.traffic import TrafficPolicy
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME, Settings
+from inferflux.gateway.traffic import TrafficPolicy
 from http_helpers import bearer, error_of
-from policy.audit import ChainConflict, Cursor, Spool, verify_spool
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.audit import ChainConflict, Cursor, Spool, verify_spool
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 MODEL = DEFAULT_MODEL_NAME
 POLL = 0.05  # the apps here re-read policies this often

@@ -21,11 +21,11 @@ from http_helpers import bearer, error_of
 from idp import closed_loopback_url
 from servers import start_uvicorn, stop_uvicorn
 
-from backends.base import ModelSpec
-from gateway.models import load_served_model
-from gateway.settings import DEFAULT_MODEL_NAME
-from policy.audit import verify_spool
-from policy.store import PolicyStore, StoreSettings
+from inferflux.backends.base import ModelSpec
+from inferflux.gateway.models import load_served_model
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.policy.audit import verify_spool
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 REMOTE = "fleet"
 POLL = 0.05

@@ -22,9 +22,9 @@ from fake_upstream import FakeUpstreamProcess, running_fake_upstream
 from http_helpers import bearer, error_of
 from servers import start_uvicorn, stop_uvicorn
 
-from backends.base import ModelSpec
-from gateway.models import load_served_model
-from policy.store import PolicyStore, StoreSettings
+from inferflux.backends.base import ModelSpec
+from inferflux.gateway.models import load_served_model
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 pytestmark = pytest.mark.slow  # upstream processes, and 32 streams
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from gateway.errors import InvalidRequest
-from gateway.protocol import ChatCompletionRequest, parse_request
-from gateway.validation_errors import first_error, parameter_path
+from inferflux.gateway.errors import InvalidRequest
+from inferflux.gateway.protocol import ChatCompletionRequest, parse_request
+from inferflux.gateway.validation_errors import first_error, parameter_path
 
 
 class Item(BaseModel):

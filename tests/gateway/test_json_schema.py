@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backends.engine import GuidedSpec
-from backends.engine.guided import GrammarCompiler
-from gateway.json_schema import closed_schema
-from gateway.protocol import ResponseFormat
-from gateway.tools import ToolDefinition, call_schema
+from inferflux.backends.engine import GuidedSpec
+from inferflux.backends.engine.guided import GrammarCompiler
+from inferflux.gateway.json_schema import closed_schema
+from inferflux.gateway.protocol import ResponseFormat
+from inferflux.gateway.tools import ToolDefinition, call_schema
 
 A = {"type": "object", "properties": {"a": {"type": "integer"}}}
 B = {"type": "object", "properties": {"b": {"type": "integer"}}}
@@ -111,7 +111,7 @@ def test_closing_only_removes_answers(schema: dict[str, Any], value: Any) -> Non
 
 @cache
 def _compiler() -> tuple[GrammarCompiler, Any]:
-    from backends.models import default_model_path, open_model
+    from inferflux.backends.models import default_model_path, open_model
 
     tokenizer = open_model(default_model_path()).tokenizer()
     return GrammarCompiler(tokenizer, 49152, [tokenizer.eos_token_id]), tokenizer

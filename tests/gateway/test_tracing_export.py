@@ -21,9 +21,9 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from gateway.context import RequestContext
-from gateway.settings import TracingSettings
-from gateway.tracing import Tracing, TracingConfigError
+from inferflux.gateway.context import RequestContext
+from inferflux.gateway.settings import TracingSettings
+from inferflux.gateway.tracing import Tracing, TracingConfigError
 
 
 class Receiver:

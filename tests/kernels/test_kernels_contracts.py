@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.contracts import PagedAttentionShape, check_float, check_paged_attention, check_store_kv
-from kernels.errors import KernelError
+from inferflux.kernels.contracts import PagedAttentionShape, check_float, check_paged_attention, check_store_kv
+from inferflux.kernels.errors import KernelError
 
 
 def attention_args(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:

@@ -11,8 +11,8 @@ import shutil
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels import reference as R
+from inferflux.kernels import cpu as cpu_kernels
+from inferflux.kernels import reference as R
 
 if shutil.which("c++") is None:  # pragma: no cover - every supported install has one
     pytest.skip("no C++ compiler on PATH: the CPU kernels cannot be built here", allow_module_level=True)

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from kernels import cpu as cpu_kernels
+from inferflux.kernels import cpu as cpu_kernels
 
 
 def test_each_copy_of_the_sources_builds_in_a_folder_of_its_own(
@@ -74,7 +74,7 @@ def test_the_build_runs_under_the_lock_with_no_stale_torch_lock(
 HOLD_THE_BUILD = """
 import sys, time
 from pathlib import Path
-from kernels import cpu
+from inferflux.kernels import cpu
 folder = Path(sys.argv[1])
 with cpu.building(folder):
     (folder / cpu.TORCH_LOCK).touch()  # as torch's FileBaton does, then builds

@@ -9,8 +9,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from backends.models.quants import dequantize
-from kernels import cpu as cpu_kernels
+from inferflux.backends.models.quants import dequantize
+from inferflux.kernels import cpu as cpu_kernels
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C++ CPU kernels are not built here")
 
@@ -58,7 +58,7 @@ def test_the_same_bits_as_invariant_linear_on_the_dequantised_weights(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_default_models_own_blocks(dtype: torch.dtype) -> None:
-    from backends.models import default_model_path
+    from inferflux.backends.models import default_model_path
     from gguf import GGUFReader
 
     tensors = {t.name: t for t in GGUFReader(default_model_path()).tensors}

@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from kernels import cpu as cpu_kernels
-from kernels import reference as R
+from inferflux.kernels import cpu as cpu_kernels
+from inferflux.kernels import reference as R
 
 if shutil.which("c++") is None:  # pragma: no cover - every supported install has one
     pytest.skip("no C++ compiler on PATH: the CPU kernels cannot be built here", allow_module_level=True)
@@ -25,7 +25,7 @@ DTYPES = [torch.float32, torch.bfloat16]
 def fast():  # type: ignore[no-untyped-def]
     if cpu_kernels.load() is None:
         pytest.fail(f"the CPU kernels failed to build: {cpu_kernels.load_error()}")
-    from kernels.cpu import fast
+    from inferflux.kernels.cpu import fast
 
     return fast
 

@@ -16,7 +16,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from kernels import cpu as cpu_kernels
+from inferflux.kernels import cpu as cpu_kernels
 
 if shutil.which("c++") is None:  # pragma: no cover - every supported install has one
     pytest.skip("no C++ compiler on PATH: the CPU kernels cannot be built here", allow_module_level=True)

@@ -1,6 +1,6 @@
 """kernels.reference on a device other than the CPU.
 
-The reference runs beside the Triton kernels on a GPU (benchmarks/kernels.py checks
+The reference runs beside the Triton kernels on a GPU (benchmarks/bench_kernels.py checks
 each kernel against it there), so it must build everything on its inputs' device. The
 ``meta`` device stands in for a GPU here: an op that mixes it with a host tensor raises,
 as a CUDA one does.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference as R
+from inferflux.kernels import reference as R
 
 
 def test_paged_attention_stays_on_its_inputs_device() -> None:

@@ -4,7 +4,7 @@ Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, se
 by tests/conftest.py): the same kernel source, executed with numpy on
 the CPU. That proves indexing, masking and arithmetic; the last test compiles every
 kernel for an H100 and an MI300 (no device needed), and speed is for
-benchmarks/kernels.py on a GPU machine. With a CUDA/ROCm device the same tests run
+benchmarks/bench_kernels.py on a GPU machine. With a CUDA/ROCm device the same tests run
 compiled on it.
 """
 
@@ -23,11 +23,11 @@ import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (it ships for Linux only)")
 
-import kernels.triton as KT  # noqa: E402  (after conftest.py chose interpreter or GPU)
-from kernels import reference as R  # noqa: E402
-from kernels.errors import KernelError  # noqa: E402
-from kernels.triton import _common as kernels_common  # noqa: E402
-from kernels.triton.paged_attention import _paged_attention  # noqa: E402
+import inferflux.kernels.triton as KT  # noqa: E402  (after conftest.py chose interpreter or GPU)
+from inferflux.kernels import reference as R  # noqa: E402
+from inferflux.kernels.errors import KernelError  # noqa: E402
+from inferflux.kernels.triton import _common as kernels_common  # noqa: E402
+from inferflux.kernels.triton.paged_attention import _paged_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -412,7 +412,7 @@ def test_every_kernel_compiles_for_cuda_and_rocm_without_a_gpu() -> None:
     # `python -m kernels.triton.compile_check` without --quick covers every tile config.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.triton.compile_check", "--quick", "--target", "cuda:90",
+        [sys.executable, "-m", "inferflux.kernels.triton.compile_check", "--quick", "--target", "cuda:90",
          "--target", "hip:gfx942"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
@@ -448,7 +448,7 @@ def test_paged_attention_split_context_bfloat16() -> None:
 
 
 def test_split_count_fills_the_gpu_from_shapes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    PA = importlib.import_module("kernels.triton.paged_attention")  # the package exports the function of that name
+    PA = importlib.import_module("inferflux.kernels.triton.paged_attention")  # the package exports the function of that name
     monkeypatch.setitem(PA._SM_COUNT, 0, 132)
     gpu = torch.device("cuda", 0)
     assert PA.choose_splits(3, 8192, 64, gpu, True) == PA.MAX_SPLITS  # one sequence of 3 KV heads, long table

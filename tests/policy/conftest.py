@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from audit_support import make_event
 
-from policy.audit.spool import Cursor, Spool, SpoolSettings
-from policy.ratelimit import EffectiveLimits, FixedLimits, Limits, MemoryBackend, RateLimiter
-from policy.rbac import Principal
-from policy.store.crypto import KeyFile, create_key_file, new_key, replace_key_file
+from inferflux.policy.audit.spool import Cursor, Spool, SpoolSettings
+from inferflux.policy.ratelimit import EffectiveLimits, FixedLimits, Limits, MemoryBackend, RateLimiter
+from inferflux.policy.rbac import Principal
+from inferflux.policy.store.crypto import KeyFile, create_key_file, new_key, replace_key_file
 
 KEY_FILE = "store.key"
 SPOOL = "spool"

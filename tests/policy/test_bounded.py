@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policy.bounded import remember
+from inferflux.policy.bounded import remember
 
 
 def test_remember_keeps_values_and_empties_the_cache_at_its_bound() -> None:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from policy.digests import HmacSha256, sha256
+from inferflux.policy.digests import HmacSha256, sha256
 
 DATA = [b"", b"a", b"hello world", bytes(range(256)) * 40]
 

@@ -19,12 +19,12 @@ import pytest
 
 from audit_support import make_event
 
-from policy.audit.cli import verify_files, verify_spool
-from policy.audit.sinks.file import FileSink
-from policy.audit.spool import Cursor, Spool, SpoolSettings
-from policy.ratelimit import MemoryBackend
-from policy.ratelimit.memory import STATE_FILE
-from policy.store.crypto import KeyFile, create_key_file, new_key, read_key_file, replace_key_file
+from inferflux.policy.audit.cli import verify_files, verify_spool
+from inferflux.policy.audit.sinks.file import FileSink
+from inferflux.policy.audit.spool import Cursor, Spool, SpoolSettings
+from inferflux.policy.ratelimit import MemoryBackend
+from inferflux.policy.ratelimit.memory import STATE_FILE
+from inferflux.policy.store.crypto import KeyFile, create_key_file, new_key, read_key_file, replace_key_file
 
 WRITER = Path(__file__).with_name("fileio_writer.py")
 SUPPORT = Path(__file__).parents[1] / "support"

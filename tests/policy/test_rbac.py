@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policy.errors import NotFound, PermissionDenied
-from policy.rbac import ROLE_SCOPES, Principal, Role, Scope, effective_models, parse_role, scopes_of
+from inferflux.policy.errors import NotFound, PermissionDenied
+from inferflux.policy.rbac import ROLE_SCOPES, Principal, Role, Scope, effective_models, parse_role, scopes_of
 
 
 def _principal(role: str, tenant: str = "ten_a", models: frozenset[str] | None = None) -> Principal:

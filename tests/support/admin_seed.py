@@ -31,7 +31,7 @@ class Seeded:
 
 def seed_store(data_dir: Path) -> Seeded:
     """A new store under ``data_dir`` (SQLite), bootstrapped and seeded."""
-    from policy.store import PolicyStore, StoreSettings
+    from inferflux.policy.store import PolicyStore, StoreSettings
 
     store = PolicyStore.open(StoreSettings(), data_dir)
     admin = store.ensure_bootstrap_admin()

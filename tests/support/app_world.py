@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from starlette.testclient import TestClient
 
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 W = TypeVar("W", bound="AppWorld")
 

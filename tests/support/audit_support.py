@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 
-from policy.audit.delivery import Backoff
-from policy.audit.events import AuditEvent, ContentDigester, Finding, api_event
-from policy.audit.spool import Spool
+from inferflux.policy.audit.delivery import Backoff
+from inferflux.policy.audit.events import AuditEvent, ContentDigester, Finding, api_event
+from inferflux.policy.audit.spool import Spool
 from services import service_unavailable
 
 FAST = Backoff(initial=0.01, maximum=0.1)  # retries in tests: quick, still exponential with jitter
@@ -79,8 +79,8 @@ def append_events(spool: Spool, n: int, *, one_by_one: bool = False) -> list[str
 
 def sink_from_args(args: list[str]) -> Any:
     """``["http", URL]`` or ``["syslog-tcp", PORT]``: the sink the kill -9 test's child and parent both use."""
-    from policy.audit.sinks.http import HttpSink
-    from policy.audit.sinks.syslog import SyslogSink
+    from inferflux.policy.audit.sinks.http import HttpSink
+    from inferflux.policy.audit.sinks.syslog import SyslogSink
 
     kind, where = args
     if kind == "http":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.engine import LLMEngine, SamplingParams
+from inferflux.backends.engine import LLMEngine, SamplingParams
 
 CHAT_PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],

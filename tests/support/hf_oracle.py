@@ -26,7 +26,7 @@ def causal_lm(folder: Path) -> Any:
     import transformers
     from safetensors.torch import load_model, save_model
 
-    from backends.models import default_model_path
+    from inferflux.backends.models import default_model_path
 
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "wb") as lock:

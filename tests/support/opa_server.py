@@ -16,8 +16,8 @@ from typing import Any
 
 from servers import start_uvicorn, stop_uvicorn
 
-from policy.guardrails.opa import load_regopy, prepare_input
-from policy.guardrails.rego_input import set_input
+from inferflux.policy.guardrails.opa import load_regopy, prepare_input
+from inferflux.policy.guardrails.rego_input import set_input
 
 
 class LoopbackOpa:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 from servers import free_loopback_socket
 
-import kernels.cpu as kernels_cpu
+import inferflux.kernels.cpu as kernels_cpu
 
 START_TIMEOUT = 180.0
 
@@ -34,7 +34,7 @@ class Replica:
         self.name = name
         self.log = log
         argv = [
-            *(program or [sys.executable, "-m", "gateway.cli"]), "serve",
+            *(program or [sys.executable, "-m", "inferflux.gateway.cli"]), "serve",
             "--port", str(self.port), "--data-dir", str(data_dir),
             "--dtype", "float32", "--kv-cache-bytes", "32MiB", "--log-level", "warning",
             *(extra_args or []),

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from gateway.log_redaction import RedactSecrets
+from inferflux.gateway.log_redaction import RedactSecrets
 
 _SHAPED = re.compile(r"ifx_[a-z2-7]{12}_[0-9A-Za-z]{43}|eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 _shaped: set[str] = set()  # keys and tokens, found by shape
@@ -45,7 +45,7 @@ def remember(secret: str) -> str:
 
 
 def _record_keys() -> None:
-    import policy.authn.apikeys as apikeys
+    import inferflux.policy.authn.apikeys as apikeys
 
     original = apikeys.generate_key
 
@@ -55,7 +55,7 @@ def _record_keys() -> None:
         return key
 
     apikeys.generate_key = generate_key  # type: ignore[assignment]
-    api_keys = sys.modules.get("policy.store.repos.api_keys")  # imported already: its own name too
+    api_keys = sys.modules.get("inferflux.policy.store.repos.api_keys")  # imported already: its own name too
     if api_keys is not None:
         api_keys.generate_key = generate_key  # type: ignore[attr-defined]
 

@@ -37,7 +37,7 @@ def _gateway_options(app: Any) -> dict[str, Any]:
     settings = getattr(getattr(app, "state", None), "settings", None)
     if settings is None:
         return {}
-    from gateway.slowclients import server_options
+    from inferflux.gateway.slowclients import server_options
 
     return server_options(settings.input_limits)
 

@@ -114,8 +114,7 @@ def report(_signum: int = 0, _frame: FrameType | None = None) -> None:
 
 def main() -> int:
     signal.signal(signal.SIGUSR1, report)
-    sys.path.insert(0, str(REPO_ROOT))
-    from gateway.cli import main as inferctl
+    from inferflux.gateway.cli import main as inferctl
 
     return inferctl(sys.argv[1:])
 

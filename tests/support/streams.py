@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from http_helpers import bearer
 
 SEATS = 4  # the small-batch engine's max_num_seqs (tests/gateway/conftest.py): a flood of a few dozen streams queues

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Batch, SequenceSlice
+from inferflux.backends.base import Batch, SequenceSlice
 
 VOCAB = 96
 BLOCK = 4

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from gateway.routes.admin import (
+from inferflux.gateway.routes.admin import (
     audit,
     credentials,
     guardrails,

@@ -32,17 +32,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.state import state_of
-from gateway.auth import call_store
-from gateway.authz import principal_of, requires
-from gateway.openapi import document, query_param
-from gateway.routes.admin.common import PREFIX, TENANT_PREFIX, ok, page_args, render_page, tenant_in_scope
-from gateway.streaming import SSEResponse
-from policy.audit.events import DECISIONS, KINDS
-from policy.audit.store import AuditRecord
-from policy.audit.tail import Subscription, sse_message
-from policy.errors import ValidationFailed
-from policy.rbac import Principal, Scope
+from inferflux.gateway.state import state_of
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document, query_param
+from inferflux.gateway.routes.admin.common import PREFIX, TENANT_PREFIX, ok, page_args, render_page, tenant_in_scope
+from inferflux.gateway.streaming import SSEResponse
+from inferflux.policy.audit.events import DECISIONS, KINDS
+from inferflux.policy.audit.store import AuditRecord
+from inferflux.policy.audit.tail import Subscription, sse_message
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.rbac import Principal, Scope
 
 # An idle stream sends a comment this often, so proxies keep it open and a
 # client that went away is noticed (the write fails) even when nothing happens.

@@ -19,19 +19,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from gateway.auth import call_store
-from gateway.authz import principal_of
-from gateway.context import get_context
-from gateway.jsonbody import decode_json_body
-from gateway.metrics import route_template
-from gateway.state import state_of
-from gateway.validation_errors import first_error
-from policy.audit.errors import AuditUnavailable
-from policy.audit.events import admin_event
-from policy.errors import ValidationFailed
-from policy.ratelimit import PolicyResolver
-from policy.rbac import ROLE_NAMES, Principal
-from policy.store import PolicyStore
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.authz import principal_of
+from inferflux.gateway.context import get_context
+from inferflux.gateway.jsonbody import decode_json_body
+from inferflux.gateway.metrics import route_template
+from inferflux.gateway.state import state_of
+from inferflux.gateway.validation_errors import first_error
+from inferflux.policy.audit.errors import AuditUnavailable
+from inferflux.policy.audit.events import admin_event
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.ratelimit import PolicyResolver
+from inferflux.policy.rbac import ROLE_NAMES, Principal
+from inferflux.policy.store import PolicyStore
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -23,10 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import call_store
-from gateway.authz import principal_of, requires
-from gateway.openapi import document
-from gateway.routes.admin.common import (
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document
+from inferflux.gateway.routes.admin.common import (
     BODY,
     NAME_PATTERN,
     PREFIX,
@@ -38,10 +38,10 @@ from gateway.routes.admin.common import (
     render_page,
     store_of,
 )
-from gateway.state import state_of
-from policy.errors import Conflict
-from policy.rbac import Scope
-from policy.store.validate import MAX_CREDENTIAL_SECRET
+from inferflux.gateway.state import state_of
+from inferflux.policy.errors import Conflict
+from inferflux.policy.rbac import Scope
+from inferflux.policy.store.validate import MAX_CREDENTIAL_SECRET
 
 # The store checks the secret (``policy.store.validate.credential_secret``: length, no control
 # characters); the schema says so to clients. SecretStr keeps it out of every repr.

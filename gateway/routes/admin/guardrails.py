@@ -23,10 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import call_store
-from gateway.authz import principal_of, requires
-from gateway.openapi import document
-from gateway.routes.admin.common import (
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document
+from inferflux.gateway.routes.admin.common import (
     BODY,
     PREFIX,
     ok,
@@ -38,11 +38,11 @@ from gateway.routes.admin.common import (
     render_page,
     store_of,
 )
-from policy.errors import NotFound, PermissionDenied, ValidationFailed
-from policy.guardrails import KIND as GUARDRAIL
-from policy.guardrails import validate_policy
-from policy.rbac import Principal, Scope
-from policy.store import PolicyRecord
+from inferflux.policy.errors import NotFound, PermissionDenied, ValidationFailed
+from inferflux.policy.guardrails import KIND as GUARDRAIL
+from inferflux.policy.guardrails import validate_policy
+from inferflux.policy.rbac import Principal, Scope
+from inferflux.policy.store import PolicyRecord
 
 
 class GuardrailCreate(BaseModel):

@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import call_store
-from gateway.authz import principal_of, requires
-from gateway.openapi import document
-from gateway.routes.admin.common import (
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document
+from inferflux.gateway.routes.admin.common import (
     BODY,
     NAME_PATTERN,
     PREFIX,
@@ -31,11 +31,11 @@ from gateway.routes.admin.common import (
     render_page,
     store_of,
 )
-from policy.authn.oidc import OidcProviderConfig
-from policy.errors import ValidationFailed
-from policy.rbac import Principal, Scope
-from policy.store import UNSET
-from policy.store.repository import OwnerFilter
+from inferflux.policy.authn.oidc import OidcProviderConfig
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.rbac import Principal, Scope
+from inferflux.policy.store import UNSET
+from inferflux.policy.store.repository import OwnerFilter
 
 
 class OidcProviderCreate(BaseModel):

@@ -13,13 +13,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.state import state_of
-from gateway.authz import principal_of, requires
-from gateway.openapi import document
-from gateway.routes.admin.common import BODY, PREFIX, NoBody, ok, parse_body, parse_optional_body, record_change
-from gateway.settings import EmbeddingSettings
-from gateway.settings.sections import PassesSettings
-from policy.rbac import Scope
+from inferflux.gateway.state import state_of
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document
+from inferflux.gateway.routes.admin.common import BODY, PREFIX, NoBody, ok, parse_body, parse_optional_body, record_change
+from inferflux.gateway.settings import EmbeddingSettings
+from inferflux.gateway.settings.sections import PassesSettings
+from inferflux.policy.rbac import Scope
 
 
 class ModelLoadRequest(BaseModel):

@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import call_store
-from gateway.authz import principal_of, requires
-from gateway.openapi import document
-from gateway.routes.admin.common import (
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document
+from inferflux.gateway.routes.admin.common import (
     BODY,
     PREFIX,
     TENANT_PREFIX,
@@ -38,10 +38,10 @@ from gateway.routes.admin.common import (
     store_of,
     tenant_in_scope,
 )
-from policy import ratelimit
-from policy.errors import NotFound, ValidationFailed
-from policy.rbac import Principal, Scope
-from policy.store import PolicyRecord
+from inferflux.policy import ratelimit
+from inferflux.policy.errors import NotFound, ValidationFailed
+from inferflux.policy.rbac import Principal, Scope
+from inferflux.policy.store import PolicyRecord
 
 TRAFFIC_KINDS = ratelimit.KINDS
 

@@ -16,13 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.authz import principal_of, requires
-from gateway.models import _VERSION, ServedModel
-from gateway.openapi import document
-from gateway.routes.admin.common import PREFIX, ok
-from gateway.routes.health import not_ready_reasons
-from gateway.state import state_of
-from policy.rbac import Scope
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.models import _VERSION, ServedModel
+from inferflux.gateway.openapi import document
+from inferflux.gateway.routes.admin.common import PREFIX, ok
+from inferflux.gateway.routes.health import not_ready_reasons
+from inferflux.gateway.state import state_of
+from inferflux.policy.rbac import Scope
 
 log = logging.getLogger("inferflux.gateway.admin")
 

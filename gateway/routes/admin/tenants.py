@@ -9,10 +9,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import PLATFORM_TENANT, call_store
-from gateway.authz import principal_of, requires
-from gateway.openapi import document
-from gateway.routes.admin.common import (
+from inferflux.gateway.auth import PLATFORM_TENANT, call_store
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document
+from inferflux.gateway.routes.admin.common import (
     BODY,
     NAME_PATTERN,
     PREFIX,
@@ -27,8 +27,8 @@ from gateway.routes.admin.common import (
     store_of,
     tenant_in_scope,
 )
-from policy.errors import Conflict
-from policy.rbac import Scope
+from inferflux.policy.errors import Conflict
+from inferflux.policy.rbac import Scope
 
 
 class TenantCreate(BaseModel):

@@ -31,15 +31,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.auth import call_store
-from gateway.authz import principal_of, requires
-from gateway.openapi import document, query_param
-from gateway.routes.admin.common import BODY, PREFIX, jsonable, ok, parse_body, record_change
-from gateway.state import state_of
-from policy.errors import ValidationFailed
-from policy.rbac import Scope
-from policy.usage.cost import Price, format_usd, parse_usd
-from policy.usage.store import GRAINS, GROUPS, MAX_PAGE, PriceRecord, UsageItem
+from inferflux.gateway.auth import call_store
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document, query_param
+from inferflux.gateway.routes.admin.common import BODY, PREFIX, jsonable, ok, parse_body, record_change
+from inferflux.gateway.state import state_of
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.rbac import Scope
+from inferflux.policy.usage.cost import Price, format_usd, parse_usd
+from inferflux.policy.usage.store import GRAINS, GROUPS, MAX_PAGE, PriceRecord, UsageItem
 
 _QUERY = frozenset({"tenant_id", "key_id", "model", "from", "to", "group", "by", "limit", "offset", "format"})
 _DIGITS = re.compile(r"[0-9]{1,9}")

@@ -6,10 +6,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.authz import principal_of, requires
-from gateway.openapi import document
-from gateway.routes.admin.common import PREFIX, ok
-from policy.rbac import Scope
+from inferflux.gateway.authz import principal_of, requires
+from inferflux.gateway.openapi import document
+from inferflux.gateway.routes.admin.common import PREFIX, ok
+from inferflux.policy.rbac import Scope
 
 
 @document("Who the credential belongs to and what it may do", tag="admin")

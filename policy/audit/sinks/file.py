@@ -13,8 +13,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from policy.audit.spool import SpooledRecord
-from policy.fileio import fsync_dir, whole_lines_length, write_all
+from inferflux.policy.audit.spool import SpooledRecord
+from inferflux.policy.fileio import fsync_dir, whole_lines_length, write_all
 
 
 class FileSink:

@@ -24,8 +24,8 @@ from typing import Final
 
 import httpx
 
-from policy.audit.errors import SinkError
-from policy.audit.spool import SpooledRecord
+from inferflux.policy.audit.errors import SinkError
+from inferflux.policy.audit.spool import SpooledRecord
 
 FORMATS: Final = ("json", "splunk_hec")
 HEC_PATH: Final = "/services/collector/event"

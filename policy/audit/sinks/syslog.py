@@ -26,8 +26,8 @@ import ssl
 from collections.abc import Sequence
 from typing import Final
 
-from policy.audit.errors import SinkError
-from policy.audit.spool import SpooledRecord
+from inferflux.policy.audit.errors import SinkError
+from inferflux.policy.audit.spool import SpooledRecord
 
 TRANSPORTS: Final = ("udp", "tcp", "tls")
 FACILITY_AUDIT: Final = 13  # "log audit"

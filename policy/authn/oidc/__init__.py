@@ -27,18 +27,18 @@ names the rule; a provider that cannot be reached is an
 ``IdentityProviderUnavailable`` (503).
 """
 
-from policy.authn.oidc.claims import ALWAYS_REQUIRED_CLAIMS
-from policy.authn.oidc.config import (
+from inferflux.policy.authn.oidc.claims import ALWAYS_REQUIRED_CLAIMS
+from inferflux.policy.authn.oidc.config import (
     ALLOWED_ALGORITHMS,
     DEFAULT_ALGORITHMS,
     MAX_LEEWAY_SECONDS,
     ROLES,
     OidcProviderConfig,
 )
-from policy.authn.oidc.discovery import MAX_DOCUMENT_BYTES, MAX_JWKS_KEYS
-from policy.authn.oidc.parsing import MAX_TOKEN_LENGTH
-from policy.authn.oidc.signing import MIN_RSA_KEY_BITS
-from policy.authn.oidc.verifier import OidcVerifier, VerifiedToken
+from inferflux.policy.authn.oidc.discovery import MAX_DOCUMENT_BYTES, MAX_JWKS_KEYS
+from inferflux.policy.authn.oidc.parsing import MAX_TOKEN_LENGTH
+from inferflux.policy.authn.oidc.signing import MIN_RSA_KEY_BITS
+from inferflux.policy.authn.oidc.verifier import OidcVerifier, VerifiedToken
 
 __all__ = [
     "ALLOWED_ALGORITHMS",

@@ -28,8 +28,8 @@ from typing import Any
 from joserfc.errors import JoseError
 from joserfc.jwt import JWTClaimsRegistry
 
-from policy.authn.oidc.config import OidcProviderConfig
-from policy.errors import InvalidToken
+from inferflux.policy.authn.oidc.config import OidcProviderConfig
+from inferflux.policy.errors import InvalidToken
 
 ALWAYS_REQUIRED_CLAIMS: tuple[str, ...] = ("iss", "sub", "aud", "exp", "iat")
 _TIME_CLAIMS = frozenset({"exp", "nbf", "iat"})

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from urllib.parse import urlsplit
 
-from policy.authn.bounds import TenantBounds
+from inferflux.policy.authn.bounds import TenantBounds
 
 # Asymmetric algorithms only: with a JWKS published by a third party, a
 # symmetric (HS*) algorithm would make the public key the shared secret.

@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from policy.authn.oidc.config import OidcProviderConfig, check_endpoint_url, normalize_issuer
-from policy.authn.oidc.parsing import ParsedToken
-from policy.authn.oidc.signing import Jwk, find_key, import_jwk
-from policy.errors import IdentityProviderUnavailable, InvalidToken
+from inferflux.policy.authn.oidc.config import OidcProviderConfig, check_endpoint_url, normalize_issuer
+from inferflux.policy.authn.oidc.parsing import ParsedToken
+from inferflux.policy.authn.oidc.signing import Jwk, find_key, import_jwk
+from inferflux.policy.errors import IdentityProviderUnavailable, InvalidToken
 
 logger = logging.getLogger(__name__)
 

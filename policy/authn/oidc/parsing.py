@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policy.errors import InvalidToken
+from inferflux.policy.errors import InvalidToken
 
 MAX_TOKEN_LENGTH = 16 * 1024
 

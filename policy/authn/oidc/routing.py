@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from policy.authn.oidc.config import OidcProviderConfig, normalize_issuer
-from policy.authn.oidc.parsing import ParsedToken
-from policy.errors import InvalidToken
+from inferflux.policy.authn.oidc.config import OidcProviderConfig, normalize_issuer
+from inferflux.policy.authn.oidc.parsing import ParsedToken
+from inferflux.policy.errors import InvalidToken
 
 
 class ProviderRoutes:

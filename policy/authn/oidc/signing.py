@@ -29,9 +29,9 @@ from joserfc.errors import (
 from joserfc.jwk import ECKey, JWKRegistry, Key, OKPKey, RSAKey
 from joserfc.jws import JWSRegistry
 
-from policy.authn.oidc.config import ALLOWED_ALGORITHMS, KEY_REQUIREMENTS, OidcProviderConfig
-from policy.authn.oidc.parsing import ParsedToken
-from policy.errors import InvalidToken
+from inferflux.policy.authn.oidc.config import ALLOWED_ALGORITHMS, KEY_REQUIREMENTS, OidcProviderConfig
+from inferflux.policy.authn.oidc.parsing import ParsedToken
+from inferflux.policy.errors import InvalidToken
 
 logger = logging.getLogger(__name__)
 

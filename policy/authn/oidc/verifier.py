@@ -10,19 +10,19 @@ from typing import Any
 
 import httpx
 
-from policy.authn.bounds import TenantBounds
-from policy.authn.oidc.claims import (
+from inferflux.policy.authn.bounds import TenantBounds
+from inferflux.policy.authn.oidc.claims import (
     check_registered_claims,
     check_required_claims,
     map_groups,
     map_roles,
     map_tenant,
 )
-from policy.authn.oidc.config import OidcProviderConfig
-from policy.authn.oidc.discovery import KeyCache
-from policy.authn.oidc.parsing import parse_token
-from policy.authn.oidc.routing import ProviderRoutes
-from policy.authn.oidc.signing import (
+from inferflux.policy.authn.oidc.config import OidcProviderConfig
+from inferflux.policy.authn.oidc.discovery import KeyCache
+from inferflux.policy.authn.oidc.parsing import parse_token
+from inferflux.policy.authn.oidc.routing import ProviderRoutes
+from inferflux.policy.authn.oidc.signing import (
     check_algorithm_allowed,
     check_algorithm_for_provider,
     check_key_matches_algorithm,

@@ -11,12 +11,12 @@ from typing import Any
 
 from sqlalchemy import select
 
-from policy.store import validate
-from policy.store.models import AdminEvent
-from policy.store.records import AdminEventRecord, Page
-from policy.store.repos.base import Repository
-from policy.store.repos.mapper import RecordMapper, optional
-from policy.store.types import new_id
+from inferflux.policy.store import validate
+from inferflux.policy.store.models import AdminEvent
+from inferflux.policy.store.records import AdminEventRecord, Page
+from inferflux.policy.store.repos.base import Repository
+from inferflux.policy.store.repos.mapper import RecordMapper, optional
+from inferflux.policy.store.types import new_id
 
 ADMIN_EVENT = RecordMapper(AdminEvent, AdminEventRecord, detail=optional(dict))
 

@@ -13,12 +13,12 @@ from typing import Any
 
 from sqlalchemy import Select, bindparam, or_, select, update
 
-from policy.authn.apikeys import DUMMY_HASH, generate_key, hash_key, parse_key, verify_key
-from policy.errors import Conflict, StoreConfigError, ValidationFailed
-from policy.store import validate
-from policy.store.models import ApiKey, Base, Tenant
-from policy.store.records import ApiKeyRecord, Page
-from policy.store.repos.base import (
+from inferflux.policy.authn.apikeys import DUMMY_HASH, generate_key, hash_key, parse_key, verify_key
+from inferflux.policy.errors import Conflict, StoreConfigError, ValidationFailed
+from inferflux.policy.store import validate
+from inferflux.policy.store.models import ApiKey, Base, Tenant
+from inferflux.policy.store.records import ApiKeyRecord, Page
+from inferflux.policy.store.repos.base import (
     PLATFORM_ADMIN,
     PLATFORM_TENANT,
     Repository,
@@ -26,9 +26,9 @@ from policy.store.repos.base import (
     get_owned_row,
     get_tenant_row,
 )
-from policy.store.repos.mapper import RecordMapper, optional
-from policy.store.repos.tenants import new_tenant
-from policy.store.types import new_id
+from inferflux.policy.store.repos.mapper import RecordMapper, optional
+from inferflux.policy.store.repos.tenants import new_tenant
+from inferflux.policy.store.types import new_id
 
 log = logging.getLogger("inferflux.policy.store")
 

@@ -20,13 +20,13 @@ from sqlalchemy import ColumnElement, Engine, Select
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
-from policy.errors import Conflict, NotFound, StoreUnavailable
-from policy.store.db import lock_for_write
-from policy.store.keys import KeyManager
-from policy.store.models import ApiKey, Base, Credential, OidcProvider, Policy, RoleBinding, Tenant
-from policy.store.pagination import paginate
-from policy.store.records import Page
-from policy.store.repos.mapper import R, RecordMapper
+from inferflux.policy.errors import Conflict, NotFound, StoreUnavailable
+from inferflux.policy.store.db import lock_for_write
+from inferflux.policy.store.keys import KeyManager
+from inferflux.policy.store.models import ApiKey, Base, Credential, OidcProvider, Policy, RoleBinding, Tenant
+from inferflux.policy.store.pagination import paginate
+from inferflux.policy.store.records import Page
+from inferflux.policy.store.repos.mapper import R, RecordMapper
 
 log = logging.getLogger("inferflux.policy.store")
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from policy.errors import NotFound
-from policy.store import validate
-from policy.store.models import Credential
-from policy.store.records import CredentialRecord, Page
-from policy.store.repos.base import (
+from inferflux.policy.errors import NotFound
+from inferflux.policy.store import validate
+from inferflux.policy.store.models import Credential
+from inferflux.policy.store.records import CredentialRecord, Page
+from inferflux.policy.store.repos.base import (
     UNSET,
     Repository,
     Unset,
@@ -24,8 +24,8 @@ from policy.store.repos.base import (
     get_owned_row,
     owned_by,
 )
-from policy.store.repos.mapper import RecordMapper
-from policy.store.types import new_id
+from inferflux.policy.store.repos.mapper import RecordMapper
+from inferflux.policy.store.types import new_id
 
 CREDENTIAL = RecordMapper(Credential, CredentialRecord)
 

@@ -17,12 +17,12 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from policy.authn.bounds import TenantBounds
-from policy.errors import Conflict, ValidationFailed
-from policy.store import validate
-from policy.store.models import OidcProvider, Tenant
-from policy.store.records import OidcProviderRecord, Page
-from policy.store.repos.base import (
+from inferflux.policy.authn.bounds import TenantBounds
+from inferflux.policy.errors import Conflict, ValidationFailed
+from inferflux.policy.store import validate
+from inferflux.policy.store.models import OidcProvider, Tenant
+from inferflux.policy.store.records import OidcProviderRecord, Page
+from inferflux.policy.store.repos.base import (
     PLATFORM_ADMIN,
     PLATFORM_TENANT,
     UNSET,
@@ -34,8 +34,8 @@ from policy.store.repos.base import (
     get_row,
     owned_by,
 )
-from policy.store.repos.mapper import RecordMapper, optional
-from policy.store.types import new_id
+from inferflux.policy.store.repos.mapper import RecordMapper, optional
+from inferflux.policy.store.types import new_id
 
 # Whose identity providers a call may reach: a tenant's id, None (the platform's), or UNSET (any).
 OwnerFilter = str | Unset | None

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sqlalchemy import inspect
 
-from policy.store.keys import KeyManager
-from policy.store.models import Base
-from policy.store.types import secret_columns
+from inferflux.policy.store.keys import KeyManager
+from inferflux.policy.store.models import Base
+from inferflux.policy.store.types import secret_columns
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -11,13 +11,13 @@ from typing import Any
 
 from sqlalchemy import or_, select
 
-from policy.errors import ValidationFailed
-from policy.store import validate
-from policy.store.models import Policy
-from policy.store.records import Page, PolicyRecord
-from policy.store.repos.base import UNSET, Repository, Unset, check_owner_exists, get_owned_row, owned_by
-from policy.store.repos.mapper import RecordMapper
-from policy.store.types import new_id
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.store import validate
+from inferflux.policy.store.models import Policy
+from inferflux.policy.store.records import Page, PolicyRecord
+from inferflux.policy.store.repos.base import UNSET, Repository, Unset, check_owner_exists, get_owned_row, owned_by
+from inferflux.policy.store.repos.mapper import RecordMapper
+from inferflux.policy.store.types import new_id
 
 POLICY_KINDS = ("rate_limit", "quota", "budget", "guardrail", "opa")
 

@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from policy.errors import ValidationFailed
-from policy.store import validate
-from policy.store.models import OidcProvider, RoleBinding, Tenant
-from policy.store.records import Page, RoleBindingRecord
-from policy.store.repos.base import (
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.store import validate
+from inferflux.policy.store.models import OidcProvider, RoleBinding, Tenant
+from inferflux.policy.store.records import Page, RoleBindingRecord
+from inferflux.policy.store.repos.base import (
     PLATFORM_ADMIN,
     PLATFORM_TENANT,
     Repository,
@@ -23,9 +23,9 @@ from policy.store.repos.base import (
     get_owned_row,
     get_tenant_row,
 )
-from policy.store.repos.identity_providers import provider_bounds
-from policy.store.repos.mapper import RecordMapper
-from policy.store.types import new_id
+from inferflux.policy.store.repos.identity_providers import provider_bounds
+from inferflux.policy.store.repos.mapper import RecordMapper
+from inferflux.policy.store.types import new_id
 
 BINDING_KINDS = ("subject", "group")
 

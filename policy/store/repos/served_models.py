@@ -13,13 +13,13 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from policy.errors import Conflict, NotFound, ValidationFailed
-from policy.store import validate
-from policy.store.models import ServedModel
-from policy.store.records import ServedModelRecord
-from policy.store.repos.base import UNSET, Repository, Unset, flush_or_conflict, get_row
-from policy.store.repos.mapper import RecordMapper
-from policy.store.types import new_id
+from inferflux.policy.errors import Conflict, NotFound, ValidationFailed
+from inferflux.policy.store import validate
+from inferflux.policy.store.models import ServedModel
+from inferflux.policy.store.records import ServedModelRecord
+from inferflux.policy.store.repos.base import UNSET, Repository, Unset, flush_or_conflict, get_row
+from inferflux.policy.store.repos.mapper import RecordMapper
+from inferflux.policy.store.types import new_id
 
 SERVED_MODEL = RecordMapper(ServedModel, ServedModelRecord, aliases=tuple)
 

@@ -11,13 +11,13 @@ from datetime import datetime
 
 from sqlalchemy import delete, func, select
 
-from policy.errors import NotFound
-from policy.store import validate
-from policy.store.models import OidcProvider, Tenant
-from policy.store.records import Page, TenantRecord
-from policy.store.repos.base import UNSET, Repository, Unset, flush_or_conflict, get_tenant_row
-from policy.store.repos.mapper import RecordMapper, optional
-from policy.store.types import new_id
+from inferflux.policy.errors import NotFound
+from inferflux.policy.store import validate
+from inferflux.policy.store.models import OidcProvider, Tenant
+from inferflux.policy.store.records import Page, TenantRecord
+from inferflux.policy.store.repos.base import UNSET, Repository, Unset, flush_or_conflict, get_tenant_row
+from inferflux.policy.store.repos.mapper import RecordMapper, optional
+from inferflux.policy.store.types import new_id
 
 TENANT = RecordMapper(Tenant, TenantRecord, allowed_models=optional(tuple))
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.base import Batch, SequenceSlice
+from inferflux.backends.base import Batch, SequenceSlice
 
 BLOCK = 16
 MAX_TOKENS = 16  # greedy tokens per reference prompt: every prompt crosses a block boundary while decoding

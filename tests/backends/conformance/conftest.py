@@ -22,9 +22,9 @@ import pytest
 from conformance_kit import BLOCK, MAX_TOKENS, greedy_direct
 from greedy_runs import reference_prompts, run_greedy
 
-from backends import registry
-from backends.base import ModelInfo, ModelSpec
-from backends.models import default_model_path, open_model
+from inferflux.backends import registry
+from inferflux.backends.base import ModelInfo, ModelSpec
+from inferflux.backends.models import default_model_path, open_model
 
 
 @functools.cache
@@ -72,8 +72,8 @@ def prompts(tokenizer: Any) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def oracle_tokens(prompts: list[list[int]]) -> list[list[int]]:
     """The CPU backend's float32 greedy tokens for each prompt, the plain way (see the module docstring)."""
-    from backends.cpu import CPUBackend
-    from kernels import reference
+    from inferflux.backends.cpu import CPUBackend
+    from inferflux.kernels import reference
 
     oracle = CPUBackend()
     oracle.load(ModelSpec(name="oracle", path=default_model_path(), dtype="float32"))
@@ -91,7 +91,7 @@ def run_engine(loaded: tuple[Any, ModelInfo], tokenizer: Any) -> RunEngine:
     With ``stagger`` each request joins ``stagger`` steps after the previous one.
     Checks that a drained engine holds no blocks; ``run_engine.last`` is the engine.
     """
-    from backends.engine import EngineConfig, LLMEngine
+    from inferflux.backends.engine import EngineConfig, LLMEngine
 
     backend, info = loaded
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import oracles
 from tiny_checkpoints import VARIANTS, mixed_steps, reference_logits, run_steps, write_variant
 
-from backends import registry
-from backends.base import ModelSpec
+from inferflux.backends import registry
+from inferflux.backends.base import ModelSpec
 
-pytest.importorskip("transformers")
+oracles.require("transformers")
 
 # Float32 against float32, summed in other orders: measured differences stay near 1e-6.
 ATOL = 1e-4

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import oracles
 from tiny_checkpoints import BLOCK, VARIANTS, mixed_steps, run_steps, write_variant
 
-from backends import registry
-from backends.base import Batch, ModelSpec
+from inferflux.backends import registry
+from inferflux.backends.base import Batch, ModelSpec
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+transformers = oracles.require("transformers")
 
 # Float32 against float32, summed in other orders (the mean: over up to 70 rows).
 ATOL = 1e-4

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from conformance_kit import BLOCK, MAX_TOKENS, blocks_for
 
-from backends.base import Batch, SequenceSlice
-from backends.engine import EngineConfig, LLMEngine, SamplingParams
+from inferflux.backends.base import Batch, SequenceSlice
+from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams
 
 
 def _requests(prompts: list[list[int]]) -> dict[str, list[int]]:

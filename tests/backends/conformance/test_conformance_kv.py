@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conformance_kit import BLOCK, blocks_for
 
-from backends.base import Batch, SequenceSlice
+from inferflux.backends.base import Batch, SequenceSlice
 
 # Context for the multi-token tests: 32 tokens with k = 4, or 272 with k = 8, which
 # takes another attention path on the cpu backend (gather + matmul instead of its

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from conformance_kit import BLOCK
 
-from backends.engine import EngineConfig, LLMEngine, SamplingParams
+from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams
 
 ATOL = 1e-3
 TOP = 5

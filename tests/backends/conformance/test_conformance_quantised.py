@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from conformance_kit import BLOCK, blocks_for
 
-from backends.base import Batch, ModelSpec, SequenceSlice
-from backends.models import default_model_path
+from inferflux.backends.base import Batch, ModelSpec, SequenceSlice
+from inferflux.backends.models import default_model_path
 
 STEPS = 8
 PROMPTS = (2, 3)  # of the reference prompts: the two short raw ones (7 and 11 tokens)
@@ -65,7 +65,7 @@ def _kl(ref: np.ndarray, sub: np.ndarray) -> np.ndarray:
 
 
 def _load(**spec: Any) -> Any:
-    from backends.cpu import CPUBackend
+    from inferflux.backends.cpu import CPUBackend
 
     backend = CPUBackend()
     backend.load(ModelSpec(name="smollm2", path=default_model_path(), **spec))
@@ -74,7 +74,7 @@ def _load(**spec: Any) -> Any:
 
 def _dense_copy_forward(model: Any) -> list[Any]:
     """Each QuantLinear multiplies its blocks dequantised once to float32 (undone by the returned list)."""
-    from backends.cpu.linear import QuantLinear
+    from inferflux.backends.cpu.linear import QuantLinear
 
     patched = []
     for m in model.modules():
@@ -91,7 +91,7 @@ def _dense_copy_forward(model: Any) -> list[Any]:
 
 
 def _subject_and_reference(mode: str) -> tuple[Any, Any]:
-    from backends.base import BackendError
+    from inferflux.backends.base import BackendError
 
     try:
         if mode in ("bf16", "exact", "hybrid"):  # the bfloat16 dense weights (beside the blocks in exact, hybrid)

@@ -11,10 +11,10 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from backends.base import Batch, ModelSpec, SequenceSlice
-from backends.cpu import CPUBackend
-from backends.models import default_model_path
-from kernels import cpu as cpu_kernels
+from inferflux.backends.base import Batch, ModelSpec, SequenceSlice
+from inferflux.backends.cpu import CPUBackend
+from inferflux.backends.models import default_model_path
+from inferflux.kernels import cpu as cpu_kernels
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(cpu_kernels.load() is None, reason="no C++ CPU kernels")]
 BS = 16
@@ -162,7 +162,7 @@ def test_decode_loop_false_keeps_every_step_in_python() -> None:
 
 
 def test_a_projection_with_a_forward_of_its_own_keeps_the_model_off_the_loop() -> None:
-    from backends.cpu.decode_loop import why_not
+    from inferflux.backends.cpu.decode_loop import why_not
 
     backend = _load("bf16")
     assert why_not(backend.model) is None
@@ -193,7 +193,7 @@ def test_gemm_from_one_leaves_no_step_to_the_loop() -> None:
 
 
 def test_another_kernel_set_drops_the_loop() -> None:
-    from kernels import reference
+    from inferflux.kernels import reference
 
     backend = _load("native")
     assert backend.model.decode_loop is not None

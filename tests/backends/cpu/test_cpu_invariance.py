@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from backends.base import ModelSpec
-from backends.cpu import CPUBackend
-from backends.engine import EngineConfig, LLMEngine, SamplingParams
-from backends.engine.speculative import SpeculativeConfig
-from backends.models import default_model_path, open_model
-from kernels import cpu as cpu_kernels
-from tests.support.greedy_runs import reference_prompts
+from inferflux.backends.base import ModelSpec
+from inferflux.backends.cpu import CPUBackend
+from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams
+from inferflux.backends.engine.speculative import SpeculativeConfig
+from inferflux.backends.models import default_model_path, open_model
+from inferflux.kernels import cpu as cpu_kernels
+from greedy_runs import reference_prompts
 
 pytestmark = pytest.mark.model
 
@@ -125,7 +125,7 @@ def test_greedy_tokens_and_logprobs_do_not_depend_on_the_batch(model):
 
 
 def test_without_the_cpp_kernels_deterministic_mode_refuses_to_load(monkeypatch):
-    from backends.base import BackendError
+    from inferflux.backends.base import BackendError
 
     monkeypatch.setattr(CPUBackend, "_use_kernels", staticmethod(lambda model: "disabled by INFERFLUX_CPU_KERNELS"))
     spec = ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", deterministic=True)

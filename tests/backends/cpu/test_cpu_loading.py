@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from backends.base import BackendError, ModelSpec
-from backends.cpu import CPUBackend
-from backends.cpu.model import Transformer
-from backends.models import default_model_path, open_model
+from inferflux.backends.base import BackendError, ModelSpec
+from inferflux.backends.cpu import CPUBackend
+from inferflux.backends.cpu.model import Transformer
+from inferflux.backends.models import default_model_path, open_model
 
 # These load the default model's weights (the tiers: tests/conftest.py).
 pytestmark = pytest.mark.model
@@ -87,7 +87,7 @@ def test_release_openmp_pool_frees_the_callers_team():
     # must keep working on this thread afterwards (a new team is made on demand).
     import torch
 
-    from backends.cpu.backend import release_openmp_pool
+    from inferflux.backends.cpu.backend import release_openmp_pool
 
     a = torch.randn(64, 256)
     expected = a @ a.T

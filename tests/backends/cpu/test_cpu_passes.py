@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from backends.base import BackendError, ModelSpec
-from backends.cpu import CPUBackend, passes
-from backends.cpu.linear import QuantEmbedding, QuantLinear
-from backends.engine import EngineConfig, LLMEngine
-from backends.models import default_model_path, open_model
-from kernels import cpu as cpu_kernels
-from tests.support.greedy_runs import reference_prompts, run_greedy
+from inferflux.backends.base import BackendError, ModelSpec
+from inferflux.backends.cpu import CPUBackend, passes
+from inferflux.backends.cpu.linear import QuantEmbedding, QuantLinear
+from inferflux.backends.engine import EngineConfig, LLMEngine
+from inferflux.backends.models import default_model_path, open_model
+from inferflux.kernels import cpu as cpu_kernels
+from greedy_runs import reference_prompts, run_greedy
 
 pytestmark = pytest.mark.slow
 TOKENS = 8
@@ -158,7 +158,7 @@ def test_hybrid_reads_the_blocks_for_one_row_and_the_dense_weights_for_batches()
     x = torch.randn(4, model.cfg.hidden_size, dtype=proj.dense_weight.dtype)
     # A batch is the GEMM on the loaded weights, bit for bit; a row alone is the blocks' kernel.
     assert torch.equal(proj(x), torch.nn.functional.linear(x, proj.dense_weight))
-    from kernels import cpu as cpu_kernels
+    from inferflux.kernels import cpu as cpu_kernels
     assert torch.equal(proj(x[:1]), cpu_kernels.qmatmul(x[:1], proj.blocks, proj.qtype).to(x.dtype))
     # The dense weights are the file's blocks dequantised: both paths multiply the same weights.
     assert torch.equal(proj.dense(proj.dense_weight.dtype), proj.dense_weight)
@@ -166,7 +166,7 @@ def test_hybrid_reads_the_blocks_for_one_row_and_the_dense_weights_for_batches()
 
 def _logits(backend: CPUBackend) -> torch.Tensor:
     """Logits of a two-prompt prefill batch, then of a decode step of both: the same inputs for every backend."""
-    from backends.base import Batch, SequenceSlice
+    from inferflux.backends.base import Batch, SequenceSlice
 
     backend.allocate_kv(8, 16)
     prompts = [list(range(1, 21)), list(range(100, 131))]
@@ -178,7 +178,7 @@ def _logits(backend: CPUBackend) -> torch.Tensor:
 
 
 def test_bfloat16_dense_weights_are_packed_once_and_give_the_same_bits() -> None:
-    from backends.cpu import linear as ql
+    from inferflux.backends.cpu import linear as ql
 
     w, b = torch.randn(96, 64).to(torch.bfloat16), torch.randn(96).to(torch.bfloat16)
     assert ql.pack(w.float()) is None  # float32: torch multiplies it with another GEMM, other bits
@@ -260,7 +260,7 @@ def test_fusion_passes_check_the_shapes(f32_model: Any) -> None:
 def test_settings_merge_engine_and_model_passes() -> None:
     from pydantic import ValidationError
 
-    from gateway.settings.schema import Settings
+    from inferflux.gateway.settings.schema import Settings
 
     settings = Settings.model_validate({
         "engine": {"passes": {"quantise": "int8", "gemm_from": 4}},
@@ -294,7 +294,7 @@ needs_exact = pytest.mark.skipif(
 
 @needs_exact
 def test_exact_multiplies_the_dense_weights_values_reading_blocks_for_small_batches() -> None:
-    from backends.cpu import linear as ql
+    from inferflux.backends.cpu import linear as ql
 
     loaded = {}
     for mode in ("auto", "bf16"):
@@ -331,7 +331,7 @@ def test_exact_multiplies_the_dense_weights_values_reading_blocks_for_small_batc
 
 @needs_exact
 def test_deterministic_exact_gives_a_row_the_same_bits_on_both_sides_of_gemm_from() -> None:
-    from backends.cpu import linear as ql
+    from inferflux.backends.cpu import linear as ql
 
     backend = CPUBackend()
     info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="bfloat16", deterministic=True))
@@ -354,7 +354,7 @@ needs_exact32 = pytest.mark.skipif(
 def test_exact_in_float32_multiplies_the_loaded_float32_weights_reading_blocks_for_small_batches() -> None:
     """A CPU without AVX-512 BF16 loads float32; there too ``auto`` reads the blocks for small batches, decoded to
     the float32 values the ``f32`` mode multiplies, and F.linear on those dense weights takes the rest."""
-    from backends.cpu import linear as ql
+    from inferflux.backends.cpu import linear as ql
 
     loaded = {}
     for mode in ("auto", "f32"):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from backends.base import Batch, ModelSpec, SequenceSlice
-from backends.cpu import CPUBackend
-from backends.engine import EngineConfig, LLMEngine, SamplingParams
-from backends.models import default_model_path, open_model
+from inferflux.backends.base import Batch, ModelSpec, SequenceSlice
+from inferflux.backends.cpu import CPUBackend
+from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams
+from inferflux.backends.models import default_model_path, open_model
 
 from greedy_runs import reference_prompts, run_greedy
 
@@ -143,8 +143,8 @@ def test_logits_are_batch_invariant(backend, prompts):
 
 
 def test_compiled_attention_is_in_use_and_agrees_with_the_reference(backend, prompts):
-    from kernels import cpu as cpu_kernels
-    from kernels import reference
+    from inferflux.kernels import cpu as cpu_kernels
+    from inferflux.kernels import reference
 
     # This machine has a compiler: a silent fall-back to the reference would hide a broken build.
     assert backend.kernel_error is None
@@ -194,7 +194,7 @@ def test_a_shared_system_prompt_is_prefilled_once_with_the_same_output(backend, 
 
 
 def test_speculative_greedy_equals_plain_greedy(backend, info, tokenizer, prompts):
-    from backends.engine.speculative import SpeculativeConfig
+    from inferflux.backends.engine.speculative import SpeculativeConfig
 
     copying = [
         tokenizer.encode("Copy the list exactly.\nList: red, green, blue, yellow, purple, orange.\nCopy: red, green,"),
@@ -246,7 +246,7 @@ def test_a_run_that_exhausts_kv_memory_gives_the_same_outputs_with_swap_and_reco
 
 
 def test_rope_tables_give_rope_cos_sin_of_each_position_and_grow_past_their_end(backend):
-    from kernels.reference import rope_cos_sin
+    from inferflux.kernels.reference import rope_cos_sin
 
     pos = torch.tensor([0, 7, 1023, 5])
     cos, sin = backend._rope(pos, 1024)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from backends.base import BackendError
-from backends.cpu.swap import DiskSwap, HostSwap, gather_blocks, scatter_blocks
+from inferflux.backends.base import BackendError
+from inferflux.backends.cpu.swap import DiskSwap, HostSwap, gather_blocks, scatter_blocks
 
 
 def random_caches(dtype: torch.dtype, layers: int = 3, kv_heads: int = 2, blocks: int = 6, bs: int = 4, hd: int = 8):

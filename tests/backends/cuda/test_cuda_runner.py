@@ -19,12 +19,12 @@ import pytest
 import torch
 
 # Without a GPU, tests/conftest.py has set TRITON_INTERPRET=1 before this import.
-from backends.base import Batch, BackendError, ModelSpec, SequenceSlice
-from backends.cpu import CPUBackend
-from backends.cuda import CUDABackend
-from backends.cuda.backend import graph_batch_size, slot_runs
-from kernels import reference
-from kernels.errors import KernelError
+from inferflux.backends.base import Batch, BackendError, ModelSpec, SequenceSlice
+from inferflux.backends.cpu import CPUBackend
+from inferflux.backends.cuda import CUDABackend
+from inferflux.backends.cuda.backend import graph_batch_size, slot_runs
+from inferflux.kernels import reference
+from inferflux.kernels.errors import KernelError
 
 HAS_CUDA = torch.cuda.is_available()
 TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -124,9 +124,9 @@ def make_runner(spec, kind: str, **kwargs) -> CUDABackend:
     if kind == "reference":
         runner = CUDABackend(device="cpu", kernels=reference, cuda_graphs=False, **kwargs)
     else:
-        import kernels.triton
+        from inferflux.kernels import triton as triton_kernels
 
-        runner = CUDABackend(device=TRITON_DEVICE, kernels=kernels.triton, cuda_graphs=False, **kwargs)
+        runner = CUDABackend(device=TRITON_DEVICE, kernels=triton_kernels, cuda_graphs=False, **kwargs)
     info = runner.load(spec)
     assert info.dtype == "float32" and info.vocab_size == VOCAB
     runner.allocate_kv(NUM_BLOCKS, BLOCK)
@@ -272,11 +272,11 @@ def test_a_kernel_error_reaches_the_caller_as_a_backend_error(spec):
     with pytest.raises(BackendError, match="kernels.triton: store_kv: tensors must share a dtype") as info:
         runner.forward(Batch([sl("a", 0, 2)], BLOCK))
     assert isinstance(info.value.__cause__, KernelError)
-    assert info.value.details == {"kernels": "kernels.triton"}
+    assert info.value.details == {"kernels": "inferflux.kernels.triton"}
 
 
 def test_probe_says_why_it_cannot_run_here():
-    from backends.registry import probe
+    from inferflux.backends.registry import probe
 
     reason = CUDABackend.probe()
     assert probe("cuda").reason == reason

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from backends.base import Batch, ModelInfo, ModelSpec
-from backends.engine import (
+from inferflux.backends.base import Batch, ModelInfo, ModelSpec
+from inferflux.backends.engine import (
     BlockManager,
     EngineConfig,
     LLMEngine,
@@ -338,7 +338,7 @@ def smollm2_tokenizer():
     """The real SmolLM2 byte-level BPE tokenizer: the project's own loader when
     it exists, else built here from the GGUF vocabulary and merges."""
     try:
-        from backends.models import default_model_path, open_model
+        from inferflux.backends.models import default_model_path, open_model
 
         return open_model(default_model_path()).tokenizer()
     except ImportError:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from backends.engine import (
+from inferflux.backends.engine import (
     AsyncEngine,
     CacheCapacityError,
     DuplicateRequestError,

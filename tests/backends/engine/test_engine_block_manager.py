@@ -2,7 +2,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.engine import BlockManager, BlockManagerError, SamplingParams, Sequence
+from inferflux.backends.engine import BlockManager, BlockManagerError, SamplingParams, Sequence
 
 from engine_testkit import check_block_invariants
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.engine import IncrementalDetokenizer, SamplingParams
+from inferflux.backends.engine import IncrementalDetokenizer, SamplingParams
 
 from engine_testkit import smollm2_tokenizer
 

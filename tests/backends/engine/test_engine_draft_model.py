@@ -12,8 +12,8 @@ import functools
 import numpy as np
 import pytest
 
-from backends.engine import EngineConfigError, SamplingParams
-from backends.engine.speculative import SpeculativeConfig
+from inferflux.backends.engine import EngineConfigError, SamplingParams
+from inferflux.backends.engine.speculative import SpeculativeConfig
 
 from engine_testkit import (
     PagedEchoBackend,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.engine import (
+from inferflux.backends.engine import (
     AsyncEngine,
     EmbeddingsUnsupportedError,
     EngineDeadError,
@@ -27,7 +27,7 @@ from backends.engine import (
     LLMEngine,
     SamplingParams,
 )
-from backends.engine.embedding import finish
+from inferflux.backends.engine.embedding import finish
 
 from engine_testkit import CharTokenizer, PagedEchoBackend, model_info, reference_greedy
 
@@ -72,7 +72,7 @@ class EmbeddingEchoBackend(PagedEchoBackend):
 
 
 def make(backend: PagedEchoBackend | None = None, **config: Any) -> tuple[LLMEngine, Any]:
-    from backends.engine import EngineConfig
+    from inferflux.backends.engine import EngineConfig
 
     backend = backend or EmbeddingEchoBackend()
     info = model_info(context_length=64)

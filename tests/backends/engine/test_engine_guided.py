@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.engine import (
+from inferflux.backends.engine import (
     EngineConfig,
     GuidedSpec,
     InvalidRequestError,
@@ -28,8 +28,8 @@ from backends.engine import (
     SamplingParamsError,
     Sequence,
 )
-from backends.engine.guided import bitmask_words
-from backends.engine.speculative import SpeculativeConfig
+from inferflux.backends.engine.guided import bitmask_words
+from inferflux.backends.engine.speculative import SpeculativeConfig
 
 from engine_testkit import (
     PagedEchoBackend,
@@ -108,7 +108,7 @@ def encode(doc: dict) -> list[int]:
 
 def allowed_after(engine: LLMEngine, spec: GuidedSpec, tokens: list[int]) -> np.ndarray:
     """Oracle: which tokens ``spec`` allows after ``tokens`` (a fresh matcher, advanced by hand)."""
-    from backends.engine.guided import fill_masks
+    from inferflux.backends.engine.guided import fill_masks
 
     guide = engine.grammars.compile(spec).guide()
     for t in tokens:
@@ -380,7 +380,7 @@ JSON_VALUES = st.recursive(
 def test_the_closing_text_completes_every_prefix_and_the_grammar_takes_it(doc) -> None:
     """After every token of a JSON object, the closer's text is a valid ending the grammar allows,
     byte by byte, and it grows by at most JSON_CLOSE_GROWTH per byte written."""
-    from backends.engine.guided import JSON_CLOSE_GROWTH
+    from inferflux.backends.engine.guided import JSON_CLOSE_GROWTH
 
     engine = engine_for(scripted(1, []))
     compiled = engine.grammars.compile(GuidedSpec("json_object"))

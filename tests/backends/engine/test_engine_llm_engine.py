@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from backends.engine import (
+from inferflux.backends.engine import (
     CacheCapacityError,
     DuplicateRequestError,
     EmptyPromptError,

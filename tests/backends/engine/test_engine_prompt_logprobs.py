@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from backends.engine import SamplingParams, SamplingParamsError
+from inferflux.backends.engine import SamplingParams, SamplingParamsError
 
 from engine_testkit import echo_logits, make_engine, reference_greedy, run_to_completion
 

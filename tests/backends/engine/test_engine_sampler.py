@@ -3,8 +3,8 @@ import time
 import numpy as np
 import pytest
 
-from backends.engine import SamplingParams, Sequence
-from backends.engine.sampler import Sampler
+from inferflux.backends.engine import SamplingParams, Sequence
+from inferflux.backends.engine.sampler import Sampler
 
 V = 64
 

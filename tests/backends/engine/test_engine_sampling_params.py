@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from backends.engine import SamplingParams, SamplingParamsError
-from backends.engine.errors import InvalidRequestError
+from inferflux.backends.engine import SamplingParams, SamplingParamsError
+from inferflux.backends.engine.errors import InvalidRequestError
 
 VOCAB = 1000
 

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from backends.engine import BlockManager, SamplingParams, Scheduler, Sequence, SequenceStatus
-from backends.engine.block_manager import blocks_for
+from inferflux.backends.engine import BlockManager, SamplingParams, Scheduler, Sequence, SequenceStatus
+from inferflux.backends.engine.block_manager import blocks_for
 
 from engine_testkit import check_scheduler_invariants
 

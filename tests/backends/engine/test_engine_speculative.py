@@ -16,8 +16,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from backends.engine import EngineConfigError, SamplingParams
-from backends.engine.speculative import NgramProposer, SpeculativeConfig
+from inferflux.backends.engine import EngineConfigError, SamplingParams
+from inferflux.backends.engine.speculative import NgramProposer, SpeculativeConfig
 
 from engine_testkit import (
     VOCAB,
@@ -108,7 +108,7 @@ def test_stop_strings_and_max_tokens_cut_a_draft_short() -> None:
 def test_ngram_proposer_proposes_what_followed_the_tail_before() -> None:
     config = SpeculativeConfig(k=3, min_ngram=1, max_ngram=3)
     proposer = NgramProposer(config)
-    from backends.engine import Sequence
+    from inferflux.backends.engine import Sequence
 
     seq = Sequence(0, "r", [1, 2, 3, 4, 9, 1, 2, 3], SamplingParams(), max_tokens=10)
     assert proposer.lookup(seq, 3) == [4, 9, 1]  # "1 2 3" occurred before, followed by 4 9 1

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from backends.engine import BlockManager, EngineConfigError, LLMEngine, SamplingParams, Sequence, SequenceStatus
-from backends.engine.speculative import SpeculativeConfig
+from inferflux.backends.engine import BlockManager, EngineConfigError, LLMEngine, SamplingParams, Sequence, SequenceStatus
+from inferflux.backends.engine.speculative import SpeculativeConfig
 
 from engine_testkit import (
     CharTokenizer,
@@ -270,6 +270,6 @@ def test_swap_configuration_errors_are_clear() -> None:
 
 
 def _config(**kwargs):
-    from backends.engine import EngineConfig
+    from inferflux.backends.engine import EngineConfig
 
     return EngineConfig(block_size=4, num_blocks=8, **kwargs)

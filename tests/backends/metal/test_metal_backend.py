@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-import kernels.metal as KM
-from backends.base import Batch, ModelSpec, SequenceSlice
-from backends.metal import MetalBackend
-from kernels import reference as R
-from kernels.errors import KernelError
+import inferflux.kernels.metal as KM
+from inferflux.backends.base import Batch, ModelSpec, SequenceSlice
+from inferflux.backends.metal import MetalBackend
+from inferflux.kernels import reference as R
+from inferflux.kernels.errors import KernelError
 
 MPS_REASON = MetalBackend.probe()
 needs_mps = pytest.mark.skipif(MPS_REASON is not None, reason=f"needs macOS with an Apple GPU ({MPS_REASON})")
@@ -76,7 +76,7 @@ def attention_inputs(dtype: torch.dtype, q_len: int = 1, head_dim: int = 16):
 
 
 def test_probe_says_why_not_here():
-    from backends.registry import probe
+    from inferflux.backends.registry import probe
 
     assert probe("metal").reason == MPS_REASON
     if platform.system() != "Darwin":
@@ -163,7 +163,7 @@ def test_wrappers_refuse_what_the_shaders_cannot_do():
 
 
 def mps_dtypes() -> list[torch.dtype]:
-    from backends.metal.backend import macos_major
+    from inferflux.backends.metal.backend import macos_major
 
     return [torch.float32, torch.float16] + ([torch.bfloat16] if macos_major() >= 14 else [])
 
@@ -191,8 +191,8 @@ def test_shaders_match_the_reference(q_len):
 @needs_mps
 def test_backend_matches_the_cpu_backend():
     """SmolLM2 in float32 on mps against the CPU backend: a prefill, then a mixed step."""
-    from backends.cpu import CPUBackend
-    from backends.models import default_model_path
+    from inferflux.backends.cpu import CPUBackend
+    from inferflux.backends.models import default_model_path
 
     spec = ModelSpec(name="smollm2", path=default_model_path(), dtype="float32")
     prompts = [list(range(100, 123)), list(range(400, 409)), list(range(700, 741))]

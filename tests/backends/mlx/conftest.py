@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from backends.base import ModelSpec
-from backends.models import default_model_path, open_model
+from inferflux.backends.base import ModelSpec
+from inferflux.backends.models import default_model_path, open_model
 
 from mlx_testkit import cpu_oracle, one_torch_thread
 
@@ -26,7 +26,7 @@ def smol_tokenizer() -> Any:
 
 @pytest.fixture(scope="session")
 def mlx_loaded(smol_spec: ModelSpec) -> tuple[Any, Any]:
-    from backends.mlx import MLXBackend
+    from inferflux.backends.mlx import MLXBackend
 
     backend = MLXBackend()
     return backend, backend.load(smol_spec)

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from backends.base import ModelInfo, ModelSpec
-from backends.cpu import CPUBackend
-from backends.engine import EngineConfig, LLMEngine
+from inferflux.backends.base import ModelInfo, ModelSpec
+from inferflux.backends.cpu import CPUBackend
+from inferflux.backends.engine import EngineConfig, LLMEngine
 from greedy_runs import run_greedy
 
 

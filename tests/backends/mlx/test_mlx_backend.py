@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backends import registry
-from backends.base import Batch, BackendError, ModelSpec, SequenceSlice
-from backends.engine import EngineConfig, LLMEngine, SamplingParams
-from backends.mlx import MLXBackend
-from backends.models import default_model_path
+from inferflux.backends import registry
+from inferflux.backends.base import Batch, BackendError, ModelSpec, SequenceSlice
+from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams
+from inferflux.backends.mlx import MLXBackend
+from inferflux.backends.models import default_model_path
 
 from mlx_testkit import greedy
 

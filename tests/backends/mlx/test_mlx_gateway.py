@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from backends.base import ModelSpec
-from backends.engine import EngineConfig, LLMEngine, SamplingParams
-from backends.models import default_model_path
-from gateway.app import create_app
-from gateway.models import ModelManager, load_served_model
-from gateway.settings import DEFAULT_MODEL_NAME, Settings
+from inferflux.backends.base import ModelSpec
+from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams
+from inferflux.backends.models import default_model_path
+from inferflux.gateway.app import create_app
+from inferflux.gateway.models import ModelManager, load_served_model
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME, Settings
 from http_helpers import bearer
 
 # Skipped, saying why, only where mlx is absent (it is a dev dependency on Linux and macOS).

@@ -19,16 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.base import BackendError, Batch, SequenceSlice
-from backends.models import ModelConfig
-from backends.models.layout import expected_tensors
+from inferflux.backends.base import BackendError, Batch, SequenceSlice
+from inferflux.backends.models import ModelConfig
+from inferflux.backends.models.layout import expected_tensors
 
 # Skipped, saying why, only where mlx is absent (it is a dev dependency on Linux and macOS).
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'inferflux[mlx]')")
-import backends.mlx.metal_kernels as MK  # noqa: E402
-import backends.mlx.model as mlx_model  # noqa: E402
-from backends.mlx import MLXBackend  # noqa: E402
-from backends.mlx.model import Transformer, _gather  # noqa: E402
+import inferflux.backends.mlx.metal_kernels as MK  # noqa: E402
+import inferflux.backends.mlx.model as mlx_model  # noqa: E402
+from inferflux.backends.mlx import MLXBackend  # noqa: E402
+from inferflux.backends.mlx.model import Transformer, _gather  # noqa: E402
 
 METAL = mx.metal.is_available()
 NEEDS_METAL = "needs Apple silicon with Metal (mx.metal.is_available() is False)"

@@ -11,14 +11,14 @@ import pytest
 import torch
 from tiny_checkpoints import BLOCK, mixed_steps, reference_logits, run_steps, write_variant
 
-from backends.base import ModelSpec
-from backends.mlx import MLXBackend
-from backends.models import open_model
-from kernels import reference
+from inferflux.backends.base import ModelSpec
+from inferflux.backends.mlx import MLXBackend
+from inferflux.backends.models import open_model
+from inferflux.kernels import reference
 
 # Skipped, saying why, only where mlx is absent (it is a dev dependency on Linux and macOS).
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'inferflux[mlx]')")
-from backends.mlx.model import Transformer  # noqa: E402
+from inferflux.backends.mlx.model import Transformer  # noqa: E402
 
 
 def test_bfloat16_loads_runs_and_swaps(tmp_path):

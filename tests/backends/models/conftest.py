@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
+import oracles
 
 import hf_oracle
-from backends.models import default_model_path, open_model
+from inferflux.backends.models import default_model_path, open_model
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +28,7 @@ def our_tokenizer(default_model):
 
 @pytest.fixture(scope="session")
 def hf_tokenizer(default_path):
-    transformers = pytest.importorskip("transformers")
+    transformers = oracles.require("transformers")
     return transformers.AutoTokenizer.from_pretrained(
         os.path.dirname(default_path), gguf_file=os.path.basename(default_path)
     )
@@ -37,7 +38,7 @@ def hf_tokenizer(default_path):
 def hf_state_dict(hf_oracle_dir):
     """The state dict transformers builds from the same GGUF (float32 numpy arrays; ``hf_oracle``)."""
     pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    oracles.require("transformers")
     model = hf_oracle.causal_lm(hf_oracle_dir)
     state = {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
     tied = model.config.tie_word_embeddings

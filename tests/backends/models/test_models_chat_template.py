@@ -8,8 +8,8 @@ import json
 import pytest
 
 import models_testutil as util
-from backends.models import ChatTemplateError, Tokenizer
-from backends.models.chat_template import CHATML_TEMPLATE, ChatTemplate, validate_messages
+from inferflux.backends.models import ChatTemplateError, Tokenizer
+from inferflux.backends.models.chat_template import CHATML_TEMPLATE, ChatTemplate, validate_messages
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi there"}],

@@ -10,11 +10,12 @@ import sys
 
 import numpy as np
 import pytest
+import oracles
 
-import backends.models as models
-from backends.base import BackendError
-from backends.models import ChatTemplateError, ModelConfig, ModelLoadError, default_model_path
-from backends.models.config import rope_scaling_from_hf
+import inferflux.backends.models as models
+from inferflux.backends.base import BackendError
+from inferflux.backends.models import ChatTemplateError, ModelConfig, ModelLoadError, default_model_path
+from inferflux.backends.models.config import rope_scaling_from_hf
 
 BASE = ModelConfig(
     architecture="llama", vocab_size=1000, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4,
@@ -56,7 +57,7 @@ def test_derived_values():
 
 
 def _hf_inv_freq(rope_parameters: dict) -> np.ndarray:
-    transformers = pytest.importorskip("transformers")
+    transformers = oracles.require("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     cfg = transformers.LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=8192,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import models_testutil as util
-from backends.models import ModelConfig, ModelLoadError, open_model
-from backends.models.gguf_loader import GGUFModel, _field_value, _open_reader, unpermute_rows
-from backends.models.layout import expected_tensors
+from inferflux.backends.models import ModelConfig, ModelLoadError, open_model
+from inferflux.backends.models.gguf_loader import GGUFModel, _field_value, _open_reader, unpermute_rows
+from inferflux.backends.models.layout import expected_tensors
 
 
 # ----- the default model against transformers ------------------------------------------

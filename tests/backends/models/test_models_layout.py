@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import oracles
 from tiny_checkpoints import VARIANTS, write_variant
 
 import models_testutil as util
-from backends.models import ModelLoadError, open_model
-from backends.models.layout import assemble, destinations, expected_tensors
-from backends.models.safetensors_loader import read_safetensors_header
+from inferflux.backends.models import ModelLoadError, open_model
+from inferflux.backends.models.layout import assemble, destinations, expected_tensors
+from inferflux.backends.models.safetensors_loader import read_safetensors_header
 
-pytest.importorskip("transformers")
+oracles.require("transformers")
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

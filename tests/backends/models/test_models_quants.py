@@ -13,8 +13,8 @@ from gguf import GGML_QUANT_SIZES  # noqa: E402
 from gguf import GGMLQuantizationType as QType  # noqa: E402
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 
-from backends.models import quants  # noqa: E402
-from backends.models.quants import UnsupportedQuantType  # noqa: E402
+from inferflux.backends.models import quants  # noqa: E402
+from inferflux.backends.models.quants import UnsupportedQuantType  # noqa: E402
 
 # Byte offsets of the float16 scales in each block type: random bytes there could be inf/nan,
 # which would make the comparison meaningless, so they are overwritten with finite values.

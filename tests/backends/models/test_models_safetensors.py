@@ -9,14 +9,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import oracles
 
 import models_testutil as util
 from tiny_checkpoints import tiny_hf_model
-from backends.models import ModelLoadError, open_model
-from backends.models.safetensors_loader import read_safetensors_header
+from inferflux.backends.models import ModelLoadError, open_model
+from inferflux.backends.models.safetensors_loader import read_safetensors_header
 
 torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+transformers = oracles.require("transformers")
 
 
 def _save_tiny(directory: Path, tokenizer, arch: str, *, dtype=None, shard: str | None = None,

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import models_testutil as util
-from backends.models import ModelLoadError, Tokenizer
-from backends.models.tokenizer import bytes_to_unicode
+from inferflux.backends.models import ModelLoadError, Tokenizer
+from inferflux.backends.models.tokenizer import bytes_to_unicode
 
 TEXTS = util.TEXTS
 SPECIAL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<jupyter_code>", "<jupyter_output>")

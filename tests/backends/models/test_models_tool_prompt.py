@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 
-from backends.models.chat_template import CHATML_TEMPLATE, ChatTemplate
-from backends.models.tool_prompt import GENERIC_TOOL_PROMPT, generic_tool_messages, template_uses_tools
-from gateway.protocol import ChatCompletionRequest, parse_request
-from gateway.tools import render_chat
+from inferflux.backends.models.chat_template import CHATML_TEMPLATE, ChatTemplate
+from inferflux.backends.models.tool_prompt import GENERIC_TOOL_PROMPT, generic_tool_messages, template_uses_tools
+from inferflux.gateway.protocol import ChatCompletionRequest, parse_request
+from inferflux.gateway.tools import render_chat
 
 HERMES = (
     "{% if tools %}<|im_start|>system\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>"

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.openai.engine import embedding_result
-from backends.openai.errors import UpstreamFailed
-from backends.openai.request import RemoteEmbeddingRequest
+from inferflux.backends.openai.engine import embedding_result
+from inferflux.backends.openai.errors import UpstreamFailed
+from inferflux.backends.openai.request import RemoteEmbeddingRequest
 
 REQUEST = RemoteEmbeddingRequest("emb-1", {"model": "m", "input": ["a", "b"]}, num_inputs=2, prompt_tokens=7)
 

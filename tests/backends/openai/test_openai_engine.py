@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from fake_upstream import FakeUpstream, running_fake_upstream
 
-from backends.engine import RequestOutput, SamplingParams
-from backends.openai.engine import RemoteEngine, _Decoder
-from backends.openai.errors import UpstreamFailed
-from backends.openai.fleet import FleetConfig
-from backends.openai.request import RemoteRequest
+from inferflux.backends.engine import RequestOutput, SamplingParams
+from inferflux.backends.openai.engine import RemoteEngine, _Decoder
+from inferflux.backends.openai.errors import UpstreamFailed
+from inferflux.backends.openai.fleet import FleetConfig
+from inferflux.backends.openai.request import RemoteRequest
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from backends.openai.errors import Scrubber, UpstreamFailed, UpstreamRejected, error_from_answer
-from backends.openai.sse import EventReader
+from inferflux.backends.openai.errors import Scrubber, UpstreamFailed, UpstreamRejected, error_from_answer
+from inferflux.backends.openai.sse import EventReader
 
 SCRUB = Scrubber(["sk-abc123"], ["http://10.0.0.5:8000/v1", "https://[fd00::1]:8443/v1"])
 

@@ -19,8 +19,8 @@ import pytest
 from fake_upstream import FakeUpstream, free_port, running_fake_upstream
 from secret_watch import remember
 
-from backends.openai.errors import UpstreamFailed, UpstreamRejected, UpstreamUnavailable
-from backends.openai.fleet import Fleet, FleetConfig
+from inferflux.backends.openai.errors import UpstreamFailed, UpstreamRejected, UpstreamUnavailable
+from inferflux.backends.openai.fleet import Fleet, FleetConfig
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "stream": True}
 API_KEY = remember("sk-fleet-test-0123456789abcdefSECRET")

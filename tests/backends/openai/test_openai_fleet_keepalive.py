@@ -20,8 +20,8 @@ import pytest
 from fake_upstream import FakeUpstream
 from servers import start_uvicorn, stop_uvicorn
 
-import backends.openai.transport as transport
-from backends.openai.fleet import DRAIN_SECONDS, Fleet, FleetConfig
+import inferflux.backends.openai.transport as transport
+from inferflux.backends.openai.fleet import DRAIN_SECONDS, Fleet, FleetConfig
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "stream": True, "max_tokens": 4}
 

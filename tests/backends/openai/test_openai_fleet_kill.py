@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from fake_upstream import FakeUpstreamProcess
 
-from backends.openai.errors import UpstreamFailed
-from backends.openai.fleet import Fleet, FleetConfig
+from inferflux.backends.openai.errors import UpstreamFailed
+from inferflux.backends.openai.fleet import Fleet, FleetConfig
 
 # Two child processes, one killed with SIGKILL and started again (the tiers: tests/conftest.py).
 pytestmark = pytest.mark.slow

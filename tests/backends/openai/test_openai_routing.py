@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 
-from backends.openai.health import EndpointState
-from backends.openai.routing import LeastOutstanding, PrefixRing
+from inferflux.backends.openai.health import EndpointState
+from inferflux.backends.openai.routing import LeastOutstanding, PrefixRing
 
 
 def endpoints(count: int, cap: int = 64) -> list[EndpointState]:

@@ -17,8 +17,8 @@ from audit_support import make_test_ca
 from fake_upstream import FakeUpstream
 from servers import free_loopback_socket, stop_uvicorn
 
-from backends.openai.errors import UpstreamUnavailable
-from backends.openai.fleet import Fleet, FleetConfig
+from inferflux.backends.openai.errors import UpstreamUnavailable
+from inferflux.backends.openai.fleet import Fleet, FleetConfig
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "stream": True, "max_tokens": 3}
 

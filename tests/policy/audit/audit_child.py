@@ -15,8 +15,8 @@ from pathlib import Path
 
 from audit_support import make_event, sink_from_args
 
-from policy.audit.delivery import Backoff, Delivery
-from policy.audit.spool import Spool, SpoolSettings
+from inferflux.policy.audit.delivery import Backoff, Delivery
+from inferflux.policy.audit.spool import Spool, SpoolSettings
 
 THREADS = 8  # concurrent "requests", so batches hold several events, as in a busy gateway
 

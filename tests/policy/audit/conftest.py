@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from audit_support import HttpReceiver, Rsyslog, make_test_ca, rsyslogd_path
 
-from policy.audit.spool import Spool, SpoolSettings
+from inferflux.policy.audit.spool import Spool, SpoolSettings
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from audit_support import make_event
 
-from gateway.cli import main
-from policy.audit.chain import GENESIS, canonical_json, seal, sealed_line, verify_lines
-from policy.audit.cli import verify_files, verify_spool
-from policy.audit.spool import Spool, SpoolSettings, segment_files
+from inferflux.gateway.cli import main
+from inferflux.policy.audit.chain import GENESIS, canonical_json, seal, sealed_line, verify_lines
+from inferflux.policy.audit.cli import verify_files, verify_spool
+from inferflux.policy.audit.spool import Spool, SpoolSettings, segment_files
 
 
 def chain_lines(n: int, chain: str = "gw-1") -> list[bytes]:

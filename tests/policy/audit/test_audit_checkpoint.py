@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 from audit_support import make_event
 
-from gateway.cli import main
-from policy.audit.chain import sealed_line
-from policy.audit.checkpoint import CHECKPOINT_PURPOSE, Checkpointer, CheckpointSigner
-from policy.audit.cli import verify_spool
-from policy.audit.spool import Spool, SpoolSettings, segment_files
-from policy.audit.store import AuditStore
-from policy.store import PolicyStore, StoreSettings
+from inferflux.gateway.cli import main
+from inferflux.policy.audit.chain import sealed_line
+from inferflux.policy.audit.checkpoint import CHECKPOINT_PURPOSE, Checkpointer, CheckpointSigner
+from inferflux.policy.audit.cli import verify_spool
+from inferflux.policy.audit.spool import Spool, SpoolSettings, segment_files
+from inferflux.policy.audit.store import AuditStore
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 EVENTS = 40
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from audit_support import FAST, POLL, append_events, wait_for
 
-from policy.audit.cli import verify_files
-from policy.audit.delivery import Backoff, Delivery
-from policy.audit.errors import SinkError
-from policy.audit.sinks.file import FileSink
-from policy.audit.spool import Spool, SpooledRecord, SpoolSettings, segment_files
+from inferflux.policy.audit.cli import verify_files
+from inferflux.policy.audit.delivery import Backoff, Delivery
+from inferflux.policy.audit.errors import SinkError
+from inferflux.policy.audit.sinks.file import FileSink
+from inferflux.policy.audit.spool import Spool, SpooledRecord, SpoolSettings, segment_files
 
 
 class FlakySink:

@@ -13,9 +13,9 @@ from datetime import datetime
 
 import pytest
 
-from policy.audit.errors import InvalidAuditEvent
-from policy.audit import events as events_module
-from policy.audit.events import AuditEvent, ContentDigester, Finding, _EventIds, admin_event, api_event, new_event_id
+from inferflux.policy.audit.errors import InvalidAuditEvent
+from inferflux.policy.audit import events as events_module
+from inferflux.policy.audit.events import AuditEvent, ContentDigester, Finding, _EventIds, admin_event, api_event, new_event_id
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import pytest
 from audit_support import FAST, POLL, HttpReceiver, append_events, wait_for
 
-from policy.audit.chain import verify_lines
-from policy.audit.delivery import Backoff, Delivery
-from policy.audit.sinks.http import HttpSink
-from policy.audit.spool import Spool
+from inferflux.policy.audit.chain import verify_lines
+from inferflux.policy.audit.delivery import Backoff, Delivery
+from inferflux.policy.audit.sinks.http import HttpSink
+from inferflux.policy.audit.spool import Spool
 
 TOKEN = "hec-token-7f3a9c1e5b"
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from audit_support import FAST, HttpReceiver, Rsyslog, append_events, sink_from_args, wait_for
 
-from policy.audit.chain import canonical_json, verify_lines
-from policy.audit.cli import verify_spool
-from policy.audit.delivery import Delivery
-from policy.audit.spool import Spool, SpoolSettings, segment_files
+from inferflux.policy.audit.chain import canonical_json, verify_lines
+from inferflux.policy.audit.cli import verify_spool
+from inferflux.policy.audit.delivery import Delivery
+from inferflux.policy.audit.spool import Spool, SpoolSettings, segment_files
 
 # A child process writing 1,000 events, killed with SIGKILL (the tiers: tests/conftest.py).
 pytestmark = pytest.mark.slow

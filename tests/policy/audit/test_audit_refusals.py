@@ -8,9 +8,9 @@ from pathlib import Path
 
 from audit_support import make_event
 
-from policy.audit.refusals import OVERFLOW, RefusalAggregator
-from policy.audit.spool import Spool, SpoolSettings, segment_files
-from policy.audit.trail import AuditTrail
+from inferflux.policy.audit.refusals import OVERFLOW, RefusalAggregator
+from inferflux.policy.audit.spool import Spool, SpoolSettings, segment_files
+from inferflux.policy.audit.trail import AuditTrail
 
 
 class Clock:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from audit_support import make_event
 
-from policy.audit.chain import GENESIS, parse_record
-from policy.audit.cli import verify_spool
-from policy.audit.errors import AuditUnavailable, SpoolConfigError
-from policy.audit.spool import Cursor, Receipt, Spool, SpoolSettings, segment_files
+from inferflux.policy.audit.chain import GENESIS, parse_record
+from inferflux.policy.audit.cli import verify_spool
+from inferflux.policy.audit.errors import AuditUnavailable, SpoolConfigError
+from inferflux.policy.audit.spool import Cursor, Receipt, Spool, SpoolSettings, segment_files
 
 
 def records_of(directory: Path) -> list[dict[str, object]]:

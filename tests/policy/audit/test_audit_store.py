@@ -10,15 +10,15 @@ import pytest
 from audit_support import FAST, POLL, make_event, wait_for
 from sqlalchemy import create_engine, inspect
 
-from policy.audit.chain import GENESIS, canonical_json, verify_lines
-from policy.audit.checkpoint import CheckpointSigner
-from policy.audit.delivery import Delivery
-from policy.audit.errors import ChainConflict
-from policy.audit.events import AuditEvent, admin_event
-from policy.audit.spool import Cursor, Spool, SpooledRecord, SpoolSettings
-from policy.audit.store import AuditStore, IndexerSink, Retention
-from policy.errors import StoreUnavailable, ValidationFailed
-from policy.store import PolicyStore, StoreSettings
+from inferflux.policy.audit.chain import GENESIS, canonical_json, verify_lines
+from inferflux.policy.audit.checkpoint import CheckpointSigner
+from inferflux.policy.audit.delivery import Delivery
+from inferflux.policy.audit.errors import ChainConflict
+from inferflux.policy.audit.events import AuditEvent, admin_event
+from inferflux.policy.audit.spool import Cursor, Spool, SpooledRecord, SpoolSettings
+from inferflux.policy.audit.store import AuditStore, IndexerSink, Retention
+from inferflux.policy.errors import StoreUnavailable, ValidationFailed
+from inferflux.policy.store import PolicyStore, StoreSettings
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -114,7 +114,7 @@ def test_bad_query_values_are_clear_errors(audit_store: AuditStore) -> None:
 def test_retention_deletes_old_events_in_batches(
     spool: Spool, audit_store: AuditStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("policy.audit.store.PURGE_BATCH", 3)
+    monkeypatch.setattr("inferflux.policy.audit.store.PURGE_BATCH", 3)
     now = datetime.now(UTC)
     old = [make_event(at=now - timedelta(days=40, minutes=i)) for i in range(7)]
     new = [make_event(at=now - timedelta(days=1)) for _ in range(2)]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from audit_support import FAST, POLL, Rsyslog, append_events, make_event, wait_for
 
-from policy.audit.chain import verify_lines
-from policy.audit.delivery import Delivery
-from policy.audit.sinks.syslog import SyslogSink, format_message
-from policy.audit.spool import Cursor, Spool, SpooledRecord
+from inferflux.policy.audit.chain import verify_lines
+from inferflux.policy.audit.delivery import Delivery
+from inferflux.policy.audit.sinks.syslog import SyslogSink, format_message
+from inferflux.policy.audit.spool import Cursor, Spool, SpooledRecord
 
 # <PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID [SD] MSG
 RFC5424 = re.compile(

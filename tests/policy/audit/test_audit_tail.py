@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from audit_support import make_event
 
-from policy.audit.errors import AuditUnavailable, TooManySubscriptions
-from policy.audit.spool import Spool
-from policy.audit.tail import Dropped, LiveTail, Subscription
+from inferflux.policy.audit.errors import AuditUnavailable, TooManySubscriptions
+from inferflux.policy.audit.spool import Spool
+from inferflux.policy.audit.tail import Dropped, LiveTail, Subscription
 
 
 async def take(subscription: Subscription, n: int) -> list[Any]:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from audit_support import FAST, make_event
 
-from policy.audit.cli import verify_files, verify_spool
-from policy.audit.errors import AuditUnavailable
-from policy.audit.events import admin_event
-from policy.audit.sinks.file import FileSink
-from policy.audit.spool import Spool, SpoolSettings
-from policy.audit.tail import Dropped, sse_message
-from policy.audit.trail import AuditTrail
+from inferflux.policy.audit.cli import verify_files, verify_spool
+from inferflux.policy.audit.errors import AuditUnavailable
+from inferflux.policy.audit.events import admin_event
+from inferflux.policy.audit.sinks.file import FileSink
+from inferflux.policy.audit.spool import Spool, SpoolSettings
+from inferflux.policy.audit.tail import Dropped, sse_message
+from inferflux.policy.audit.trail import AuditTrail
 
 
 async def test_record_tail_deliver_close(spool_dir: Path, tmp_path: Path) -> None:

@@ -22,8 +22,8 @@ from idp import (
     hmac_token,
 )
 
-from policy.authn.oidc import ALLOWED_ALGORITHMS, OidcProviderConfig, OidcVerifier, VerifiedToken
-from policy.errors import IdentityProviderUnavailable, InvalidToken, PolicyError
+from inferflux.policy.authn.oidc import ALLOWED_ALGORITHMS, OidcProviderConfig, OidcVerifier, VerifiedToken
+from inferflux.policy.errors import IdentityProviderUnavailable, InvalidToken, PolicyError
 
 ROLE_MAP = {"admin": "tenant-admin", "dev": "member", "reader": "viewer"}
 TTL = 3600.0

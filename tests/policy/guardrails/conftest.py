@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from opa_server import LoopbackOpa, running_opa
 
-from policy.guardrails import Guardrails, parse_spec
+from inferflux.policy.guardrails import Guardrails, parse_spec
 
 
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
-from policy.errors import ValidationFailed
-from policy.guardrails import Guardrails, parse_spec
-from policy.guardrails.blocklist import MAX_PATTERN_LENGTH, compile_regex, regex_max_length
-from policy.guardrails import check as check_module
-from policy.guardrails.check import LiteralGroup, check_texts, scan_plan
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.guardrails import Guardrails, parse_spec
+from inferflux.policy.guardrails.blocklist import MAX_PATTERN_LENGTH, compile_regex, regex_max_length
+from inferflux.policy.guardrails import check as check_module
+from inferflux.policy.guardrails.check import LiteralGroup, check_texts, scan_plan
 
 
 def test_catastrophic_backtracking_pattern_returns_quickly(make_guardrails: Callable[..., Guardrails]) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 from guardrail_data import blocklist_spec, blocklist_words, corpus
 
-from policy.guardrails import Guardrails
+from inferflux.policy.guardrails import Guardrails
 
 MAX_RATE = 0.005
 

@@ -14,10 +14,10 @@ import re2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.guardrails import Guardrails, normalize
-from policy.guardrails import blocklist
-from policy.guardrails.blocklist import _options, literal_finder, normalize_literal, regex_finder, string_finder
-from policy.guardrails.findings import Finder, Hit
+from inferflux.policy.guardrails import Guardrails, normalize
+from inferflux.policy.guardrails import blocklist
+from inferflux.policy.guardrails.blocklist import _options, literal_finder, normalize_literal, regex_finder, string_finder
+from inferflux.policy.guardrails.findings import Finder, Hit
 
 
 def _re2_finder(literal: str, *, word: bool) -> Finder:

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.guardrails import normalize
-from policy.guardrails.normalize import Normalized, _dropped, _fold, _join_spelled, _mapped
+from inferflux.policy.guardrails import normalize
+from inferflux.policy.guardrails.normalize import Normalized, _dropped, _fold, _join_spelled, _mapped
 
 # The module, not the function the package exports under the same name.
-normalize_module = importlib.import_module("policy.guardrails.normalize")
+normalize_module = importlib.import_module("inferflux.policy.guardrails.normalize")
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from guardrail_data import blocklist_spec, blocklist_words
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policy.guardrails import Guardrails
+from inferflux.policy.guardrails import Guardrails
 
 WORDS = blocklist_words()
 SEPARATORS = [" ", "-", ".", " - ", ". ", "*", "  ", "|", "/", "~", "+"]
@@ -106,7 +106,7 @@ def disguised_word(draw: st.DrawFn, word: str) -> str:
 
 @pytest.fixture(scope="module")
 def guards() -> Guardrails:
-    from policy.guardrails import parse_spec
+    from inferflux.policy.guardrails import parse_spec
 
     return Guardrails([parse_spec(blocklist_spec(decode=["base64", "hex"]))])
 

@@ -20,13 +20,13 @@ import pytest
 from opa_server import LoopbackOpa
 from servers import free_loopback_socket
 
-from policy.guardrails import Guardrails, OpaDecision, PolicyDenied, PolicyEngineUnavailable, opa_input
-from policy.guardrails import opa as opa_module
-from policy.guardrails.opa import EmbeddedRego, OpaError, load_regopy, prepare_input
-from policy.guardrails.opa_cache import DecisionCache
-from policy.guardrails.spec import OpaSettings
-from policy.guardrails.rego_input import expressions, set_input
-from policy.rbac import Principal
+from inferflux.policy.guardrails import Guardrails, OpaDecision, PolicyDenied, PolicyEngineUnavailable, opa_input
+from inferflux.policy.guardrails import opa as opa_module
+from inferflux.policy.guardrails.opa import EmbeddedRego, OpaError, load_regopy, prepare_input
+from inferflux.policy.guardrails.opa_cache import DecisionCache
+from inferflux.policy.guardrails.spec import OpaSettings
+from inferflux.policy.guardrails.rego_input import expressions, set_input
+from inferflux.policy.rbac import Principal
 
 REGO = """
 package inferflux.guardrails
@@ -195,7 +195,7 @@ def test_embedded_bad_answer_fails_open_or_closed(
 
 
 def test_every_policy_must_allow() -> None:
-    from policy.guardrails import parse_spec
+    from inferflux.policy.guardrails import parse_spec
 
     lenient = parse_spec({"opa": {"rego": REGO}}, name="lenient")
     strict = parse_spec({"opa": {"rego": STRICT}}, name="strict")

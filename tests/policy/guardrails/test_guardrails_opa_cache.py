@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from test_guardrails_opa import REGO, document
 
-from policy.guardrails import Guardrails, OpaDecision
-from policy.guardrails.opa import EmbeddedRego
-from policy.guardrails.opa_cache import DecisionCache, cacheable_fields
-from policy.guardrails.spec import OpaSettings
+from inferflux.policy.guardrails import Guardrails, OpaDecision
+from inferflux.policy.guardrails.opa import EmbeddedRego
+from inferflux.policy.guardrails.opa_cache import DecisionCache, cacheable_fields
+from inferflux.policy.guardrails.spec import OpaSettings
 
 HEAD = "package inferflux.guardrails\nimport rego.v1\n"
 

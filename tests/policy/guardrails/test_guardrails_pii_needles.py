@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.guardrails import normalize, pii
-from policy.guardrails.findings import Hit
-from policy.guardrails.pii import DETECTORS, Detector
+from inferflux.policy.guardrails import normalize, pii
+from inferflux.policy.guardrails.findings import Hit
+from inferflux.policy.guardrails.pii import DETECTORS, Detector
 
 JWT = (
     "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ"

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from policy.guardrails import GuardrailMisconfigured, GuardrailResolver, Guardrails, opa_input
-from policy.rbac import Principal
-from policy.store import PolicyStore
+from inferflux.policy.guardrails import GuardrailMisconfigured, GuardrailResolver, Guardrails, opa_input
+from inferflux.policy.rbac import Principal
+from inferflux.policy.store import PolicyStore
 
 ALLOW_ALL = 'package inferflux.guardrails\nimport rego.v1\ndecision := {"allow": true}\n'
 DENY_ALL = 'package inferflux.guardrails\nimport rego.v1\ndecision := {"allow": false, "reasons": ["closed today"]}\n'

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.errors import ValidationFailed
-from policy.guardrails import Guardrails, normalize, parse_spec
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.guardrails import Guardrails, normalize, parse_spec
 
 SPEC = {
     "blocklist": [{"id": "bad", "literal": "badword"}, {"id": "ski", "literal": "ski"}],
@@ -178,7 +178,7 @@ def test_a_stream_catches_what_the_whole_text_check_catches(
     assert "".join(step.text for step in steps) == "go "
 
 
-_normalize_module = importlib.import_module("policy.guardrails.normalize")
+_normalize_module = importlib.import_module("inferflux.policy.guardrails.normalize")
 # No lone surrogates: RE2 refuses them (UnicodeEncodeError), as every check does on purpose (check.refuse_unencodable),
 # and the JSON layer answers 400 before a text with one reaches a guardrail.
 _SPELLING = st.text(alphabet=st.sampled_from(list("ab1_' .-*|/\u2019\u00e9\u0301\u0430\u4e00\u00bd\n"))

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from policy.errors import ValidationFailed
-from policy.guardrails import Action, Direction, parse_spec
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.guardrails import Action, Direction, parse_spec
 
 REGO = "package inferflux.guardrails\nimport rego.v1\ndefault decision := {\"allow\": true}\n"
 

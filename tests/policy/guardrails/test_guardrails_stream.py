@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.guardrails import PII_TYPES, Guardrails, OutputStream
-from policy.guardrails.stream import holdback
+from inferflux.policy.guardrails import PII_TYPES, Guardrails, OutputStream
+from inferflux.policy.guardrails.stream import holdback
 
 REDACT_ALL = {
     "pii": dict.fromkeys(PII_TYPES, "redact"),
@@ -72,7 +72,7 @@ def test_utf8_bytes_split_inside_characters(guardrails: Guardrails, step: int, l
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.booleans())
 def test_any_split_of_generated_text_decides_like_the_whole(data: st.DataObject, last_with_flush: bool) -> None:
-    from policy.guardrails import parse_spec
+    from inferflux.policy.guardrails import parse_spec
 
     guardrails = Guardrails([parse_spec(REDACT_ALL)])
     words = ["bob@ex.com", "+1 202 555 0173", "4111 1111 1111 1111", "10.0.0.1", "bad", "phrase", "x", "ß",

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from policy.authn.apikeys import generate_key
-from policy.guardrails import PII_TYPES, Action, ContentFiltered, Guardrails
+from inferflux.policy.authn.apikeys import generate_key
+from inferflux.policy.guardrails import PII_TYPES, Action, ContentFiltered, Guardrails
 
 
 

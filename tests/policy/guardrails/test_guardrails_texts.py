@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from policy.guardrails import ContentFiltered, Guardrails, request_texts, with_texts
+from inferflux.policy.guardrails import ContentFiltered, Guardrails, request_texts, with_texts
 
 CHAT = {
     "model": "m",

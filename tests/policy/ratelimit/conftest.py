@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from policy.ratelimit import EffectiveLimits, FixedLimits, Limits, MemoryBackend, RateLimiter
-from policy.ratelimit.checks import Backend
-from policy.ratelimit.redis_backend import RedisBackend
-from policy.rbac import Principal
+from inferflux.policy.ratelimit import EffectiveLimits, FixedLimits, Limits, MemoryBackend, RateLimiter
+from inferflux.policy.ratelimit.checks import Backend
+from inferflux.policy.ratelimit.redis_backend import RedisBackend
+from inferflux.policy.rbac import Principal
 
 from ratelimit_helpers import FakeClock, LimiterFactory
 

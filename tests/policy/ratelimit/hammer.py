@@ -12,9 +12,9 @@ import asyncio
 import json
 import time
 
-from policy.ratelimit import Admission, EffectiveLimits, FixedLimits, Limits, RateLimiter
-from policy.ratelimit.redis_backend import RedisBackend
-from policy.rbac import Principal
+from inferflux.policy.ratelimit import Admission, EffectiveLimits, FixedLimits, Limits, RateLimiter
+from inferflux.policy.ratelimit.redis_backend import RedisBackend
+from inferflux.policy.rbac import Principal
 
 
 async def hammer(args: argparse.Namespace) -> dict[str, int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from policy.ratelimit import RateLimiter
-from policy.rbac import Principal
+from inferflux.policy.ratelimit import RateLimiter
+from inferflux.policy.rbac import Principal
 
 # In the future, so that absolute Redis expiries (quota counters) lie ahead of
 # the real clock; one hour before both a day and a month (and a year) end.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from policy.errors import ValidationFailed
-from policy.ratelimit import Admission, BudgetCrossing, BudgetExceeded, Denial, Dimension, Level, Limits, parse_spec
-from policy.usage.cost import Price
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.ratelimit import Admission, BudgetCrossing, BudgetExceeded, Denial, Dimension, Level, Limits, parse_spec
+from inferflux.policy.usage.cost import Price
 
 from ratelimit_helpers import LimiterFactory, PrincipalFactory
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from policy.errors import ValidationFailed
-from policy.ratelimit import (
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.ratelimit import (
     Admission,
     Denial,
     EffectiveLimits,
@@ -21,9 +21,9 @@ from policy.ratelimit import (
     PolicyResolver,
     RateLimiter,
 )
-from policy.ratelimit.checks import Dimension
-from policy.ratelimit.limiter import _lease_ids, period_of
-from policy.store import PolicyStore
+from inferflux.policy.ratelimit.checks import Dimension
+from inferflux.policy.ratelimit.limiter import _lease_ids, period_of
+from inferflux.policy.store import PolicyStore
 
 from ratelimit_helpers import FakeClock, LimiterFactory, PrincipalFactory
 
@@ -112,7 +112,7 @@ class Broken:
     """A backend that is always down (what RedisBackend raises when Redis is)."""
 
     async def reserve(self, *args: object) -> tuple[bool, list[object]]:
-        from policy.ratelimit import BackendUnavailable
+        from inferflux.policy.ratelimit import BackendUnavailable
 
         raise BackendUnavailable("down")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 
-from policy.ratelimit import (
+from inferflux.policy.ratelimit import (
     Admission,
     Denial,
     Dimension,
@@ -17,7 +17,7 @@ from policy.ratelimit import (
     RateLimiter,
     TokensRateLimited,
 )
-from policy.rbac import Principal
+from inferflux.policy.rbac import Principal
 
 from ratelimit_helpers import FakeClock, LimiterFactory, PrincipalFactory
 

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.ratelimit import Admission, EffectiveLimits, FixedLimits, Limits, MemoryBackend, RateLimiter
-from policy.ratelimit.checks import Check, Dimension, Level, bucket_of, window_check
-from policy.ratelimit.memory import STATE_FILE, _Window
-from policy.rbac import Principal
+from inferflux.policy.ratelimit import Admission, EffectiveLimits, FixedLimits, Limits, MemoryBackend, RateLimiter
+from inferflux.policy.ratelimit.checks import Check, Dimension, Level, bucket_of, window_check
+from inferflux.policy.ratelimit.memory import STATE_FILE, _Window
+from inferflux.policy.rbac import Principal
 
 from ratelimit_helpers import FakeClock, PrincipalFactory
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Connection, ConnectionPool, Redis
 
-from policy.ratelimit import Admission, EffectiveLimits, FixedLimits, Limits, RateLimiter, RateLimiterUnavailable
-from policy.ratelimit import redis_backend
-from policy.ratelimit.redis_backend import RedisBackend
+from inferflux.policy.ratelimit import Admission, EffectiveLimits, FixedLimits, Limits, RateLimiter, RateLimiterUnavailable
+from inferflux.policy.ratelimit import redis_backend
+from inferflux.policy.ratelimit.redis_backend import RedisBackend
 
 from ratelimit_helpers import PrincipalFactory
 

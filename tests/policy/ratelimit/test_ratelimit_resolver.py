@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from policy.ratelimit import DEFAULT_SCHEDULING, EffectiveLimits, Limits, PolicyResolver, Scheduling, effective_limits
-from policy.errors import PolicyUnusable
+from inferflux.policy.ratelimit import DEFAULT_SCHEDULING, EffectiveLimits, Limits, PolicyResolver, Scheduling, effective_limits
+from inferflux.policy.errors import PolicyUnusable
 
 from ratelimit_helpers import PrincipalFactory
-from policy.store import PolicyRecord, PolicyStore
+from inferflux.policy.store import PolicyRecord, PolicyStore
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from policy.errors import ValidationFailed
-from policy.ratelimit import LimitPolicy, parse_spec
+from inferflux.policy.errors import ValidationFailed
+from inferflux.policy.ratelimit import LimitPolicy, parse_spec
 
 VALID: list[tuple[str, dict[str, Any], bool, LimitPolicy]] = [
     ("rate_limit", {"requests_per_minute": 60}, False, LimitPolicy("tenant", None, {"requests_per_minute": 60}, {})),

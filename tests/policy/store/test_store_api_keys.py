@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from policy.authn import apikeys
-from policy.authn.apikeys import parse_key
-from policy.errors import Conflict, NotFound, StoreConfigError, ValidationFailed
-from policy.store import PolicyStore, StoreSettings
-from policy.store.models import ApiKey
+from inferflux.policy.authn import apikeys
+from inferflux.policy.authn.apikeys import parse_key
+from inferflux.policy.errors import Conflict, NotFound, StoreConfigError, ValidationFailed
+from inferflux.policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store.models import ApiKey
 
 
 def test_create_and_find(store: PolicyStore) -> None:
@@ -65,7 +65,7 @@ def test_a_prefix_miss_still_computes_an_hmac(store: PolicyStore, monkeypatch: p
         compared.append(stored)
         return real(pepper, token, stored)
 
-    monkeypatch.setattr("policy.store.repos.api_keys.verify_key", spy)
+    monkeypatch.setattr("inferflux.policy.store.repos.api_keys.verify_key", spy)
     assert store.find_api_key(apikeys.generate_key().token) is None
     assert compared == [apikeys.DUMMY_HASH]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, pool
 
-from policy.store import PolicyStore, StoreSettings
-from policy.store.models import Base
+from inferflux.policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store.models import Base
 
 
 def fill(store: PolicyStore) -> tuple[list[str], list[str]]:

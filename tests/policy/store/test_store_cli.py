@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway import cli
-from policy.store import PolicyStore, StoreSettings, migrate
-from policy.store.crypto import read_key_file
+from inferflux.gateway import cli
+from inferflux.policy.store import PolicyStore, StoreSettings, migrate
+from inferflux.policy.store.crypto import read_key_file
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +107,7 @@ def test_new_passphrase_without_a_terminal(
 
 
 def test_store_settings_from_the_environment(tmp_path: Path) -> None:
-    from gateway.settings import load_settings
+    from inferflux.gateway.settings import load_settings
 
     env = {
         "INFERFLUX_DATA_DIR": str(tmp_path),

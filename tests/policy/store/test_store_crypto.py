@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.dialects import sqlite
 
-from policy.errors import StoreConfigError
-from policy.store.crypto import (
+from inferflux.policy.errors import StoreConfigError
+from inferflux.policy.store.crypto import (
     FORMAT,
     DecryptionError,
     KeyFile,
@@ -26,7 +26,7 @@ from policy.store.crypto import (
     read_key_file,
     replace_key_file,
 )
-from policy.store.types import EncryptedText, new_id, secret_aad
+from inferflux.policy.store.types import EncryptedText, new_id, secret_aad
 
 ZERO_KEY = base64.b64encode(bytes(32)).decode()
 AAD = secret_aad("oidc_providers", "client_secret", "idp_aaaaaaaaaaaaaaaa")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, inspect, text
 
-from policy.store import PolicyStore, StoreSettings, migrate
-from policy.store.db import create_store_engine
+from inferflux.policy.store import PolicyStore, StoreSettings, migrate
+from inferflux.policy.store.db import create_store_engine
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
-from policy.errors import StoreConfigError
-from policy.store import StoreSettings, migrate
-from policy.store.db import create_store_engine
+from inferflux.policy.errors import StoreConfigError
+from inferflux.policy.store import StoreSettings, migrate
+from inferflux.policy.store.db import create_store_engine
 
 NOW = datetime(2026, 11, 24, tzinfo=UTC)
 

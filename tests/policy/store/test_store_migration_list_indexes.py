@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, inspect
 
-from policy.store import PolicyStore, StoreSettings, migrate
-from policy.store.db import create_store_engine
+from inferflux.policy.store import PolicyStore, StoreSettings, migrate
+from inferflux.policy.store.db import create_store_engine
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, inspect
 
-from policy.errors import StoreConfigError
-from policy.store import StoreSettings, migrate
-from policy.store.db import create_store_engine
-from policy.store.models import Base
+from inferflux.policy.errors import StoreConfigError
+from inferflux.policy.store import StoreSettings, migrate
+from inferflux.policy.store.db import create_store_engine
+from inferflux.policy.store.models import Base
 
 TABLES = {
     "store_meta",
@@ -83,5 +83,5 @@ def test_the_migrations_are_shipped_with_the_package() -> None:
     assert (location / "env.py").is_file() and (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
     pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
-    package_data = pyproject["tool"]["setuptools"]["package-data"]["migrations"]
+    package_data = pyproject["tool"]["setuptools"]["package-data"]["inferflux.migrations"]
     assert {"script.py.mako", "versions/*.py"} <= set(package_data)

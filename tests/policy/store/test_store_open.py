@@ -10,10 +10,10 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import LargeBinary, select, type_coerce, update
 
-from policy.errors import StoreConfigError, StoreUnavailable
-from policy.store import PolicyStore, StoreSettings, migrate
-from policy.store.crypto import DecryptionError, KeyFile, create_key_file, new_key, read_key_file
-from policy.store.models import Credential, OidcProvider
+from inferflux.policy.errors import StoreConfigError, StoreUnavailable
+from inferflux.policy.store import PolicyStore, StoreSettings, migrate
+from inferflux.policy.store.crypto import DecryptionError, KeyFile, create_key_file, new_key, read_key_file
+from inferflux.policy.store.models import Credential, OidcProvider
 
 
 def test_first_start_generates_an_owner_only_key_file_and_warns(

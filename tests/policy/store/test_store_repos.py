@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from policy.store.models import Tenant
-from policy.store.records import TenantRecord
-from policy.store.repos.base import Repository
-from policy.store.repos.mapper import RecordMapper
-from policy.store.repository import PolicyStore
+from inferflux.policy.store.models import Tenant
+from inferflux.policy.store.records import TenantRecord
+from inferflux.policy.store.repos.base import Repository
+from inferflux.policy.store.repos.mapper import RecordMapper
+from inferflux.policy.store.repository import PolicyStore
 
 
 def test_no_two_repositories_define_the_same_name() -> None:

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from policy.errors import Conflict, NotFound, ValidationFailed
-from policy.store import PolicyStore
-from policy.store.records import Page
+from inferflux.policy.errors import Conflict, NotFound, ValidationFailed
+from inferflux.policy.store import PolicyStore
+from inferflux.policy.store.records import Page
 
 
 def test_tenant_lifecycle(store: PolicyStore) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from policy.errors import StoreConfigError
-from policy.store import PolicyStore, StoreSettings
-from policy.store.crypto import UnknownKeyVersion, read_key_file
-from policy.store.models import encrypted_models
-from policy.store.types import secret_columns
+from inferflux.policy.errors import StoreConfigError
+from inferflux.policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store.crypto import UnknownKeyVersion, read_key_file
+from inferflux.policy.store.models import encrypted_models
+from inferflux.policy.store.types import secret_columns
 
 
 def key_versions_in_use(store: PolicyStore) -> set[int]:

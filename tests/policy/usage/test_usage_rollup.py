@@ -10,13 +10,13 @@ import pytest
 
 from audit_support import make_event
 
-from policy.audit.events import AuditEvent
-from policy.audit.spool import Spool, SpoolSettings
-from policy.audit.store import AuditStore
-from policy.errors import NotFound, ValidationFailed
-from policy.store import PolicyStore, StoreSettings
-from policy.usage.cost import Price, cost_micros, format_usd, parse_usd
-from policy.usage.store import UsageStore
+from inferflux.policy.audit.events import AuditEvent
+from inferflux.policy.audit.spool import Spool, SpoolSettings
+from inferflux.policy.audit.store import AuditStore
+from inferflux.policy.errors import NotFound, ValidationFailed
+from inferflux.policy.store import PolicyStore, StoreSettings
+from inferflux.policy.usage.cost import Price, cost_micros, format_usd, parse_usd
+from inferflux.policy.usage.store import UsageStore
 
 
 @pytest.fixture

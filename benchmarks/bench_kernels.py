@@ -41,10 +41,10 @@ smoke test (exit code 1 on a mismatch); those timings measure the interpreter, n
 the kernels.
 
 Usage:
-    .venv/bin/python benchmarks/kernels.py [--model llama3-8b] [--dtype bfloat16] [--batch 32]
+    .venv/bin/python benchmarks/bench_kernels.py [--model llama3-8b] [--dtype bfloat16] [--batch 32]
         [--context 1024] [--warmup 10] [--reps 100] [--json out.json]
-    .venv/bin/python benchmarks/kernels.py --interpret
-    .venv/bin/python benchmarks/kernels.py --kernels-only   # no model decode step
+    .venv/bin/python benchmarks/bench_kernels.py --interpret
+    .venv/bin/python benchmarks/bench_kernels.py --kernels-only   # no model decode step
 """
 
 from __future__ import annotations
@@ -60,8 +60,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
 
 NO_GPU_EXIT = 2
 
@@ -187,7 +185,7 @@ def build_cases(args: argparse.Namespace, torch: Any, KT: Any, R: Any, device: s
 
 
 def one_share(*args: Any) -> Any:
-    from kernels.triton.paged_attention import _paged_attention
+    from inferflux.kernels.triton.paged_attention import _paged_attention
 
     return _paged_attention(*args, splits=1)
 
@@ -277,10 +275,10 @@ def model_decode_step(args: argparse.Namespace, torch: Any) -> list[dict[str, An
     Under ``--interpret`` the same code runs on the CPU with the reference kernels,
     to prove the path works; those numbers are not GPU measurements.
     """
-    from backends.base import Batch, ModelSpec, SequenceSlice
-    from backends.cuda import CUDABackend
-    from backends.models import default_model_path
-    from kernels import reference
+    from inferflux.backends.base import Batch, ModelSpec, SequenceSlice
+    from inferflux.backends.cuda import CUDABackend
+    from inferflux.backends.models import default_model_path
+    from inferflux.kernels import reference
 
     if args.interpret:
         variants = {"cpu, reference kernels (smoke)": dict(device="cpu", kernels=reference, cuda_graphs=False)}
@@ -351,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         print("Triton is not installed (pip install 'inferflux[cuda]')", file=sys.stderr)
         return NO_GPU_EXIT
 
-    import kernels.triton as KT
-    from kernels import reference as R
+    import inferflux.kernels.triton as KT
+    from inferflux.kernels import reference as R
 
     device = "cpu" if args.interpret else "cuda"
     dtype = getattr(torch, args.dtype)
