@@ -55,10 +55,12 @@ from inferflux.gateway.generation import Generation
 from inferflux.gateway.metrics import GatewayMetrics
 from inferflux.gateway.plan import GenerationRequest, Placement, Plan
 from inferflux.gateway.state import state_of
+from inferflux.gateway.token_text import token_decoder
 from inferflux.gateway.tool_calls import ToolStream
 from inferflux.gateway.tracing import TRACE_HEADERS, GuardMeter, stage
 from inferflux.policy.errors import ApiError
-from inferflux.policy.guardrails import Guardrails, OpaDecision, opa_input, request_texts, with_texts
+from inferflux.policy.guardrails import Guardrails, OpaDecision, opa_input
+from inferflux.policy.guardrails.screen import screen as screen_guarded
 from inferflux.policy.ratelimit import Admission, Denial, RateLimiter, Scheduling
 
 if TYPE_CHECKING:
@@ -108,21 +110,21 @@ class RequestPolicy:
     # -- 1. input guardrails
 
     async def screen(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The body as the tenant's input guardrails let it through (redacted, perhaps); raises on a block."""
+        """The body as the tenant's input guardrails let it through (redacted, perhaps); raises on a block.
+        A large body is checked off the event loop (``policy.guardrails.screen``)."""
         with stage(self.ctx, "guardrails.input"):
             self.guards = guards = await self._resolver.resolve(self.principal.tenant_id)
-            self.ctx.prompt_texts = request_texts(body)
-            if not guards.checks_input:
+            decode = token_decoder(self.request, body) if guards.checks_input else None
+            screened = await screen_guarded(guards, body, len(await self.request.body()), decode)
+            self.ctx.prompt_texts = screened.texts
+            decision = screened.decision
+            if decision is None:
                 return body
-            decision = guards.check_input(self.ctx.prompt_texts)
             self._note_findings("input", decision.findings)
             if not decision.allowed:
                 self.ctx.reasons += list(decision.reasons)
             decision.raise_if_blocked("input")
-        if decision.redacted:
-            body = with_texts(body, list(decision.texts))
-            self.ctx.prompt_texts = list(decision.texts)
-        return body
+        return dict(screened.body)
 
     def _note_findings(self, direction: str, findings: Any) -> None:
         for finding in findings:

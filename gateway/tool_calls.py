@@ -104,7 +104,19 @@ def call_of(value: Any, names: frozenset[str]) -> tuple[str, str] | None:
             return None
     if not isinstance(arguments, dict) or not set(value) <= {"name", "arguments", "parameters"}:
         return None
-    return value["name"], json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    return value["name"], compact_json(arguments)
+
+
+def compact_json(value: Any) -> str:
+    """``value`` as compact JSON text that UTF-8 can carry: a lone surrogate the model wrote escaped
+    (``"\\ud800"``, valid JSON, but no character) stays escaped rather than failing the answer's encoding."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return json.dumps(value, separators=(",", ":"))
+    return text
 
 
 def calls_of_json(text: str, names: frozenset[str]) -> list[tuple[str, str]] | None:
@@ -396,7 +408,7 @@ class ToolStream:
             checked = check(arguments)
         if self._blocked or not changed:
             return arguments
-        return checked if isinstance(checked, str) else json.dumps(checked, ensure_ascii=False, separators=(",", ":"))
+        return checked if isinstance(checked, str) else compact_json(checked)
 
 
 def _map_strings(value: Any, f: Any) -> Any:

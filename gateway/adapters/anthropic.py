@@ -34,6 +34,7 @@ bodies are Anthropic's (``gateway.adapters.errors``).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -322,7 +323,19 @@ def _arguments(text: str) -> dict[str, Any]:
         value = json.loads(text) if text else {}
     except ValueError:
         return {"arguments": text}
+    value = _characters_only(value)
     return value if isinstance(value, dict) else {"arguments": value}
+
+
+def _characters_only(value: Any) -> Any:
+    """``value`` with each lone surrogate as U+FFFD: the model may write one escaped (``"\\ud800"``, valid
+    JSON), and the object, unlike the chat path's JSON text, cannot keep it escaped in a UTF-8 answer."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.loads(re.sub("[\ud800-\udfff]", "\ufffd", text))
+    return value
 
 
 class MessageStream:

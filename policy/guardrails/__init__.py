@@ -3,26 +3,28 @@
 Typical use on the request path::
 
     guardrails = await resolver.resolve(principal.tenant_id)         # GuardrailResolver(store)
-    decision = guardrails.check_input(request_texts(body))
-    decision.raise_if_blocked()                                      # 400 content_filter
-    body = with_texts(body, decision.texts)                          # redacted, if any rule redacts
+    screened = await screen(guardrails, body, size, decode)          # every text, off the loop when large
+    screened.decision.raise_if_blocked()                             # 400 content_filter (None: no input rules)
+    body = screened.body                                             # redacted, if any rule redacts
     verdict = await guardrails.authorize(opa_input(principal, model=..., route=..., prompt_tokens=...,
-                                                   findings=decision.findings))
+                                                   findings=screened.decision.findings))
     verdict.raise_for_deny()                                         # 403 policy_denied / 503
     stream = guardrails.output_stream()
     for delta in generated:                                          # per choice
         step = stream.feed(delta)                                    # send step.text; stop if step.blocked
     step = stream.flush()
 
-See ``spec`` for the policy format, ``normalize`` for what obfuscation is
-undone, ``pii`` for the detectors and ``stream`` for the hold-back bound.
+See ``spec`` for the policy format, ``texts`` for what of a body is read,
+``screen`` for the input check of a body, ``normalize`` for what obfuscation
+is undone, ``pii`` for the detectors and ``stream`` for the hold-back bound.
 """
 
 from __future__ import annotations
 
 from inferflux.policy.guardrails.check import Decision
 from inferflux.policy.guardrails.engine import EMPTY, Guardrails, validate_policy
-from inferflux.policy.guardrails.errors import ContentFiltered, GuardrailMisconfigured, PolicyDenied, PolicyEngineUnavailable
+from inferflux.policy.guardrails.errors import ContentFiltered, GuardrailMisconfigured, InvalidText, PolicyDenied
+from inferflux.policy.guardrails.errors import PolicyEngineUnavailable
 from inferflux.policy.guardrails.findings import Action, Direction, Finding
 from inferflux.policy.guardrails.normalize import Normalized, normalize
 from inferflux.policy.guardrails.opa import EmbeddedRego, OpaDecision, RemoteOpa, opa_input
@@ -46,6 +48,7 @@ __all__ = [
     "GuardrailResolver",
     "GuardrailSpec",
     "Guardrails",
+    "InvalidText",
     "Normalized",
     "OpaDecision",
     "OutputStream",

@@ -15,7 +15,7 @@ from inferflux.policy.guardrails.blocklist import literal_gate
 from inferflux.policy.guardrails.decode import DECODERS
 from inferflux.policy.guardrails.errors import ContentFiltered
 from inferflux.policy.guardrails.findings import Action, Finding, Hit, Matcher
-from inferflux.policy.guardrails.normalize import Normalized, normalize
+from inferflux.policy.guardrails.normalize import MAX_JOINERS, Normalized, joined, normalize
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,24 +58,21 @@ def scan_plan(matchers: Sequence[Matcher]) -> ScanPlan:
     return (*(m for m in matchers if m.literal is None), LiteralGroup(tuple(literal), gate, literals))
 
 
-def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> list[tuple[Matcher, Hit]]:
-    """The hits at or after ``start`` in normalised ``text``, in order of position.
+def scan(norm: Normalized, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> list[tuple[Matcher, Hit]]:
+    """The hits at or after ``start`` in normalised ``norm.text``, in order of position.
 
     ``matchers`` may be a ``scan_plan``. PII detectors are tried most specific
     first (``pii.DETECTORS``) and a PII hit overlapping one already taken is
     dropped (a card number is not also a phone number); blocklist hits are all
     kept (so a gated group may come last: the order it is tried in changes nothing).
+    The blocklist also reads the skeleton's joined views (``normalize.joined``: ``blue-bird``
+    as ``bluebird``); a hit found only there is reported on the span it covers in ``norm.text``.
     """
+    text = norm.text
     kept: list[tuple[Matcher, Hit]] = []
     taken: list[Hit] = []
-    if matchers:
-        refuse_unencodable(text)
     for entry in matchers:
-        if isinstance(entry, LiteralGroup):
-            group: Sequence[Matcher] = entry.occurring(text)
-        else:
-            group = (entry,)
-        for matcher in group:
+        for matcher in _group(entry, text):
             for hit in matcher.find(text):
                 if hit.start < start:
                     continue
@@ -84,8 +81,48 @@ def scan(text: str, matchers: Sequence[Matcher] | ScanPlan, start: int = 0) -> l
                         continue
                     taken.append(hit)
                 kept.append((matcher, hit))
+    if matchers:
+        kept += _joined_hits(norm, matchers, start, kept)
     kept.sort(key=_order)
     return kept
+
+
+def _group(entry: Matcher | LiteralGroup, text: str) -> Sequence[Matcher]:
+    return entry.occurring(text) if isinstance(entry, LiteralGroup) else (entry,)
+
+
+def _joined_hits(
+    norm: Normalized, matchers: Sequence[Matcher] | ScanPlan, start: int, found: Sequence[tuple[Matcher, Hit]]
+) -> list[tuple[Matcher, Hit]]:
+    """The blocklist's hits in the joined views that ``norm.text`` itself does not hold, on its spans.
+
+    Two views: the skeleton's own, and (where spelled-out words were joined) the one of the skeleton before
+    that, which keeps the article of "a b-a-d" apart (the skeleton has "abad", this view "a bad")."""
+    seen = {(matcher.rule, hit.start, hit.end) for matcher, hit in found}
+    out: list[tuple[Matcher, Hit]] = []
+    for base in (norm, norm.unspelled):
+        view = joined(base.text) if base is not None else None
+        if base is None or view is None:
+            continue
+        for entry in matchers:
+            if isinstance(entry, Matcher) and entry.kind != "blocklist":
+                continue  # PII reads the skeleton only: a joiner inside a number or an address is its own
+            for matcher in _group(entry, view.text):
+                for hit in matcher.find(view.text):
+                    begin, end = view.position(hit.start), view.position(hit.end - 1) + 1
+                    if base is not norm:  # a span of the unspelled skeleton, as the skeleton's
+                        first, last = base.original_span(begin, end)
+                        begin, end = norm.position_of(first), norm.position_of(last)
+                    if begin < start or begin >= end or (matcher.rule, begin, end) in seen:
+                        continue
+                    seen.add((matcher.rule, begin, end))
+                    out.append((matcher, Hit(begin, end, end, hit.closed)))
+    return out
+
+
+# How much longer than its match a blocklist hit can be in the skeleton: each character of it may be
+# followed by ``MAX_JOINERS`` joiners that the joined view removed.
+JOINED_SPAN = 1 + MAX_JOINERS
 
 
 def _order(pair: tuple[Matcher, Hit]) -> tuple[int, int, bool, str]:
@@ -93,13 +130,6 @@ def _order(pair: tuple[Matcher, Hit]) -> tuple[int, int, bool, str]:
     order is the same whether or not the literals went through a gate."""
     matcher, hit = pair
     return hit.start, -hit.end, matcher.kind != "pii", matcher.rule
-
-
-def refuse_unencodable(text: str) -> None:
-    """UnicodeEncodeError for a lone surrogate (not UTF-8), as the RE2 searches always raised, even
-    where every search is skipped: such a text is refused, never let through unchecked."""
-    if not text.isascii():
-        text.encode("utf-8")
 
 
 def redact(
@@ -183,14 +213,19 @@ Decodings = Sequence[tuple[str, ScanPlan]]
 
 
 def check_texts(
-    texts: Sequence[str], matchers: Sequence[Matcher] | ScanPlan, decodings: Decodings = ()
+    texts: Sequence[str],
+    matchers: Sequence[Matcher] | ScanPlan,
+    decodings: Decodings = (),
+    groups: Sequence[Sequence[int]] = (),
 ) -> Decision:
-    """Check each of ``texts`` against ``matchers`` (or their ``scan_plan``), and the conversation they
-    make together (``across``), and what ``decodings`` decode; see ``Decision``."""
+    """Check each of ``texts`` against ``matchers`` (or their ``scan_plan``), the conversation they make
+    together and each of ``groups`` (indices of texts read as one: ``across``), and what ``decodings``
+    decode; see ``Decision``."""
     norms = [normalize(text) for text in texts]
-    hits = [scan(norm.text, matchers) for norm in norms]
-    extra = [*across(texts, norms, matchers), *decoded(texts, norms, decodings)]
-    for index, pair in extra:
+    hits = [scan(norm, matchers) for norm in norms]
+    extra = [*across(texts, norms, matchers), *(placed for group in groups for placed in across(texts, norms,
+             matchers, group)), *decoded(texts, norms, decodings)]  # fmt: skip
+    for index, pair in dict.fromkeys(extra):  # a split word a group and the conversation both hold: once
         hits[index].append(pair)
     out: list[str] = []
     findings: list[Finding] = []
@@ -215,24 +250,31 @@ def _place(norms: Sequence[Normalized], index: int, matcher: Matcher, start: int
     return (index, (matcher, Hit(first, last, last))) if first < last else None
 
 
-def across(texts: Sequence[str], norms: Sequence[Normalized], matchers: Sequence[Matcher] | ScanPlan) -> list[Placed]:
-    """Hits that only the whole conversation holds: matches in the texts joined end to end that run from
-    one text into the next (a word split across two messages), as a hit in each text they touch. Matches
-    inside one text are its own check's; joined without a separator, a text's end is not a word boundary
-    here, so those are not judged again."""
-    if len(texts) < 2 or not matchers:
+def across(
+    texts: Sequence[str],
+    norms: Sequence[Normalized],
+    matchers: Sequence[Matcher] | ScanPlan,
+    members: Sequence[int] | None = None,
+) -> list[Placed]:
+    """Hits that only the whole conversation holds (or only ``members``, the indices of some of the texts,
+    read as one): matches in the texts joined end to end that run from one text into the next (a word split
+    across two messages), as a hit in each text they touch. Matches inside one text are its own check's;
+    joined without a separator, a text's end is not a word boundary here, so those are not judged again."""
+    members = range(len(texts)) if members is None else members
+    if len(members) < 2 or not matchers:
         return []
-    joined = normalize("".join(texts))
+    joined_norm = normalize("".join(texts[k] for k in members))
     bounds = [0]
-    for text in texts:
-        bounds.append(bounds[-1] + len(text))
+    for k in members:
+        bounds.append(bounds[-1] + len(texts[k]))
     out: list[Placed] = []
-    for matcher, hit in scan(joined.text, matchers):
-        start, end = joined.original_span(hit.start, hit.end)
+    for matcher, hit in scan(joined_norm, matchers):
+        start, end = joined_norm.original_span(hit.start, hit.end)
         first, last = bisect_right(bounds, start) - 1, bisect_left(bounds, end) - 1
-        for index in range(first, last + 1) if first < last else ():
-            base = bounds[index]
-            piece = _place(norms, index, matcher, max(start, base) - base, min(end, bounds[index + 1]) - base)
+        for local in range(first, last + 1) if first < last else ():
+            base = bounds[local]
+            index = members[local]
+            piece = _place(norms, index, matcher, max(start, base) - base, min(end, bounds[local + 1]) - base)
             if piece is not None:
                 out.append(piece)
     return out
@@ -245,7 +287,7 @@ def decoded(texts: Sequence[str], norms: Sequence[Normalized], decodings: Decodi
         for index, text in enumerate(texts):
             for start, end, content in DECODERS[encoding](text):
                 # One hit per rule: each stands for the whole encoded span.
-                for matcher in {m.rule: m for m, _ in scan(normalize(content).text, plan)}.values():
+                for matcher in {m.rule: m for m, _ in scan(normalize(content), plan)}.values():
                     piece = _place(norms, index, matcher, start, end)
                     if piece is not None:
                         out.append(piece)

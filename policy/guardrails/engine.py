@@ -110,12 +110,13 @@ class Guardrails:
     def checks_output(self) -> bool:
         return bool(self.output_matchers)
 
-    def check_input(self, texts: Sequence[str]) -> Decision:
+    def check_input(self, texts: Sequence[str], groups: Sequence[Sequence[int]] = ()) -> Decision:
         """Check a request's texts (``request_texts``): allow, possibly redacted, or block with reasons.
 
-        Each text is checked, and the conversation they make together, and (for policies that ask)
-        their decoded base64 and hex spans."""
-        return check_texts(texts, self._input_plan, self._decodings)
+        Each text is checked, and the conversation they make together, and each of ``groups`` (the indices
+        of texts the model reads as one: ``RequestTexts.groups``), and (for policies that ask) their
+        decoded base64 and hex spans."""
+        return check_texts(texts, self._input_plan, self._decodings, groups)
 
     def check_output(self, text: str) -> Decision:
         """Check a whole (non-streamed) response text."""

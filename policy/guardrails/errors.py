@@ -62,3 +62,13 @@ class PolicyEngineUnavailable(PolicyError):
 
 class GuardrailMisconfigured(PolicyUnusable):
     """503: a stored guardrail policy cannot be used, so its tenant's requests are refused."""
+
+
+class InvalidText(PolicyError):
+    """400: input the guardrails cannot read as text, so that no rule can be said to allow it: a lone
+    surrogate inside a call's arguments (``invalid_unicode``), token ids that cannot be decoded for a
+    tenant whose input guardrails read text (``token_ids_unchecked``). ``param`` names the field."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    default_code = "invalid_input"

@@ -10,11 +10,17 @@ does not slip through:
   ``confusables``), repeated until nothing changes;
 * removal of format characters (category Cf: zero-width space/joiners, soft
   hyphen, word joiner, BOM, tag characters), the other default-ignorable code
-  points (variation selectors, combining grapheme joiner, Hangul fillers) and
-  control characters (Cc) that are not whitespace;
+  points (variation selectors, combining grapheme joiner, Hangul fillers),
+  control characters (Cc) that are not whitespace, and lone surrogates (Cs);
 * every run of whitespace collapsed to one space;
 * a word spelled out letter by letter joined (``b a d``, ``b-a-d`` -> ``bad``:
   ``_SPELLED``).
+
+Beside the skeleton, ``joined`` gives its *joined view*: the joiners (``JOINERS``:
+``-``, ``.``, ``_``, ``·`` and the like) between two letters removed, so that
+``blue-bird``, ``b_l_u_e`` and ``blue.bird`` read as ``bluebird`` there while the
+skeleton keeps ``blue`` and ``bird`` apart (a rule for ``bird`` still fires on
+``blue-bird``). The blocklist reads both (``check.scan``).
 
 What it does not undo (documented limits, docs/security.md): leetspeak and ASCII
 substitutions (``sk1``, ``$ki``), which only a regex rule can catch; Greek
@@ -40,7 +46,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -72,7 +78,9 @@ def _dropped(ch: str) -> bool:
     if ord(ch) in _IGNORABLE:
         return True
     category = unicodedata.category(ch)
-    return category == "Cf" or (category == "Cc" and not ch.isspace())
+    # A lone surrogate (Cs) is no character at all: dropped like an invisible one, so it splits no word and
+    # no search meets it (RE2 reads UTF-8, which cannot hold one).
+    return category in ("Cf", "Cs") or (category == "Cc" and not ch.isspace())
 
 
 # A skeleton step can expose more to fold (Cyrillic ``в`` -> small capital ``ʙ`` -> ``b``); a few
@@ -123,6 +131,9 @@ class Normalized:
     # for the identity map).
     _starts: Sequence[int] | None = field(default=None, repr=False)
     _ends: Sequence[int] | None = field(default=None, repr=False)
+    # The skeleton before spelled-out words were joined, where any were (its joined view reads "a b-a-d" as
+    # "a bad", where the skeleton has "abad").
+    unspelled: Normalized | None = field(default=None, repr=False, compare=False)
 
     def _map(self) -> tuple[Sequence[int], Sequence[int]]:
         if self._starts is not None and self._ends is not None:
@@ -164,29 +175,29 @@ def normalize(text: str) -> Normalized:
     else:
         starts, ends, folded = _mapped(text)
         norm = Normalized(text, folded, starts, ends)
-    return _join_spelled(norm)
+    spelled = _join_spelled(norm)
+    if spelled is not norm:
+        spelled.unspelled = norm
+    return spelled
 
 
 # A word spelled out letter by letter: two or more single letters (not glued to a word character or an
 # apostrophe, so "rock 'n' roll" and "it's" stay apart), each separated from the next by one to three
 # separators. Digits never join: numbers keep their groups for the PII detectors.
-SEPARATORS = " .-*~+/|"
+SEPARATORS = " .-*~+/|_\u00b7"
 _SPELLED = re.compile(rf"(?<![\w'\u2019])[^\W\d_](?:[{re.escape(SEPARATORS)}]{{1,3}}[^\W\d_](?![\w'\u2019]))+")
 
 
 # What every spelled-out word holds, for RE2 (no look-around): RE2 answers "none" for 2 KB of prose in
 # about 4 us where ``_SPELLED`` takes 70; under ``_PREFILTER_FROM`` characters ``_SPELLED`` is quicker.
-_MAY_SPELL = re2.compile(r"(?:^|[^\pL\pN_'\x{2019}])[\pL\pN][ .\-*~+/|]{1,3}[\pL\pN](?:[^\pL\pN_'\x{2019}]|$)")
+_MAY_SPELL = re2.compile(r"(?:^|[^\pL\pN_'\x{2019}])[\pL\pN][ .\-*~+/|_\x{00b7}]{1,3}[\pL\pN](?:[^\pL\pN_'\x{2019}]|$)")
 _PREFILTER_FROM = 256
 
 
 def _may_spell(text: str) -> bool:
     if len(text) < _PREFILTER_FROM:
         return True
-    try:
-        return _MAY_SPELL.search(text) is not None
-    except UnicodeEncodeError:  # a lone surrogate: refused later, where the text is scanned
-        return True
+    return _MAY_SPELL.search(text) is not None
 
 
 def _join_spelled(norm: Normalized) -> Normalized:
@@ -299,3 +310,59 @@ def _mapped(text: str) -> tuple[list[int], list[int], str]:
         mapping.add_ascii(text, begin, i)
     mapping.add_segments(text, i, len(text))
     return mapping.starts, mapping.ends, "".join(mapping.parts)
+
+
+# Joiners: what glues the pieces of one word together (``blue-bird``, ``b_l_u_e``, ``blue.bird``), as the
+# skeleton writes them (dashes and hyphens fold to ``-``, bullets and middle dots to ``·``, the em dash to
+# U+1173). Up to three between two letters; never next to a digit, so numbers keep their groups.
+JOINERS = "-._·*~+/|\u1173"
+MAX_JOINERS = 3
+# Runs of joiners, found by their own characters (a scan for a character class runs in C); whether letters
+# stand on both sides is then asked of the few runs there are (a look-behind first costs ten times more).
+_JOINER_RUN = re.compile(f"[{re.escape(JOINERS)}]+")
+# What every such run holds, for RE2: a long text without one is answered in a third of the time.
+_MAY_JOIN = re2.compile(r"\pL[\-._\x{00b7}*~+/|\x{1173}]{1,3}\pL")
+
+
+def _letter(ch: str) -> bool:
+    return ch.isalpha()
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The joined view of a skeleton: ``text`` with ``cuts`` (its joiner runs between letters) removed."""
+
+    text: str
+    _cut_at: tuple[int, ...]  # where each cut falls in the view
+    _removed: tuple[int, ...]  # characters removed before and at each cut, summed
+
+    def position(self, i: int) -> int:
+        """The skeleton position of view position ``i`` (``len(view)`` maps to the skeleton's end)."""
+        k = bisect_right(self._cut_at, i)
+        return i + (self._removed[k - 1] if k else 0)
+
+
+def joined(text: str) -> Joined | None:
+    """The joined view of skeleton ``text`` (see the module's docstring); None when it has no joiner between
+    two letters (its view is itself)."""
+    if len(text) >= _PREFILTER_FROM and _MAY_JOIN.search(text) is None:
+        return None
+    cuts = [
+        (m.start(), m.end()) for m in _JOINER_RUN.finditer(text)
+        if m.end() - m.start() <= MAX_JOINERS and 0 < m.start() and m.end() < len(text)
+        and _letter(text[m.start() - 1]) and _letter(text[m.end()])
+    ]  # fmt: skip
+    if not cuts:
+        return None
+    pieces: list[str] = []
+    cut_at: list[int] = []
+    removed: list[int] = []
+    kept = gone = 0
+    for begin, end in cuts:
+        pieces.append(text[kept:begin])
+        cut_at.append(begin - gone)
+        gone += end - begin
+        removed.append(gone)
+        kept = end
+    pieces.append(text[kept:])
+    return Joined("".join(pieces), tuple(cut_at), tuple(removed))

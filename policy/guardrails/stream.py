@@ -17,6 +17,10 @@ releases the rest at once:
   longer than the longest such match plus two is released down to that bound
   (3,010 characters, a JWT; 320 for e-mail alone).
 
+A blocklist match read in the joined view (``b-l-u-e``, ``blue-bird``) may have up
+to ``MAX_JOINERS`` joiners after each of its characters, so a blocklist rule's
+bound is its ``max_length`` times four.
+
 So the hold-back is at most ``max(H_ws, min(H_word, length of the trailing
 word))`` normalised characters; in prose it is about ``H_ws``. A regex rule
 without an upper bound on its length counts as its ``max_length`` (default
@@ -41,7 +45,7 @@ import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferflux.policy.guardrails.check import ScanPlan, finding, redact, refuse_unencodable, scan, scan_plan
+from inferflux.policy.guardrails.check import JOINED_SPAN, ScanPlan, finding, redact, scan, scan_plan
 from inferflux.policy.guardrails.findings import Action, Finding, Matcher
 from inferflux.policy.guardrails.normalize import SEPARATORS, Normalized, normalize
 
@@ -64,9 +68,15 @@ class StreamStep:
 
 def holdback(matchers: Sequence[Matcher]) -> tuple[int, int]:
     """(H_ws, H_word): the hold-back for matches that may contain spaces, and for one-word matches."""
-    spaced = [m.max_length + LOOKAHEAD for m in matchers if m.spaces]
-    word = [m.max_length + LOOKAHEAD for m in matchers if not m.spaces]
+    spaced = [_longest(m) + LOOKAHEAD for m in matchers if m.spaces]
+    word = [_longest(m) + LOOKAHEAD for m in matchers if not m.spaces]
     return max(spaced, default=0), max(word, default=0)
+
+
+def _longest(matcher: Matcher) -> int:
+    """The longest span a match of ``matcher`` covers in the skeleton: a blocklist match in the joined view
+    (``b-l-u-e``) may have joiners between its characters."""
+    return matcher.max_length * JOINED_SPAN if matcher.kind == "blocklist" else matcher.max_length
 
 
 class OutputStream:
@@ -136,9 +146,8 @@ class OutputStream:
             word = len(text) - (text.rstrip(SEPARATORS).rfind(" ") + 1)
             until = max(start, len(text) - max(self._hold_spaced, min(self._hold_word, word)))
             if until == start:  # all of it held back (the first tokens of every answer): nothing to decide yet
-                refuse_unencodable(text)
                 return StreamStep("")
-        hits = scan(text, self._plan, start)
+        hits = scan(norm, self._plan, start)
         # Everything that starts before `until` is settled (see the module's docstring).
         blocking = next((hit for m, hit in hits if m.action is Action.BLOCK and hit.start < until), None)
         if blocking is not None:

@@ -281,6 +281,16 @@ def test_a_message_with_tool_calls_has_tool_use_blocks() -> None:
     assert msg.stop_reason == "tool_use" and (msg.usage.input_tokens, msg.usage.output_tokens) == (7, 5)
 
 
+def test_a_lone_surrogate_the_model_escaped_in_arguments_can_still_be_sent() -> None:
+    # '{"city":"\\ud800"}' is valid JSON holding no character; decoded into Anthropic's input object it used to
+    # make the answer unencodable (a 500). It reads as U+FFFD instead.
+    answer = ChatReader.of_message(chat_answer(None, [("call_1", "weather", '{"city":"\\ud800x"}')], "tool_calls"))
+    body = messages(messages=[{"role": "user", "content": "x"}]).whole(answer, usage(), HEADER)
+    json.dumps(body, ensure_ascii=False).encode("utf-8")
+    [call] = at.Message.model_validate(body).content
+    assert call.input == {"city": "\ufffdx"}
+
+
 @pytest.mark.parametrize(("finish", "string", "stop"), [
     ("stop", None, "end_turn"), ("length", None, "max_tokens"), ("content_filter", None, "refusal"),
     ("tool_calls", None, "tool_use"), ("stop", "\n\n", "stop_sequence")])  # fmt: skip

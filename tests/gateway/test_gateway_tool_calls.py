@@ -143,3 +143,18 @@ def test_a_blocked_word_in_an_argument_blocks(mode: str) -> None:
     guards = _guards({"blocklist": [{"id": "ski", "literal": "skiing"}]})
     deltas, _, _, blocked = _run(ToolStream(ToolPlan(tuple(NAMES), mode, False), guards), text, 4)  # type: ignore[arg-type]
     assert blocked and not deltas
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+@pytest.mark.parametrize("mode", ["forced", "auto"])
+def test_an_escaped_lone_surrogate_in_generated_arguments_is_read_and_sent_escaped(mode: str, guarded: bool) -> None:
+    # A model may write "\\ud800" (valid JSON, no character). The output guardrails read the decoded string
+    # (they raised UnicodeEncodeError: a 500, or a broken stream), and the arguments stay sendable as UTF-8.
+    text = '{"name":"get_time","arguments":{"city":"\\ud800 bob@example.com"}}'
+    guards = _guards({"pii": {"email": "redact"}}) if guarded else None
+    stream = ToolStream(ToolPlan(tuple(NAMES), mode, False), guards)  # type: ignore[arg-type]
+    deltas, _, reason, blocked = _run(stream, text, 5)
+    assert not blocked and reason == "tool_calls"
+    [call] = assemble(deltas)
+    call["function"]["arguments"].encode("utf-8")
+    assert json.loads(call["function"]["arguments"]) == {"city": "\ud800 " + ("[EMAIL]" if guarded else "bob@example.com")}

@@ -147,17 +147,20 @@ def test_re2_knows_no_case_partner_among_characters_python_does_not_know() -> No
 
 
 @pytest.mark.parametrize(
-    "spec",
+    ("spec", "text"),
     [
-        {"blocklist": [{"id": "w", "literal": "ski"}]},
-        {"pii": {"email": "redact"}},
-        {"pii": {"card": "log", "secret": "block"}},
+        ({"blocklist": [{"id": "w", "literal": "ski"}]}, "we sk\ud800i today"),
+        ({"pii": {"email": "block"}}, "mail bob@exa\udc00mple.com now"),
+        ({"pii": {"card": "log", "secret": "block"}}, "key sk-proj-\ud800abcdefghijklmnopqrstuvwxyz012345 ok"),
     ],
 )
-def test_a_lone_surrogate_still_fails_closed(make_guardrails: Callable[..., Guardrails], spec: dict) -> None:
-    # RE2 needs UTF-8, so such a text always raised; skipping the RE2 calls must not let it through.
+def test_a_lone_surrogate_hides_nothing_and_fails_nothing(make_guardrails: Callable[..., Guardrails], spec: dict,
+                                                          text: str) -> None:  # fmt: skip
+    # No character at all: dropped like an invisible one, so it splits no word, and RE2 (UTF-8 only) never
+    # meets it. (It used to raise UnicodeEncodeError, which the gateway answered 500: a model may write one
+    # escaped in a tool call's arguments, which the output guardrails read decoded.)
     guardrails = make_guardrails(spec)
-    with pytest.raises(UnicodeEncodeError):
-        guardrails.check_input(["the weather \ud800 today"])
-    with pytest.raises(UnicodeEncodeError):
-        guardrails.output_stream().feed("the weather \udc00 today")
+    assert guardrails.check_input([text]).blocked
+    stream = guardrails.output_stream()
+    steps = [stream.feed(text[:9]), stream.feed(text[9:]), stream.flush()]
+    assert any(step.blocked for step in steps)

@@ -179,8 +179,8 @@ def test_a_stream_catches_what_the_whole_text_check_catches(
 
 
 _normalize_module = importlib.import_module("inferflux.policy.guardrails.normalize")
-# No lone surrogates: RE2 refuses them (UnicodeEncodeError), as every check does on purpose (check.refuse_unencodable),
-# and the JSON layer answers 400 before a text with one reaches a guardrail.
+# No lone surrogates: the prefilters read skeletons, which hold none (``normalize`` drops them), and RE2 reads
+# only UTF-8.
 _SPELLING = st.text(alphabet=st.sampled_from(list("ab1_' .-*|/\u2019\u00e9\u0301\u0430\u4e00\u00bd\n"))
                     | st.characters(exclude_categories=("Cs",)), max_size=40)
 

@@ -1,14 +1,17 @@
-"""Request texts out of OpenAI-shaped bodies and redacted texts back in; the block error's shape."""
+"""Request texts out of OpenAI-shaped bodies and redacted texts back in; the block error's shape; the tool surface."""
 
 from __future__ import annotations
 
 import copy
-
+import json
 from collections.abc import Callable
 
 import pytest
 
-from inferflux.policy.guardrails import ContentFiltered, Guardrails, request_texts, with_texts
+from inferflux.policy.guardrails import Action, ContentFiltered, Guardrails, request_texts, with_texts
+from inferflux.policy.guardrails.errors import InvalidText
+from inferflux.policy.guardrails.screen import screen_body
+from inferflux.policy.guardrails.texts import collect
 
 CHAT = {
     "model": "m",
@@ -65,3 +68,95 @@ def test_block_error_is_openai_shaped_and_does_not_echo(make_guardrails: Callabl
     assert "rule 'pii.ssn'" in error.message and "pii.email" not in error.message
     assert [f.to_dict()["type"] for f in error.findings] == ["ssn", "email"]
     assert error.reasons == decision.reasons
+
+
+# -- the tool surface (issue 44) ---------------------------------------------------------------------
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"city": "Paris", "n": 4111111111111111}'}}
+TOOLS_BODY = {
+    "model": "m",
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "blue"}, {"type": "text", "text": "bird"}], "name": "ann"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "lookup", "description": "Find", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z]"}}, "required": ["city"],
+        "$defs": {"unit": {"enum": ["c", 12]}}}}}],
+}  # fmt: skip
+
+
+def test_every_string_that_reaches_the_model_is_collected() -> None:
+    collected = collect(TOOLS_BODY)
+    texts = dict(zip(collected.slots, collected.texts, strict=True))
+    fixed = {collected.slots[k] for k in collected.fixed}
+    assert texts == {
+        ("messages", 0, "content", 0): "blue", ("messages", 0, "content", 1): "bird", ("messages", 2): "sunny",
+        ("messages", 0, "name"): "ann", ("messages", 2, "tool_call_id"): "call_1",
+        ("calls", 1, 0, "id"): "call_1", ("calls", 1, 0, "name"): "lookup",
+        ("calls", 1, 0, "key", "city"): "city", ("calls", 1, 0, "value", "city"): "Paris",
+        ("calls", 1, 0, "key", "n"): "n", ("calls", 1, 0, "value", "n"): "4111111111111111",  # a card-length number
+        ("tools", 0, "name"): "lookup", ("tools", 0, "description"): "Find",
+        ("tools", 0, "key", "type"): "type", ("tools", 0, "value", "type"): "object",
+        ("tools", 0, "key", "properties"): "properties", ("tools", 0, "key", "properties", "city"): "city",
+        ("tools", 0, "key", "properties", "city", "type"): "type",
+        ("tools", 0, "value", "properties", "city", "type"): "string",
+        ("tools", 0, "key", "properties", "city", "pattern"): "pattern",
+        ("tools", 0, "value", "properties", "city", "pattern"): "^[A-Z]",
+        ("tools", 0, "key", "required"): "required", ("tools", 0, "value", "required", 0): "city",
+        ("tools", 0, "key", "$defs"): "$defs", ("tools", 0, "key", "$defs", "unit"): "unit",
+        ("tools", 0, "key", "$defs", "unit", "enum"): "enum", ("tools", 0, "value", "$defs", "unit", "enum", 0): "c",
+    }  # fmt: skip
+    # Names, ids, keys and the schema's machinery cannot be rewritten; descriptions, enums and values can.
+    assert fixed == {slot for slot in texts if slot[0] == "messages" and slot[-1] in ("name", "tool_call_id")
+                     or slot[-1] in ("id", "name") or "key" in slot or slot[-1] in ("type", "pattern")
+                     or slot[-2:-1] == ("required",)}  # fmt: skip
+    # Read as one: a message's parts; a call's last string and its result.
+    last = collected.slots.index(("calls", 1, 0, "value", "n"))
+    assert collected.groups == [(0, 1), (last, collected.slots.index(("messages", 2)))]
+
+
+def test_a_lone_surrogate_in_a_calls_arguments_is_invalid_text() -> None:
+    body = {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {**CALL, "function": {"name": "f", "arguments": '{"\\udc00": 1}'}}]}]}  # fmt: skip
+    with pytest.raises(InvalidText) as caught:
+        collect(body)
+    assert (caught.value.status_code, caught.value.code, caught.value.param) == (
+        400, "invalid_unicode", "messages[0].tool_calls[0].function.arguments")
+
+
+def test_a_redacted_number_becomes_its_placeholder_and_others_stay_numbers(make_guardrails: Callable[..., Guardrails]) -> None:
+    screened = screen_body(make_guardrails({"pii": {"card": "redact"}}), TOOLS_BODY)
+    assert screened.decision is not None and screened.decision.redacted and not screened.decision.blocked
+    arguments = json.loads(screened.body["messages"][1]["tool_calls"][0]["function"]["arguments"])
+    assert arguments == {"city": "Paris", "n": "[CARD]"}
+    assert screened.body["tools"] == TOOLS_BODY["tools"]  # untouched: 12 is no card
+
+
+@pytest.mark.parametrize("where", ["tool name", "property name", "call id"])
+def test_a_redaction_of_a_text_that_cannot_be_rewritten_refuses(make_guardrails: Callable[..., Guardrails],
+                                                                 where: str) -> None:  # fmt: skip
+    body = copy.deepcopy(TOOLS_BODY)
+    if where == "tool name":
+        body["tools"][0]["function"]["name"] = "mail_bob@example.com"
+    elif where == "property name":
+        body["tools"][0]["function"]["parameters"]["properties"]["bob@example.com"] = {"type": "string"}
+    else:
+        body["messages"][1]["tool_calls"][0]["id"] = "bob@example.com"
+    decision = screen_body(make_guardrails({"pii": {"email": "redact"}}), body).decision
+    assert decision is not None and decision.blocked
+    assert [f.action for f in decision.findings] == [Action.BLOCK] * len(decision.findings) != []
+
+
+def test_token_ids_are_read_with_the_decoder_or_refused(make_guardrails: Callable[..., Guardrails]) -> None:
+    guards = make_guardrails({"blocklist": [{"id": "w", "literal": "bluebird"}]})
+    words = {1: "a ", 2: "blue", 3: "bird"}
+    body = {"model": "m", "input": [[1, 2], [1, 2, 3]]}
+    decision = screen_body(guards, body, lambda ids: "".join(words[i] for i in ids)).decision
+    assert decision is not None and decision.blocked and decision.findings[0].index == 1
+    with pytest.raises(InvalidText) as caught:
+        screen_body(guards, body)  # nothing to decode them with: refused, never let through unread
+    assert (caught.value.code, caught.value.param) == ("token_ids_unchecked", "input[0]")
+    # A tenant without input guardrails is not asked to decode anything.
+    assert screen_body(make_guardrails({}), body).decision is None
+    assert collect({"prompt": [5, 6]}).texts == []
