@@ -7,7 +7,10 @@ output, and the accounting after its last. The refusal order is written here
 and nowhere else; the first refusal answers:
 
 1. ``screen``: the tenant's input guardrails, on the body as sent (400
-   ``content_filter``; a redacting rule rewrites the body the route parses).
+   ``content_filter``; a redacting rule rewrites the body the route parses);
+   for every tenant, 400 ``invalid_unicode`` for a lone surrogate in a history
+   call's arguments, and for a tenant with input rules, 400
+   ``token_ids_unchecked`` for token ids no tokenizer here can decode.
 2. ``place``: the request's priority within the bounds its traffic policy
    allows (400 ``priority``), its tenant's fair-share weight, its prefix-cache
    namespace.
@@ -124,7 +127,7 @@ class RequestPolicy:
             if not decision.allowed:
                 self.ctx.reasons += list(decision.reasons)
             decision.raise_if_blocked("input")
-        return dict(screened.body)
+        return screened.body
 
     def _note_findings(self, direction: str, findings: Any) -> None:
         for finding in findings:

@@ -15,7 +15,7 @@ from inferflux.policy.guardrails.blocklist import literal_gate
 from inferflux.policy.guardrails.decode import DECODERS
 from inferflux.policy.guardrails.errors import ContentFiltered
 from inferflux.policy.guardrails.findings import Action, Finding, Hit, Matcher
-from inferflux.policy.guardrails.normalize import MAX_JOINERS, Normalized, joined, normalize
+from inferflux.policy.guardrails.normalize import Normalized, joined, normalize
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,11 +120,6 @@ def _joined_hits(
     return out
 
 
-# How much longer than its match a blocklist hit can be in the skeleton: each character of it may be
-# followed by ``MAX_JOINERS`` joiners that the joined view removed.
-JOINED_SPAN = 1 + MAX_JOINERS
-
-
 def _order(pair: tuple[Matcher, Hit]) -> tuple[int, int, bool, str]:
     """Hits by position; on the same span PII first (as the detectors run first), then by rule, so the
     order is the same whether or not the literals went through a gate."""
@@ -221,8 +216,14 @@ def check_texts(
     """Check each of ``texts`` against ``matchers`` (or their ``scan_plan``), the conversation they make
     together and each of ``groups`` (indices of texts read as one: ``across``), and what ``decodings``
     decode; see ``Decision``."""
-    norms = [normalize(text) for text in texts]
-    hits = [scan(norm, matchers) for norm in norms]
+    # A text met again (a schema's "type", "string", "description"...) is checked once.
+    seen: dict[str, tuple[Normalized, list[tuple[Matcher, Hit]]]] = {}
+    for text in texts:
+        if text not in seen:
+            norm = normalize(text)
+            seen[text] = (norm, scan(norm, matchers))
+    norms = [seen[text][0] for text in texts]
+    hits = [list(seen[text][1]) for text in texts]
     extra = [*across(texts, norms, matchers), *(placed for group in groups for placed in across(texts, norms,
              matchers, group)), *decoded(texts, norms, decodings)]  # fmt: skip
     for index, pair in dict.fromkeys(extra):  # a split word a group and the conversation both hold: once

@@ -317,15 +317,14 @@ def _mapped(text: str) -> tuple[list[int], list[int], str]:
 # U+1173). Up to three between two letters; never next to a digit, so numbers keep their groups.
 JOINERS = "-._·*~+/|\u1173"
 MAX_JOINERS = 3
+# How much longer than its match a blocklist hit can be in the skeleton: each character of it may be
+# followed by ``MAX_JOINERS`` joiners that the joined view removed.
+JOINED_SPAN = 1 + MAX_JOINERS
 # Runs of joiners, found by their own characters (a scan for a character class runs in C); whether letters
 # stand on both sides is then asked of the few runs there are (a look-behind first costs ten times more).
 _JOINER_RUN = re.compile(f"[{re.escape(JOINERS)}]+")
 # What every such run holds, for RE2: a long text without one is answered in a third of the time.
 _MAY_JOIN = re2.compile(r"\pL[\-._\x{00b7}*~+/|\x{1173}]{1,3}\pL")
-
-
-def _letter(ch: str) -> bool:
-    return ch.isalpha()
 
 
 @dataclass(frozen=True)
@@ -350,7 +349,7 @@ def joined(text: str) -> Joined | None:
     cuts = [
         (m.start(), m.end()) for m in _JOINER_RUN.finditer(text)
         if m.end() - m.start() <= MAX_JOINERS and 0 < m.start() and m.end() < len(text)
-        and _letter(text[m.start() - 1]) and _letter(text[m.end()])
+        and text[m.start() - 1].isalpha() and text[m.end()].isalpha()
     ]  # fmt: skip
     if not cuts:
         return None

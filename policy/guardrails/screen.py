@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -42,12 +41,12 @@ class Screened:
     """The body the rest of the request reads, the texts the audit digests, and what the check decided
     (None: the tenant has no input guardrails)."""
 
-    body: Mapping[str, Any]
+    body: dict[str, Any]
     texts: list[str]
     decision: Decision | None
 
 
-def screen_body(guards: Guardrails, body: Mapping[str, Any], decode: Decode | None = None) -> Screened:
+def screen_body(guards: Guardrails, body: dict[str, Any], decode: Decode | None = None) -> Screened:
     """``body`` through ``guards``' input check; a blocked decision is returned, not raised (the caller
     records its findings first). ``decode``: how to read token ids (None: they cannot be read, and a tenant
     with input guardrails is refused them: ``InvalidText``). Raises ``InvalidText`` for a call's
@@ -81,7 +80,7 @@ def _unrewritable_refused(decision: Decision, collected: RequestTexts) -> Decisi
 _pool: ThreadPoolExecutor | None = None
 
 
-async def screen(guards: Guardrails, body: Mapping[str, Any], size: int, decode: Decode | None = None) -> Screened:
+async def screen(guards: Guardrails, body: dict[str, Any], size: int, decode: Decode | None = None) -> Screened:
     """``screen_body``, on this thread for a body of ``size`` bytes up to ``INLINE_SCAN_BYTES``, else on
     the scan threads (awaited: the event loop serves other requests meanwhile)."""
     if size <= INLINE_SCAN_BYTES:
@@ -89,7 +88,7 @@ async def screen(guards: Guardrails, body: Mapping[str, Any], size: int, decode:
     return await screen_off_loop(guards, body, decode)
 
 
-async def screen_off_loop(guards: Guardrails, body: Mapping[str, Any], decode: Decode | None = None) -> Screened:
+async def screen_off_loop(guards: Guardrails, body: dict[str, Any], decode: Decode | None = None) -> Screened:
     """``screen_body`` on the scan threads, awaited."""
     global _pool
     if _pool is None:

@@ -45,9 +45,9 @@ import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferflux.policy.guardrails.check import JOINED_SPAN, ScanPlan, finding, redact, scan, scan_plan
+from inferflux.policy.guardrails.check import ScanPlan, finding, redact, scan, scan_plan
 from inferflux.policy.guardrails.findings import Action, Finding, Matcher
-from inferflux.policy.guardrails.normalize import SEPARATORS, Normalized, normalize
+from inferflux.policy.guardrails.normalize import JOINED_SPAN, SEPARATORS, Normalized, normalize
 
 LOOKAHEAD = 2  # characters after a match that can still change it ("a@b.co" + ".uk")
 CONTEXT = 24  # released characters kept so that rules can look behind ("version 1.2.3.4")

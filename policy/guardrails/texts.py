@@ -13,7 +13,9 @@ Every string of the body that reaches the model is a text, in this order:
    read by the card rule; arguments that are not JSON count as one text);
 4. each tool's ``name``, ``description``, and every key and value of its
    ``parameters`` schema (property names, ``$defs`` keys, ``enum`` values,
-   ``pattern``, ``required`` entries, ``$ref``, descriptions, numbers).
+   ``pattern``, ``required`` entries, ``$ref``, descriptions, numbers), but
+   JSON Schema's own keywords as keys and its type names as ``type``'s value:
+   the schema's syntax, the same in every tool.
 
 A ``tool`` message's result is its ``content``, as any message's.
 
@@ -51,6 +53,19 @@ _TEXT_FIELDS = ("prompt", "input")
 # Schema keywords whose string values are the schema's machinery: read, never rewritten.
 _SCHEMA_WORDS = frozenset({"type", "$ref", "$schema", "$id", "$anchor", "$dynamicRef", "$dynamicAnchor", "format",
                            "pattern", "required", "contentEncoding", "contentMediaType"})  # fmt: skip
+# JSON Schema's keywords (2020-12 and draft 7) and type names: as a key, or as ``type``'s value, they are the
+# schema's syntax, not read (a property of that name is the same word, so nothing is missed).
+_KEYWORDS = frozenset({
+    "$schema", "$id", "$ref", "$defs", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary", "$comment",
+    "definitions", "type", "enum", "const", "properties", "patternProperties", "additionalProperties",
+    "propertyNames", "required", "dependentRequired", "dependentSchemas", "dependencies", "items", "prefixItems",
+    "additionalItems", "unevaluatedItems", "unevaluatedProperties", "contains", "minContains", "maxContains",
+    "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties", "minLength", "maxLength", "pattern",
+    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "allOf", "anyOf",
+    "oneOf", "not", "if", "then", "else", "title", "description", "default", "examples", "deprecated",
+    "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "contentSchema", "nullable", "strict",
+})  # fmt: skip
+_TYPE_NAMES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
 # Card numbers have 13 to 19 digits: a JSON number that long is read as text (others are not prose).
 _NUMBER_DIGITS = range(13, 20)
 
@@ -128,7 +143,7 @@ def _prompts(out: RequestTexts, name: str, value: Any, decode: Decode | None) ->
         for i, item in enumerate(value):
             if isinstance(item, str):
                 out.add((name, i), item)
-            elif isinstance(item, list) and all(_is_int(t) for t in item):
+            elif isinstance(item, list) and item and all(_is_int(t) for t in item):
                 _tokens(out, name, i, item, decode)
 
 
@@ -176,8 +191,10 @@ def _tool(out: RequestTexts, i: int, function: Mapping[str, Any]) -> None:
     parameters = function.get("parameters")
     if isinstance(parameters, dict | list):
         for path, text, kind in _strings(parameters):
-            machinery = kind == "key" or next((k for k in reversed(path) if isinstance(k, str)), None) in _SCHEMA_WORDS
-            out.add(("tools", i, kind, *path), text, fixed=machinery)
+            under = next((k for k in reversed(path) if isinstance(k, str)), None)
+            if (kind == "key" and text in _KEYWORDS) or (under == "type" and text in _TYPE_NAMES):
+                continue  # the schema's own syntax, the same in every tool: nothing a tenant wrote
+            out.add(("tools", i, kind, *path), text, fixed=kind == "key" or under in _SCHEMA_WORDS)
 
 
 def _result_groups(out: RequestTexts, messages: list[Any]) -> None:
@@ -186,7 +203,8 @@ def _result_groups(out: RequestTexts, messages: list[Any]) -> None:
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or message.get("role") != "tool":
             continue
-        last = out._last_of_call.get(message.get("tool_call_id"))  # type: ignore[arg-type]
+        call_id = message.get("tool_call_id")
+        last = out._last_of_call.get(call_id) if isinstance(call_id, str) else None
         content = message.get("content")
         parts = [by_slot[("messages", i)]] if ("messages", i) in by_slot else [
             by_slot[("messages", i, "content", j)] for j in range(len(content) if isinstance(content, list) else 0)
