@@ -15,6 +15,7 @@ from inferflux.policy.guardrails.blocklist import compile_regex, is_plain, liter
 from inferflux.policy.guardrails import confusables
 from inferflux.policy.guardrails.check import Decision, Decodings, check_texts, scan_plan
 from inferflux.policy.guardrails.findings import Action, Direction, Matcher
+from inferflux.policy.guardrails.normalize import JOINED_SPAN
 from inferflux.policy.guardrails.opa import OpaDecision, PolicyEngine, build_engine, decide_all, decide_inline
 from inferflux.policy.guardrails.pii import DETECTORS, PLACEHOLDERS
 from inferflux.policy.guardrails.spec import DECODINGS, GuardrailSpec, parse_spec
@@ -29,17 +30,19 @@ def _blocklist_matchers(spec: GuardrailSpec, direction: Direction) -> list[Match
         if not rule.direction.covers(direction):
             continue
         plain = None
+        longest = rule.max_length
         if rule.literal is not None:
             find = literal_finder(rule.literal, word=rule.word)
             spaces = " " in rule.literal
             plain = rule.literal if is_plain(rule.literal) else None
+            longest *= JOINED_SPAN  # found in the joined view, joiners may stand between its characters
         else:
             find = regex_finder(compile_regex(rule.regex or "", "regex"), word=rule.word)
             spaces = True  # a pattern may match a space; assume it does
         placeholder = BLOCKLIST_PLACEHOLDER
         out.append(
             Matcher(
-                f"blocklist.{rule.id}", "blocklist", "blocklist", rule.action, placeholder, find, rule.max_length,
+                f"blocklist.{rule.id}", "blocklist", "blocklist", rule.action, placeholder, find, longest,
                 spaces, spec.name, plain,
             )
         )

@@ -17,9 +17,9 @@ releases the rest at once:
   longer than the longest such match plus two is released down to that bound
   (3,010 characters, a JWT; 320 for e-mail alone).
 
-A blocklist match read in the joined view (``b-l-u-e``, ``blue-bird``) may have up
-to ``MAX_JOINERS`` joiners after each of its characters, so a blocklist rule's
-bound is its ``max_length`` times four.
+A blocklist literal read in the joined view (``b-l-u-e``, ``blue-bird``) may have
+up to ``MAX_JOINERS`` joiners after each of its characters, so its bound is its
+length times four (``engine``); a regex rule's is its ``max_length`` as declared.
 
 So the hold-back is at most ``max(H_ws, min(H_word, length of the trailing
 word))`` normalised characters; in prose it is about ``H_ws``. A regex rule
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from inferflux.policy.guardrails.check import ScanPlan, finding, redact, scan, scan_plan
 from inferflux.policy.guardrails.findings import Action, Finding, Matcher
-from inferflux.policy.guardrails.normalize import JOINED_SPAN, SEPARATORS, Normalized, normalize
+from inferflux.policy.guardrails.normalize import SEPARATORS, Normalized, normalize
 
 LOOKAHEAD = 2  # characters after a match that can still change it ("a@b.co" + ".uk")
 CONTEXT = 24  # released characters kept so that rules can look behind ("version 1.2.3.4")
@@ -68,15 +68,9 @@ class StreamStep:
 
 def holdback(matchers: Sequence[Matcher]) -> tuple[int, int]:
     """(H_ws, H_word): the hold-back for matches that may contain spaces, and for one-word matches."""
-    spaced = [_longest(m) + LOOKAHEAD for m in matchers if m.spaces]
-    word = [_longest(m) + LOOKAHEAD for m in matchers if not m.spaces]
+    spaced = [m.max_length + LOOKAHEAD for m in matchers if m.spaces]
+    word = [m.max_length + LOOKAHEAD for m in matchers if not m.spaces]
     return max(spaced, default=0), max(word, default=0)
-
-
-def _longest(matcher: Matcher) -> int:
-    """The longest span a match of ``matcher`` covers in the skeleton: a blocklist match in the joined view
-    (``b-l-u-e``) may have joiners between its characters."""
-    return matcher.max_length * JOINED_SPAN if matcher.kind == "blocklist" else matcher.max_length
 
 
 class OutputStream:
