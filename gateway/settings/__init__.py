@@ -87,6 +87,8 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       enabled: true         # false: /console is an unknown route, like any other (401 without credentials)
       session_seconds: 28800   # a console session's absolute lifetime
       idle_seconds: 1800    # it ends after this long without a request
+      sign_in_failures: 5   # failed API-key sign-ins a source (address, IPv6 /64) may make in the window,
+      sign_in_window_seconds: 60   # then 429 + Retry-After until the oldest leaves it
     ratelimit:              # the limits themselves are policies in the store (admin API)
       backend: memory       # memory (per process: N replicas admit N times each limit) | redis (use for replicas)
       redis_url: redis://127.0.0.1:6379/0

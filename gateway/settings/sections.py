@@ -184,13 +184,18 @@ class EngineSettings(BaseModel):
 
 
 class ConsoleSettings(BaseModel):
-    """The web console (``gateway.console``): whether it is served, and how long its sessions live."""
+    """The web console (``gateway.console``): whether it is served, how long its sessions live, and how
+    often a source may fail to sign in."""
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     session_seconds: float = Field(default=8 * 3600.0, ge=60, le=7 * 86400)
     idle_seconds: float = Field(default=1800.0, ge=60, le=86400)
+    # A source (an address; an IPv6 /64) that fails to sign in with an API key this many times within
+    # the window gets 429 with Retry-After until its oldest failure leaves it (gateway.console.throttle).
+    sign_in_failures: int = Field(default=5, ge=1, le=1000)
+    sign_in_window_seconds: float = Field(default=60.0, ge=1, le=86400)
 
 
 class AuthSettings(BaseModel):
