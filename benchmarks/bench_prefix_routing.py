@@ -86,7 +86,7 @@ from bench_upstream import loadavg
 from bench_upstream import wait_for_quiet as wait_for_load
 
 MODEL = "smollm2-135m-instruct"  # what the engines serve (gateway.settings.DEFAULT_MODEL_NAME)
-UPSTREAM_KEY_ENV = "INFERFLUX_BENCH_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "INFERFLUX_UPSTREAM_BENCH_KEY"  # under upstreams.api_key_env_prefix
 POLICIES = {"prefix": "fleet-prefix", "lo": "fleet-lo"}
 ROUTING = {"prefix": "prefix", "lo": "least_outstanding"}
 AFFINITY_CHARS = 2048  # gateway.plan_remote.AFFINITY_CHARS (not imported: the gateway is another process)
@@ -166,8 +166,9 @@ class Bench:
         upstream = {"endpoints": [f"http://127.0.0.1:{port}/v1" for port in self.engine_ports], "model": MODEL,
                     "api_key_env": UPSTREAM_KEY_ENV, "health_interval_seconds": 0, "timeout_seconds": 900,
                     "idle_timeout_seconds": 600}  # fmt: skip
+        # The engines are on loopback: a private address, which the gateway reaches only where it is allowed.
         config = {"models": [{"name": name, "backend": "openai", "upstream": {**upstream, "routing": ROUTING[policy]}}
-                             for policy, name in POLICIES.items()]}  # fmt: skip
+                             for policy, name in POLICIES.items()], "upstreams": {"allowed_hosts": ["127.0.0.1"]}}  # fmt: skip
         config_file = self.config_dir / "gateway.yaml"
         config_file.write_text(json.dumps(config, indent=2))  # JSON is YAML
         self.gateway = Server(REPO_ROOT, self.python, ["--config", str(config_file)],

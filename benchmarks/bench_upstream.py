@@ -373,8 +373,10 @@ class LiteLLM:
 
 
 def inferflux_config(upstream_url: str) -> Path:
+    # The fake upstream is on loopback: a private address, which the gateway reaches only where it is allowed.
     config = {"models": [{"name": MODEL, "backend": "openai",
-                          "upstream": {"endpoints": [upstream_url], "api_key_env": "BENCH_UPSTREAM_KEY"}}]}  # fmt: skip
+                          "upstream": {"endpoints": [upstream_url], "api_key_env": "INFERFLUX_UPSTREAM_BENCH_KEY"}}],
+              "upstreams": {"allowed_hosts": ["127.0.0.1"]}}  # fmt: skip
     path = Path(tempfile.mkdtemp(prefix="bench-upstream-")) / "inferflux.yaml"
     path.write_text(json.dumps(config))
     return path
@@ -632,7 +634,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     litellm_version = litellm_ready(args.litellm_venv, args.litellm_version)
     wrk = None if args.python_load else wrk_version()
     readings = wait_for_quiet(args.quiet_load, args.quiet_wait) if args.quiet_wait > 0 else [loadavg()]
-    os.environ["BENCH_UPSTREAM_KEY"] = "sk-upstream"  # what inferctl serve sends upstream (api_key_env)
+    os.environ["INFERFLUX_UPSTREAM_BENCH_KEY"] = "sk-upstream"  # what inferctl serve sends upstream (api_key_env)
     fake = FakeUpstreamProcess(free_port(), name="bench").start()
     inferflux = litellm = None
     try:

@@ -36,7 +36,7 @@ from starlette.routing import Route
 from inferflux.gateway.adapters import AnthropicErrors
 from inferflux.gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
 from inferflux.gateway.authz import requires
-from inferflux.gateway.console import Console
+from inferflux.gateway.console import Console, SignInThrottle
 from inferflux.gateway.context import RequestContextMiddleware, get_context
 from inferflux.gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
@@ -179,8 +179,9 @@ def create_app(
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
     if settings.console.enabled:
+        throttle = SignInThrottle(settings.console.sign_in_failures, settings.console.sign_in_window_seconds)
         console = Console(store, authenticator, metrics, lifetime=settings.console.session_seconds,
-                          idle=settings.console.idle_seconds)  # fmt: skip
+                          idle=settings.console.idle_seconds, throttle=throttle)  # fmt: skip
         routes.append(console.mount())
     middleware = [
         Middleware(RequestContextMiddleware, tracing=tracing),

@@ -22,6 +22,7 @@ off the request path.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from collections import OrderedDict
@@ -302,15 +303,25 @@ class Authenticator:
 
     @staticmethod
     def _credential(authorization: str | None, api_key: str | None) -> str:
+        """The one credential presented. Both headers may carry it only if they carry the same one: a request
+        naming two callers is refused rather than served as whichever of them a rule happened to read."""
+        bearer = None
         if authorization:
             scheme, _, value = authorization.strip().partition(" ")
             if scheme.lower() != "bearer" or not value.strip():
                 raise AuthenticationError(
                     "The Authorization header must be 'Bearer <API key or token>'", code="invalid_authorization_header"
                 )
-            return value.strip()
-        if api_key:
-            return api_key.strip()
+            bearer = value.strip()
+        key = api_key.strip() if api_key else ""
+        if bearer is not None and key and not hmac.compare_digest(bearer.encode("latin-1"), key.encode("latin-1")):
+            raise AuthenticationError(
+                "'Authorization' and 'x-api-key' carry different credentials: send one", code="conflicting_credentials"
+            )
+        if bearer is not None:
+            return bearer
+        if key:
+            return key
         raise AuthenticationError(
             "No credentials: send 'Authorization: Bearer <API key or token>' or 'x-api-key'", code="missing_credentials"
         )
@@ -398,6 +409,20 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def credential_headers(scope: Scope) -> tuple[str | None, str | None]:
+    """``authorization`` and ``x-api-key``; AuthenticationError when either is sent twice with different values
+    (which copy a proxy or a rule would read is anyone's guess)."""
+    found: dict[bytes, bytes] = {}
+    for key, value in scope.get("headers", ()):
+        if key in (b"authorization", b"x-api-key"):
+            if found.setdefault(key, value) != value:
+                raise AuthenticationError(f"The '{key.decode()}' header is sent twice with different values",
+                                          code="conflicting_credentials")  # fmt: skip
+    authorization, api_key = found.get(b"authorization"), found.get(b"x-api-key")
+    return (None if authorization is None else authorization.decode("latin-1"),
+            None if api_key is None else api_key.decode("latin-1"))  # fmt: skip
+
+
 class AuthMiddleware:
     """Authenticates every request outside ``public_paths``; 401 before the route runs."""
 
@@ -422,9 +447,7 @@ class AuthMiddleware:
         ctx = get_context(scope)
         try:
             with stage(ctx, "authentication"):
-                ctx.principal = await self.authenticator.authenticate(
-                    _header(scope, b"authorization"), _header(scope, b"x-api-key")
-                )
+                ctx.principal = await self.authenticator.authenticate(*credential_headers(scope))
         except PolicyError as exc:
             await render_error(exc, ctx.request_id)(scope, receive, send)
             return

@@ -42,7 +42,7 @@ from inferflux.gateway.models import ModelManager, ServedModel, engine_config_fr
 from inferflux.gateway.settings import Settings
 from inferflux.gateway.settings.sections import REMOTE_BACKEND
 from inferflux.gateway.model_sync import RegistryPoller
-from inferflux.gateway.upstreams import checked_upstream, describe_upstream, upstream_key
+from inferflux.gateway.upstreams import check_key_source, checked_upstream, describe_upstream, egress_policy, upstream_key
 from inferflux.policy.errors import Conflict, NotFound, ValidationFailed
 from inferflux.policy.store import PolicyStore, ServedModelRecord
 
@@ -103,6 +103,7 @@ class ModelAdmin:
         self.store = store
         self.settings = settings
         self.configured = set(configured)  # names from the configuration file
+        self.egress = egress_policy(settings)  # where upstream models may connect
         self._loads: dict[str, _Load] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
@@ -190,7 +191,8 @@ class ModelAdmin:
         """Validate now, load in the background; the returned status says 'loading'.
 
         A model with an ``upstream`` is served by the remote backend from the
-        endpoints it names (checked against ``upstreams.allowed_hosts``).
+        endpoints it names, under the ``upstreams`` section's rules
+        (``gateway.upstreams``); a credential or variable it names must exist.
         ``embedding`` (a checked ``EmbeddingSettings``, dumped) is kept with the
         model, as a configuration file's ``models[].embedding`` is. ``deterministic``
         unset takes ``engine.deterministic`` for a local model; ``passes`` (a checked
@@ -213,7 +215,8 @@ class ModelAdmin:
             if backend not in (None, REMOTE_BACKEND):
                 raise ValidationFailed(f"a model with an upstream is served by backend '{REMOTE_BACKEND}'",
                                        param="backend")  # fmt: skip
-            upstream = checked_upstream(self.settings, upstream)
+            upstream = checked_upstream(self.settings, upstream, self.egress)
+            await call_store(check_key_source, self.store, upstream)
             backend, path, dtype = REMOTE_BACKEND, "", "upstream"
         elif path is None:
             raise ValidationFailed("a model needs a path (its weights here) or an upstream (servers elsewhere)",
@@ -260,10 +263,11 @@ class ModelAdmin:
             load.stage = stage
 
         try:
-            key = await call_store(upstream_key, self.store, load.upstream)
+            # A record from the store is held to today's rules there, as a new one is (BackendError if not).
+            key = await call_store(upstream_key, self.store, load.upstream, self.settings, self.egress)
             served = await asyncio.to_thread(
                 load_served_model, spec, load.backend, engine_config_from(self.settings.engine), on_stage,
-                self.settings.runtime.backend_priority, key,
+                self.settings.runtime.backend_priority, key, self.egress,
             )
         except Exception as exc:  # a failed load is reported on the model, not raised anywhere
             log.error("loading model %s from %s failed: %s", load.name, load.path, exc)
@@ -393,7 +397,8 @@ class ModelAdmin:
         for model in self.manager:
             if model.remote and model.upstream is not None and model.upstream.get("credential"):
                 try:
-                    model.engine.set_api_key(await call_store(upstream_key, self.store, model.upstream))
+                    key = await call_store(upstream_key, self.store, model.upstream, self.settings, self.egress)
+                    model.engine.set_api_key(key)
                 except Exception as exc:  # a deleted credential: keep the last key, say so
                     log.error("the upstream key of model %s cannot be refreshed: %s", model.name, exc)
 
@@ -456,9 +461,10 @@ class ModelAdmin:
                              upstream=record.upstream, deterministic=record.deterministic,
                              passes=record.passes)  # fmt: skip
             try:
+                key = upstream_key(self.store, record.upstream, self.settings, self.egress)  # checks it too
                 served = load_served_model(spec, record.backend, engine_config_from(self.settings.engine),
-                                           priority=self.settings.runtime.backend_priority,
-                                           upstream_key=upstream_key(self.store, record.upstream))  # fmt: skip
+                                           priority=self.settings.runtime.backend_priority, upstream_key=key,
+                                           egress=self.egress)  # fmt: skip
                 served.embedding = record.embedding
                 self.manager.add(served, default=record.is_default)
             except Exception as exc:

@@ -18,6 +18,7 @@ from inferflux.gateway.errors import ModelNotFound
 if TYPE_CHECKING:  # the engine is only needed at load time
     from inferflux.backends.engine import AsyncEngine, EngineConfig
     from inferflux.backends.models import Tokenizer
+    from inferflux.backends.openai.egress import EgressPolicy
 
     from inferflux.gateway.settings import EngineSettings, SpeculativeSettings
 
@@ -217,6 +218,7 @@ def load_served_model(
     on_stage: Callable[[str], None] | None = None,
     priority: Sequence[str] | None = None,
     upstream_key: str | None = None,
+    egress: EgressPolicy | None = None,
 ) -> ServedModel:
     """Load ``spec`` on the named backend and start its engine.
 
@@ -225,7 +227,9 @@ def load_served_model(
     model records the backend actually chosen.
     ``on_stage`` is told each stage as it starts (for load progress).
     A spec with an ``upstream`` opens a remote backend's client instead, which
-    presents ``upstream_key`` (resolved by ``gateway.upstreams``) upstream.
+    presents ``upstream_key`` (resolved by ``gateway.upstreams``) upstream, and
+    connects only where ``egress`` allows (``gateway.upstreams.egress_policy``;
+    None: the strictest rules, public addresses only).
     Raises ``BackendError`` (from the registry or the backend) when the backend
     is unavailable or the model cannot be loaded.
     """
@@ -240,7 +244,7 @@ def load_served_model(
         if backend_kind(backend_cls) != "remote" or spec.upstream is None:
             raise BackendError(f"the model {spec.name!r}: an upstream section goes with a remote backend, "
                                f"and backend {backend!r} is {backend_kind(backend_cls)}")  # fmt: skip
-        return _open_remote(spec, backend, backend_cls, upstream_key)
+        return _open_remote(spec, backend, backend_cls, upstream_key, egress)
     instance = backend_cls()
     started = time.perf_counter()
     stage("loading weights")
@@ -274,12 +278,15 @@ def load_served_model(
     )
 
 
-def _open_remote(spec: ModelSpec, backend: str, backend_cls: Any, api_key: str | None) -> ServedModel:
+def _open_remote(spec: ModelSpec, backend: str, backend_cls: Any, api_key: str | None,
+                 egress: EgressPolicy | None) -> ServedModel:  # fmt: skip
     """A model of a remote backend: its engine-shaped client over the upstream fleet."""
+    from inferflux.backends.openai.egress import EgressPolicy
     from inferflux.backends.openai.fleet import FleetConfig
 
     upstream = dict(spec.upstream or {})
-    # FleetConfig raises ValueError for what it cannot use (an unreadable ca_file): the model does not load.
+    # FleetConfig raises ValueError for what it cannot use (an unreadable ca_file, an endpoint the egress
+    # rules refuse): the model does not load.
     config = FleetConfig(
         endpoints=tuple(upstream["endpoints"]),
         api_key=api_key,
@@ -290,6 +297,7 @@ def _open_remote(spec: ModelSpec, backend: str, backend_cls: Any, api_key: str |
         health_interval_seconds=float(upstream.get("health_interval_seconds", 5.0)),
         ca_file=upstream.get("ca_file"),
         routing=upstream.get("routing", "prefix"),
+        egress=egress or EgressPolicy(),
     )
     context = int(upstream.get("context_length") or 0)
     engine = backend_cls().open(config, upstream_model=upstream.get("model") or spec.name, max_model_len=context)

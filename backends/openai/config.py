@@ -3,7 +3,10 @@
 Checked once, when a model is loaded (from the settings or ``POST
 /admin/v1/models``): a URL that could carry a credential, a query or another
 scheme, or a value the client cannot honour, is refused here with a message
-that never repeats the URL (it may hold a password).
+that never repeats the URL (it may hold a password). So is an endpoint the
+egress rules refuse (``egress.py``: link-local and metadata addresses, private
+ones not allowed, the gateway's own port); the default ``EgressPolicy`` has no
+allow list, so a private or loopback endpoint needs one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
+
+from inferflux.backends.openai.egress import EgressPolicy, EgressRefused
 
 __all__ = ["FleetConfig"]
 
@@ -54,7 +59,9 @@ class FleetConfig:
     the first byte of the body. ``health_interval_seconds`` 0 turns the
     active check off (the breaker still learns from requests). ``ca_file``
     is for https endpoints behind a private CA, since the client reads no
-    proxy or credential from the environment (see ``Fleet``).
+    proxy or credential from the environment (see ``Fleet``). ``egress`` says
+    which hosts and addresses the endpoints may be, checked here and at every
+    connection (``egress.py``).
     """
 
     endpoints: tuple[str, ...]
@@ -69,6 +76,7 @@ class FleetConfig:
     breaker_reset_seconds: float = 10.0
     routing: Literal["least_outstanding", "prefix"] = "prefix"
     ca_file: str | None = None  # a PEM bundle that https endpoints' certificates must chain to (default: the system's)
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
     def __post_init__(self) -> None:
         if isinstance(self.endpoints, str):
@@ -78,6 +86,11 @@ class FleetConfig:
             raise ValueError("endpoints: at least one is needed")
         if len(set(endpoints)) != len(endpoints):
             raise ValueError("endpoints: the same URL is listed twice")
+        for position, url in enumerate(endpoints):
+            try:
+                self.egress.check_endpoint(url)
+            except EgressRefused as exc:
+                raise ValueError(f"endpoints[{position}]: {exc}") from None
         object.__setattr__(self, "endpoints", endpoints)
         if self.api_key is not None and (not self.api_key or BAD_VALUE.search(self.api_key) or
                                          self.api_key != self.api_key.strip()):  # fmt: skip

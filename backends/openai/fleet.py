@@ -47,6 +47,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp.abc import AbstractResolver
+
 from inferflux.backends.openai.config import FleetConfig
 from inferflux.backends.openai.errors import (
     Scrubber,
@@ -105,14 +107,16 @@ class Fleet:
     """Sends requests to one model's endpoints; see the module docstring for the policy.
 
     Used from one event loop (the gateway's). ``clock`` drives the circuit
-    breakers only (tests pass a fake one); timeouts run on real time. The
+    breakers only (tests pass a fake one); timeouts run on real time.
+    ``resolver`` looks host names up (default: aiohttp's getaddrinfo; a test
+    passes one standing for DNS), under ``config.egress``'s check. The
     client (``transport.py``) reads nothing from the environment (no proxy
     variables, no ``.netrc``): where requests go and what credential they
     carry is the configuration's alone.
     """
 
     def __init__(self, config: FleetConfig, *, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:  # fmt: skip
+                 rng: random.Random | None = None, resolver: AbstractResolver | None = None) -> None:  # fmt: skip
         self.config = config
         self._rng = rng or random.Random()
         self._endpoints = [
@@ -128,7 +132,7 @@ class Fleet:
         slots = len(self._endpoints) * (config.max_inflight_per_endpoint + 1)
         self._transport = Transport(slots=slots, connect_seconds=config.connect_timeout_seconds,
                                     idle_seconds=config.idle_seconds, ca_file=config.ca_file,
-                                    api_key=config.api_key)  # fmt: skip
+                                    api_key=config.api_key, egress=config.egress, resolver=resolver)  # fmt: skip
         self._health_task: asyncio.Task[None] | None = None
         self._closed = False
 

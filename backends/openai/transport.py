@@ -18,6 +18,8 @@ What the session guarantees, whatever the configuration:
   elsewhere), and no cookie is kept: one session serves every tenant, so an
   upstream's (or its load balancer's) Set-Cookie must not ride along on other
   tenants' requests.
+- **Only where the egress rules allow** (``egress.py``): every address a host
+  name resolves to is checked before a connection is made to it.
 - **Timeouts per phase**: ``connect`` (a new connection, or a free one from a
   full pool), ``idle`` (silence before the answer or between two reads; off
   for a *patient* request, a generation asked for unstreamed, which is silent
@@ -33,8 +35,11 @@ the loop).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import logging
 import re
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Mapping
@@ -43,11 +48,16 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from inferflux.backends.openai.config import BAD_VALUE
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
 
-__all__ = ["Answer", "ConnectFailed", "ConnectionLost", "DeadlinePassed", "Outgoing", "TimedOut", "Transport"]
+from inferflux.backends.openai.config import BAD_VALUE
+from inferflux.backends.openai.egress import EgressPolicy, EgressRefused
+
+__all__ = ["Answer", "CheckedResolver", "ConnectFailed", "ConnectionLost", "DeadlinePassed", "Outgoing", "TimedOut", "Transport"]
 
 T = TypeVar("T")
+log = logging.getLogger("inferflux.backends.openai.transport")
 
 USER_AGENT = "inferflux"
 KEEPALIVE_SECONDS = 4.0
@@ -181,12 +191,44 @@ class Answer:
         self._response.close()
 
 
+class CheckedResolver(AbstractResolver):
+    """aiohttp's resolver with ``EgressPolicy.check_address`` over every address a name resolves to.
+
+    ``inner`` does the lookup (default: aiohttp's, getaddrinfo on a thread). A
+    name with any refused address is refused as a whole, as a failed lookup
+    (aiohttp's ClientConnectorDNSError: ConnectFailed, nothing sent). aiohttp
+    connects to an IP literal without asking a resolver: those were checked
+    whole by ``EgressPolicy.check_endpoint`` when the fleet was configured.
+    """
+
+    def __init__(self, policy: EgressPolicy, inner: AbstractResolver | None = None) -> None:
+        self._policy = policy
+        self._inner = inner if inner is not None else DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+                      ) -> list[ResolveResult]:  # fmt: skip
+        results = await self._inner.resolve(host, port, family)
+        try:
+            for result in results:
+                self._policy.check_address(host, port, ipaddress.ip_address(result["host"]))
+        except EgressRefused as exc:
+            log.warning("an upstream connection was refused by the egress rules: %s", exc)
+            raise
+        return results
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
 class Transport:
     """The session every request of one fleet goes through; used from one event loop at a time."""
 
     def __init__(self, *, slots: int, connect_seconds: float, idle_seconds: float, ca_file: str | None,
-                 api_key: str | None) -> None:  # fmt: skip
+                 api_key: str | None, egress: EgressPolicy, resolver: AbstractResolver | None = None) -> None:  # fmt: skip
+        """``resolver`` looks host names up (default: aiohttp's); ``egress`` judges what it finds."""
         self._tls = tls_context(ca_file)
+        self._egress = egress
+        self._resolver = resolver
         self._slots = slots
         self._idle = idle_seconds
         connect = {"connect": connect_seconds, "sock_connect": connect_seconds}
@@ -214,7 +256,7 @@ class Transport:
         if session is None or session.closed or self._loop is not loop:
             # A session serves the loop it was made in; another loop (tests; a restarted server) gets its own.
             connector = aiohttp.TCPConnector(limit=self._slots, limit_per_host=0, keepalive_timeout=KEEPALIVE_SECONDS,
-                                             ssl=self._tls)  # fmt: skip
+                                             ssl=self._tls, resolver=CheckedResolver(self._egress, self._resolver))  # fmt: skip
             session = self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False, timeout=self._timeout,
             )  # fmt: skip

@@ -44,7 +44,7 @@ from typing import Any
 
 DEFAULT_STATE = Path(tempfile.gettempdir()) / "inferflux-local"
 MODEL = "smollm2-135m-instruct"  # the default model's id (gateway.settings.DEFAULT_MODEL_NAME)
-UPSTREAM_KEY_ENV = "INFERFLUX_LOCAL_UPSTREAM_KEY"
+UPSTREAM_KEY_ENV = "INFERFLUX_UPSTREAM_LOCAL_KEY"  # under upstreams.api_key_env_prefix
 STOP_TIMEOUT = 30.0
 
 

@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
     from inferflux.gateway.models import ModelManager, engine_config_from, load_served_model
 
     from inferflux.gateway.model_admin import ModelAdmin
-    from inferflux.gateway.upstreams import upstream_key
+    from inferflux.gateway.upstreams import egress_policy, upstream_key
     from inferflux.policy.store import PolicyStore
 
     # The store first: a wrong key or an unreachable database should fail in
@@ -81,12 +81,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     specs = settings.model_specs()
     manager = ModelManager(expected=[spec.name for spec, _ in specs])
+    egress = egress_policy(settings)  # where upstream models may connect
     for spec, backend in specs:
         try:
             config = engine_config_from(settings.engine, settings.model_speculative(spec.name))
-            key = upstream_key(store, spec.upstream)
+            key = upstream_key(store, spec.upstream, settings, egress)
             manager.add(load_served_model(spec, backend, config, priority=settings.runtime.backend_priority,
-                                          upstream_key=key))  # fmt: skip
+                                          upstream_key=key, egress=egress))  # fmt: skip
         except (BackendError, OSError, ValueError) as exc:
             where = "upstream" if spec.upstream is not None else spec.path
             print_error(f"cannot load model {spec.name!r} ({where}) on backend {backend!r}: {exc}")

@@ -2,7 +2,10 @@
 
 ``load`` registers a model with every replica (it loads in the background:
 ``show`` follows its progress); ``--upstream`` serves it from OpenAI-compatible
-servers elsewhere instead of weights here; ``--pooling``, ``--no-normalize``
+servers elsewhere instead of weights here, held to the server's ``upstreams``
+settings (its endpoints to ``allowed_hosts``, public addresses only without it;
+``api_key_env`` to the ``INFERFLUX_UPSTREAM_`` prefix; ``ca_file`` to ``ca_dir``; a
+credential or variable it names must exist: a 422 names the field otherwise); ``--pooling``, ``--no-normalize``
 and ``--matryoshka`` are its ``embedding`` section (how it answers
 /v1/embeddings), as a configuration file's ``models[].embedding``;
 ``--deterministic`` loads it with batch-invariant kernels (``models[].deterministic``);
@@ -115,7 +118,10 @@ def add_parser(
     load.add_argument("name", help="the model's name (letters, digits, . _ : -)")
     load.add_argument("--path", help="a GGUF file or a safetensors directory on the server")
     load.add_argument("--upstream", metavar="JSON", help="serve it from upstream servers: the upstream section as "
-                      "JSON, inline or @file (endpoints, model, credential, ...)")  # fmt: skip
+                      "JSON, inline or @file (endpoints, model, credential or api_key_env, ...), held to the "
+                      "server's upstreams settings: endpoints in upstreams.allowed_hosts (without it, public "
+                      "addresses only), api_key_env under the INFERFLUX_UPSTREAM_ prefix, ca_file under "
+                      "upstreams.ca_dir, a credential that exists")  # fmt: skip
     load.add_argument("--backend", help="a registered backend (default: the server's)")
     load.add_argument("--dtype", choices=("auto", "float32", "bfloat16"))
     load.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,

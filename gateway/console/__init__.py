@@ -11,11 +11,13 @@ endpoint (``/console/api/...``, ``/console/live/events``) and a form post
 answer 401 JSON, as the API would. A form post needs the session's CSRF token
 (403 ``csrf_failed`` otherwise). The routes are in ``gateway.console.views``;
 sessions in ``sessions``, the CSP and its reports in ``security``, OIDC sign-in
-in ``oidc``.
+in ``oidc``, the throttling of failed API-key sign-ins (429 with Retry-After per
+source) in ``throttle``.
 """
 
 from __future__ import annotations
 
+from inferflux.gateway.console.throttle import SignInThrottle
 from inferflux.gateway.console.views import Console
 
-__all__ = ["Console"]
+__all__ = ["Console", "SignInThrottle"]

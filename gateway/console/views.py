@@ -35,6 +35,7 @@ from inferflux.gateway.console.sessions import (
     csrf_matches,
     set_cookie,
 )
+from inferflux.gateway.console.throttle import SignInThrottle, source_of
 from inferflux.gateway.context import get_context
 from inferflux.gateway.errors import NotFound, render_error
 from inferflux.gateway.metrics import GatewayMetrics
@@ -73,8 +74,10 @@ class Console:
         *,
         lifetime: float = SESSION_SECONDS,
         idle: float = IDLE_SECONDS,
+        throttle: SignInThrottle | None = None,
     ) -> None:
         self.sessions = SessionStore(store, authenticator, lifetime=lifetime, idle=idle)
+        self.throttle = throttle if throttle is not None else SignInThrottle()  # failed API-key sign-ins per source
         self.reports = CspReports()
         self.oidc = OidcLogin(store)
         self.metrics = metrics
@@ -185,10 +188,21 @@ class Console:
         if not expected or not csrf_matches(expected, form.get("csrf")) or not _same_origin(request):
             return render_error(CsrfFailed("The sign-in form's CSRF token is missing or wrong; reload the page"),
                                 get_context(request).request_id)  # fmt: skip
+        source = source_of(request.scope.get("client"))
+        wait = self.throttle.retry_after(source)
+        if wait is not None:  # refused before the key is looked at: no guess is tried while it waits
+            get_context(request).reasons.append("sign_in_throttled")  # the refusal's audit event says why
+            response = await self.login_form(request, status=429, message="Too many failed sign-ins from this "
+                                             f"address: try again in {wait} s")  # fmt: skip
+            response.headers["retry-after"] = str(wait)
+            return response
         try:
             principal = await state_of(request).authenticator.authenticate(None, form.get("api_key", ""))
         except AuthenticationError as exc:
+            self.throttle.failed(source)
+            get_context(request).reasons.append(exc.code)
             return await self.login_form(request, status=exc.status_code, message=exc.message)
+        self.throttle.succeeded(source)
         return await self._signed_in(request, principal, None, form.get("next"))
 
     async def _signed_in(

@@ -58,7 +58,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
         upstream:
           endpoints: [http://10.0.0.5:8000/v1, http://10.0.0.6:8000/v1]
           model: meta-llama/Llama-3.3-70B-Instruct   # the upstream's own name; default: name
-          credential: vllm-fleet   # a stored credential (admin API), or api_key_env: VAR; none: no key
+          credential: vllm-fleet   # a stored credential (admin API), or api_key_env: INFERFLUX_UPSTREAM_...; none: no key
           timeout_seconds: 600     # a whole request
           idle_timeout_seconds: 60 # the longest silence inside a stream
           max_inflight_per_endpoint: 64   # beyond it on every endpoint: 503 + Retry-After, never a queue
@@ -66,9 +66,11 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
           health_interval_seconds: 5   # GET <endpoint>/models; 0: only failed requests mark an endpoint down
           routing: prefix          # prefix (same tenant and opening -> same endpoint) | least_outstanding
           context_length: 131072   # optional: what /v1/models advertises
-          ca_file: /etc/ssl/fleet-ca.pem   # optional: a private CA for https endpoints
-    upstreams:
-      allowed_hosts: ["*.fleet.internal", 10.0.0.5, 10.0.0.6]   # where upstream endpoints may point; unset: anywhere
+          ca_file: /etc/inferflux/ca/fleet.pem   # optional: a private CA for https endpoints, under upstreams.ca_dir
+    upstreams:              # what every model's upstream section may say (gateway.settings.upstreams)
+      allowed_hosts: ["*.fleet.internal", 10.0.0.5, 10.0.0.6]   # names, *.domain, IPs, CIDRs; unset: public addresses only
+      api_key_env_prefix: INFERFLUX_UPSTREAM_   # api_key_env may only name variables starting with this
+      ca_dir: /etc/inferflux/ca   # ca_file may only name a file under it; unset: no ca_file
       forward_headers: [traceparent, tracestate]      # the only client headers passed upstream
     model_registry:         # the admin API's models, kept in the store and followed by every replica
       poll_seconds: 1       # how often the store is checked for models loaded, unloaded or made default elsewhere
@@ -85,6 +87,8 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       enabled: true         # false: /console is an unknown route, like any other (401 without credentials)
       session_seconds: 28800   # a console session's absolute lifetime
       idle_seconds: 1800    # it ends after this long without a request
+      sign_in_failures: 5   # failed API-key sign-ins a source (address, IPv6 /64) may make in the window,
+      sign_in_window_seconds: 60   # then 429 + Retry-After until the oldest leaves it
     ratelimit:              # the limits themselves are policies in the store (admin API)
       backend: memory       # memory (per process: N replicas admit N times each limit) | redis (use for replicas)
       redis_url: redis://127.0.0.1:6379/0

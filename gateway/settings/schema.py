@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.backends.base import ModelSpec
+from inferflux.gateway.settings.upstreams import UpstreamRefused
 from inferflux.gateway.settings.sections import (
     AuditSettings,
     AuthSettings,
@@ -96,11 +97,21 @@ class Settings(BaseModel):
         return models
 
     @model_validator(mode="after")
-    def _upstream_hosts(self) -> Settings:
-        for entry in self.models:
+    def _upstream_rules(self) -> Settings:
+        """Each model's upstream under the ``upstreams`` section's rules (``gateway.settings.upstreams``)."""
+        egress = None
+        for position, entry in enumerate(self.models):
             if entry.upstream is not None:
-                self.upstreams.check_hosts(entry.upstream.endpoints)
+                egress = egress or self.upstreams.egress(self.host, self.port)
+                try:
+                    self.upstreams.check(entry.upstream, egress, self.secret_variables())
+                except UpstreamRefused as exc:
+                    raise ValueError(f"models[{position}].upstream.{exc}") from None
         return self
+
+    def secret_variables(self) -> frozenset[str]:
+        """The environment variables this configuration reads secrets from (besides the gateway's fixed ones)."""
+        return frozenset(sink.token_env for sink in self.audit.sinks if sink.token_env)
 
     def _passes(self, entry: ModelEntry) -> dict[str, Any] | None:
         """A model's load passes: the engine section's, each key its entry sets overriding."""

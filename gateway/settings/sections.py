@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.gateway.jsonbody import JsonLimits
 from inferflux.gateway.protocol import StopLimits
+# The upstream sections have a module of their own; ModelEntry and Settings take them from here.
+from inferflux.gateway.settings.upstreams import UpstreamPolicySettings, UpstreamSettings  # noqa: F401
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)b?|b)?\s*$", re.IGNORECASE)
 
@@ -74,91 +75,6 @@ class SpeculativeSettings(BaseModel):
 
 
 REMOTE_BACKEND = "openai"
-
-
-def check_endpoint(url: str) -> str:
-    """An upstream base URL: http(s), a host, no credentials, query or fragment; without its trailing slash."""
-    parsed = urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"an upstream endpoint must be an http:// or https:// URL with a host, not {url!r}")
-    if parsed.username is not None or parsed.password is not None:
-        raise ValueError("an upstream endpoint must not carry credentials: store them as a credential")
-    if parsed.query or parsed.fragment:
-        raise ValueError("an upstream endpoint must not have a query or a fragment")
-    try:
-        parsed.port  # noqa: B018 - raises on a port out of range
-    except ValueError:
-        raise ValueError(f"an upstream endpoint has an invalid port: {url!r}") from None
-    return url.rstrip("/")
-
-
-class UpstreamSettings(BaseModel):
-    """Where a model of the ``openai`` backend is served from (``backends.openai``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    endpoints: list[str] = Field(min_length=1, max_length=64)  # base URLs, e.g. http://10.0.0.5:8000/v1
-    model: str | None = Field(default=None, min_length=1, max_length=200)  # the upstream's own name; default: the model's
-    credential: str | None = Field(default=None, min_length=1, max_length=200)  # a stored credential, by name
-    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-    timeout_seconds: float = Field(default=600.0, gt=0, le=3600)
-    idle_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)  # the longest silence within a stream
-    max_inflight_per_endpoint: int = Field(default=64, ge=1, le=10000)
-    retries: int = Field(default=2, ge=0, le=5)  # only before the first byte, on another endpoint where there is one
-    health_interval_seconds: float = Field(default=5.0, ge=0, le=3600)  # GET {endpoint}/models; 0: passive checks only
-    routing: Literal["prefix", "least_outstanding"] = "prefix"
-    context_length: int | None = Field(default=None, gt=0)  # what /v1/models says; unset: not advertised
-    ca_file: str | None = Field(default=None, min_length=1, max_length=4096)  # a private CA for https endpoints
-
-    @field_validator("endpoints")
-    @classmethod
-    def _endpoints(cls, value: list[str]) -> list[str]:
-        urls = [check_endpoint(u) for u in value]
-        if len(set(urls)) != len(urls):
-            raise ValueError("an upstream endpoint is listed twice")
-        return urls
-
-    @model_validator(mode="after")
-    def _one_key_source(self) -> UpstreamSettings:
-        if self.credential is not None and self.api_key_env is not None:
-            raise ValueError("give credential or api_key_env, not both")
-        return self
-
-
-class UpstreamPolicySettings(BaseModel):
-    """What the gateway may connect to and send for the ``openai`` backend's models."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    # Hosts (exact names or IPs, or "*.example.com") an upstream endpoint may name; unset: any.
-    # Set it wherever the admin API is exposed, so that it cannot make the gateway a request forwarder.
-    allowed_hosts: list[str] | None = None
-    # Client headers passed upstream; nothing else of the client's travels (its credentials never do).
-    forward_headers: list[str] = Field(default_factory=lambda: ["traceparent", "tracestate"], max_length=32)
-
-    @field_validator("forward_headers")
-    @classmethod
-    def _no_credentials(cls, value: list[str]) -> list[str]:
-        names = [v.strip().lower() for v in value]
-        banned = {"authorization", "x-api-key", "api-key", "cookie", "proxy-authorization", "host"} & set(names)
-        if banned:
-            raise ValueError(f"these headers must never be forwarded upstream: {', '.join(sorted(banned))}")
-        return names
-
-    def check_hosts(self, endpoints: list[str]) -> None:
-        """Raises ValueError naming an endpoint whose host is not allowed."""
-        if self.allowed_hosts is None:
-            return
-        for url in endpoints:
-            host = (urlsplit(url).hostname or "").lower()
-            if not any(_host_matches(host, pattern.lower()) for pattern in self.allowed_hosts):
-                raise ValueError(f"the upstream host {host!r} is not in upstreams.allowed_hosts")
-
-
-def _host_matches(host: str, pattern: str) -> bool:
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:]) and host != pattern[2:]
-    return host == pattern
 
 
 class EmbeddingSettings(BaseModel):
@@ -268,13 +184,18 @@ class EngineSettings(BaseModel):
 
 
 class ConsoleSettings(BaseModel):
-    """The web console (``gateway.console``): whether it is served, and how long its sessions live."""
+    """The web console (``gateway.console``): whether it is served, how long its sessions live, and how
+    often a source may fail to sign in."""
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     session_seconds: float = Field(default=8 * 3600.0, ge=60, le=7 * 86400)
     idle_seconds: float = Field(default=1800.0, ge=60, le=86400)
+    # A source (an address; an IPv6 /64) that fails to sign in with an API key this many times within
+    # the window gets 429 with Retry-After until its oldest failure leaves it (gateway.console.throttle).
+    sign_in_failures: int = Field(default=5, ge=1, le=1000)
+    sign_in_window_seconds: float = Field(default=60.0, ge=1, le=86400)
 
 
 class AuthSettings(BaseModel):

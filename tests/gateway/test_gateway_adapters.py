@@ -552,9 +552,10 @@ def test_both_apis_front_a_model_an_upstream_serves(world: World, key: str, oa: 
     (an upstream does not report which stop string matched)."""
     from inferflux.backends.base import ModelSpec
     from inferflux.gateway.models import load_served_model
+    from upstream_rules import LOOPBACK
 
     spec = ModelSpec(name="fleet", path="", upstream={"endpoints": [f"{world.url}/v1"], "model": MODEL})
-    model = load_served_model(spec, "openai", upstream_key=key)
+    model = load_served_model(spec, "openai", upstream_key=key, egress=LOOPBACK)
     store = PolicyStore.open(StoreSettings(), tmp_path)
     front_key = str(store.ensure_bootstrap_admin())
     server, thread, sock, url = start_uvicorn(app_for_model(model, store, data_dir=str(tmp_path / "app")))

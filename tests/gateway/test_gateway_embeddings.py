@@ -350,9 +350,10 @@ def test_a_remote_model_forwards_to_its_upstreams_embeddings(live_server: str, a
     from inferflux.backends.base import ModelSpec
     from inferflux.gateway.models import load_served_model
     from servers import start_uvicorn, stop_uvicorn
+    from upstream_rules import LOOPBACK
 
     spec = ModelSpec(name="fleet", path="", upstream={"endpoints": [f"{live_server}/v1"], "model": MODEL})
-    model = load_served_model(spec, "openai", upstream_key=admin_key)
+    model = load_served_model(spec, "openai", upstream_key=admin_key, egress=LOOPBACK)
     store = PolicyStore.open(StoreSettings(), tmp_path)
     front_key = str(store.ensure_bootstrap_admin())
     server, thread, sock, url = start_uvicorn(app_for_model(model, store, data_dir=str(tmp_path / "app")))

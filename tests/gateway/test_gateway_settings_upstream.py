@@ -13,7 +13,7 @@ ENDPOINT = "http://10.0.0.5:8000/v1"
 
 
 def settings(**model: Any) -> Settings:
-    return Settings(models=[{"name": "llama-70b", **model}])
+    return Settings(upstreams={"allowed_hosts": ["10.0.0.5"]}, models=[{"name": "llama-70b", **model}])
 
 
 def test_an_upstream_model_needs_no_path_and_gets_the_openai_backend() -> None:

@@ -32,6 +32,7 @@ from inferflux.gateway.app import create_app
 from inferflux.gateway.models import ModelManager, load_served_model
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME, Settings
 from http_helpers import bearer
+from upstream_rules import LOOPBACK
 from inferflux.policy.store import PolicyStore, StoreSettings
 
 MODEL, REMOTE = DEFAULT_MODEL_NAME, "fleet"
@@ -66,7 +67,7 @@ def world(served_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     exporter = InMemorySpanExporter()
     with running_fake_upstream(token_delay=0.002) as fake:
         remote = load_served_model(ModelSpec(name=REMOTE, path="", upstream={"endpoints": [fake.url], "model": "up"}),
-                                   "openai")  # fmt: skip
+                                   "openai", egress=LOOPBACK)  # fmt: skip
         manager = ModelManager(expected=[MODEL, REMOTE])
         manager.add(served_model)
         manager.add(remote)

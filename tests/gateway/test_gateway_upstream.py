@@ -20,6 +20,7 @@ import pytest
 from http_helpers import bearer, error_of
 from idp import closed_loopback_url
 from servers import start_uvicorn, stop_uvicorn
+from upstream_rules import LOOPBACK, LOOPBACK_UPSTREAMS
 
 from inferflux.backends.base import ModelSpec
 from inferflux.gateway.models import load_served_model
@@ -59,7 +60,7 @@ class Front:
 
 def remote_model(endpoint: str, key: str | None, name: str = REMOTE, **upstream: Any) -> Any:
     spec = ModelSpec(name=name, path="", upstream={"endpoints": [endpoint], "model": DEFAULT_MODEL_NAME, **upstream})
-    return load_served_model(spec, "openai", upstream_key=key)
+    return load_served_model(spec, "openai", upstream_key=key, egress=LOOPBACK)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,8 @@ def front(live_server: str, admin_key: str, app_for_model: Any, tmp_path_factory
     store = PolicyStore.open(StoreSettings(), data_dir)
     front_admin = store.ensure_bootstrap_admin()
     model = remote_model(f"{live_server}/v1", admin_key)
-    app = app_for_model(model, store, data_dir=str(data_dir), auth={"revocation_poll_seconds": POLL})
+    app = app_for_model(model, store, data_dir=str(data_dir), auth={"revocation_poll_seconds": POLL},
+                        upstreams=LOOPBACK_UPSTREAMS)  # the admin API's models may be on loopback too
     server, thread, sock, url = start_uvicorn(app)
     try:
         yield Front(url, store, app, data_dir, str(front_admin))

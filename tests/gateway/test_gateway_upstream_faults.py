@@ -21,6 +21,7 @@ import pytest
 from fake_upstream import FakeUpstreamProcess, running_fake_upstream
 from http_helpers import bearer, error_of
 from servers import start_uvicorn, stop_uvicorn
+from upstream_rules import LOOPBACK
 
 from inferflux.backends.base import ModelSpec
 from inferflux.gateway.models import load_served_model
@@ -42,7 +43,7 @@ class Gateway:
 def serve(app_for_model: Any, tmp_path: Path, endpoints: list[str], **upstream: Any) -> Iterator[Gateway]:
     spec = ModelSpec(name="fleet", path="", upstream={"endpoints": endpoints, "model": "fake",
                                                       "health_interval_seconds": 0.2, **upstream})  # fmt: skip
-    model = load_served_model(spec, "openai")
+    model = load_served_model(spec, "openai", egress=LOOPBACK)
     store = PolicyStore.open(StoreSettings(), tmp_path)
     key = str(store.ensure_bootstrap_admin())
     server, thread, sock, url = start_uvicorn(app_for_model(model, store, data_dir=str(tmp_path / "app")))
@@ -177,7 +178,7 @@ def test_a_saturated_fleet_answers_503_at_once_instead_of_queueing(app_for_model
 def test_only_the_stored_key_and_allowed_headers_reach_the_upstream(app_for_model: Any, tmp_path: Path) -> None:
     with running_fake_upstream(name="fake") as fake:
         spec = ModelSpec(name="fleet", path="", upstream={"endpoints": [fake.url], "model": "fake"})
-        model = load_served_model(spec, "openai", upstream_key="upstream-secret")
+        model = load_served_model(spec, "openai", upstream_key="upstream-secret", egress=LOOPBACK)
         store = PolicyStore.open(StoreSettings(), tmp_path)
         key = str(store.ensure_bootstrap_admin())
         server, thread, sock, url = start_uvicorn(app_for_model(model, store, data_dir=str(tmp_path / "app")))

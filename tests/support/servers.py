@@ -15,11 +15,11 @@ def free_loopback_socket() -> socket.socket:
     return sock
 
 
-def start_uvicorn(app: Any) -> tuple[Any, threading.Thread, socket.socket, str]:
-    """Serve ``app`` on a free loopback port in a thread; returns (server, thread, socket, url)."""
+def start_uvicorn(app: Any, sock: socket.socket | None = None) -> tuple[Any, threading.Thread, socket.socket, str]:
+    """Serve ``app`` on ``sock`` (default: a free loopback port) in a thread; returns (server, thread, socket, url)."""
     import uvicorn
 
-    sock = free_loopback_socket()
+    sock = sock or free_loopback_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **_gateway_options(app)))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="live-server", daemon=True)

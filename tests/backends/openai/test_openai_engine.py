@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from fake_upstream import FakeUpstream, running_fake_upstream
+from upstream_rules import LOOPBACK
 
 from inferflux.backends.engine import RequestOutput, SamplingParams
 from inferflux.backends.openai.engine import RemoteEngine, _Decoder
@@ -35,7 +36,7 @@ async def engine(fake: FakeUpstream) -> AsyncIterator[RemoteEngine]:
     fake.set(**FakeUpstream().knobs.__dict__)
     fake.reset_counters()
     config = FleetConfig(endpoints=(fake.url,), health_interval_seconds=0, idle_timeout_seconds=0.5,
-                         timeout_seconds=10.0, routing="least_outstanding", retries=0)  # fmt: skip
+                         timeout_seconds=10.0, routing="least_outstanding", retries=0, egress=LOOPBACK)  # fmt: skip
     remote = RemoteEngine(config, upstream_model="m")
     yield remote
     await remote.fleet.aclose()
@@ -91,7 +92,8 @@ async def test_the_chunks_of_one_read_are_one_output() -> None:
         return Response(body, media_type="text/event-stream")
 
     server, thread, sock, url = start_uvicorn(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
-    remote = RemoteEngine(FleetConfig(endpoints=(url + "/v1",), health_interval_seconds=0), upstream_model="m")
+    remote = RemoteEngine(FleetConfig(endpoints=(url + "/v1",), health_interval_seconds=0, egress=LOOPBACK),
+                          upstream_model="m")  # fmt: skip
     try:
         outs = await outputs(remote, request(stream=True))
     finally:

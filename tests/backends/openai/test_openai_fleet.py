@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from fake_upstream import FakeUpstream, free_port, running_fake_upstream
 from secret_watch import remember
+from upstream_rules import LOOPBACK
 
 from inferflux.backends.openai.errors import UpstreamFailed, UpstreamRejected, UpstreamUnavailable
 from inferflux.backends.openai.fleet import Fleet, FleetConfig
@@ -64,7 +65,8 @@ async def make_fleet() -> AsyncIterator[Callable[..., Fleet]]:
 
     def make(*urls: str, clock: Callable[[], float] | None = None, **overrides: Any) -> Fleet:
         settings: dict[str, Any] = {"health_interval_seconds": 0, "idle_timeout_seconds": 5.0, "timeout_seconds": 10.0,
-                                    "connect_timeout_seconds": 1.0, "routing": "least_outstanding", **overrides}
+                                    "connect_timeout_seconds": 1.0, "routing": "least_outstanding", "egress": LOOPBACK,
+                                    **overrides}  # fmt: skip
         fleet = Fleet(FleetConfig(endpoints=urls, **settings), **({"clock": clock} if clock else {}))
         made.append(fleet)
         return fleet
@@ -453,7 +455,7 @@ async def test_only_allowed_headers_and_the_fleet_s_key_go_upstream(make_fleet: 
 
 
 async def test_the_api_key_and_addresses_never_show(make_fleet: Callable[..., Fleet], a: FakeUpstream) -> None:
-    config = FleetConfig(endpoints=(a.url,), api_key=API_KEY)
+    config = FleetConfig(endpoints=(a.url,), api_key=API_KEY, egress=LOOPBACK)
     assert API_KEY not in repr(config) and API_KEY not in str(config)
     fleet = make_fleet(a.url, api_key=API_KEY, retries=0)
     host = a.url.split("/")[2]
@@ -554,7 +556,7 @@ async def test_a_cookie_an_upstream_sets_never_rides_on_later_requests() -> None
                         headers={"set-cookie": "lb_session=tenant-a; Path=/"})  # fmt: skip
 
     server, thread, sock, url = start_uvicorn(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]))
-    fleet = Fleet(FleetConfig(endpoints=(url + "/v1",), health_interval_seconds=0))
+    fleet = Fleet(FleetConfig(endpoints=(url + "/v1",), health_interval_seconds=0, egress=LOOPBACK))
     try:
         for _ in range(3):
             assert [e async for e in fleet.stream("/chat/completions", {"stream": True})]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from fake_upstream import FakeUpstream
 from servers import start_uvicorn, stop_uvicorn
+from upstream_rules import LOOPBACK
 
 import inferflux.backends.openai.transport as transport
 from inferflux.backends.openai.fleet import DRAIN_SECONDS, Fleet, FleetConfig
@@ -73,7 +74,7 @@ def never_ending() -> Iterator[str]:
 
 def fleet_for(url: str) -> Fleet:
     return Fleet(FleetConfig(endpoints=(url,), health_interval_seconds=0, idle_timeout_seconds=10.0,
-                             timeout_seconds=20.0, routing="least_outstanding"))  # fmt: skip
+                             timeout_seconds=20.0, routing="least_outstanding", egress=LOOPBACK))  # fmt: skip
 
 
 async def test_streams_in_a_row_reuse_one_connection(recorded: tuple[ClientPorts, str]) -> None:

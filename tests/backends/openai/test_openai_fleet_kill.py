@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from fake_upstream import FakeUpstreamProcess
+from upstream_rules import LOOPBACK
 
 from inferflux.backends.openai.errors import UpstreamFailed
 from inferflux.backends.openai.fleet import Fleet, FleetConfig
@@ -32,6 +33,7 @@ async def test_kill_9_of_one_upstream_while_streams_run() -> None:
     fleet = Fleet(FleetConfig(
         endpoints=(a.url, b.url), routing="least_outstanding", timeout_seconds=30, idle_timeout_seconds=3,
         connect_timeout_seconds=1, health_interval_seconds=0.2, breaker_failures=3, breaker_reset_seconds=0.5,
+        egress=LOOPBACK,
     ))  # fmt: skip
     await fleet.start()
     try:

@@ -16,6 +16,7 @@ import pytest
 from audit_support import make_test_ca
 from fake_upstream import FakeUpstream
 from servers import free_loopback_socket, stop_uvicorn
+from upstream_rules import LOOPBACK
 
 from inferflux.backends.openai.errors import UpstreamUnavailable
 from inferflux.backends.openai.fleet import Fleet, FleetConfig
@@ -26,7 +27,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "strea
 def fleet_for(url: str, **overrides: Any) -> Fleet:
     settings: dict[str, Any] = {"health_interval_seconds": 0, "idle_timeout_seconds": 5.0, "timeout_seconds": 10.0,
                                 "connect_timeout_seconds": 2.0, "routing": "least_outstanding", "retries": 0,
-                                **overrides}  # fmt: skip
+                                "egress": LOOPBACK, **overrides}  # fmt: skip
     return Fleet(FleetConfig(endpoints=(url,), **settings))
 
 
