@@ -9,9 +9,11 @@ away. Two things bound how long a cached decision may outlive a change in the
 store (a key revoked, a role changed, a tenant disabled):
 
 * every write to the store bumps its ``policy_version``; a background task
-  polls it (``auth.revocation_poll_seconds``, default 1 s) and drops every
-  cached decision when it moves, so every replica sees a change within about
-  one poll interval;
+  polls it (``auth.revocation_poll_seconds``, default 1 s) and, when it moves,
+  has every cached decision read again before it is used, so every replica
+  sees a change within about one poll interval (the old decision stays only as
+  the snapshot served while the store cannot be read: ``policy.snapshot``; one
+  the store refused is dropped);
 * no entry lives longer than ``auth.cache_ttl_seconds`` or past the expiry of
   the key or token it was made from.
 
@@ -85,31 +87,39 @@ class _TTLCache:
     """A bounded map whose entries expire; keys are digests, never raw credentials."""
 
     def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
-        self._data: OrderedDict[bytes, tuple[float, Any]] = OrderedDict()
+        self._data: OrderedDict[bytes, tuple[float, int, Any]] = OrderedDict()
         self._max = max_entries
         self._clock = clock
+        self._epoch = 0  # entries put before the last ``expire_all`` are expired, whatever their time
 
     def get(self, key: bytes) -> Any | None:
         item = self._data.get(key)
         if item is None:
             return None
-        expires, value = item
-        # An expired entry stays (until evicted or cleared): it is the stale
-        # snapshot served while the store is unreachable (``stale``).
-        return None if self._clock() >= expires else value
+        expires, epoch, value = item
+        # An expired entry stays (until evicted, replaced or discarded): it is the
+        # stale snapshot served while the store is unreachable (``stale``).
+        return None if epoch != self._epoch or self._clock() >= expires else value
 
     def stale(self, key: bytes) -> Any | None:
-        """The entry, expired or not: still what the store said at its last successful poll."""
+        """The entry, expired or not: still what the store said at its last successful read of it."""
         item = self._data.get(key)
-        return None if item is None else item[1]
+        return None if item is None else item[2]
 
     def put(self, key: bytes, value: Any, ttl: float) -> None:
         if ttl <= 0:
             return
-        self._data[key] = (self._clock() + ttl, value)
+        self._data[key] = (self._clock() + ttl, self._epoch, value)
         self._data.move_to_end(key)
         while len(self._data) > self._max:
             self._data.popitem(last=False)
+
+    def expire_all(self) -> None:
+        """Every entry must be read again, but stays as the stale snapshot until it is (O(1))."""
+        self._epoch += 1
+
+    def discard(self, key: bytes) -> None:
+        self._data.pop(key, None)
 
     def clear(self) -> None:
         self._data.clear()
@@ -234,8 +244,10 @@ class Authenticator:
             self.verifier.set_providers([provider_config(p) for p in providers])
         finally:
             # After the providers are in place (no await between): a token
-            # verified meanwhile against the old ones is not cached.
-            self._cache.clear()
+            # verified meanwhile against the old ones is not cached. Decisions are
+            # read again, but kept as the snapshot until they are: a store that goes
+            # away right after a write elsewhere must not take every warm key with it.
+            self._cache.expire_all()
             self._rejected.clear()
             self._generation += 1
         self._version = version
@@ -275,6 +287,7 @@ class Authenticator:
         except StoreUnavailable:
             return self._from_snapshot(digest)
         except (AuthenticationError, PermissionDenied) as exc:
+            self._cache.discard(digest)  # refused now: never served again from the snapshot
             if generation == self._generation:
                 self._rejected.put(digest, exc, self.negative_ttl)
             raise

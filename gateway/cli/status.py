@@ -27,7 +27,9 @@ def _probe(client: httpx.Client, path: str) -> dict[str, Any]:
     if not isinstance(body, dict):  # not this server's probe: show what came back
         failed = [f"HTTP {response.status_code}: {response.text[:200]}"]
         body = {"reasons": [] if response.status_code == 200 else failed}
-    return {"ok": response.status_code == 200, "reasons": [str(r) for r in body.get("reasons") or []]}
+    # Ready but degraded (the store unreachable, warm keys served from its snapshot): say so too.
+    reasons = body.get("reasons") or body.get("degraded") or []
+    return {"ok": response.status_code == 200, "reasons": [str(r) for r in reasons]}
 
 
 def _gather(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,7 +6,10 @@ running, the server draining, the policy store unreachable for longer than
 ``store.stale_seconds``, the rate-limit backend down while limits fail closed,
 or the audit spool unable to take events (failing, behind, disk below
 ``audit.min_free_bytes``). An orchestrator takes the replica out of rotation
-and puts it back when the reasons clear.
+and puts it back when the reasons clear. While the store is unreachable within
+its window, warm keys are still served, so the replica stays ready (200) and
+says so under ``degraded``: 503 comes exactly when a warm key's chat would be
+refused.
 
 ``/livez`` says whether the process should be restarted: 503 when an engine
 thread has died (not when it was stopped by a shutdown). Everything else a
@@ -60,6 +63,16 @@ def not_ready_reasons(request: Request) -> list[str]:
     return reasons
 
 
+def degraded(request: Request) -> list[str]:
+    """What this replica serves from a snapshot while ready: the store unreachable within its window."""
+    snapshot = getattr(request.app.state, "snapshot", None)
+    if snapshot is None or not snapshot.serving_stale or snapshot.expired:
+        return []
+    return [f"the policy store is unreachable: keys and policies already cached are served from a snapshot "
+            f"{snapshot.age:.0f} s old, for up to {snapshot.stale_seconds:.0f} s (store.stale_seconds); "
+            "credentials and tenants not cached get 503"]  # fmt: skip
+
+
 async def readyz(request: Request) -> Response:
     reasons = not_ready_reasons(request)
     limiter = getattr(request.app.state, "limiter", None)
@@ -68,6 +81,9 @@ async def readyz(request: Request) -> Response:
         reasons.append(f"the rate-limit backend is unreachable and limits fail closed ({down})")
     if reasons:
         return JSONResponse({"status": "unavailable", "reasons": reasons}, status_code=503)
+    serving_stale = degraded(request)
+    if serving_stale:
+        return JSONResponse({"status": "ok", "degraded": serving_stale})
     return JSONResponse({"status": "ok"})
 
 

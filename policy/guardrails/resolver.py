@@ -9,9 +9,10 @@ An embedded OPA policy whose Rego and query did not change is not recompiled.
 A global policy's embedded Rego is evaluated inline (``policy.guardrails.opa``):
 only platform admins write global policies, so it is the operator's own code.
 
-While the store is unreachable the compiled guardrails keep serving for the
-shared stale window (``policy.snapshot``); a tenant never compiled, or any
-tenant once the window has passed, gets ``StoreUnavailable`` (503).
+While the store is unreachable the guardrails last compiled keep serving for
+the shared stale window (``policy.snapshot``), a tenant's whose version moved
+just before included; a tenant never compiled, or any tenant once the window
+has passed, gets ``StoreUnavailable`` (503).
 
 A stored policy that no longer validates or compiles fails closed: its tenant's
 requests get ``GuardrailMisconfigured`` (503 ``policy_unusable``, naming the
@@ -70,6 +71,10 @@ class GuardrailResolver:
         self._checked_at = float("-inf")
         self._observed = False  # fed by observe(): poll only when its readings stop
         self._cache: dict[str | None, Guardrails] = {}
+        # Each tenant's guardrails as last compiled, kept across version changes: what serves while
+        # the store is unreachable, even when the version moved just before (the window counts from
+        # the last successful read, not the last write). Bounded by the tenants served.
+        self._snapshot: dict[str | None, Guardrails] = {}
         # OPA engines by what they were built from. At each version change the
         # current ones retire: those the new version still uses are taken back as
         # tenants are compiled again, and those still retired at the next change are
@@ -128,12 +133,24 @@ class GuardrailResolver:
         hit = self._cache.get(tenant_id)
         if hit is not None:
             return hit
-        records = self._records(tenant_id)
+        try:
+            records = self._records(tenant_id)
+        except StoreUnavailable:
+            return self._from_snapshot(tenant_id)
         guardrails = self._compile(records)
         with self._lock:
             if self._version == version:
-                self._cache[tenant_id] = guardrails
+                self._cache[tenant_id] = self._snapshot[tenant_id] = guardrails
         return guardrails
+
+    def _from_snapshot(self, tenant_id: str | None) -> Guardrails:
+        """The store is unreachable: the tenant's guardrails as last compiled, within the stale window."""
+        self.snapshot.failed()
+        with self._lock:
+            snapshot = self._snapshot.get(tenant_id)
+        if snapshot is None or not self.snapshot.may_serve_stale():
+            raise StoreUnavailable("The policy store is unavailable; retry shortly")
+        return snapshot
 
     async def resolve(self, tenant_id: str | None) -> Guardrails:
         """``get`` for the event loop: the cached answer at once, else the store on a worker thread."""
@@ -163,6 +180,7 @@ class GuardrailResolver:
             engines = [*self._engines.values(), *self._retired.values(), *self._to_close]
             self._engines, self._retired, self._to_close = {}, {}, []
             self._cache.clear()
+            self._snapshot.clear()
             self._version = None
         for engine in engines:
             await engine.aclose()

@@ -21,8 +21,9 @@ within a level: the highest ``min_priority``, the lowest ``max_priority`` and
 ``PolicyResolver`` caches the compiled policies per tenant and drops them
 when the store's ``policy_version`` moves, so an edit takes effect on every
 replica within about one poll interval, without a restart. While the store is
-unreachable the cached limits keep serving for the shared stale window
-(``policy.snapshot``); past it, or for a tenant never loaded, ``StoreUnavailable``.
+unreachable the limits last read keep serving for the shared stale window
+(``policy.snapshot``), a tenant's whose version moved just before included;
+past it, or for a tenant never loaded, ``StoreUnavailable``.
 """
 
 from __future__ import annotations
@@ -235,6 +236,10 @@ class PolicyResolver:
         self.poll_interval = poll_interval
         self._clock = clock
         self._tenants: dict[str, TenantLimits] = {}
+        # Each tenant's limits as last read, kept across version changes: what serves while the
+        # store is unreachable, even when the version moved just before (the window counts from
+        # the last successful read, not the last write). Bounded by the tenants served.
+        self._snapshot: dict[str, TenantLimits] = {}
         self._version: int | None = None
         self._polled_at = float("-inf")
         self._observed = False  # fed by observe(): poll only when its readings stop
@@ -247,10 +252,22 @@ class PolicyResolver:
         compiled = self._tenants.get(principal.tenant_id)
         if compiled is None:
             generation = self._generation
-            compiled = await asyncio.to_thread(self._load, principal.tenant_id)
-            if generation == self._generation:
-                self._tenants[principal.tenant_id] = compiled
+            try:
+                compiled = await asyncio.to_thread(self._load, principal.tenant_id)
+            except StoreUnavailable:
+                compiled = self._from_snapshot(principal.tenant_id)
+            else:
+                if generation == self._generation:
+                    self._tenants[principal.tenant_id] = self._snapshot[principal.tenant_id] = compiled
         return compiled.for_subject(subject_ids(principal))
+
+    def _from_snapshot(self, tenant_id: str) -> TenantLimits:
+        """The store is unreachable: the tenant's limits as last read, within the stale window."""
+        self.snapshot.failed()
+        compiled = self._snapshot.get(tenant_id)
+        if compiled is None or not self.snapshot.may_serve_stale():
+            raise StoreUnavailable("The policy store is unavailable; retry shortly")
+        return compiled
 
     @property
     def version(self) -> int | None:
