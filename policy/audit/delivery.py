@@ -5,8 +5,8 @@ sent, and only then is the cursor saved, so a crash between the two sends the
 batch again after restart: delivery is at-least-once, and duplicates carry
 the same event id (and chain seq) for the receiver to drop. A failing sink is
 retried with exponential back-off and full jitter (so many replicas do not
-retry in step); it holds back only its own cursor, never the writer or the
-other sinks.
+retry in step), capped at 2 s so a sink that returns gets its backlog at once;
+it holds back only its own cursor, never the writer or the other sinks.
 """
 
 from __future__ import annotations
@@ -40,10 +40,17 @@ class Sink(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Exponential back-off with full jitter: attempt n waits uniformly in [0, min(maximum, initial·factorⁿ)]."""
+    """Exponential back-off with full jitter: attempt n waits uniformly in [0, min(maximum, initial·factorⁿ)].
+
+    The cap is short on purpose: however long a sink was away, the next attempt is
+    at most ``maximum`` seconds off, so a sink that comes back receives its backlog
+    within a few seconds. What it costs: a sink that stays down gets an attempt
+    every second on average from each replica (a connection refused, or an error
+    answer; an attempt that hangs waits for the sink's own timeout first).
+    """
 
     initial: float = 0.2
-    maximum: float = 30.0
+    maximum: float = 2.0
     factor: float = 2.0
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:

@@ -146,6 +146,14 @@ def test_backoff_is_exponential_with_full_jitter() -> None:
         assert max(delays) > ceiling * 0.8 and min(delays) < ceiling * 0.2  # spread over the whole range
 
 
+def test_the_default_backoff_retries_a_returning_sink_within_two_seconds() -> None:
+    # However long the outage, the next attempt is at most 2 s away: a sink that comes back
+    # gets its backlog within a few seconds (tests/policy/audit/test_audit_http.py times it).
+    rng = random.Random(11)
+    delays = [Backoff().delay(attempt, rng) for attempt in range(0, 200, 3) for _ in range(50)]
+    assert max(delays) <= 2.0 and max(delays) > 1.9
+
+
 def test_bad_delivery_settings(spool: Spool, tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         Delivery(spool, FlakySink(), batch_size=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 
 import pytest
@@ -68,6 +69,23 @@ def test_a_receiver_that_is_down_then_comes_up(spool: Spool, http_receiver: Call
     assert "ConnectError" in (delivery.stats.last_error or "")
     receiver.start()
     assert delivery.wait_caught_up(15)
+    delivery.stop()
+    assert [json.loads(r)["event"]["id"] for r in receiver.records()] == ids
+
+
+@pytest.mark.slow  # an outage long enough for the back-off to reach its cap, in real time
+@pytest.mark.serial  # the backlog's arrival is timed against the cap
+def test_a_receiver_back_after_a_long_outage_gets_its_backlog_within_five_seconds(
+    spool: Spool, http_receiver: Callable[..., HttpReceiver]
+) -> None:
+    receiver = http_receiver()  # not started: connection refused
+    delivery = Delivery(spool, HttpSink(receiver.url, timeout=2), poll_seconds=POLL).start()  # the default back-off
+    ids = append_events(spool, 40)
+    # Eight failed attempts: an uncapped back-off would now wait up to 0.2·2⁸ s before the next.
+    wait_for(lambda: delivery.stats.failures >= 8, timeout=120, what="eight failed attempts")
+    receiver.start()
+    back = time.monotonic()
+    assert delivery.wait_caught_up(5.0), f"backlog not delivered {time.monotonic() - back:.1f} s after the return"
     delivery.stop()
     assert [json.loads(r)["event"]["id"] for r in receiver.records()] == ids
 
