@@ -1,11 +1,11 @@
-"""Deadlines for slow clients: headers, body and idle keep-alive connections.
+"""Deadlines for slow clients: headers, body, idle keep-alive connections and responses nobody reads.
 
 uvicorn closes an idle keep-alive connection after ``timeout_keep_alive``, but
 only once a response has been sent, and only while nothing arrives: a socket
 that connects and sends nothing, or a byte of a request line every few seconds,
-holds a connection (and its memory) for ever. Two deadlines close that:
+holds a connection (and its memory) for ever. Three deadlines close that:
 
-* **Headers** (``HeaderDeadline``, the HTTP protocol uvicorn runs): a request's
+* **Headers** (``SlowClientDeadlines``, the HTTP protocol uvicorn runs): a request's
   headers must be complete ``header_timeout_seconds`` after the connection opens,
   or after the previous answer on a kept-alive connection; otherwise the
   connection is closed. Nothing of the app runs for such a request.
@@ -14,19 +14,38 @@ holds a connection (and its memory) for ever. Two deadlines close that:
   ``RequestTimeout`` (408, ``connection: close``), answered and audited like
   any other error, and the connection is closed. A client that stalls after its
   body (a stream it reads slowly) is not affected: only reading the body is timed.
+* **Writes** (the same protocol, ``server.stream_write_timeout_seconds``): the
+  transport tells the protocol when its buffer passes the high-water mark (the
+  kernel's socket buffer is full: the client is not taking what was sent) and
+  when it drains again; while paused, uvicorn's ``send`` waits. A connection
+  paused that long is reset (its unsent bytes dropped, not kept for a client
+  that may never read them). A response still running gets ``client_timeout`` among its audit
+  reasons, and the abort reaches the app as a disconnect, so a stream's
+  sequence is aborted and its KV freed at once (``gateway.streaming``). Without
+  it a client that reads nothing would hold its stream, its queued output and
+  its concurrency slot as long as the connection lasts.
 
-``server_options`` gives uvicorn both, with the keep-alive timeout; ``inferctl
+``server_options`` gives uvicorn all three, with the keep-alive timeout; ``inferctl
 serve`` and the tests' live servers use it, so they run what production runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import struct
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferflux.gateway.context import SCOPE_KEY
 from inferflux.gateway.errors import GatewayError
+
+log = logging.getLogger("inferflux.gateway.slowclients")
+
+# The audit reason of a call whose client stopped reading its answer (server.stream_write_timeout_seconds).
+CLIENT_TIMEOUT_REASON = "client_timeout"
 
 if TYPE_CHECKING:
     from inferflux.gateway.settings import InputLimitSettings
@@ -52,12 +71,14 @@ def _protocol_base() -> type:
         return H11Protocol
 
 
-def header_deadline_protocol(header_timeout: float) -> type:
-    """uvicorn's HTTP protocol, closing a connection whose request headers take longer than ``header_timeout``."""
+def deadline_protocol(header_timeout: float, write_timeout: float | None = None) -> type:
+    """uvicorn's HTTP protocol, closing a connection whose request headers take longer than
+    ``header_timeout``, or whose client takes nothing of a response for ``write_timeout``."""
     base: Any = _protocol_base()
 
-    class HeaderDeadline(base):  # type: ignore[misc, valid-type]
+    class SlowClientDeadlines(base):  # type: ignore[misc, valid-type]
         _header_timer: asyncio.TimerHandle | None = None
+        _write_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -69,8 +90,9 @@ def header_deadline_protocol(header_timeout: float) -> type:
                 self._arm_header_deadline()  # the next request's headers have as long
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
+            for timer in (self._header_timer, self._write_timer):
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
 
         def _arm_header_deadline(self) -> None:
@@ -86,13 +108,48 @@ def header_deadline_protocol(header_timeout: float) -> type:
             if not self.transport.is_closing():
                 self.transport.close()
 
-    return HeaderDeadline
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if write_timeout is not None and self._write_timer is None:
+                self._write_timer = self.loop.call_later(write_timeout, self._write_deadline_passed)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _write_deadline_passed(self) -> None:
+            self._write_timer = None
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                ctx = cycle.scope.get(SCOPE_KEY)
+                if ctx is not None:  # the audit event of the call says why it ended
+                    ctx.reasons.append(CLIENT_TIMEOUT_REASON)
+                log.info("request %s: its client took nothing for %g s; connection closed "
+                         "(server.stream_write_timeout_seconds)",
+                         getattr(ctx, "request_id", "-"), write_timeout)  # fmt: skip
+            _drop(self.transport)
+
+    return SlowClientDeadlines
 
 
-def server_options(limits: InputLimitSettings) -> dict[str, Any]:
-    """Keyword arguments for ``uvicorn.Config``: the header deadline and the keep-alive timeout."""
+def _drop(transport: Any) -> None:
+    """Close with a reset: the unsent bytes are discarded at once. A plain close would wait
+    for the client to read them (the transport's buffer, then the kernel's orphaned socket)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except (OSError, AttributeError):  # not a TCP socket, or already gone: the abort still closes it
+        pass
+    transport.abort()
+
+
+def server_options(limits: InputLimitSettings, stream_write_timeout: float | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``uvicorn.Config``: the header and write deadlines and the keep-alive timeout."""
     return {
-        "http": header_deadline_protocol(limits.header_timeout_seconds),
+        "http": deadline_protocol(limits.header_timeout_seconds, stream_write_timeout),
         "timeout_keep_alive": limits.keep_alive_timeout_seconds,
     }
 

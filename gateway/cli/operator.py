@@ -115,8 +115,8 @@ def _serve(args: argparse.Namespace) -> int:
         log_config=log_redaction.log_config(settings.log_format),
         # SIGTERM: readiness fails, new requests get 503, requests in flight get this long.
         grace=settings.server.shutdown_grace_seconds,
-        # Slow clients: header and keep-alive deadlines (the body's is a middleware of the app).
-        **server_options(settings.input_limits),
+        # Slow clients: header, write and keep-alive deadlines (the body's is a middleware of the app).
+        **server_options(settings.input_limits, settings.server.stream_write_timeout_seconds),
     )
     return EXIT_OK
 

@@ -96,6 +96,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       completion_estimate: 256   # tokens reserved for a request that sets no max_tokens
     server:
       shutdown_grace_seconds: 20   # SIGTERM: in-flight requests get this long, then streams end with an error
+      stream_write_timeout_seconds: 30   # a client that reads nothing this long: stream ended, its sequence freed
     audit:
       spool_dir: <data_dir>/audit   # one per replica; events are on disk here before a response
       chain_id: gw-1        # the spool's hash chain; default <hostname>-<random>; one per replica, never shared

@@ -311,9 +311,16 @@ class AuditSettings(BaseModel):
 
 
 class ServerSettings(BaseModel):
-    """How ``inferctl serve`` stops (``gateway.drain``)."""
+    """How ``inferctl serve`` stops (``gateway.drain``) and how long it writes to a client that reads
+    nothing (``gateway.slowclients``)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    # A response (a stream, in practice) whose client takes none of it for this long
+    # while the server has more to send is ended: the connection is closed, its
+    # sequence aborted and its KV freed at once, its audit event saying client_timeout.
+    # A stream's client reading tokens as they come never waits this long.
+    stream_write_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
 
     # On SIGTERM /readyz fails and new requests get 503 at once; requests in
     # flight get this long to finish, then streams end with an error event and
