@@ -124,4 +124,5 @@ def test_a_stream_whose_client_stops_reading_is_ended_and_its_sequence_freed(
         event = events[request_id]
         # 499: the connection was gone before the stream's end (as for a client that leaves).
         assert event["status"] == 499 and event["reasons"] == ["client_timeout"], event
+        assert event["decision"] == "deny", event  # the server ended it (docs/operators.md lists them so)
         assert event["completion_tokens"] < MAX_TOKENS, event
