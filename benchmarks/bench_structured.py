@@ -55,7 +55,7 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 from bench_grammar import SCHEMA, cpu_name, document, finish, loadavg  # noqa: E402
 
 from inferflux.backends.engine import GuidedSpec, SamplingParams, Sequence  # noqa: E402
-from inferflux.backends.engine.guided import GrammarCompiler  # noqa: E402
+from inferflux.backends.engine.grammar_compiler import GrammarCompiler  # noqa: E402
 from inferflux.backends.engine.sampler import Sampler  # noqa: E402
 from inferflux.backends.models import default_model_path, open_model  # noqa: E402
 

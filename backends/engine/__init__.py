@@ -18,12 +18,16 @@ from .errors import (
     EngineDeadError,
     EngineError,
     EngineStepError,
+    GrammarBusyError,
+    GrammarCancelledError,
+    GrammarTooComplexError,
     InputTooLongError,
     InvalidPromptError,
     InvalidRequestError,
     PromptTooLongError,
     SamplingParamsError,
 )
+from .grammar_sandbox import DEFAULT_BUDGET, GrammarBudget
 from .guided import GuidedSpec
 from .llm_engine import DEFAULT_KV_CACHE_BYTES, EngineConfig, LLMEngine
 from .outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
@@ -38,6 +42,7 @@ __all__ = [
     "BlockManager",
     "BlockManagerError",
     "CacheCapacityError",
+    "DEFAULT_BUDGET",
     "DEFAULT_KV_CACHE_BYTES",
     "DuplicateRequestError",
     "EmbeddingRequest",
@@ -51,6 +56,10 @@ __all__ = [
     "EngineError",
     "EngineStats",
     "EngineStepError",
+    "GrammarBudget",
+    "GrammarBusyError",
+    "GrammarCancelledError",
+    "GrammarTooComplexError",
     "GuidedSpec",
     "IncrementalDetokenizer",
     "InputTooLongError",

@@ -12,6 +12,8 @@ Threading rules:
   ``stream`` and the engine thread trust the ``EngineRequest`` it returns.
 * When a consumer stops iterating (``aclose()``, task cancellation, client
   disconnect) its request is aborted and its KV blocks freed.
+* A request whose grammar's mask failed (over llguidance's limits) fails alone, with
+  ``GrammarTooComplexError``; its sequence was freed in the step.
 * When a step raises, every request in flight fails with ``EngineStepError``
   (raised from ``generate``) and the loop carries on with new requests. Only if
   the engine cannot even abort its requests does it become dead
@@ -35,7 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .embedding import EmbeddingJob, EmbeddingQueue, EmbeddingRequest, EmbeddingResult
-from .errors import DuplicateRequestError, EngineDeadError, EngineStepError
+from .errors import DuplicateRequestError, EngineDeadError, EngineStepError, GrammarTooComplexError
+from .grammar_sandbox import DEFAULT_BUDGET, GrammarBudget
+from .guided import GuidedSpec
 from .llm_engine import LLMEngine
 from .outputs import EngineStats, RequestOutput
 from .request import EngineRequest
@@ -142,6 +146,12 @@ class AsyncEngine:
     def make_request(self, request_id: str, prompt_token_ids: Iterable[int], *args: Any, **kwargs: Any) -> EngineRequest:
         """The checked request ``stream`` takes: ``LLMEngine.make_request``'s arguments and errors. Any thread."""
         return self.engine.make_request(request_id, prompt_token_ids, *args, **kwargs)
+
+    def compile_grammar(self, spec: GuidedSpec, budget: GrammarBudget = DEFAULT_BUDGET,
+                        cancel: threading.Event | None = None) -> None:  # fmt: skip
+        """Compile ``spec`` for this engine under ``budget`` (``GrammarCompiler.compile``, its errors), so that
+        ``make_request`` finds it compiled; ``cancel`` set stops it (the caller left). Blocking; any thread."""
+        self.engine.grammars.compile(spec, budget, cancel)
 
     def make_embedding_request(self, request_id: str, inputs: Iterable[Iterable[int]], pooling: str,
                                **kwargs: Any) -> EmbeddingRequest:  # fmt: skip
@@ -297,7 +307,7 @@ class AsyncEngine:
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
-                outbox.put(stream, out)
+                outbox.put(stream, out if out.error is None else GrammarTooComplexError(out.error))
             if out.finished:
                 self._streams.pop(out.request_id, None)
 

@@ -51,12 +51,14 @@ class EngineConfig:
     num_swap_blocks: int | None = None
     swap_space_bytes: int | None = None
     swap_dir: str | None = None
+    # The compiled-grammar cache's bound in estimated bytes (``grammar_compiler``); None: its default.
+    grammar_cache_bytes: int | None = None
 
     def check(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             _positive(name, getattr(self, name))
         for name in ("block_size", "num_blocks", "kv_cache_bytes", "max_model_len", "num_swap_blocks",
-                     "swap_space_bytes"):  # fmt: skip
+                     "swap_space_bytes", "grammar_cache_bytes"):  # fmt: skip
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.num_blocks is not None and self.kv_cache_bytes is not None:

@@ -30,6 +30,14 @@ class SamplingParamsError(InvalidRequestError):
         super().__init__(message, param=param)
 
 
+class GrammarTooComplexError(SamplingParamsError):
+    """A grammar over its budget: its compile, its first mask or a later mask needed more CPU time or
+    memory than it may have (``grammar_sandbox``, ``guided``). The gateway's 400 ``schema_too_complex``."""
+
+    def __init__(self, message: str, param: str = "guided") -> None:
+        super().__init__(param, message)
+
+
 class InvalidPromptError(InvalidRequestError):
     """The prompt token ids are unusable (empty, out of vocabulary range, ...)."""
 
@@ -131,6 +139,14 @@ class EngineStepError(EngineError):
 
     The original exception is chained as ``__cause__``.
     """
+
+
+class GrammarBusyError(EngineError):
+    """Every grammar worker stayed busy for the whole wait (``GrammarBudget.queue_seconds``): a 503, retryable."""
+
+
+class GrammarCancelledError(EngineError):
+    """A grammar check stopped because its caller cancelled it (the client left); nobody reads the answer."""
 
 
 class EngineDeadError(EngineError):

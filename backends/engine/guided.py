@@ -2,15 +2,18 @@
 
 A request may carry a ``GuidedSpec`` (``SamplingParams.guided``): a JSON object,
 a JSON Schema, a regular expression, or a choice among strings. The engine
-compiles it once per distinct spec (``GrammarCompiler``, a cache keyed by the
-spec's canonical JSON), and every sequence of the request gets a ``Guide`` of
+compiles it once per distinct spec (``grammar_compiler.GrammarCompiler``, under a
+budget, cached), and every sequence of the request gets a ``Guide`` of
 its own: an llguidance matcher that has consumed the sequence's output so far.
 Each step the sampler asks every guided sequence's matcher for the set of
 tokens the grammar allows next (a bitmask, one bit per token; ``fill_masks``)
 and gives every other token -inf (``apply_bitmask``) before sampling, so a
 guided output can only ever be a prefix of a string of the grammar. EOS is in
 the set only where the grammar accepts what came so far; once the grammar is
-complete it is the only token left.
+complete it is the only token left. A mask over llguidance's per-step limits
+(``grammar_sandbox.PARSER_LIMITS``) leaves the matcher in its error state:
+``fill_masks`` notes it on the guide (``Guide.error``) and the engine ends that
+sequence with an error instead of the EOS the mask then allows.
 
 Why llguidance rather than xgrammar: ``benchmarks/bench_grammar.py`` on this
 model's vocabulary (docs/benchmarks.md). It has a numpy interface (the engine
@@ -43,9 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence as Seq
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +58,6 @@ log = logging.getLogger(__name__)
 
 KINDS = ("json_object", "json_schema", "regex", "choice")
 MAX_CHOICES = 256  # guided choice: more alternatives than this are a grammar, not a choice
-DEFAULT_CACHE_SIZE = 256  # compiled grammars kept per engine
 # JSON as the engine emits it: compact, so a model cannot pad an answer with whitespace.
 JSON_OPTIONS = {"whitespace_flexible": False}
 
@@ -125,6 +125,12 @@ def _error(message: str) -> SamplingParamsError:
     return SamplingParamsError("guided", message)
 
 
+def first_line(message: str) -> str:
+    """llguidance's reason, without the parser state and grammar it appends to some errors."""
+    head = message.split("\n<state>", 1)[0].strip()
+    return head if len(head) <= 1000 else head[:1000] + "..."
+
+
 # The most the shortest closing text of a JSON document grows by per byte written: after
 # {"a":0 it is "}", after {"a":0, it is "\"\":0}".
 JSON_CLOSE_GROWTH = 4
@@ -134,13 +140,17 @@ class Guide:
     """One sequence's matcher: the grammar's state after the sequence's output so far; for a
     ``json_object``, also what closes the object (``closer``) and the budget rule (``limit``)."""
 
-    __slots__ = ("matcher", "closer", "vocabulary", "closed_early")
+    __slots__ = ("matcher", "closer", "vocabulary", "closed_early", "error", "grammar_key")
 
-    def __init__(self, matcher: Any, closer: JsonCloser | None = None, vocabulary: TokenBytes | None = None) -> None:
+    def __init__(self, matcher: Any, closer: JsonCloser | None = None, vocabulary: TokenBytes | None = None,
+                 grammar_key: str | None = None) -> None:  # fmt: skip
         self.matcher = matcher
         self.closer = closer
         self.vocabulary = vocabulary
         self.closed_early = False  # limit() wrote closing bytes: the answer was cut, and closed
+        # Why the matcher stopped: a mask over llguidance's limits (set by fill_masks); the sequence ends.
+        self.error: str | None = None
+        self.grammar_key = grammar_key  # its compiled grammar's cache key, to drop a grammar that failed
 
     def consume(self, token_id: int) -> bool:
         """Advance past ``token_id``; False where the grammar did not allow it (the matcher
@@ -339,112 +349,6 @@ class JsonCloser:
             self.stack[-1][1] = "n"
 
 
-class CompiledGrammar:
-    """A spec compiled for one vocabulary: a matcher at the start that is copied, never advanced."""
-
-    __slots__ = ("spec", "_template", "_vocabulary")
-
-    def __init__(self, spec: GuidedSpec, template: Any, vocabulary: TokenBytes | None = None) -> None:
-        self.spec = spec
-        self._template = template
-        self._vocabulary = vocabulary  # json_object: the guide closes the object as the budget runs out
-
-    def guide(self) -> Guide:
-        if self._vocabulary is None:
-            return Guide(self._template.deep_copy())
-        return Guide(self._template.deep_copy(), JsonCloser(), self._vocabulary)
-
-
-class GrammarCompiler:
-    """An engine's grammars: the vocabulary as llguidance sees it, built on first use, and
-    a bounded cache of compiled grammars. Thread-safe (``make_request`` runs anywhere)."""
-
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int],
-                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:  # fmt: skip
-        self._tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.eos_token_ids = sorted(int(t) for t in eos_token_ids)
-        self.cache_size = cache_size
-        self._ll_tokenizer: Any = None
-        self._bytes: TokenBytes | None = None  # each token's bytes, for json_object's closer
-        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
-        self._lock = threading.Lock()
-        self.num_compiled = 0  # cache misses, for tests and stats
-
-    def compile(self, spec: GuidedSpec) -> CompiledGrammar:
-        """The compiled grammar of ``spec``; raises ``SamplingParamsError`` (param ``guided``)
-        naming what the grammar engine cannot do (``Unimplemented keys: ["if"]``, a regex
-        with look-ahead, a ``$ref`` to another document, ...)."""
-        spec.validate()
-        key = spec.key()
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
-        from llguidance import LLMatcher
-
-        try:
-            grammar = spec.grammar()
-        except ValueError as exc:  # not an object schema, options that do not apply
-            raise _error(f"the grammar cannot be compiled: {exc}") from None
-        template = LLMatcher(self._vocabulary(), grammar, log_level=0)
-        if template.is_error():
-            raise _error(f"the grammar cannot be compiled: {_first_line(template.get_error())}")
-        compiled = CompiledGrammar(spec, template, self._token_bytes() if spec.kind == "json_object" else None)
-        with self._lock:
-            self.num_compiled += 1
-            self._cache[key] = compiled
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return compiled
-
-    def _token_bytes(self) -> TokenBytes:
-        vocabulary = self._vocabulary()
-        with self._lock:
-            if self._bytes is None:
-                self._bytes = TokenBytes(vocabulary, self.vocab_size)
-            return self._bytes
-
-    def _vocabulary(self) -> Any:
-        with self._lock:
-            if self._ll_tokenizer is None:
-                self._ll_tokenizer = _ll_tokenizer(self._tokenizer, self.vocab_size, tuple(self.eos_token_ids))
-            return self._ll_tokenizer
-
-
-# Building llguidance's vocabulary costs about half a second: engines over one tokenizer object
-# (a model's draft, tests' many engines) share it, for as long as the tokenizer lives.
-_vocabularies: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], Any]] = weakref.WeakKeyDictionary()
-_vocabularies_lock = threading.Lock()
-
-
-def _ll_tokenizer(tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]) -> Any:
-    """llguidance's view of ``tokenizer``: from its ``tokenizers`` pipeline (a model's
-    ``backends.models.Tokenizer`` has one, whether it came from a GGUF or a directory)."""
-    from llguidance import LLTokenizer
-
-    backend = getattr(tokenizer, "backend", None)
-    to_str = getattr(backend, "to_str", None)
-    if to_str is None:
-        raise _error("this model's tokenizer cannot drive structured outputs (it has no tokenizers pipeline)")
-    key = (vocab_size, eos_token_ids)
-    with _vocabularies_lock:
-        try:
-            built = _vocabularies.setdefault(tokenizer, {})
-        except TypeError:  # not weakly referenceable: build it for this engine alone
-            built = {}
-        if key not in built:
-            built[key] = LLTokenizer(to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids) or None)
-        return built[key]
-
-
-def _first_line(message: str) -> str:
-    # llguidance appends its parser state and the grammar to some errors; the client wants the reason.
-    head = message.split("\n<state>", 1)[0].strip()
-    return head if len(head) <= 1000 else head[:1000] + "..."
-
-
 # -- masks -----------------------------------------------------------------------
 
 _executor: Any = None
@@ -470,7 +374,7 @@ def fill_masks(rows: Seq[tuple[Guide, int]], drafted: Seq[tuple[Guide, int, Seq[
     with what its grammar allows next; for each ``(guide, i, draft)``, rows ``i`` to
     ``i + len(draft)`` with what it allows after each prefix of ``draft`` (none of the draft
     stays consumed; rows after a token the grammar refuses allow nothing). One call into
-    llguidance each, the GIL released."""
+    llguidance each, the GIL released. A guide whose matcher failed gets its ``error``."""
     import llguidance.numpy as lln
 
     executor = _get_executor()
@@ -480,6 +384,11 @@ def fill_masks(rows: Seq[tuple[Guide, int]], drafted: Seq[tuple[Guide, int, Seq[
         lln.fill_next_token_bitmask_par_with_draft_tokens(
             executor, [(g.matcher, i, list(d)) for g, i, d in drafted], bitmask
         )
+    for guide in [g for g, _ in rows] + [g for g, _, _ in drafted]:
+        # Over a step's limits the matcher is in its error state and its mask allows only EOS: an
+        # answer cut short that would look finished. The engine ends the sequence with this instead.
+        if guide.error is None and guide.matcher.is_error():
+            guide.error = first_line(guide.matcher.get_error())
 
 
 def _allowed(bitmask: np.ndarray, vocab: int) -> np.ndarray:

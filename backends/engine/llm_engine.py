@@ -10,6 +10,7 @@ Its sizes and their resolution are in ``config``; its embedding methods in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import time
@@ -40,7 +41,7 @@ from .errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
-from .guided import GrammarCompiler
+from .grammar_compiler import GrammarCompiler
 from .outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
 from .prompt_logprobs import entries, prompt_rows, score_rows
 from .request import EngineRequest
@@ -95,7 +96,9 @@ class LLMEngine(EngineEmbeddings):
         )
         self.eos_token_ids = _eos_ids(tokenizer)
         self.sampler = Sampler(self.eos_token_ids)
-        self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids)
+        self.grammars = GrammarCompiler(tokenizer, self.vocab_size, self.eos_token_ids,
+                                        **({} if config.grammar_cache_bytes is None else
+                                           {"cache_bytes": config.grammar_cache_bytes}))  # fmt: skip
 
         self._requests: dict[str, Sequence] = {}
         self._next_seq_id = 0
@@ -373,6 +376,8 @@ class LLMEngine(EngineEmbeddings):
         kept: list[SampleResult] = []
         accepted = 0
         masks = self.sampler.draft_masks(seq, draft, rows.shape[1])  # None without a grammar
+        if seq.guide is not None and seq.guide.error is not None:
+            return self._grammar_failed(seq)
         for i, row in enumerate(rows):
             mask = None if masks is None else masks[i]
             sample, took = self.sampler.verify_row(row, seq, draft[i] if i < len(draft) else None, mask)
@@ -385,6 +390,8 @@ class LLMEngine(EngineEmbeddings):
         return self._output(seq, kept)
 
     def _append(self, seq: Sequence, samples: list[SampleResult]) -> RequestOutput:
+        if seq.guide is not None and seq.guide.error is not None:
+            return self._grammar_failed(seq)
         for sample in samples:
             self._push(seq, sample.token_id)
         return self._output(seq, samples)
@@ -404,6 +411,18 @@ class LLMEngine(EngineEmbeddings):
         if reason is not None:
             seq.status = SequenceStatus.FINISHED_STOPPED if reason == "stop" else SequenceStatus.FINISHED_LENGTH
         return reason
+
+    def _grammar_failed(self, seq: Sequence) -> RequestOutput:
+        """End a sequence whose grammar's mask failed this step (over llguidance's limits): no token is
+        appended (the mask allowed only EOS), its blocks are freed with the step's finished sequences,
+        and its last output carries the reason. Its grammar leaves the cache (its lexer may be full)."""
+        guide = seq.guide
+        if guide is None:  # only called for a guided sequence
+            raise RuntimeError("_grammar_failed needs a guided sequence")
+        seq.status = SequenceStatus.FINISHED_ERROR
+        self.grammars.forget(guide.grammar_key)
+        out = self._output(seq, [])
+        return dataclasses.replace(out, error=f"the grammar went over its limits while decoding: {guide.error}")
 
     def _output(self, seq: Sequence, samples: list[SampleResult]) -> RequestOutput:
         reason = seq.status.finish_reason if seq.is_finished else None

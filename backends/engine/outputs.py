@@ -45,7 +45,7 @@ class RequestOutput:
     new_token_ids: list[int]
     new_text: str
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None
     prompt_tokens: int
     completion_tokens: int  # total so far
     logprobs: list[TokenLogprob] | None = None  # one per new token when requested
@@ -56,6 +56,9 @@ class RequestOutput:
     # stop token did, or for any other finish (Anthropic's stop_sequence, vLLM's stop_reason).
     stop_string: str | None = None
     timings: RequestTimings | None = None  # in a request's last output, unless it was aborted
+    # finish_reason "error": why the request ended (its grammar's mask failed); AsyncEngine raises it
+    # as a GrammarTooComplexError instead of delivering the output.
+    error: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"  # eos, stop token or stop string
     FINISHED_LENGTH = "finished_length"  # max_tokens or context full
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # its grammar's mask failed (over llguidance's limits): the output says why
 
     @property
     def is_finished(self) -> bool:
@@ -27,13 +28,13 @@ class SequenceStatus(enum.Enum):
         return _FINISH_REASONS.get(self)
 
 
-_FINISHED = frozenset(
-    {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH, SequenceStatus.FINISHED_ABORTED}
-)
+_FINISHED = frozenset({SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
+                       SequenceStatus.FINISHED_ABORTED, SequenceStatus.FINISHED_ERROR})  # fmt: skip
 _FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: "stop",
     SequenceStatus.FINISHED_LENGTH: "length",
     SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_ERROR: "error",
 }
 
 

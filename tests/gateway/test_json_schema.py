@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferflux.backends.engine import GuidedSpec
-from inferflux.backends.engine.guided import GrammarCompiler
+from inferflux.backends.engine.grammar_compiler import GrammarCompiler
 from inferflux.gateway.json_schema import closed_schema
 from inferflux.gateway.protocol import ResponseFormat
 from inferflux.gateway.tools import ToolDefinition, call_schema
