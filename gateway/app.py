@@ -33,6 +33,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from inferflux.backends.engine.grammar_sandbox import shared_sandbox
+
 from inferflux.gateway.adapters import AnthropicErrors
 from inferflux.gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
 from inferflux.gateway.authz import requires
@@ -147,6 +149,7 @@ def create_app(
 
     audit_health = AuditHealth()
     _watch(metrics, snapshot, audit_health)
+    shared_sandbox().resize(settings.grammar.workers)  # the process's grammar workers (gateway.grammars)
     tracing = Tracing.build(settings.tracing, exporter=span_exporter)  # None: off
 
     @asynccontextmanager
@@ -169,6 +172,7 @@ def create_app(
                 await asyncio.to_thread(store.close)
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
+            await asyncio.to_thread(shared_sandbox().close)  # the idle grammar workers; a busy one ends with its check
 
     openapi = document("This document", tag="meta")(requires(Scope.READ)(openapi_route("InferFlux", _VERSION)))
     routes = [
@@ -219,6 +223,8 @@ def create_app(
         json_limits=settings.input_limits.json_limits(),
         store_json_limits=settings.input_limits.json_limits(allow_nul=False),
         stop_limits=settings.input_limits.stop_limits(),
+        schema_limits=settings.input_limits.schema_limits(),
+        grammar_budget=settings.grammar.budget(),
     )
     return app
 
@@ -232,6 +238,10 @@ def _watch(metrics: GatewayMetrics, snapshot: StoreSnapshot, audit: AuditHealth)
                   lambda: float(snapshot.serving_stale))
     metrics.gauge("inferflux_audit_spool_free_bytes",
                   "Free bytes on the audit spool's file system", audit.free_bytes)
+    metrics.gauge("inferflux_grammar_workers", "Grammar worker processes running (grammar.workers at most)",
+                  lambda: float(shared_sandbox().snapshot()["workers"]))
+    metrics.gauge("inferflux_grammar_over_budget", "New grammars stopped over their budget so far (400 schema_too_complex)",
+                  lambda: float(shared_sandbox().snapshot()["over_budget"]))
     metrics.gauge("inferflux_audit_spool_healthy",
                   "0 while new work is refused because the audit spool cannot take events",
                   lambda: float(audit.reason() is None))  # fmt: skip

@@ -72,6 +72,13 @@ class ContextLengthExceeded(InvalidRequest):
     default_code = "context_length_exceeded"
 
 
+class SchemaTooComplex(InvalidRequest):
+    """A schema, tool list or guided regex over a size limit (``gateway.schema_limits``), or a grammar over
+    its budget (``backends.engine.grammar_sandbox``); ``param`` names the field."""
+
+    default_code = "schema_too_complex"
+
+
 class NotFound(GatewayError):
     status_code = 404
     error_type = "invalid_request_error"
@@ -138,6 +145,12 @@ class EngineOverloaded(ServiceUnavailable):
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after is not None else None
         super().__init__(message, headers=headers)
+
+
+class GrammarBusy(EngineOverloaded):
+    """503: every grammar worker stayed busy for ``grammar.queue_seconds``; retry."""
+
+    default_code = "grammar_busy"
 
 
 class UpstreamUnavailable(EngineOverloaded):

@@ -21,6 +21,8 @@ from inferflux.backends.engine import RequestTimings
 from inferflux.backends.engine.errors import (
     CacheCapacityError,
     EngineDeadError,
+    GrammarBusyError,
+    GrammarTooComplexError,
     InvalidRequestError,
     PromptTooLongError,
 )
@@ -30,9 +32,11 @@ from inferflux.backends.openai.errors import UpstreamUnavailable as UpstreamUnav
 from inferflux.gateway.errors import (
     ContextLengthExceeded,
     GatewayError,
+    GrammarBusy,
     InternalError,
     InvalidRequest,
     ModelNotReady,
+    SchemaTooComplex,
     ServiceUnavailable,
     UpstreamUnavailable,
 )
@@ -303,10 +307,14 @@ def engine_error_to_gateway(exc: BaseException, *, param_names: dict[str, str] |
     if isinstance(exc, PromptTooLongError | CacheCapacityError):
         # To a client, a request the KV cache can never hold is a context that is too long.
         return ContextLengthExceeded(str(exc), param=names.get(exc.param or "", exc.param))
+    if isinstance(exc, GrammarTooComplexError):
+        return SchemaTooComplex(str(exc), param=names.get(exc.param or "", exc.param))
     if isinstance(exc, InvalidRequestError):
         return InvalidRequest(str(exc), param=names.get(exc.param or "", exc.param))
     if isinstance(exc, EngineDeadError):
         return ModelNotReady(f"The model's engine is not running: {exc}")
+    if isinstance(exc, GrammarBusyError):
+        return GrammarBusy(str(exc), retry_after=1)
     if isinstance(exc, UpstreamError):
         return upstream_error_to_gateway(exc)
     return InternalError("The engine failed while generating")

@@ -6,6 +6,9 @@ between its authentication (``gateway.auth``, ``gateway.authz``) and its first
 output, and the accounting after its last. The refusal order is written here
 and nowhere else; the first refusal answers:
 
+0. (the route, before this object) the size of the request's schemas, tools and
+   guided constraints (400 ``schema_too_complex``, ``gateway.schema_limits``):
+   neither the guardrails nor the grammar engine work on what is refused for its size.
 1. ``screen``: the tenant's input guardrails, on the body as sent (400
    ``content_filter``; a redacting rule rewrites the body the route parses);
    for every tenant, 400 ``invalid_unicode`` for a lone surrogate in a history
@@ -13,7 +16,8 @@ and nowhere else; the first refusal answers:
    ``token_ids_unchecked`` for token ids no tokenizer here can decode.
 2. ``place``: the request's priority within the bounds its traffic policy
    allows (400 ``priority``), its tenant's fair-share weight, its prefix-cache
-   namespace.
+   namespace. Then (the route) its grammars, compiled within the grammar budget
+   (400 ``schema_too_complex``, 503 ``grammar_busy``; ``gateway.grammars``).
 3. ``start``, in this order:
    a. the engine's queue (503 when it is full, 429 ``tenant_queue_full``
       beyond the tenant's share of it), then the rate limits and quotas

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import HTTPConnection
 
 if TYPE_CHECKING:
+    from inferflux.backends.engine import GrammarBudget
     from inferflux.policy.audit import AuditStore, AuditTrail
     from inferflux.policy.guardrails import GuardrailResolver
     from inferflux.policy.ratelimit import RateLimiter
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from inferflux.gateway.model_admin import ModelAdmin
     from inferflux.gateway.models import ModelManager
     from inferflux.gateway.protocol import StopLimits
+    from inferflux.gateway.schema_limits import SchemaLimits
     from inferflux.gateway.settings import Settings
     from inferflux.gateway.traffic import TrafficPolicy
 
@@ -48,6 +50,8 @@ class GatewayState:
     json_limits: JsonLimits  # the generation routes' bodies
     store_json_limits: JsonLimits  # bodies the store keeps: no U+0000 (PostgreSQL refuses it)
     stop_limits: StopLimits
+    schema_limits: SchemaLimits  # a request's schemas and tools, before its guardrails (gateway.schema_limits)
+    grammar_budget: GrammarBudget  # each new grammar's compile (gateway.grammars)
     audit_trail: AuditTrail | None = None  # set when the app starts (the spool locks its directory)
     traffic_tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # rate-limit settlements in flight
 

@@ -2,10 +2,12 @@
 
 Checked here (each refusal a 400 naming the parameter, ``tools[2].function.name``):
 names match ``^[a-zA-Z0-9_-]{1,64}$`` and are unique; ``parameters`` is a JSON
-Schema of an object that the grammar engine compiles (llguidance, as for
-``response_format``; checked while planning, ``check_parameters``); at most ``MAX_TOOLS`` tools of at most
-``MAX_PARAMETERS_BYTES`` of schema each; a named ``tool_choice`` names one of
-them; a ``tool`` message answers a call an earlier assistant message made.
+Schema of an object that the grammar engine compiles within the grammar budget
+(llguidance in a grammar worker, as for ``response_format``; checked before
+planning, ``check_parameters``); at most ``MAX_TOOLS`` tools of at most
+``MAX_PARAMETERS_BYTES`` of schema each (the route refuses larger ones earlier, by its
+``gateway.schema_limits``); a named ``tool_choice`` names one of them; a ``tool``
+message answers a call an earlier assistant message made.
 
 What the request then asks of the model (``ToolPlan``):
 
@@ -38,6 +40,7 @@ refused (two grammars cannot both hold).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -45,10 +48,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferflux.backends.engine import GuidedSpec
+from inferflux.backends.engine import DEFAULT_BUDGET, GrammarBudget, GrammarTooComplexError, GuidedSpec
+from inferflux.backends.engine.grammar_sandbox import shared_sandbox
+from inferflux.backends.engine.guided import first_line
 from inferflux.backends.models.tool_prompt import generic_tool_messages, template_uses_tools
 
-from inferflux.gateway.errors import InvalidRequest
+from inferflux.gateway.errors import InvalidRequest, SchemaTooComplex
 from inferflux.gateway.json_schema import closed_schema
 
 if TYPE_CHECKING:
@@ -178,29 +183,37 @@ def _check_parameters(schema: dict[str, Any], param: str) -> None:
         raise ToolError(param, f"parameters must be the JSON Schema of an object (type 'object'), not {kind!r}")
 
 
-def check_parameters(tools: Sequence[ToolDefinition]) -> None:
-    """Each tool's ``parameters`` compiles (llguidance, without a vocabulary: no model needed); raises
-    ``InvalidRequest`` naming the tool. Run while planning, not parsing: a large schema takes tens of
-    milliseconds, and a large body is planned on the thread pool, not on the event loop."""
+def check_parameters(tools: Sequence[ToolDefinition], budget: GrammarBudget = DEFAULT_BUDGET,
+                     cancel: threading.Event | None = None) -> GrammarBudget:  # fmt: skip
+    """Each tool's ``parameters`` compiles (llguidance, without a vocabulary: no model needed) within
+    ``budget``, all of them together, in a grammar worker (``backends.engine.grammar_sandbox``, which
+    remembers its verdicts: an application sends the same tools with every request). Returns what is
+    left of ``budget``; raises ``InvalidRequest`` (a construct llguidance cannot enforce) or
+    ``SchemaTooComplex`` (over the budget) naming the tool, and what the sandbox raises when busy or
+    cancelled. Blocking: the gateway runs it on a thread (``gateway.grammars``)."""
+    sandbox = shared_sandbox()
     for i, tool in enumerate(tools):
-        if tool.function.parameters is not None:
-            key = json.dumps(_arguments_schema(tool.function.parameters), sort_keys=True, separators=(",", ":"))
-            error = _grammar_error(key)
-            if error is not None:
-                raise InvalidRequest(f"parameters cannot be enforced: {error}", param=f"tools[{i}].function.parameters")
+        if tool.function.parameters is None:
+            continue
+        param = f"tools[{i}].function.parameters"
+        try:
+            grammar = _parameters_grammar(json.dumps(_arguments_schema(tool.function.parameters), sort_keys=True,
+                                                     separators=(",", ":")))  # fmt: skip
+            verdict = sandbox.check(grammar, None, budget, cancel)
+        except GrammarTooComplexError as exc:  # (a ValueError too)
+            raise SchemaTooComplex(f"parameters cannot be enforced: {exc}", param=param) from None
+        except ValueError as exc:  # not an object schema, options that do not apply
+            raise InvalidRequest(f"parameters cannot be enforced: {str(exc).splitlines()[0]}", param=param) from None
+        if verdict.error:
+            raise InvalidRequest(f"parameters cannot be enforced: {first_line(verdict.error)}", param=param)
+        budget = budget.less(verdict)
+    return budget
 
 
 @lru_cache(maxsize=256)  # an application sends the same tools with every request
-def _grammar_error(schema_json: str) -> str | None:
-    """llguidance's objection to the schema, or None."""
-    from llguidance import LLMatcher
-
-    try:
-        grammar = GuidedSpec("json_schema", schema=json.loads(schema_json)).grammar()
-    except ValueError as exc:
-        return str(exc).split("\n", 1)[0]
-    error = LLMatcher.validate_grammar(grammar, None)
-    return None if not error else str(error).split("\n<state>", 1)[0].strip()[:1000]
+def _parameters_grammar(schema_json: str) -> str:
+    """llguidance's grammar (its JSON form) of a parameters schema; ValueError where it cannot make one."""
+    return GuidedSpec("json_schema", schema=json.loads(schema_json)).grammar()
 
 
 def check_choice(tool_choice: ToolChoice | None, tools: Sequence[ToolDefinition] | None) -> None:

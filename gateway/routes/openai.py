@@ -1,9 +1,11 @@
 """OpenAI-compatible routes: chat completions, completions, embeddings, models; the Responses and Messages APIs.
 
 A generation handler reads top to bottom: parse → plan → policy → generate →
-render. The body is decoded with limits (``gateway.jsonbody``) and screened by
+render. The body is decoded with limits (``gateway.jsonbody``), its schemas and
+tools measured against theirs (``gateway.schema_limits``), and screened by
 the input guardrails before it is parsed (a redacting rule rewrites what is
-parsed); ``gateway.plan`` turns the request into checked engine requests
+parsed); its grammars are compiled under the grammar budget (``gateway.grammars``);
+``gateway.plan`` turns the request into checked engine requests
 (``gateway.plan_remote`` into upstream requests, for a model an upstream serves);
 ``gateway.request_policy.RequestPolicy`` owns admission, limits, OPA and
 settlement, in its one refusal order; ``gateway.rendering`` shapes the answer.
@@ -32,6 +34,7 @@ from inferflux.gateway.embeddings import EmbeddingsRequest, embed, embedding_set
 from inferflux.gateway.embeddings import render_embeddings
 from inferflux.gateway.errors import ModelNotFound, UnsupportedMediaType
 from inferflux.gateway.generation import ChoiceEvent, Generation
+from inferflux.gateway.grammars import compile_grammars
 from inferflux.gateway.jsonbody import decode_json_body
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS
 from inferflux.gateway.models import ModelManager, ServedModel
@@ -41,6 +44,7 @@ from inferflux.gateway.plan_remote import plan_remote
 from inferflux.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from inferflux.gateway.rendering import ChatRenderer, CompletionRenderer, Renderer, collect, sse_body
 from inferflux.gateway.request_policy import RequestPolicy
+from inferflux.gateway.schema_limits import check_schemas
 from inferflux.gateway.state import state_of
 from inferflux.gateway.streaming import ClientDisconnected, SSEResponse, drain_deadline, run_until_disconnect
 from inferflux.gateway.tracing import stage
@@ -103,7 +107,10 @@ async def _generate(
 ) -> Response:
     """parse → plan → policy → generate → render (the policy's steps in its refusal order)."""
     policy = RequestPolicy(request)
-    req, plan = await _prepare(request, policy, await read_json(request), kind, plan_for)
+    try:
+        req, plan = await _prepare(request, policy, await read_json(request), kind, plan_for)
+    except ClientDisconnected:  # while its grammars compiled
+        return Response(status_code=CLIENT_CLOSED_STATUS)
     return await _answer(request, policy, plan, req, render_for(plan, req))
 
 
@@ -114,7 +121,9 @@ async def _prepare(
     kind: type[Req],
     plan_for: Callable[[ServedModel, Req, Placement], Plan],
 ) -> tuple[Req, Plan]:
-    """The generation's checked plan: input guardrails on ``body``, parse, allow-list, placement, plan."""
+    """The generation's checked plan: the size of its schemas, input guardrails on ``body``, parse,
+    allow-list, placement, its grammars compiled within their budget, plan."""
+    check_schemas(body, state_of(request).schema_limits)  # before any guardrail or grammar work
     body = await policy.screen(body)
     with stage(policy.ctx, "plan"):
         req = parse_request(kind, body, state_of(request).stop_limits)
@@ -122,7 +131,8 @@ async def _prepare(
         placement = await policy.place(req)
         if served.remote:  # no tokenizer to run: an upstream serves it
             plan_for = plan_remote  # type: ignore[assignment]
-        # A grammar is compiled while planning (milliseconds; the model's first builds its vocabulary, ~0.5 s).
+        await compile_grammars(request, served, req)  # in a grammar worker first, given up if the client leaves
+        # Planning finds them compiled (the model's first guided request builds its vocabulary, ~0.5 s).
         if len(await request.body()) <= INLINE_PLAN_BYTES and req.guided() is None:
             return req, plan_for(served, req, placement)
         return req, await run_in_threadpool(plan_for, served, req, placement)
@@ -190,6 +200,8 @@ async def _adapt(request: Request, parse: Callable[[dict[str, Any]], Adapter]) -
     try:
         req, plan = await _prepare(request, policy, adapter.chat_body(), ChatCompletionRequest, plan_chat)
         return await _answer(request, policy, plan, req, AdapterRenderer(plan, adapter))
+    except ClientDisconnected:  # while its grammars compiled
+        return Response(status_code=CLIENT_CLOSED_STATUS)
     except ApiError as exc:
         chat_param, exc.param = exc.param, adapter.param(exc.param)
         if chat_param and exc.param != chat_param and exc.message.startswith(f"{chat_param}:"):

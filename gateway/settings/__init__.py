@@ -24,15 +24,30 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       json_max_object_keys: 1000
       stop_max_sequences: 16
       stop_max_bytes: 512   # each stop sequence, in UTF-8
+      schema_max_bytes: 65536   # each schema (response_format's, a tool's parameters), compact JSON; before the guardrails
+      schema_max_total_bytes: 524288   # a request's schemas together
+      schema_max_keywords: 10000   # object keys in a request's schemas together
+      schema_max_depth: 24  # nesting inside one schema
+      schema_max_enum_values: 2000   # enum values in a request's schemas together (and guided_choice's choices)
+      schema_max_patterns: 128   # pattern and patternProperties regexes in a request's schemas together
+      schema_max_pattern_bytes: 4096   # each of those regexes, and guided_regex
+      schema_max_bound: 100000   # each minLength, maxLength, minItems, maxItems, minProperties, ...
       header_timeout_seconds: 10   # a connection's request headers must arrive within this
       body_timeout_seconds: 30     # and its body within this after them (else 408, closed)
       keep_alive_timeout_seconds: 5   # an idle keep-alive connection is closed after this
+    grammar:                # a request's new grammars, built in worker processes first (backends.engine.grammar_sandbox)
+      workers: 2            # at once
+      cpu_seconds: 1        # the request's new grammars together: compile and first mask (over: 400 schema_too_complex)
+      wall_seconds: 5       # the same in wall time
+      memory_bytes: 512MiB  # each grammar, above the worker's baseline
+      queue_seconds: 10     # the longest wait for a free worker (then 503 grammar_busy)
     engine:                 # backends.engine.EngineConfig; omitted keys keep its defaults
       kv_cache_bytes: 512MiB
       block_size: 16        # tokens per KV block; default: the backend's (cpu 8, cuda, metal and mlx 16)
       max_num_seqs: 64
       max_num_batched_tokens: 512
       max_model_len: 8192   # may only lower the model's context length
+      grammar_cache_bytes: 256MiB   # compiled grammars kept per model, by estimated size (and at most 256)
       preemption_mode: swap # recompute (default) | swap: park preempted KV instead of dropping it
       swap_space_bytes: 4GiB  # default: the KV cache's size
       swap_dir: /var/lib/inferflux/swap   # unset: swap to host memory

@@ -19,6 +19,7 @@ from inferflux.gateway.settings.sections import (
     Dtype,
     EmbeddingSettings,
     EngineSettings,
+    GrammarSettings,
     InputLimitSettings,
     LogFormat,
     LogLevel,
@@ -62,6 +63,7 @@ class Settings(BaseModel):
     # the queue stays open to the other tenants (the scheduler then shares the batch fairly).
     max_queued_sequences_per_tenant: int = Field(default=128, ge=1)
     input_limits: InputLimitSettings = Field(default_factory=InputLimitSettings)
+    grammar: GrammarSettings = Field(default_factory=GrammarSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: list[ModelEntry] = Field(default_factory=list)
     model_registry: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)

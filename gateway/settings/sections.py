@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from inferflux.gateway.jsonbody import JsonLimits
 from inferflux.gateway.protocol import StopLimits
+from inferflux.gateway.schema_limits import SchemaLimits
 # The upstream sections have a module of their own; ModelEntry and Settings take them from here.
 from inferflux.gateway.settings.upstreams import UpstreamPolicySettings, UpstreamSettings  # noqa: F401
 
@@ -161,6 +162,8 @@ class EngineSettings(BaseModel):
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     max_model_len: int | None = Field(default=None, gt=0)
     enable_prefix_caching: bool | None = None  # engine default: on
+    # Compiled grammars kept per model, by estimated bytes (and at most 256 of them); engine default: 256MiB.
+    grammar_cache_bytes: ByteSize | None = None
     speculative: SpeculativeSettings | None = None  # every model's, unless its entry sets its own; unset: off
     passes: PassesSettings | None = None  # every local model's load passes, under each entry's own
     # Batch-invariant kernels for every local model whose entry does not say (docs/backends.md#deterministic-mode):
@@ -330,6 +333,28 @@ class ServerSettings(BaseModel):
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=3600)
 
 
+class GrammarSettings(BaseModel):
+    """What building one grammar may cost (``backends.engine.grammar_sandbox``): a response_format schema, a
+    forced tool call, a guided regex or choice, a tool's parameters. A grammar the process has not built
+    before is built in a worker process first, killed at the first bound it passes (400 schema_too_complex);
+    ``workers`` of them at once, a request waiting at most ``queue_seconds`` for one (then 503 grammar_busy)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: int = Field(default=2, ge=1, le=64)
+    cpu_seconds: float = Field(default=1.0, gt=0, le=600)  # its compile and first mask, CPU time
+    wall_seconds: float = Field(default=5.0, gt=0, le=3600)  # the same, wall time (a busy host stretches it)
+    memory_bytes: ByteSize = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)  # above the worker's baseline
+    queue_seconds: float = Field(default=10.0, ge=0, le=600)
+
+    def budget(self) -> Any:
+        """The ``GrammarBudget`` these settings give each grammar."""
+        from inferflux.backends.engine import GrammarBudget
+
+        return GrammarBudget(cpu_seconds=self.cpu_seconds, wall_seconds=self.wall_seconds,
+                             memory_bytes=self.memory_bytes, queue_seconds=self.queue_seconds)  # fmt: skip
+
+
 class TracingSettings(BaseModel):
     """OpenTelemetry traces (``gateway.tracing``); the standard ``OTEL_*`` variables configure the
     exporter, endpoint, service name, sampler and propagators."""
@@ -352,6 +377,17 @@ class InputLimitSettings(BaseModel):
     json_max_object_keys: int = Field(default=1000, ge=1)
     stop_max_sequences: int = Field(default=16, ge=1, le=64)  # 64: the engine's MAX_STOP_STRINGS
     stop_max_bytes: int = Field(default=512, ge=1, le=64 * 1024)  # each, UTF-8
+    # The schemas a request asks to be enforced (response_format's, each tool's parameters) and its
+    # guided_regex / guided_choice, checked before the guardrails and the grammar engine see them
+    # (gateway.schema_limits); the totals count every schema of the request together.
+    schema_max_bytes: int = Field(default=65_536, ge=1024)  # each schema, compact JSON
+    schema_max_total_bytes: int = Field(default=524_288, ge=1024)
+    schema_max_keywords: int = Field(default=10_000, ge=1)  # object keys, all schemas together
+    schema_max_depth: int = Field(default=24, ge=2, le=256)  # nesting inside one schema
+    schema_max_enum_values: int = Field(default=2_000, ge=1)  # all schemas together, and guided_choice
+    schema_max_patterns: int = Field(default=128, ge=0)  # pattern / patternProperties regexes, all together
+    schema_max_pattern_bytes: int = Field(default=4_096, ge=1)  # each regex, and guided_regex
+    schema_max_bound: int = Field(default=100_000, ge=1)  # each minLength, maxLength, minItems, ...
     # Slow clients: a connection must deliver a request's headers this long after
     # it opens (or after the previous answer), and its body this long after the
     # headers; an idle keep-alive connection is closed after keep_alive_timeout.
@@ -361,6 +397,9 @@ class InputLimitSettings(BaseModel):
 
     def stop_limits(self) -> StopLimits:
         return StopLimits(max_sequences=self.stop_max_sequences, max_bytes=self.stop_max_bytes)
+
+    def schema_limits(self) -> SchemaLimits:
+        return SchemaLimits(**{name: getattr(self, f"schema_{name}") for name in SchemaLimits.__dataclass_fields__})
 
     def json_limits(self, *, allow_nul: bool = True) -> JsonLimits:
         """The decoder's limits; ``allow_nul`` False for bodies the store keeps (PostgreSQL refuses U+0000)."""
