@@ -320,8 +320,8 @@ class GrammarSandbox:
                                eos=list(vocabulary.eos))  # fmt: skip
         try:
             worker.send(request)
-        except OSError:
-            raise GrammarTooComplexError(self._death(worker, budget)) from None
+        except OSError:  # it died while idle: nothing to do with this grammar
+            raise GrammarBusyError("a grammar worker stopped before it could take the grammar; retry") from None
         if vocabulary is not None:
             worker.vocabularies.add(vocabulary.name)
         self._wait(worker, budget, cancel, started=False)
@@ -345,14 +345,19 @@ class GrammarSandbox:
             try:
                 message = worker.receive(self.poll_seconds)
             except EOFError:
+                if not started:  # before its budget began (loading a vocabulary): not the grammar's doing
+                    raise GrammarBusyError("a grammar worker stopped before it started; retry") from None
                 raise GrammarTooComplexError(self._death(worker, budget)) from None
             if message is not None:
                 return message
+            if not started:
+                if time.monotonic() - begin > limit:
+                    raise GrammarBusyError(f"a grammar worker did not start within {limit:g} s; retry")
+                continue
             reason = None
             if time.monotonic() - begin > limit:
-                reason = (f"it took more than {budget.wall_seconds:.3g} s (grammar.wall_seconds)" if started
-                          else "the grammar worker did not start")  # fmt: skip
-            elif started and base is not None:
+                reason = f"it took more than {budget.wall_seconds:.3g} s (grammar.wall_seconds)"
+            elif base is not None:
                 now = worker.usage()
                 if now is not None and now[0] - base[0] > budget.cpu_seconds:
                     reason = f"it needed more than {budget.cpu_seconds:.3g} s of CPU time (grammar.cpu_seconds)"

@@ -86,6 +86,16 @@ def _unlimit() -> None:
         resource.setrlimit(which, (hard, hard))
 
 
+def _build(matcher_class: Any, grammar: str, vocabulary: Any, limits: Any, before: int) -> tuple[str, int]:
+    """llguidance's objection to ``grammar`` ("" if none) and the resident growth building it took."""
+    if vocabulary is None:
+        return matcher_class.validate_grammar(grammar, None, limits=limits), _statm(1) - before
+    matcher = matcher_class(vocabulary, grammar, log_level=0, limits=limits)
+    if not matcher.is_error():
+        matcher.compute_bitmask()  # the first mask: what every request of this grammar pays at once
+    return (matcher.get_error() if matcher.is_error() else ""), _statm(1) - before
+
+
 def main() -> None:
     from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
@@ -105,16 +115,10 @@ def main() -> None:
         _limit(request["cpu_seconds"], request["memory_bytes"])
         _write(answers, {"started": True})
         before, cpu = _statm(1), _cpu()
-        if name is None:
-            error = LLMatcher.validate_grammar(request["grammar"], None, limits=limits)
-            grown = _statm(1) - before
-        else:
-            matcher = LLMatcher(vocabularies[name], request["grammar"], log_level=0, limits=limits)
-            if not matcher.is_error():
-                matcher.compute_bitmask()  # the first mask: what every request of this grammar pays at once
-            error = matcher.get_error() if matcher.is_error() else ""
-            grown = _statm(1) - before
-            del matcher
+        try:
+            error, grown = _build(LLMatcher, request["grammar"], vocabularies.get(name), limits, before)
+        except (ValueError, TypeError, RuntimeError) as exc:  # llguidance refuses what it was given
+            error, grown = f"{type(exc).__name__}: {exc}", 0
         cpu = _cpu() - cpu
         _unlimit()
         _write(answers, {"error": error or None, "bytes": max(0, grown), "cpu": cpu})
