@@ -10,7 +10,13 @@ model, real audit spool):
   field names (and others) holding hostile values — lone surrogates, NUL, bidi
   overrides, very long strings, integers of thousands of digits, ``1e400``,
   ``-0``, ``NaN`` and ``Infinity`` — sent as raw JSON text, and generation
-  requests for the real model with hostile prompts and stop sequences.
+  requests for the real model with hostile prompts and stop sequences;
+* hostile schemas (issue 44) in ``response_format``, in ``tools`` (with every
+  ``tool_choice``) and as ``guided_regex``: deep nesting, huge enums, many
+  patterns (in one ``allOf`` and spread out), recursive ``$ref``, huge
+  ``minLength``/``maxLength`` and other bounds, hard and long regexes. Each must
+  also end within its grammar budget (``GRAMMAR``: its wait for a worker and its
+  wall time, with a margin for the rest of the request).
 
 Every answer must be below 500, and the run counts its cases (at least
 ``MIN_CASES``). Generation requests ask for at most a few tokens, and
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +52,13 @@ SCALE = float(os.environ.get("INFERFLUX_FUZZ_SCALE", "1"))
 SCHEMA_EXAMPLES = max(1, round(40 * SCALE))  # per operation; 58 operations
 BODY_EXAMPLES = max(1, round(3400 * SCALE))  # hostile bodies over every operation that reads one (also the margin over MIN_CASES)
 GENERATION_EXAMPLES = max(1, round(200 * SCALE))  # hostile generation requests (the model runs)
+SCHEMA_BODY_EXAMPLES = max(1, round(100 * SCALE))  # hostile schemas and tool lists (grammar workers run)
 MIN_CASES = round(5000 * min(SCALE, 1))
+# The fuzzed app's grammar budget (for each request's new grammars), and the longest a hostile-schema request
+# may take: a wait for a worker, the budget's wall time, and a margin for starting a worker, loading its
+# vocabulary (about a second) and the rest of the request on a loaded machine.
+GRAMMAR = {"cpu_seconds": 0.5, "wall_seconds": 3.0, "queue_seconds": 10.0}
+SCHEMA_CASE_SECONDS = GRAMMAR["queue_seconds"] + GRAMMAR["wall_seconds"] + 15.0
 
 
 @dataclass
@@ -71,7 +84,7 @@ def fuzz(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fu
     victim_key, _ = store.create_api_key(acme.id, "victim", "member")
     victim = store.create_tenant("victim")
     victim_credential = store.create_credential(None, "victim", "sk-victim")
-    app = make_app(store, data_dir=str(data_dir / "app"))
+    app = make_app(store, data_dir=str(data_dir / "app"), grammar=GRAMMAR)
     server, thread, sock, url = start_uvicorn(app)
     headers = {"platform-admin": seeded.admin, "tenant-admin": seeded.acme_admin, "member": bearer(member),
                "viewer": bearer(viewer)}  # fmt: skip
@@ -83,7 +96,7 @@ def fuzz(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fu
         store.close()
     print(f"\nfuzz: {state.cases} cases, {len(state.failures)} answered 5xx")  # in the log with -s / -rP
     assert not state.failures, "\n".join(state.failures[:20])
-    if state.runs == len(_operation_ids()) + 2:  # the whole module ran (not a -k selection)
+    if state.runs == len(_operation_ids()) + 3:  # the whole module ran (not a -k selection)
         assert state.cases >= MIN_CASES, f"only {state.cases} fuzz cases ran (at least {MIN_CASES} expected)"
 
 
@@ -384,6 +397,90 @@ def test_hostile_generation_requests_find_no_5xx(fuzz: Fuzz, client: httpx.Clien
         response = client.post(path, content=text.encode("utf-8", "surrogatepass"),
                                headers={**fuzz.headers[role], "content-type": "application/json"})  # fmt: skip
         record(fuzz, f"{role} POST {path} {text[:200]!r}", response)
+
+    run()
+    fuzz.runs += 1
+
+
+# -- hostile schemas and tool lists ----------------------------------------------------------
+
+BOUND_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+HARD_REGEXES = ("^(a|b)*a(a|b){30}$", "(a{1,100}){1,100}", "^((a|b){1,50}c){1,50}$", "(a*)*b", "(?=a)a", "\\",
+                "[", "x{1000}{1000}", "(.*){1,64}", "[\\s\\S]{0,100000}")  # fmt: skip
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for i in range(depth):
+        schema = {"type": "object", "properties": {f"p{i}": schema}, "required": [f"p{i}"]}
+    return schema
+
+
+def _bounded(keyword: str, value: Any) -> dict[str, Any]:
+    kind = "array" if "Items" in keyword else "object" if "Properties" in keyword else "string"
+    return {"type": "object", "properties": {"v": {"type": kind, keyword: value}}, "required": ["v"]}
+
+
+def hostile_schemas() -> st.SearchStrategy[Any]:
+    """Schemas shaped to cost the guardrails or the grammar engine; ``tag`` makes each its own grammar, since
+    the grammar workers remember their verdicts."""
+    tag = st.integers(0, 10**6)
+    deep = st.integers(1, 40).map(_nested)
+    enum = st.tuples(st.integers(1, 6000), tag).map(
+        lambda p: {"type": "object", "properties": {"v": {"enum": [f"v{p[1]}-{i}" for i in range(p[0])]}}})
+    all_of = st.tuples(st.integers(1, 400), tag).map(lambda p: {"type": "object", "required": ["s"], "properties": {
+        "s": {"type": "string", "allOf": [{"pattern": f"t{p[1]}x{i}"} for i in range(p[0])]}}})
+    spread = st.tuples(st.integers(1, 300), tag).map(lambda p: {"type": "object", "properties": {
+        f"k{i}": {"type": "string", "pattern": f"^{p[1]}[a-z]{{{i}}}$"} for i in range(p[0])}})
+    recursive = st.sampled_from([
+        {"$ref": "#"},
+        {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"type": "object", "properties": {"x": {"$ref": "#/properties/x"}}},
+        {"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1}}, "$ref": "#/$defs/n"},
+        {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+        {"$ref": "http://169.254.169.254/latest/meta-data"},
+    ])
+    bounds = st.tuples(st.sampled_from(BOUND_KEYWORDS),
+                       st.sampled_from([0, 1, 1000, 100_000, 100_001, 10**9, 10**18, -1, 2.5, 1e300])).map(
+        lambda p: _bounded(*p))
+    regex = st.one_of(st.sampled_from(HARD_REGEXES), st.integers(100, 10_000).map(lambda n: "a" * n))
+    patterned = regex.map(lambda r: {"type": "object", "properties": {"v": {"type": "string", "pattern": r}}})
+    return st.one_of(deep, enum, all_of, spread, recursive, bounds, patterned)  # fmt: skip
+
+
+def hostile_schema_bodies() -> st.SearchStrategy[dict[str, Any]]:
+    """Chat bodies carrying hostile schemas: as the response format, as tools' parameters (one to three tools,
+    or more than the limit allows) with each tool_choice, or a hard regex as guided_regex."""
+    schemas = hostile_schemas()
+    tools = st.lists(schemas, min_size=1, max_size=3).map(
+        lambda ss: [{"type": "function", "function": {"name": f"f{i}", "parameters": s}} for i, s in enumerate(ss)])
+    too_many = st.integers(129, 300).map(
+        lambda n: [{"type": "function", "function": {"name": f"f{i}"}} for i in range(n)])
+    choice = st.sampled_from([None, "none", "auto", "required", {"type": "function", "function": {"name": "f0"}}])
+    with_tools = st.tuples(st.one_of(tools, too_many), choice).map(
+        lambda p: {"tools": p[0], **({} if p[1] is None else {"tool_choice": p[1]})})
+    with_format = schemas.map(lambda s: {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                                 "schema": s}}})
+    with_regex = st.one_of(st.sampled_from(HARD_REGEXES), st.integers(1000, 10_000).map(lambda n: "(a|b)" * n)).map(
+        lambda r: {"guided_regex": r})
+    base = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    return st.one_of(with_tools, with_format, with_regex).map(lambda extra: {**base, **extra})  # fmt: skip
+
+
+def test_hostile_schemas_find_no_5xx_and_end_within_their_budget(fuzz: Fuzz, client: httpx.Client) -> None:
+    @given(body=hostile_schema_bodies(), role=st.sampled_from(("tenant-admin", "member")))
+    @settings(max_examples=SCHEMA_BODY_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+              derandomize=True)  # fmt: skip
+    def run(body: dict[str, Any], role: str) -> None:
+        text = json.dumps(body)
+        start = time.monotonic()
+        response = client.post("/v1/chat/completions", content=text.encode(), timeout=SCHEMA_CASE_SECONDS * 2,
+                               headers={**fuzz.headers[role], "content-type": "application/json"})  # fmt: skip
+        took = time.monotonic() - start
+        record(fuzz, f"{role} POST /v1/chat/completions {text[:200]!r}", response)
+        if took > SCHEMA_CASE_SECONDS:
+            fuzz.failures.append(f"{took:.1f} s, over the grammar budget's bound: {text[:200]!r} -> {response.text[:200]}")
 
     run()
     fuzz.runs += 1
