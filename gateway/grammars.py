@@ -8,7 +8,8 @@ A grammar the process has not built before is built first in a grammar worker
 (``backends.engine.grammar_sandbox``) under ``grammar.*``'s budget, which the
 request's new grammars share (the tools' first, then its constraint): over it, 400
 ``schema_too_complex`` naming the field; no worker free for
-``grammar.queue_seconds``, 503 ``grammar_busy``. The wait runs on a thread and
+``grammar.queue_seconds``, 503 ``grammar_busy`` (a free worker goes to the tenant
+holding the fewest). The wait runs on a thread and
 watches the client: when it leaves (or a draining server's grace ends) the worker
 is killed at once, and nothing of that grammar runs on. Planning then finds the
 grammar compiled (``GrammarCompiler``'s cache) and the tools' verdicts remembered.
@@ -27,6 +28,7 @@ from starlette.requests import Request
 
 from inferflux.backends.engine import EngineError, GrammarBudget, GrammarTooComplexError, InvalidRequestError
 
+from inferflux.gateway.authz import principal_of
 from inferflux.gateway.generation import engine_error_to_gateway
 from inferflux.gateway.models import ServedModel
 from inferflux.gateway.plan import GenerationRequest, param_names
@@ -49,13 +51,14 @@ async def compile_grammars(request: Request, served: ServedModel, req: Generatio
         return
     budget = state_of(request).grammar_budget  # for all of the request's new grammars together
     names = param_names(req)
+    tenant = principal_of(request).tenant_id  # the workers are shared fairly between tenants
     if tools:
-        budget = await _watched(request, partial(check_parameters, tools, budget), names)
+        budget = await _watched(request, partial(check_parameters, tools, budget, owner=tenant), names)
     if spec is not None:
         # Over the budget the field that holds the schema is named; what llguidance cannot compile keeps
         # the constraint's own name, as planning names it.
         over = {**names, "guided": _schema_field(req)}
-        await _watched(request, partial(served.engine.compile_grammar, spec, budget), names, over)
+        await _watched(request, partial(served.engine.compile_grammar, spec, budget, owner=tenant), names, over)
 
 
 async def _watched(request: Request, work: Callable[..., T], names: dict[str, str],

@@ -184,13 +184,14 @@ def _check_parameters(schema: dict[str, Any], param: str) -> None:
 
 
 def check_parameters(tools: Sequence[ToolDefinition], budget: GrammarBudget = DEFAULT_BUDGET,
-                     cancel: threading.Event | None = None) -> GrammarBudget:  # fmt: skip
+                     cancel: threading.Event | None = None, owner: str | None = None) -> GrammarBudget:  # fmt: skip
     """Each tool's ``parameters`` compiles (llguidance, without a vocabulary: no model needed) within
     ``budget``, all of them together, in a grammar worker (``backends.engine.grammar_sandbox``, which
     remembers its verdicts: an application sends the same tools with every request). Returns what is
     left of ``budget``; raises ``InvalidRequest`` (a construct llguidance cannot enforce) or
     ``SchemaTooComplex`` (over the budget) naming the tool, and what the sandbox raises when busy or
-    cancelled. Blocking: the gateway runs it on a thread (``gateway.grammars``)."""
+    cancelled (``owner``: whose tools, to share the workers fairly). Blocking: the gateway runs it on a
+    thread (``gateway.grammars``)."""
     sandbox = shared_sandbox()
     for i, tool in enumerate(tools):
         if tool.function.parameters is None:
@@ -199,7 +200,7 @@ def check_parameters(tools: Sequence[ToolDefinition], budget: GrammarBudget = DE
         try:
             grammar = _parameters_grammar(json.dumps(_arguments_schema(tool.function.parameters), sort_keys=True,
                                                      separators=(",", ":")))  # fmt: skip
-            verdict = sandbox.check(grammar, None, budget, cancel)
+            verdict = sandbox.check(grammar, None, budget, cancel, owner=owner)
         except GrammarTooComplexError as exc:  # (a ValueError too)
             raise SchemaTooComplex(f"parameters cannot be enforced: {exc}", param=param) from None
         except ValueError as exc:  # not an object schema, options that do not apply

@@ -148,10 +148,10 @@ class AsyncEngine:
         return self.engine.make_request(request_id, prompt_token_ids, *args, **kwargs)
 
     def compile_grammar(self, spec: GuidedSpec, budget: GrammarBudget = DEFAULT_BUDGET,
-                        cancel: threading.Event | None = None) -> None:  # fmt: skip
+                        cancel: threading.Event | None = None, owner: str | None = None) -> None:  # fmt: skip
         """Compile ``spec`` for this engine under ``budget`` (``GrammarCompiler.compile``, its errors), so that
         ``make_request`` finds it compiled; ``cancel`` set stops it (the caller left). Blocking; any thread."""
-        self.engine.grammars.compile(spec, budget, cancel)
+        self.engine.grammars.compile(spec, budget, cancel, owner)
 
     def make_embedding_request(self, request_id: str, inputs: Iterable[Iterable[int]], pooling: str,
                                **kwargs: Any) -> EmbeddingRequest:  # fmt: skip

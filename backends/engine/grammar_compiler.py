@@ -75,11 +75,12 @@ class GrammarCompiler:
         self.num_compiled = 0  # cache misses, for tests and stats
 
     def compile(self, spec: GuidedSpec, budget: GrammarBudget = DEFAULT_BUDGET,
-                cancel: threading.Event | None = None) -> CompiledGrammar:  # fmt: skip
+                cancel: threading.Event | None = None, owner: str | None = None) -> CompiledGrammar:  # fmt: skip
         """The compiled grammar of ``spec``; raises ``SamplingParamsError`` (param ``guided``)
         naming what the grammar engine cannot do (``Unimplemented keys: ["if"]``, a regex
         with look-ahead, a ``$ref`` to another document, ...), ``GrammarTooComplexError`` for
-        a grammar over ``budget``, and what ``GrammarSandbox.check`` raises (busy, cancelled)."""
+        a grammar over ``budget``, and what ``GrammarSandbox.check`` raises (busy, cancelled;
+        ``owner``, whose grammar it is, shares its workers fairly)."""
         spec.validate()
         key = hashlib.sha256(spec.key().encode("utf-8", "surrogatepass")).hexdigest()
         with self._lock:
@@ -93,7 +94,7 @@ class GrammarCompiler:
             grammar = spec.grammar()
         except ValueError as exc:  # not an object schema, options that do not apply
             raise _error(f"the grammar cannot be compiled: {exc}") from None
-        verdict = self.sandbox.check(grammar, self._shared(_sandbox_vocabulary), budget, cancel, self.limits)
+        verdict = self.sandbox.check(grammar, self._shared(_sandbox_vocabulary), budget, cancel, self.limits, owner)
         if verdict.error:
             raise _error(f"the grammar cannot be compiled: {first_line(verdict.error)}")
         template = LLMatcher(self._vocabulary(), grammar, log_level=0, limits=LLParserLimits(**self.limits))

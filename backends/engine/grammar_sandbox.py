@@ -21,7 +21,10 @@ answered without a worker.
 ``GrammarSandbox.check`` is synchronous and thread-safe; the gateway calls it on a
 thread with a ``threading.Event`` it sets when the request is cancelled. At most
 ``workers`` checks run at once; the others wait for a free worker, at most
-``queue_seconds`` (then ``GrammarBusyError``, a 503).
+``queue_seconds`` (then ``GrammarBusyError``, a 503). A free worker goes to the
+waiting check whose ``owner`` (the gateway's tenant) holds the fewest workers, among
+those to the one served longest ago: one tenant's queue of hostile grammars delays
+another tenant's new grammar by one compile, not by its whole queue.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class GrammarBudget:
     cpu_seconds: float = 1.0
     wall_seconds: float = 5.0  # a busy host stretches CPU time into more wall time; this bounds that too
     memory_bytes: int = 512 * MiB  # resident (and address space) above the worker's baseline, each grammar
-    queue_seconds: float = 10.0  # the longest wait for a free worker, each grammar (then 503)
+    queue_seconds: float = 30.0  # the longest wait for a free worker, each grammar (then 503)
 
     def covers(self, other: GrammarBudget) -> bool:
         """Whether a grammar over ``self`` is over ``other`` too (each of its bounds at least ``other``'s)."""
@@ -121,6 +124,11 @@ class SandboxStats:
     cancelled: int = 0  # workers killed because the caller cancelled
     busy: int = 0  # refused: no worker free within queue_seconds
     workers_started: int = 0
+
+
+@dataclass(eq=False)
+class _Ticket:
+    owner: str | None
 
 
 class _Worker:
@@ -196,6 +204,10 @@ class GrammarSandbox:
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._alive = 0
+        self._waiting: list[_Ticket] = []  # checks waiting for a worker, in arrival order
+        self._held: dict[str | None, int] = {}  # workers each owner holds now
+        self._grants = 0
+        self._last_grant: dict[str | None, int] = {}  # when each owner last got a worker (a grant's number)
         self._verdicts: OrderedDict[str, Verdict | _Refusal] = OrderedDict()
 
     def resize(self, workers: int) -> None:
@@ -218,11 +230,12 @@ class GrammarSandbox:
             worker.kill()
 
     def check(self, grammar: str, vocabulary: Vocabulary | None = None, budget: GrammarBudget = DEFAULT_BUDGET,
-              cancel: threading.Event | None = None, limits: dict[str, Any] | None = None) -> Verdict:  # fmt: skip
+              cancel: threading.Event | None = None, limits: dict[str, Any] | None = None,
+              owner: str | None = None) -> Verdict:  # fmt: skip
         """``grammar`` (llguidance's JSON form) built, for ``vocabulary`` with its first mask (without one:
         validated), within ``budget``. Returns what llguidance said of it; raises ``GrammarTooComplexError``
         over the budget, ``GrammarBusyError`` when no worker was free in time, ``GrammarCancelledError``
-        once ``cancel`` is set."""
+        once ``cancel`` is set. ``owner``: whose check it is, for sharing the workers fairly."""
         limits = PARSER_LIMITS if limits is None else limits
         digest = hashlib.sha256(json.dumps([grammar, vocabulary.name if vocabulary else None, limits],
                                            sort_keys=True).encode()).hexdigest()  # fmt: skip
@@ -238,68 +251,92 @@ class GrammarSandbox:
         if budget.cpu_seconds <= 0 or budget.wall_seconds <= 0:
             raise GrammarTooComplexError("the grammars are too complex to compile: the ones before this one used "
                                          "the request's whole budget (grammar.cpu_seconds, grammar.wall_seconds)")
-        worker = self._acquire(budget, cancel)
-        with self._cond:
-            self._busy.add(worker)
+        worker = self._acquire(budget, cancel, owner)
         try:
             verdict = self._run(worker, grammar, vocabulary, budget, cancel, limits)
         except GrammarTooComplexError as exc:
-            self._discard(worker)
+            self._discard(worker, owner)
             self._remember(digest, _Refusal(exc.message, budget))
             raise
         except BaseException:
-            self._discard(worker)
+            self._discard(worker, owner)
             raise
-        self._release(worker)
+        self._release(worker, owner)
         self._remember(digest, verdict)
         return verdict
 
     # -- the pool
 
-    def _acquire(self, budget: GrammarBudget, cancel: threading.Event | None) -> _Worker:
+    def _acquire(self, budget: GrammarBudget, cancel: threading.Event | None, owner: str | None) -> _Worker:
         deadline = time.monotonic() + budget.queue_seconds
+        ticket = _Ticket(owner)
         with self._cond:
-            while True:
-                if self._idle:
-                    return self._idle.pop()
-                if self._alive < self.size:
-                    self._alive += 1
-                    break
-                if cancel is not None and cancel.is_set():
-                    raise GrammarCancelledError("the grammar check was cancelled while it waited for a worker")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self.stats.busy += 1
-                    raise GrammarBusyError(f"every grammar worker stayed busy for {budget.queue_seconds:g} s "
-                                           "(grammar.queue_seconds); retry later")  # fmt: skip
-                self._cond.wait(min(remaining, self.poll_seconds * 5))
-        try:
-            worker = _Worker()
-        except BaseException:
+            self._waiting.append(ticket)
+            try:
+                while not (self._has_free() and self._next() is ticket):
+                    if cancel is not None and cancel.is_set():
+                        raise GrammarCancelledError("the grammar check was cancelled while it waited for a worker")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self.stats.busy += 1
+                        raise GrammarBusyError(f"every grammar worker stayed busy for {budget.queue_seconds:g} s "
+                                               "(grammar.queue_seconds); retry later")  # fmt: skip
+                    self._cond.wait(min(remaining, self.poll_seconds * 5))
+            finally:
+                self._waiting.remove(ticket)
+                self._cond.notify_all()  # the next in line may be another
+            self._held[owner] = self._held.get(owner, 0) + 1
+            self._grants += 1
+            self._last_grant[owner] = self._grants
+            if len(self._last_grant) > VERDICTS:  # owners long gone
+                del self._last_grant[min(self._last_grant, key=self._last_grant.__getitem__)]
+            worker = self._idle.pop() if self._idle else None
+            if worker is None:
+                self._alive += 1
+        if worker is None:
+            try:
+                worker = _Worker()
+            except BaseException:
+                self._give_back(None, owner, kept=False)
+                raise
             with self._cond:
-                self._alive -= 1
-                self._cond.notify()
-            raise
+                self.stats.workers_started += 1
         with self._cond:
-            self.stats.workers_started += 1
+            self._busy.add(worker)
         return worker
 
-    def _release(self, worker: _Worker) -> None:
-        with self._cond:
-            self._busy.discard(worker)
-            if len(self._idle) < self.size:
-                self._idle.append(worker)
-                self._cond.notify()
-                return
-            self._alive -= 1
-        worker.kill()
+    def _has_free(self) -> bool:
+        return bool(self._idle) or self._alive < self.size
 
-    def _discard(self, worker: _Worker) -> None:
-        worker.kill()
+    def _next(self) -> _Ticket:
+        """The waiting check a free worker goes to: of the owners holding the fewest workers, the one served
+        longest ago (or never), its earliest check (``min`` keeps the first of equals)."""
+        return min(self._waiting, key=lambda t: (self._held.get(t.owner, 0), self._last_grant.get(t.owner, -1)))
+
+    def _release(self, worker: _Worker, owner: str | None) -> None:
         with self._cond:
-            self._busy.discard(worker)
-            self._alive -= 1
-            self._cond.notify()
+            kept = len(self._idle) < self.size
+            if kept:
+                self._idle.append(worker)
+        if not kept:
+            worker.kill()
+        self._give_back(worker, owner, kept)
+
+    def _discard(self, worker: _Worker, owner: str | None) -> None:
+        worker.kill()
+        self._give_back(worker, owner, kept=False)
+
+    def _give_back(self, worker: _Worker | None, owner: str | None, kept: bool) -> None:
+        """``owner`` no longer holds ``worker`` (None: one that never started); one not kept idle is gone."""
+        with self._cond:
+            if worker is not None:
+                self._busy.discard(worker)
+            if not kept:
+                self._alive -= 1
+            self._held[owner] -= 1
+            if not self._held[owner]:
+                del self._held[owner]
+            self._cond.notify_all()
 
     def _remember(self, digest: str, verdict: Verdict | _Refusal) -> None:
         with self._cond:
@@ -387,7 +424,8 @@ class GrammarSandbox:
     def snapshot(self) -> dict[str, int]:
         """The counters, and the workers running now (for metrics and tests)."""
         with self._cond:
-            return {**asdict(self.stats), "workers": self._alive, "idle": len(self._idle)}
+            return {**asdict(self.stats), "workers": self._alive, "idle": len(self._idle),
+                    "waiting": len(self._waiting)}  # fmt: skip
 
     def busy_pids(self) -> list[int]:
         """The process ids of the workers checking a grammar now."""

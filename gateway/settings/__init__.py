@@ -40,7 +40,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       cpu_seconds: 1        # the request's new grammars together: compile and first mask (over: 400 schema_too_complex)
       wall_seconds: 5       # the same in wall time
       memory_bytes: 512MiB  # each grammar, above the worker's baseline
-      queue_seconds: 10     # the longest wait for a free worker (then 503 grammar_busy)
+      queue_seconds: 30     # the longest wait for a free worker (then 503 grammar_busy); tenants take turns
     engine:                 # backends.engine.EngineConfig; omitted keys keep its defaults
       kv_cache_bytes: 512MiB
       block_size: 16        # tokens per KV block; default: the backend's (cpu 8, cuda, metal and mlx 16)

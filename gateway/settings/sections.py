@@ -337,7 +337,8 @@ class GrammarSettings(BaseModel):
     """What building one grammar may cost (``backends.engine.grammar_sandbox``): a response_format schema, a
     forced tool call, a guided regex or choice, a tool's parameters. A grammar the process has not built
     before is built in a worker process first, killed at the first bound it passes (400 schema_too_complex);
-    ``workers`` of them at once, a request waiting at most ``queue_seconds`` for one (then 503 grammar_busy)."""
+    ``workers`` of them at once, a request waiting at most ``queue_seconds`` for one (then 503 grammar_busy),
+    the tenant holding the fewest getting the next free one."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -345,7 +346,7 @@ class GrammarSettings(BaseModel):
     cpu_seconds: float = Field(default=1.0, gt=0, le=600)  # its compile and first mask, CPU time
     wall_seconds: float = Field(default=5.0, gt=0, le=3600)  # the same, wall time (a busy host stretches it)
     memory_bytes: ByteSize = Field(default=512 * 1024 * 1024, ge=16 * 1024 * 1024)  # above the worker's baseline
-    queue_seconds: float = Field(default=10.0, ge=0, le=600)
+    queue_seconds: float = Field(default=30.0, ge=0, le=600)
 
     def budget(self) -> Any:
         """The ``GrammarBudget`` these settings give each grammar."""

@@ -94,6 +94,40 @@ def test_a_cancelled_compile_kills_its_worker_at_once() -> None:
     sandbox.close()
 
 
+def test_a_free_worker_goes_to_the_tenant_holding_the_fewest() -> None:
+    """One worker. Tenant a's hostile grammar holds it and two more of a's wait; tenant b's grammar, arriving
+    after them, gets the worker next: one tenant's queue delays another's grammar by one compile, not by
+    the whole queue (first come, first served would run b's last)."""
+    from llguidance import LLMatcher
+
+    sandbox = GrammarSandbox(workers=1)
+    budget = GrammarBudget(cpu_seconds=0.5, wall_seconds=60.0, queue_seconds=300.0)
+    grammar = {k: LLMatcher.grammar_from_json_schema(hostile(k).schema) for k in ("c", "d", "e")}
+    small = LLMatcher.grammar_from_json_schema(small_spec(7).schema)
+    served: list[str] = []
+
+    def check(owner: str, text: str, name: str) -> None:
+        try:
+            sandbox.check(text, None, budget, owner=owner)
+        except GrammarTooComplexError:
+            pass
+        served.append(name)
+
+    threads = []
+    for owner, text, name, waiting in (("a", grammar["c"], "a1", 0), ("a", grammar["d"], "a2", 1),
+                                       ("a", grammar["e"], "a3", 2), ("b", small, "b", 3)):  # fmt: skip
+        threads.append(threading.Thread(target=check, args=(owner, text, name)))
+        threads[-1].start()
+        deadline = time.monotonic() + 60
+        while not (sandbox.snapshot()["waiting"] == waiting and sandbox.busy_pids()):
+            assert time.monotonic() < deadline, sandbox.snapshot()
+            time.sleep(0.005)
+    for thread in threads:
+        thread.join(timeout=120)
+    assert served == ["a1", "b", "a2", "a3"]
+    sandbox.close()
+
+
 def test_the_compiled_grammar_cache_is_bounded_by_bytes() -> None:
     """Each grammar weighs at least twice its spec's JSON (the spec it keeps), here 200 KB of description:
     a 4 MiB cache keeps at most ten of them, where the count alone (256) would keep every one."""
