@@ -42,36 +42,22 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its neighbours, also under python -P
+from bench_auth import pct, timed_requests  # noqa: E402
+from bench_fairness import Server, cpu_model  # noqa: E402
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL = "smollm2-135m-instruct"
 BLOCKED = "zzqword"
 BUDGET_BOUND = 30.0 + 5.0 + 10.0  # grammar.queue_seconds + grammar.wall_seconds (defaults) + the rest of a request
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name:")),
-                "unknown")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def resident(pid: int) -> int:
@@ -83,70 +69,31 @@ def resident(pid: int) -> int:
         return 0
 
 
-def children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (the grammar workers), whichever of its threads started them."""
-    found = []
+def children(pid: int) -> set[int]:
+    """The child processes of ``pid`` (the grammar workers), whichever of its threads started them (each
+    thread's list may repeat another's)."""
+    found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            found += [int(p) for p in (task / "children").read_text().split()]
+            found.update(int(p) for p in (task / "children").read_text().split())
         except OSError:
             continue
     return found
 
 
-class Server:
-    """``inferctl serve`` on a loopback port, its data in a temporary directory."""
-
-    def __init__(self, python: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.data = tempfile.mkdtemp(prefix="bench-hostile-")
-        code = "from inferflux.policy.authn.apikeys import generate_key; print(generate_key().token)"
-        self.admin_key = subprocess.run([python, "-P", "-c", code], capture_output=True, text=True,
-                                        check=True).stdout.strip()  # fmt: skip
-        env = {**os.environ, "INFERFLUX_BOOTSTRAP_ADMIN_KEY": self.admin_key}
-        self.log = open(Path(self.data) / "serve.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [python, "-P", "-m", "inferflux.gateway.cli", "serve", "--port", str(self.port), "--data-dir", self.data,
-             "--log-level", "warning"],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-
-    def wait_ready(self, timeout: float = 900) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the server exited: see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit("the server did not get ready in time")
-
-    def guarded_member(self) -> str:
-        """A member key of a new tenant whose input guardrail blocks ``BLOCKED``."""
-        admin = {"authorization": f"Bearer {self.admin_key}"}
-        tenant = httpx.post(self.url + "/admin/v1/tenants", json={"name": "hostile"}, headers=admin, timeout=30)
-        tenant.raise_for_status()
-        tenant_id = tenant.json()["id"]
-        guardrail = httpx.post(self.url + "/admin/v1/guardrails", headers=admin, timeout=30, json={
-            "tenant_id": tenant_id, "name": "words", "spec": {"blocklist": [{"id": "w", "literal": BLOCKED}]}})
-        guardrail.raise_for_status()
-        key = httpx.post(self.url + f"/admin/v1/tenants/{tenant_id}/keys", json={"name": "bench", "role": "member"},
-                         headers=admin, timeout=30)  # fmt: skip
-        key.raise_for_status()
-        return str(key.json()["key"])
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        self.log.close()
+def guarded_member(server: Server) -> str:
+    """A member key of a new tenant whose input guardrail blocks ``BLOCKED``."""
+    admin = {"authorization": f"Bearer {server.admin_key}"}
+    tenant = httpx.post(server.url + "/admin/v1/tenants", json={"name": "hostile"}, headers=admin, timeout=30)
+    tenant.raise_for_status()
+    tenant_id = tenant.json()["id"]
+    guardrail = httpx.post(server.url + "/admin/v1/guardrails", headers=admin, timeout=30, json={
+        "tenant_id": tenant_id, "name": "words", "spec": {"blocklist": [{"id": "w", "literal": BLOCKED}]}})
+    guardrail.raise_for_status()
+    key = httpx.post(server.url + f"/admin/v1/tenants/{tenant_id}/keys", json={"name": "bench", "role": "member"},
+                     headers=admin, timeout=30)  # fmt: skip
+    key.raise_for_status()
+    return str(key.json()["key"])
 
 
 # -- the hostile bodies ---------------------------------------------------------------------
@@ -195,16 +142,11 @@ def hostile_bodies(tag: str) -> list[tuple[str, dict[str, Any]]]:
 # -- the loops ---------------------------------------------------------------------------------
 
 
-async def trivial_loop(client: httpx.AsyncClient, key: str, count: int | None, stop: asyncio.Event | None) -> list[float]:
-    """Trivial requests one after another: ``count`` of them, or until ``stop`` is set."""
-    headers = {"authorization": f"Bearer {key}"}
-    latencies = []
-    while (count is None or len(latencies) < count) and (stop is None or not stop.is_set()):
-        start = time.perf_counter()
-        answer = await client.get("/v1/models", headers=headers)
-        latencies.append(time.perf_counter() - start)
-        if answer.status_code != 200:
-            raise SystemExit(f"the trivial request got {answer.status_code}: {answer.text[:200]}")
+async def trivial_until(client: httpx.AsyncClient, headers: dict[str, str], stop: asyncio.Event) -> list[float]:
+    """Trivial requests one after another (``bench_auth.timed_requests``'s, in rounds of ten) until ``stop``."""
+    latencies: list[float] = []
+    while not stop.is_set():
+        latencies += await timed_requests(client, headers, 10)
     return latencies
 
 
@@ -224,21 +166,17 @@ async def sample_memory(pid: int, stop: asyncio.Event, peaks: dict[str, int]) ->
         await asyncio.sleep(0.05)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 async def run(server: Server, key: str, args: argparse.Namespace) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=64)
     async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
-        await trivial_loop(client, key, args.warmup, None)
-        idle = await trivial_loop(client, key, args.trivial, None)
+        headers = {"authorization": f"Bearer {key}"}
+        await timed_requests(client, headers, args.warmup)
+        idle = await timed_requests(client, headers, args.trivial)
         before = resident(server.proc.pid)
         stop = asyncio.Event()
         peaks = {"gateway": before, "workers": 0}
         sampler = asyncio.create_task(sample_memory(server.proc.pid, stop, peaks))
-        loop = asyncio.create_task(trivial_loop(client, key, None, stop))
+        loop = asyncio.create_task(trivial_until(client, headers, stop))
         results: list[dict[str, Any]] = []
         started = time.perf_counter()
         for round_ in range(args.rounds):
@@ -263,10 +201,10 @@ def main() -> None:
                         "(default: benchmarks/results/hostile-schemas-<date>.json)")  # fmt: skip
     args = parser.parse_args()
 
-    server = Server(sys.executable)
+    server = Server(REPO_ROOT, sys.executable, [])
     try:
         server.wait_ready()
-        key = server.guarded_member()
+        key = guarded_member(server)
         measured = asyncio.run(run(server, key, args))
     finally:
         server.stop()
@@ -284,10 +222,10 @@ def main() -> None:
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "trivial_request": "GET /v1/models with a member key",
-        "idle": {"requests": len(idle), "p50_ms": ms(statistics.median(idle)), "p99_ms": ms(percentile(idle, 0.99))},
+        "idle": {"requests": len(idle), "p50_ms": ms(statistics.median(idle)), "p99_ms": ms(pct(idle, 99))},
         "attacked": {"requests": len(attacked), "p50_ms": ms(statistics.median(attacked)),
-                     "p99_ms": ms(percentile(attacked, 0.99)), "seconds": round(measured["attack_seconds"], 2)},
-        "p99_ratio": round(percentile(attacked, 0.99) / percentile(idle, 0.99), 2),
+                     "p99_ms": ms(pct(attacked, 99)), "seconds": round(measured["attack_seconds"], 2)},
+        "p99_ratio": round(pct(attacked, 99) / pct(idle, 99), 2),
         "gateway_resident_mib": {k: round(memory[k] / mib, 1) for k in ("before", "peak", "after")},
         "gateway_growth_mib": round((memory["peak"] - memory["before"]) / mib, 1),
         "grammar_workers_peak_mib": round(memory["workers_peak"] / mib, 1),
