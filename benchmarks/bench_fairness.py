@@ -66,7 +66,7 @@ def free_port() -> int:
 
 
 def new_admin_key(python: str, repo: Path) -> str:
-    code = "from policy.authn.apikeys import generate_key; print(generate_key().token)"
+    code = "from inferflux.policy.authn.apikeys import generate_key; print(generate_key().token)"
     return subprocess.run([python, "-c", code], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 

@@ -24,7 +24,7 @@ def test_a_model_overrides_the_engine_section():
 
 
 def test_an_upstream_model_takes_neither_the_key_nor_the_engine_default():
-    upstream = {"endpoints": ["http://10.0.0.5:8000/v1"]}
+    upstream = {"endpoints": ["http://vllm.example:8000/v1"]}
     with pytest.raises(ValidationError, match="deterministic applies to local models"):
         Settings(models=[{"name": "r", "upstream": upstream, "deterministic": True}])
     assert _specs(engine={"deterministic": True}, models=[{"name": "r", "upstream": upstream}]) == {"r": False}

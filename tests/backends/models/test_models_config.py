@@ -144,7 +144,7 @@ def test_no_torch_needed():
     code = (
         "import sys\n"
         "sys.modules['torch'] = None  # any import of torch now fails\n"
-        "from backends.models import open_model, default_model_path\n"
+        "from inferflux.backends.models import open_model, default_model_path\n"
         "src = open_model(default_model_path())\n"
         "next(src.tensors()); src.tokenizer().apply_chat_template([{'role': 'user', 'content': 'x'}])\n"
         "print('ok')\n"

@@ -433,7 +433,7 @@ def test_regopy_loads_after_the_native_libraries_it_must_follow() -> None:
     # strict heap checks, interleaving all three.
     script = (
         "import json\n"
-        "from policy.guardrails.opa import load_regopy\n"
+        "from inferflux.policy.guardrails.opa import load_regopy\n"
         "regopy = load_regopy()\n"
         "import re2, torch\n"
         "for i in range(50):\n"
