@@ -14,6 +14,7 @@ of our own making that provides a top-level ``gateway``, and serves from it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -180,3 +181,15 @@ def test_the_wheel_serves_beside_modules_named_like_its_folders(clean_venv: Path
         code = served.stop()
     assert "Traceback" not in served.output(), served.output()
     assert code in (0, -15), served.output()
+
+
+def test_no_code_imports_a_bare_folder_name() -> None:
+    """Not in a module, nor in a snippet a test or benchmark runs in a subprocess: with the checkout as the
+    working directory ``import gateway`` would still resolve there, and hide that it resolves nowhere else."""
+    names = "|".join(FOLDERS)
+    bare = re.compile(rf"(?<![\w.])(?:from (?:{names})(?:\.\w+)* import\b|(?<!from inferflux )import (?:{names})\b(?![\w-]))")
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.sh", "*.md", "Makefile", "deploy"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    found = [f"{path}:{n}: {line.strip()}" for path in tracked if (ROOT / path).is_file() and path != "tests/test_packaging.py"
+             for n, line in enumerate((ROOT / path).read_text(errors="replace").splitlines(), 1) if bare.search(line)]  # fmt: skip
+    assert not found, "bare folder imports:\n  " + "\n  ".join(found)
