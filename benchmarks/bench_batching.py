@@ -18,7 +18,7 @@ Also reported: mean KV slot utilisation over the steps (``EngineStats.kv_slot_ut
 and the mean number of running sequences per step.
 
 Usage:
-    .venv/bin/python benchmarks/bench_batching.py --json benchmarks/results-2026-11-26-batching.json
+    .venv/bin/python benchmarks/bench_batching.py --json benchmarks/results/results-2026-11-26-batching.json
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ order from round to round; generated tokens/s is generated tokens over the run's
 mode and the cost ``1 - on / off`` of the medians. Engine only: no HTTP.
 
 Usage:
-    .venv/bin/python benchmarks/bench_invariance.py --rounds 3 --json benchmarks/results-...json
+    .venv/bin/python benchmarks/bench_invariance.py --rounds 3 --json benchmarks/results/results-...json
 """
 
 from __future__ import annotations

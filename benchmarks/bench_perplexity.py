@@ -15,7 +15,7 @@ use) with one sequence a step asking for every logit.
 
 Usage:
     .venv/bin/python benchmarks/bench_perplexity.py --modes f32,bf16,native,int8,int4 \\
-        --json benchmarks/results-2026-11-26-perplexity.json
+        --json benchmarks/results/results-2026-11-26-perplexity.json
     # llama-perplexity is found where get_llama_server.sh builds it; --no-peer skips it
 """
 
