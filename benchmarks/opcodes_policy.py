@@ -17,7 +17,8 @@ measured exactly. It is not a time: a bytecode of the
 chain costs two to four times as much in a served request (caches emptied by
 the model's forward pass) as alone, C code (RE2, OpenSSL, the JSON encoder) is
 not counted at all, only the Python that calls it, and a 14 % cut in the count
-did not show in the request's time (docs/benchmarks.md, stop 38).
+did not show in the request's time (docs/benchmarks.md, "Policy chain"; the run itself, stop 38,
+is in that page's git history).
 
 The client is the benchmark's, in the same thread: its part is what httpx does
 with the ``on`` answers' six ``x-ratelimit-*`` headers (its cookie jar parses
