@@ -203,13 +203,15 @@ class CPUBackend:
                     dtype_name: str) -> list[passes.PassRecord]:
         """The load-time pass pipeline (backends/cpu/passes.py), logged; none off the CPU."""
         from inferflux.backends.cpu import passes
+        from inferflux.kernels import cpu as cpu_kernels
 
         if str(self.device) != "cpu":
             return []
         try:
             # auto never picks a mode that needs the kernels this backend is not using.
             exact_ok = self.kernel_error is None and passes.exact_available(source, dtype_name)
-            mode = passes.resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_ok)
+            mode = passes.resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_ok,
+                                       isa=cpu_kernels.isa() if self.kernel_error is None else "")
         except ValueError as exc:
             raise BackendError(str(exc)) from exc
         if mode not in passes.DENSE_DTYPES and self.kernel_error is not None:

@@ -7,7 +7,8 @@ qualifying step in one C++ call on buffers reused from step to step.
 
 A projection is ggml blocks (``QuantLinear``: the loop runs ``qmatmul``; in the ``exact`` mode
 ``exact_linear`` below its ``gemm_from`` and the op its forward calls on its dense copy from there,
-so such a model's loop takes steps of up to ``MAX_ROWS`` rows) or a dense ``nn.Linear``
+in the ``blocks`` mode ``exact_linear`` at every size, so such a model's loop takes steps of up to
+``MAX_ROWS`` rows) or a dense ``nn.Linear``
 (``auto``, ``bf16``, ``f32``: the loop calls the op its forward calls, oneDNN's linear on the
 weight packed once or ``F.linear``'s, on the same tensors). A step qualifies (``applies``) when
 every batch row is a single-token decode step (no prefill chunk, no draft being verified: those
@@ -96,9 +97,10 @@ class DecodeLoop:
             tensors += [empty if p.bias is None else p.bias.detach().to(model.dtype) for p in projections]
             qtypes += [p.qtype if isinstance(p, QuantLinear) else 0 for p in projections]
             for p in projections:
-                dense = _exact_dense(p) if isinstance(p, QuantLinear) else None
-                exact_dense.append(empty if dense is None else dense)
-                exact_below.append(0 if dense is None else p.gemm_from)
+                exact = isinstance(p, QuantLinear) and p.exact and not p.deterministic
+                dense = _exact_dense(p) if exact else None
+                exact_dense.append(empty if dense is None else dense)  # empty: the blocks mode, nothing dense
+                exact_below.append(p.gemm_from if exact else 0)
         attn = model.layers[0].attn
         self._loop = cpu_kernels.loaded().DecodeLoop(
             tensors, qtypes, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, attn.scale,

@@ -64,6 +64,8 @@ EXACT_GEMM_FROM_ROWS = 9
 # ``f32`` runs), measured the same way on a 2-core Intel Xeon without BF16, 2026-11-27: exact_linear took
 # 8.6 against 19.8 ms a step at 1 row, 46.6 against 52.0 at 24 and 62.6 against 57.8 at 32.
 EXACT_F32_GEMM_FROM_ROWS = 25
+# gemm_from of the ``blocks`` mode, where no dense weight exists: exact_linear multiplies every row count.
+NO_GEMM = 1 << 62
 
 
 class QuantLinear(nn.Module):

@@ -49,8 +49,9 @@ from inferflux.backends.models import layout
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32")
-_FILE_BLOCKS = ("native", "hybrid", "exact")  # the modes that keep the file's own blocks
+MODES = ("auto", "blocks", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32")
+_FILE_BLOCKS = ("blocks", "native", "hybrid", "exact")  # the modes that keep the file's own blocks
+_EXACT = ("blocks", "exact")  # the modes whose blocks are multiplied by exact_linear
 _KEEP_DENSE = ("hybrid", "exact")  # the modes that keep the loaded dense weights beside them
 DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 # The ggml types int8 and int4 re-quantise to.
@@ -126,11 +127,14 @@ def requested_dtype(dtype: str, config: PassConfig) -> str:
     return want
 
 
-def resolve_mode(mode: str, *, dtype_name: str, exact_ok: bool = False) -> str:
-    """``auto``: the loaded dense weights in the model's dtype and, where the file stores its
-    projections in blocks and ``exact_linear`` builds for that dtype (``exact_ok``), those blocks
-    beside them for small batches (``exact``): the same numbers multiplied, read at a third of
-    the bytes in bfloat16 and a sixth in float32.
+def resolve_mode(mode: str, *, dtype_name: str, exact_ok: bool = False, isa: str = "") -> str:
+    """``auto``: where the file stores its projections in blocks and ``exact_linear`` builds for the
+    model's dtype (``exact_ok``), those blocks are the weights: ``blocks`` (``exact_linear`` at every row
+    count, nothing dense: the weights in memory are the file's size) — except on a build for AVX-512
+    (``isa``, the kernels' ``isa()``) in bfloat16 or float32, where ``exact`` keeps the dense weights beside
+    the blocks for batches of ``gemm_from`` rows and more (oneDNN's or torch's GEMM there, measured faster
+    than the block kernel at those sizes; docs/backends.md). Without blocks or the kernel: the dense
+    weights in the model's dtype.
 
     Not ``hybrid``, though it multiplies a single row as fast: its one-row steps (the blocks'
     kernel, int8 activations) and its batched steps (a GEMM on the dense weights) multiply different
@@ -138,12 +142,12 @@ def resolve_mode(mode: str, *, dtype_name: str, exact_ok: bool = False) -> str:
     gateways over two engines answered one prompt two ways in CI. ``native`` would change every
     answer (int8 activations) and is slower for batches. Both are a choice to make per model
     (docs/backends.md says what each costs)."""
-    if mode == "exact" and dtype_name not in EXACT_DTYPES:
-        raise ValueError(f"passes.quantise exact multiplies bfloat16 or float32 rows; dtype {dtype_name} contradicts it")
+    if mode in _EXACT and dtype_name not in EXACT_DTYPES:
+        raise ValueError(f"passes.quantise {mode} multiplies bfloat16 or float32 rows; dtype {dtype_name} contradicts it")
     if mode != "auto":
         return mode
     if exact_ok:
-        return "exact"
+        return "exact" if isa.startswith("avx512") else "blocks"
     return "bf16" if dtype_name == "bfloat16" else "f32"
 
 
@@ -181,7 +185,8 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
     except Exception as exc:  # a diagnostic: every reason a load would fail is reported, none raised
         return {**out, "error": str(exc)}
     try:
-        mode = resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_available(source, dtype_name))
+        mode = resolve_mode(config.quantise, dtype_name=dtype_name, exact_ok=exact_available(source, dtype_name),
+                            isa=cpu_kernels.isa())
     except ValueError as exc:
         return {**out, "error": str(exc)}
     out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised)
@@ -243,17 +248,18 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
 
 def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
     deterministic = bool(getattr(model, "deterministic", False))
-    hybrid, exact = mode == "hybrid", mode == "exact"
+    hybrid, exact = mode == "hybrid", mode in _EXACT
     exact_from = ql.EXACT_GEMM_FROM_ROWS if model.dtype == torch.bfloat16 else ql.EXACT_F32_GEMM_FROM_ROWS
     default_from = ql.DENSE_GEMM_FROM_ROWS if hybrid else exact_from if exact else ql.GEMM_FROM_ROWS
-    gemm_from = config.gemm_from or default_from
+    # blocks: nothing dense to run a GEMM on, so exact_linear takes every row count (gemm_from is ignored).
+    gemm_from = ql.NO_GEMM if mode == "blocks" else config.gemm_from or default_from
     quantised = [m for m in model.modules() if isinstance(m, ql.QuantLinear)]
     if exact:
         from inferflux.kernels import cpu as cpu_kernels
 
         if not cpu_kernels.exact_linear_supported(model.dtype):
-            need = "AVX-512 BF16" if model.dtype == torch.bfloat16 else "AVX-512F"
-            raise ValueError(f"passes.quantise exact needs the exact_linear kernel for {model.dtype} rows ({need}), "
+            need = "AVX-512 BF16" if model.dtype == torch.bfloat16 else "the C++ kernels"
+            raise ValueError(f"passes.quantise {mode} needs the exact_linear kernel for {model.dtype} rows ({need}), "
                              "not built here")
         if isinstance(model.head_linear, ql.QuantHead):  # a plain attribute, not among the modules
             quantised.append(model.head_linear.linear)
@@ -263,6 +269,9 @@ def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tu
         if deterministic:  # Transformer.use_invariant_kernels put them on the invariant kernel
             return "ran", "deterministic: dense projections through the batch-invariant invariant_linear"
         return "ran", "dense projections: torch GEMM at every batch size" + _pack_dense(model, config)
+    if mode == "blocks":
+        return "ran", "exact_linear on the blocks at every batch size (decoded in registers for 1-2 rows, a pair " \
+                      "of weight rows at a time for more): no dense weights"
     if deterministic and exact:  # invariant_linear needs the plain dense weights: nothing to pack
         return "ran", (f"deterministic: exact_linear below {gemm_from} rows, invariant_linear on the dense "
                        f"weights from {gemm_from} (the same bits)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import threading
 from collections.abc import Iterator
@@ -41,30 +42,80 @@ SOURCE_DIR = Path(__file__).parent
 # Off switch, for comparing against the reference path and for machines where
 # the build misbehaves.
 DISABLE_ENV = "INFERFLUX_CPU_KERNELS"
+# Which instruction set the kernels are built for. ``native`` (the default): this machine's own, so an
+# AVX-512 server runs the AVX-512 kernels and an AVX2 laptop the AVX2 ones, chosen where it runs.
+# ``avx2`` and ``generic`` build a lower level on purpose (x86-64-v3, or plain x86-64 / the compiler's
+# default elsewhere), each as a library of its own beside the native one: the tests run every level the host
+# can run, and an operator can pin one (a fleet of mixed CPUs, a suspected miscompile).
+ISA_ENV = "INFERFLUX_CPU_ISA"
+ISAS = ("native", "avx2", "generic")
 
 _lock = threading.Lock()
-_module: ModuleType | None = None
-_error: str | None = None
-_tried = False
+_modules: dict[str, ModuleType | None] = {}
+_errors: dict[str, str] = {}
 
 
-def load() -> ModuleType | None:
-    """The compiled kernels, building them on the first call; None if unavailable."""
-    global _module, _error, _tried
+def requested_isa() -> str:
+    """The level ``load()`` builds: ``INFERFLUX_CPU_ISA`` (``native`` when unset); ValueError naming the choices."""
+    isa = os.environ.get(ISA_ENV, "native").strip().lower() or "native"
+    if isa not in ISAS:
+        raise ValueError(f"{ISA_ENV}={isa!r}: one of {', '.join(ISAS)}")
+    return isa
+
+
+def host_isas(cpu_flags: set[str] | None = None) -> list[str]:
+    """The levels this host can run (``cpu_flags``: /proc/cpuinfo's, read when None)."""
+    flags = cpu_flags if cpu_flags is not None else _cpu_flags()
+    out = ["native"]
+    if platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma", "f16c"} <= flags:
+        out.append("avx2")
+    return [*out, "generic"]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def load(isa: str | None = None) -> ModuleType | None:
+    """The compiled kernels for ``isa`` (default: ``requested_isa()``), building them on the first call;
+    None if unavailable (``load_error()`` says why)."""
     with _lock:
-        if not _tried:
-            _tried = True
+        try:
+            isa = isa or requested_isa()
+        except ValueError as exc:
+            _errors["native"] = str(exc)
+            return None
+        if isa not in _modules:
             try:
-                _module = _build()
+                _modules[isa] = _build(isa)
             except Exception as exc:  # a failed build must not stop serving: the reference path works
-                _error = f"{type(exc).__name__}: {exc}".strip()
-                log.warning("CPU kernels unavailable, using the PyTorch reference path: %s", _error)
-        return _module
+                _modules[isa] = None
+                _errors[isa] = f"{type(exc).__name__}: {exc}".strip()
+                log.warning("CPU kernels (%s) unavailable, using the PyTorch reference path: %s", isa, _errors[isa])
+        return _modules[isa]
 
 
-def load_error() -> str | None:
-    """Why ``load()`` returned None (after it was called)."""
-    return _error
+def load_error(isa: str | None = None) -> str | None:
+    """Why ``load(isa)`` returned None (after it was called)."""
+    try:
+        isa = isa or requested_isa()
+    except ValueError as exc:
+        return str(exc)
+    return _errors.get(isa)
+
+
+def isa() -> str:
+    """The instruction set the loaded kernels were compiled for (``avx512-bf16``, ``avx512``, ``avx2``,
+    ``neon``, ``generic``); empty where none are loaded."""
+    module = _loaded_module()
+    return str(module.build_isa()) if module is not None else ""
 
 
 def sources() -> list[str]:
@@ -72,20 +123,31 @@ def sources() -> list[str]:
     return [str(p) for p in sorted(SOURCE_DIR.glob("*.cpp"))]
 
 
-def _build() -> ModuleType:
+def _march(isa: str) -> list[str]:
+    if isa == "native":
+        return ["-march=native"]  # built on, and cached for, the machine that runs it
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if isa == "avx2":
+        if not x86:
+            raise RuntimeError("the avx2 level is x86-64's")
+        return ["-march=x86-64-v3"]  # AVX2, FMA, F16C, BMI2
+    return ["-march=x86-64"] if x86 else []
+
+
+def _build(isa: str = "native") -> ModuleType:
     if os.environ.get(DISABLE_ENV, "1").strip().lower() in {"0", "off", "false", "no"}:
         raise RuntimeError(f"disabled by {DISABLE_ENV}")
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise RuntimeError("no C++ compiler on PATH (set CXX or install g++)")
     from torch.utils import cpp_extension
 
-    folder = build_directory()
+    name = extension_name(isa)
+    folder = build_directory(name)
     with building(folder):
-        # -march=native: the library is built on, and cached for, the machine that runs it.
         return cpp_extension.load(
-            name=EXTENSION,
+            name=name,
             sources=sources(),
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_cflags=["-O3", *_march(isa), "-fopenmp"],
             extra_include_paths=[str(SOURCE_DIR)],
             build_directory=str(folder),
             verbose=False,
@@ -124,12 +186,17 @@ def building(folder: Path) -> Iterator[None]:
 EXTENSION = "inferflux_cpu_kernels"
 
 
-def build_directory() -> Path:
+def extension_name(isa: str = "native") -> str:
+    """The library's name for ``isa``: the native build keeps the plain name."""
+    return EXTENSION if isa == "native" else f"{EXTENSION}_{isa}"
+
+
+def build_directory(name: str = EXTENSION) -> Path:
     """This copy of the sources' folder in torch's extension cache (created): named after its path."""
     from torch.utils import cpp_extension
 
     digest = hashlib.sha256(str(SOURCE_DIR.resolve()).encode()).hexdigest()[:12]
-    path = Path(cpp_extension._get_build_directory(EXTENSION, verbose=False)).with_name(f"{EXTENSION}-{digest}")
+    path = Path(cpp_extension._get_build_directory(name, verbose=False)).with_name(f"{name}-{digest}")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -170,13 +237,14 @@ def exact_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Ten
 
 def exact_linear_supported(dtype: torch.dtype | None = None) -> bool:
     """Whether the kernels are loaded and ``exact_linear`` was built for rows of ``dtype`` (default
-    bfloat16, which needs AVX-512 BF16; float32 needs AVX-512F)."""
+    bfloat16, which needs AVX-512 BF16; float32 rows run on every build)."""
     import torch
 
     dtype = torch.bfloat16 if dtype is None else dtype
     if dtype not in (torch.bfloat16, torch.float32):
         return False
-    return _module is not None and bool(_module.exact_linear_supported(dtype == torch.bfloat16))
+    module = _loaded_module()
+    return module is not None and bool(module.exact_linear_supported(dtype == torch.bfloat16))
 
 
 def dequantize_blocks(blocks: torch.Tensor, qtype: int, k: int, bf16: bool) -> torch.Tensor:
@@ -184,8 +252,16 @@ def dequantize_blocks(blocks: torch.Tensor, qtype: int, k: int, bf16: bool) -> t
     return loaded().dequantize_blocks(blocks, qtype, k, bf16)
 
 
+def _loaded_module() -> ModuleType | None:
+    try:
+        return _modules.get(requested_isa())
+    except ValueError:
+        return None
+
+
 def loaded() -> ModuleType:
     """The compiled module once ``load()`` has built it; raises (saying why) when it has not."""
-    if _module is None:
-        raise RuntimeError(f"CPU kernels are not loaded: {_error or 'call kernels.cpu.load() first'}")
-    return _module
+    module = _loaded_module()
+    if module is None:
+        raise RuntimeError(f"CPU kernels are not loaded: {load_error() or 'call kernels.cpu.load() first'}")
+    return module

@@ -3,7 +3,23 @@
 
 #include <torch/extension.h>  // the only file that needs it: pybind11 and its tensor casters
 
+// The instruction set this library was compiled for (kernels.cpu.isa()).
+static const char* build_isa() {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  return "avx512-bf16";
+#elif defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  return "avx2";
+#elif defined(__ARM_NEON)
+  return "neon";
+#else
+  return "generic";
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("build_isa", &build_isa, "the instruction set this library was compiled for");
   m.def("paged_attention", &paged_attention,
         "Causal attention of a few query tokens per sequence over the paged KV cache");
   m.def("qmatmul", &qmatmul, "x @ W^T with W in ggml blocks (Q4_0, Q4_1, Q8_0), batch-invariant per row");
@@ -11,7 +27,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("exact_linear", &exact_linear,
         "bfloat16 or float32 x @ W^T with W in ggml blocks decoded to the loader's weights: invariant_linear's bits");
   m.def("exact_linear_supported", &ifx::exact_linear_supported,
-        "whether exact_linear was built for bfloat16 rows (AVX-512 BF16) or float32 rows (AVX-512F)",
+        "whether exact_linear was built for bfloat16 rows (AVX-512 BF16) or float32 rows (every build)",
         pybind11::arg("bf16") = true);
   m.def("invariant_linear", &invariant_linear, "Batch-invariant x @ w^T (+ bias): a fixed reduction order per element",
         pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias") = pybind11::none());

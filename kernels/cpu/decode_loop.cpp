@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -45,7 +46,8 @@ struct Projection {
   int64_t qtype = 0, out = 0, in = 0;
   Kind kind = Kind::kBlocks;
   // QuantLinear with ``exact`` (passes' exact mode): blocks multiplied by exact_linear below exact_below rows, and
-  // from there ``dense`` (the same weights, packed for oneDNN or plain) by the op QuantLinear calls on it.
+  // from there ``dense`` (the same weights, packed for oneDNN or plain) by the op QuantLinear calls on it. The
+  // blocks mode has no dense side: exact_below is then the largest int64, so every step takes exact_linear.
   at::Tensor dense;
   int64_t exact_below = 0;
 };
@@ -120,9 +122,13 @@ class Loop {
       TORCH_CHECK(pr.kind == Kind::kBlocks && ifx::exact_linear_supported(dtype_ == at::kBFloat16),
                   "DecodeLoop: exact_linear multiplies blocks by rows of the model's dtype, where it was built");
       const at::Tensor& d = exact_dense[i];
-      TORCH_CHECK(d.defined() && d.dim() == 2 && d.size(0) == pr.out &&
+      if (!d.defined() || d.numel() == 0) {  // the blocks mode: nothing dense, exact_linear at every row count
+        pr.exact_below = std::numeric_limits<int64_t>::max();
+        continue;
+      }
+      TORCH_CHECK(d.dim() == 2 && d.size(0) == pr.out &&
                       (d.is_mkldnn() || (d.is_contiguous() && d.scalar_type() == dtype_)),
-                  "DecodeLoop: an exact projection needs its dense [out, in] weight (packed or plain)");
+                  "DecodeLoop: an exact projection's dense side must be its [out, in] weight (packed or plain)");
       pr.dense = d;
       pr.exact_below = exact_below[i];
     }

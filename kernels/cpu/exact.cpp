@@ -17,8 +17,9 @@
 // loader's formulas (backends/models/quants.py): Q4_0 (q - 8) * d, Q4_1 q * d + m (a product
 // rounded, then a sum rounded), Q8_0 q * d.
 //
-// The bfloat16 kernel needs AVX-512 BF16; the float32 one only AVX-512F (and F16C, which every
-// AVX-512 CPU has), so CPUs without BF16 get it too.
+// The bfloat16 kernel needs AVX-512 BF16; the float32 one here AVX-512F (and F16C, which every
+// AVX-512 CPU has). Builds without AVX-512 take exact_avx2.cpp's float32 kernel (AVX2, or portable C++),
+// which keeps the same contract: float32 rows are exact on every CPU.
 #pragma GCC optimize("fp-contract=off")  // the loader's product and sum round separately: no fused multiply-add
 #include "kernels.h"
 
@@ -247,10 +248,8 @@ namespace ifx {
 bool exact_linear_supported(bool bf16) {
 #ifdef IFX_EXACT
   return true;
-#elif defined(IFX_EXACT32)
-  return !bf16;
 #else
-  return false;
+  return !bf16;  // float32: AVX-512F here, exact_avx2.cpp's kernel elsewhere
 #endif
 }
 
@@ -268,7 +267,7 @@ void exact_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, i
 #ifdef IFX_EXACT32
   run_type(x, M, K, w, N, row_bytes, qtype, y);
 #else
-  TORCH_CHECK(false, "exact_linear on float32 rows needs AVX-512F, which this build's CPU lacks");
+  exact_linear_rows_avx2(x, M, K, w, N, row_bytes, qtype, y);
 #endif
 }
 
@@ -279,7 +278,7 @@ at::Tensor exact_linear(at::Tensor x, at::Tensor w, int64_t qtype) {
               "exact_linear: x must be bfloat16 or float32 [M, K]");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(ifx::exact_linear_supported(bf16), "exact_linear on ", bf16 ? "bfloat16" : "float32",
-              " rows needs ", bf16 ? "AVX-512 BF16" : "AVX-512F", ", which this build's CPU lacks");
+              " rows needs AVX-512 BF16, which this build's CPU lacks");
   TORCH_CHECK(block_bytes(qtype) > 0, "exact_linear: unsupported ggml type ", qtype, " (Q4_0=2, Q4_1=3, Q8_0=8)");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(K % QK == 0, "exact_linear: K = ", K, " is not a multiple of ", QK);

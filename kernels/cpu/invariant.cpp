@@ -78,8 +78,60 @@ struct BF16Chunk {
   static inline Acc full(Acc acc, const T* a, const T* b) { return step(acc, a, b, width); }
 #endif
 };
+#elif defined(__AVX2__) && defined(__FMA__)
+// AVX2: the same 16 lanes in two 8-lane registers, each chunk one FMA per lane, the same fold: the AVX-512
+// kernels' float32 bits (and those of exact_avx2.cpp, which reduces blocks this way).
+struct Acc {
+  __m256 lo, hi;
+};
+inline Acc acc_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline float fold(Acc v) { return ifx::fold16(v.lo, v.hi); }
+
+// A chunk of 16 elements as two 8-lane float32 registers; a tail of n < 16 padded with zeros.
+inline void load16(const float* p, int64_t n, __m256& lo, __m256& hi) {
+  if (n >= 16) {
+    lo = _mm256_loadu_ps(p);
+    hi = _mm256_loadu_ps(p + 8);
+    return;
+  }
+  alignas(32) float t[16] = {};
+  std::memcpy(t, p, n * sizeof(float));
+  lo = _mm256_load_ps(t);
+  hi = _mm256_load_ps(t + 8);
+}
+inline __m256 widen8(const c10::BFloat16* p) {  // bfloat16 is the top half of a float32: exact
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline void load16(const c10::BFloat16* p, int64_t n, __m256& lo, __m256& hi) {
+  if (n >= 16) {
+    lo = widen8(p);
+    hi = widen8(p + 8);
+    return;
+  }
+  alignas(32) c10::BFloat16 t[16];
+  std::memset(t, 0, sizeof(t));
+  std::memcpy(t, p, n * sizeof(c10::BFloat16));
+  lo = widen8(t);
+  hi = widen8(t + 8);
+}
+template <typename E>
+struct Avx2Chunk {
+  static constexpr int64_t width = 16;
+  using T = E;
+  static inline Acc step(Acc acc, const T* a, const T* b, int64_t n) {
+    __m256 alo, ahi, blo, bhi;
+    load16(a, n, alo, ahi);
+    load16(b, n, blo, bhi);
+    return {_mm256_fmadd_ps(alo, blo, acc.lo), _mm256_fmadd_ps(ahi, bhi, acc.hi)};
+  }
+  static inline Acc full(Acc acc, const T* a, const T* b) { return step(acc, a, b, width); }
+};
+using F32Chunk = Avx2Chunk<float>;
+using BF16Chunk = Avx2Chunk<c10::BFloat16>;
 #else
-// Portable: the same shape of reduction in plain C++ (16 lanes, fixed fold).
+// Portable: the same shape of reduction in plain C++ (16 lanes, fixed fold), each multiply-add an explicit
+// fused one as the vector paths' are (not left to the compiler's contraction choices).
 struct Acc {
   float lane[16];
 };
@@ -97,7 +149,7 @@ struct PortableChunk {
   using T = E;
   static inline Acc step(Acc acc, const T* a, const T* b, int64_t n) {
     const int64_t k = n < width ? n : width;
-    for (int64_t i = 0; i < k; ++i) acc.lane[i] += widen1(a[i]) * widen1(b[i]);
+    for (int64_t i = 0; i < k; ++i) acc.lane[i] = std::fma(widen1(a[i]), widen1(b[i]), acc.lane[i]);
     return acc;
   }
   static inline Acc full(Acc acc, const T* a, const T* b) { return step(acc, a, b, width); }

@@ -17,7 +17,7 @@
 #include <memory>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -34,7 +34,7 @@ at::Tensor dequantize_blocks(at::Tensor w, int64_t qtype, int64_t K, bool bf16);
 
 // exact.cpp: y = x @ W^T ([M, N], x's dtype) for bfloat16 or float32 x [M, K], W as ggml blocks (Q4_0, Q4_1, Q8_0)
 // decoded to the loader's weights in that dtype: invariant_linear's bits on those weights, reading the blocks.
-// bfloat16 needs AVX-512 BF16, float32 AVX-512F (ifx::exact_linear_supported says whether each was built).
+// bfloat16 needs AVX-512 BF16 (ifx::exact_linear_supported says whether it was built); float32 runs everywhere.
 at::Tensor exact_linear(at::Tensor x, at::Tensor w, int64_t qtype);
 
 // invariant.cpp: batch-invariant y = x @ w^T (+ bias), x [M, K], w [N, K], float32 or bfloat16 (the dtype of x);
@@ -89,6 +89,16 @@ inline float fold16(__m512 v) {
   q = _mm_add_ss(q, _mm_movehdup_ps(q));
   return _mm_cvtss_f32(q);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// The same fold of 16 float32 lanes held in two 8-lane registers (lanes 0-7, 8-15): AVX2 builds' kernels
+// keep the AVX-512 ones' lanes, order and fold, so their float32 results are the same bits.
+inline float fold16(__m256 lo, __m256 hi) {
+  const __m256 h = _mm256_add_ps(lo, hi);
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
 #endif
 
 // exact.cpp: exact_linear on raw buffers (y [M, N] in x's dtype); exact_linear_supported(bf16) says whether the
@@ -98,6 +108,9 @@ void exact_linear_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8
                        int64_t qtype, c10::BFloat16* y);
 void exact_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                        int64_t qtype, float* y);
+// exact_avx2.cpp: the float32 kernel of builds without AVX-512 (AVX2 + FMA + F16C, or portable C++).
+void exact_linear_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
+                            int64_t qtype, float* y);
 
 // fused.cpp: rows x n; residual null: new_residual is x (copied there unless it is x itself).
 template <typename T>

@@ -1,6 +1,7 @@
 """exact_linear (kernels/cpu/exact.cpp): the blocks decoded to the loader's weights (bfloat16 or float32, the
 activations' dtype), multiplied in invariant_linear's order, so the same bits as invariant_linear on the dense
-weights, at any row count. Each dtype runs where its kernel builds (bfloat16: AVX-512 BF16; float32: AVX-512F)."""
+weights, at any row count. bfloat16 runs where its kernel builds (AVX-512 BF16); float32 on every build (AVX-512F,
+AVX2, portable C++), and the slow tier checks each instruction-set level the host can run (kernels.cpu.host_isas)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from inferflux.kernels import cpu as cpu_kernels
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C++ CPU kernels are not built here")
 
-WHY_NOT = {torch.bfloat16: "AVX-512 BF16", torch.float32: "AVX-512F"}
+WHY_NOT = {torch.bfloat16: "AVX-512 BF16", torch.float32: "a C++ compiler"}
 DTYPES = [
     pytest.param(dtype, marks=pytest.mark.skipif(
         cpu_kernels.load() is None or not cpu_kernels.exact_linear_supported(dtype),
@@ -42,7 +43,7 @@ def test_the_same_bits_as_invariant_linear_on_the_dequantised_weights(
 ) -> None:
     blocks, dense = _blocks(qtype, n, k, seed=n + k + qtype, dtype=dtype)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(qtype)).to(dtype)
-    for rows in (1, 3, 4, 5, 9):
+    for rows in (1, 2, 3, 4, 5, 9):
         got = cpu_kernels.exact_linear(x[:rows], blocks, qtype)
         assert got.dtype == dtype and got.shape == (rows, n)
         assert torch.equal(got, cpu_kernels.loaded().invariant_linear(x[:rows], dense, None))
@@ -87,3 +88,32 @@ def test_bad_arguments_are_refused(x: torch.Tensor, blocks: torch.Tensor, qtype:
         message = "needs"
     with pytest.raises(RuntimeError, match=message):
         cpu_kernels.exact_linear(x, blocks, qtype)
+
+
+LEVELS = [level for level in cpu_kernels.host_isas() if level != "native"]
+
+
+@pytest.mark.slow  # each level is a library of its own, built here on first use (1.5-5 minutes on 2 cores)
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_level_the_host_runs_gives_the_native_builds_float32_bits(level: str) -> None:
+    """The float32 contract on each instruction-set level (kernels/cpu/__init__.py, ISA_ENV): the level's
+    exact_linear equals its invariant_linear, and both equal the native build's, bit for bit, at decode and
+    batch row counts; its RMSNorm too. An AVX-512 host checks the AVX2 and portable kernels this way."""
+    module = cpu_kernels.load(level)
+    assert module is not None, cpu_kernels.load_error(level)
+    native = cpu_kernels.loaded()
+    assert module.build_isa() == ("avx2" if level == "avx2" else "generic")
+    generator = torch.Generator().manual_seed(7)
+    for qtype in sorted(QTYPES):
+        blocks, dense = _blocks(qtype, 67, 576, seed=qtype, dtype=torch.float32)
+        x = torch.randn(37, 576, generator=generator)
+        for rows in (1, 2, 3, 8, 37):
+            got = module.exact_linear(x[:rows], blocks, qtype)
+            assert torch.equal(got, module.invariant_linear(x[:rows], dense, None))
+            assert torch.equal(got, native.invariant_linear(x[:rows], dense, None))
+            assert torch.equal(got, native.exact_linear(x[:rows], blocks, qtype))
+    ragged = torch.randn(5, 50, generator=generator)  # a tail shorter than a chunk
+    w = torch.randn(50, generator=generator)
+    assert torch.equal(module.invariant_rms_norm(ragged, w, 1e-5), native.invariant_rms_norm(ragged, w, 1e-5))
+    wide = torch.randn(7, 50, generator=generator)
+    assert torch.equal(module.invariant_linear(ragged, wide, None), native.invariant_linear(ragged, wide, None))

@@ -228,13 +228,19 @@ def _native_bf16() -> bool:
 def test_auto_resolves_to_the_models_dense_dtype() -> None:
     # auto multiplies the dense weights' own values in the model's dtype (resolve_mode says why not hybrid
     # or native), reading the file's blocks for small batches where exact_linear can (exact_ok).
+    # Where the kernel reads the file's blocks, they are the weights (blocks); on an AVX-512 build the dense
+    # weights stay beside them for batches (exact), where oneDNN's or torch's GEMM was measured faster.
     assert passes.resolve_mode("auto", dtype_name="bfloat16") == "bf16"
-    assert passes.resolve_mode("auto", dtype_name="bfloat16", exact_ok=True) == "exact"
+    assert passes.resolve_mode("auto", dtype_name="bfloat16", exact_ok=True, isa="avx512-bf16") == "exact"
     assert passes.resolve_mode("auto", dtype_name="float32") == "f32"
-    assert passes.resolve_mode("auto", dtype_name="float32", exact_ok=True) == "exact"
+    assert passes.resolve_mode("auto", dtype_name="float32", exact_ok=True, isa="avx512") == "exact"
+    for isa in ("avx2", "neon", "generic"):
+        assert passes.resolve_mode("auto", dtype_name="float32", exact_ok=True, isa=isa) == "blocks"
     assert passes.resolve_mode("exact", dtype_name="float32") == "exact"
-    with pytest.raises(ValueError, match="exact multiplies bfloat16 or float32 rows; dtype float16"):
-        passes.resolve_mode("exact", dtype_name="float16")
+    assert passes.resolve_mode("blocks", dtype_name="float32") == "blocks"
+    for mode in ("exact", "blocks"):
+        with pytest.raises(ValueError, match=f"{mode} multiplies bfloat16 or float32 rows; dtype float16"):
+            passes.resolve_mode(mode, dtype_name="float16")
     assert passes.resolve_mode("int8", dtype_name="float32") == "int8"
     engine = passes.PassConfig.parse({"quantise": "int8", "gemm_from": 4})
     assert engine.merged(passes.PassConfig.parse({"quantise": "native"})) == passes.PassConfig("native", 4)
@@ -345,23 +351,21 @@ def test_deterministic_exact_gives_a_row_the_same_bits_on_both_sides_of_gemm_fro
             assert torch.equal(p(x[i : i + 1]), batched[i : i + 1])
 
 
-needs_exact32 = pytest.mark.skipif(
-    not (cpu_kernels.load() is not None and cpu_kernels.exact_linear_supported(torch.float32)),
-    reason="exact_linear on float32 rows needs AVX-512F, which this CPU lacks (auto stays f32 there)")
+needs_exact32 = pytest.mark.skipif(cpu_kernels.load() is None, reason="the C++ CPU kernels are not built here")
 
 
 @needs_exact32
 def test_exact_in_float32_multiplies_the_loaded_float32_weights_reading_blocks_for_small_batches() -> None:
-    """A CPU without AVX-512 BF16 loads float32; there too ``auto`` reads the blocks for small batches, decoded to
+    """A CPU without AVX-512 BF16 loads float32; there ``exact`` reads the blocks for small batches, decoded to
     the float32 values the ``f32`` mode multiplies, and F.linear on those dense weights takes the rest."""
     from inferflux.backends.cpu import linear as ql
 
     loaded = {}
-    for mode in ("auto", "f32"):
+    for mode in ("exact", "f32"):
         backend = CPUBackend()
         info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="float32", passes={"quantise": mode}))
         loaded[mode] = backend, {r["name"]: r for r in info.passes}
-    (exact, records), (dense, _) = loaded["auto"], loaded["f32"]
+    (exact, records), (dense, _) = loaded["exact"], loaded["f32"]
     assert records["quantise"]["detail"].startswith("120 Q4_1, 1 Q8_0 projections kept as stored in the file, beside")
     assert records["choose_kernels"]["detail"] == (
         f"exact_linear (the blocks decoded to the dense weights' values) below {ql.EXACT_F32_GEMM_FROM_ROWS} rows, "
@@ -395,3 +399,34 @@ def test_deterministic_exact_in_float32_gives_a_row_the_same_bits_on_both_sides_
         for i in (0, 13, 39):  # alone: exact_linear on the blocks
             assert torch.equal(p(x[i : i + 1]), batched[i : i + 1])
 
+
+
+@needs_exact32
+def test_blocks_keeps_only_the_files_blocks_and_multiplies_every_batch_size_exactly() -> None:
+    """``blocks`` (auto's choice below AVX-512): the file's blocks are the only copy of the projections, so the
+    weights in memory are within 1.1x the file, and exact_linear takes every row count: a row's bits are
+    invariant_linear's on the f32 mode's weights, alone or in any batch, through the decode loop too."""
+    from inferflux.backends.cpu import linear as ql
+
+    backend = CPUBackend()
+    info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="float32",
+                                  passes={"quantise": "blocks"}))
+    records = {r["name"]: r for r in info.passes}
+    assert records["quantise"]["detail"] == "120 Q4_1, 1 Q8_0 projections kept as stored in the file"
+    assert records["choose_kernels"]["detail"].startswith("exact_linear on the blocks at every batch size")
+    assert records["decode_loop"]["status"] == "ran"
+    file_bytes = Path(default_model_path()).stat().st_size
+    assert ql.weight_bytes(backend.model) <= 1.1 * file_bytes, (ql.weight_bytes(backend.model), file_bytes)
+    model = backend.model
+    projections = [layer.attn.qkv for layer in model.layers] + [model.head_linear.linear]
+    assert all(isinstance(p, ql.QuantLinear) and p.exact and p.dense_weight is None and p.packed_dense is None
+               for p in projections)
+    generator = torch.Generator().manual_seed(5)
+    for p in (projections[0], projections[-1]):
+        weight = p.dense()
+        x = torch.randn(70, p.in_features, generator=generator)
+        batched = p(x)
+        assert torch.equal(batched, cpu_kernels.loaded().invariant_linear(x, weight, None))
+        for rows in (1, 2, 3, 8, 33):
+            assert torch.equal(p(x[:rows]), batched[:rows])
+            assert torch.equal(p(x[rows - 1 : rows]), batched[rows - 1 : rows])

@@ -1,0 +1,257 @@
+// exact_linear's float32 kernel for CPUs without AVX-512: AVX2 + FMA + F16C (every x86-64 CPU since
+// Haswell and Zen 1, Intel's client CPUs since Alder Lake), and a portable one in plain C++ for the rest
+// (ARM, where the compiler vectorises it, and generic x86-64 builds). exact.cpp holds the contract and the
+// AVX-512 kernels; this file keeps the same one: each output is invariant_linear's float32 reduction (16
+// lanes, lane l summing the products at k = l mod 16 front to back by fused multiply-adds, then the one
+// fold of kernels.h) over the weights the loader decodes the blocks to (backends/models/quants.py: Q4_0
+// (q - 8) * d, Q4_1 q * d + m with the product and the sum each rounded, Q8_0 q * d). AVX2 holds the 16
+// lanes in two 8-lane registers; the lanes, their order and the fold are the same, so the bits are too.
+//
+// Two ways through, by the number of rows:
+// * up to kRegisterRows rows (decode, memory-bound): each block is decoded in registers straight from
+//   the weights and multiplied into every row's sums, so a step reads the blocks once, 0.6-1.1 bytes a
+//   weight against float32's 4;
+// * more rows (prefill, large batches, compute-bound): a pair of weight rows is decoded once into a small
+//   float32 buffer that stays in L1, and every row of x passes over it in tiles of 3 rows x 2 outputs
+//   (12 accumulator registers of the 16), so the decoding is paid once per pair and the multiply-adds run
+//   near the FMA units' rate. Only that pair is ever dense: memory stays at the blocks' size.
+// Which way a row goes never changes its bits: both sum the same products in the same lanes and order.
+#pragma GCC optimize("fp-contract=off")  // the loader's product and sum round separately: no fused multiply-add
+#include "kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define IFX_EXACT_AVX2 1
+#endif
+
+namespace {
+
+constexpr int64_t QK = 32;
+constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8;
+constexpr int64_t kRegisterRows = 2;  // up to this many rows: blocks decoded in registers
+
+constexpr int64_t block_bytes(int64_t qtype) { return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 0; }
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+}
+
+// One block's 32 weights as float32, in element order: the loader's values, scalar (the buffer path's
+// decoder on every build, and the portable kernel's).
+template <int64_t QT>
+inline void decode_scalar(const uint8_t* blk, float* out) {
+  const float d = half_at(blk);
+  if constexpr (QT == Q8_0) {
+    const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
+    for (int j = 0; j < QK; ++j) out[j] = static_cast<float>(q[j]) * d;
+  } else {
+    const uint8_t* qs = blk + (QT == Q4_1 ? 4 : 2);
+    const float m = QT == Q4_1 ? half_at(blk + 2) : 0.f;
+    for (int j = 0; j < QK / 2; ++j) {
+      // ggml's order: element j is the low nibble of byte j, element j + 16 its high nibble.
+      const int lo = qs[j] & 0x0F, hi = qs[j] >> 4;
+      if constexpr (QT == Q4_1) {
+        out[j] = static_cast<float>(lo) * d + m;
+        out[j + QK / 2] = static_cast<float>(hi) * d + m;
+      } else {
+        out[j] = static_cast<float>(lo - 8) * d;
+        out[j + QK / 2] = static_cast<float>(hi - 8) * d;
+      }
+    }
+  }
+}
+
+// A weight row (K weights) decoded into out [K].
+template <int64_t QT>
+inline void decode_row(const uint8_t* row, int64_t K, float* out);
+
+#ifdef IFX_EXACT_AVX2
+
+// 16 lanes: lanes 0-7 and 8-15.
+struct Acc {
+  __m256 lo, hi;
+};
+
+inline Acc zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+
+inline float fold(const Acc& a) { return ifx::fold16(a.lo, a.hi); }
+
+// One block's 32 weights in four registers (elements 0-7, 8-15, 16-23, 24-31).
+template <int64_t QT>
+inline void decode(const uint8_t* blk, __m256 w[4]) {
+  const __m256 d = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk)));
+  if constexpr (QT == Q8_0) {
+    for (int i = 0; i < 4; ++i)
+      w[i] = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * i)))),
+          d);
+  } else {
+    const uint8_t* qs = blk + (QT == Q4_1 ? 4 : 2);
+    const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));      // bytes 0-7
+    const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));  // bytes 8-15
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    __m256i q[4] = {_mm256_and_si256(b0, mask), _mm256_and_si256(b1, mask), _mm256_srli_epi32(b0, 4),
+                    _mm256_srli_epi32(b1, 4)};
+    if constexpr (QT == Q4_1) {
+      const __m256 m = _mm256_set1_ps(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(blk + 2)));
+      for (int i = 0; i < 4; ++i) w[i] = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[i]), d), m);
+    } else {
+      const __m256i eight = _mm256_set1_epi32(8);
+      for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[i], eight)), d);
+    }
+  }
+}
+
+template <int64_t QT>
+inline void decode_row(const uint8_t* row, int64_t K, float* out) {
+  __m256 w[4];
+  for (int64_t b = 0; b < K / QK; ++b) {
+    decode<QT>(row + b * block_bytes(QT), w);
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + b * QK + 8 * i, w[i]);
+  }
+}
+
+// 32 weights (four registers) into one row's sums: two 16-chunks, front to back.
+inline void block_fma(const float* x, const __m256 w[4], Acc& a) {
+  a.lo = _mm256_fmadd_ps(_mm256_loadu_ps(x), w[0], a.lo);
+  a.hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), w[1], a.hi);
+  a.lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), w[2], a.lo);
+  a.hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), w[3], a.hi);
+}
+
+// Rows [0, MR) against outputs [n, n + NR), blocks decoded in registers. NR outputs go together so that
+// one row still has several independent FMA chains.
+template <int64_t QT, int MR, int NR>
+inline void register_tile(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n, float* y,
+                          int64_t ldy) {
+  Acc acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = zero();
+  __m256 wv[4];
+  for (int64_t b = 0; b < K / QK; ++b)
+    for (int j = 0; j < NR; ++j) {
+      decode<QT>(w + (n + j) * row_bytes + b * block_bytes(QT), wv);
+      for (int i = 0; i < MR; ++i) block_fma(x + i * K + b * QK, wv, acc[i][j]);
+    }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = fold(acc[i][j]);
+}
+
+template <int64_t QT, int MR>
+void register_rows(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
+                   int64_t ldy) {
+  constexpr int NR = MR == 1 ? 4 : 2;
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) register_tile<QT, MR, NR>(x, K, w, row_bytes, n, y, ldy);
+  for (; n < n1; ++n) register_tile<QT, MR, 1>(x, K, w, row_bytes, n, y, ldy);
+}
+
+// Rows [0, MR) of x against NR decoded weight rows (wd, [NR, K]), outputs n..n+NR.
+template <int MR, int NR>
+inline void buffer_tile(const float* x, int64_t K, const float* wd, int64_t n, float* y, int64_t ldy) {
+  Acc acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = zero();
+  for (int64_t k = 0; k < K; k += 16)
+    for (int j = 0; j < NR; ++j) {
+      const __m256 wlo = _mm256_loadu_ps(wd + j * K + k), whi = _mm256_loadu_ps(wd + j * K + k + 8);
+      for (int i = 0; i < MR; ++i) {
+        acc[i][j].lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * K + k), wlo, acc[i][j].lo);
+        acc[i][j].hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * K + k + 8), whi, acc[i][j].hi);
+      }
+    }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = fold(acc[i][j]);
+}
+
+template <int NR>
+void buffer_rows(const float* x, int64_t M, int64_t K, const float* wd, int64_t n, float* y, int64_t ldy) {
+  int64_t m = 0;
+  for (; m + 3 <= M; m += 3) buffer_tile<3, NR>(x + m * K, K, wd, n, y + m * ldy, ldy);
+  if (M - m == 2) buffer_tile<2, NR>(x + m * K, K, wd, n, y + m * ldy, ldy);
+  if (M - m == 1) buffer_tile<1, NR>(x + m * K, K, wd, n, y + m * ldy, ldy);
+}
+
+template <int64_t QT>
+void run(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes, float* y) {
+  // Threads split the outputs only: every element's reduction is the same whatever the split or M.
+  if (M <= kRegisterRows) {
+    at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+      if (M == 1)
+        register_rows<QT, 1>(x, K, w, row_bytes, n0, n1, y, N);
+      else
+        register_rows<QT, 2>(x, K, w, row_bytes, n0, n1, y, N);
+    });
+    return;
+  }
+  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
+    std::vector<float> wd(2 * K);
+    int64_t n = n0;
+    for (; n + 2 <= n1; n += 2) {
+      decode_row<QT>(w + n * row_bytes, K, wd.data());
+      decode_row<QT>(w + (n + 1) * row_bytes, K, wd.data() + K);
+      buffer_rows<2>(x, M, K, wd.data(), n, y, N);
+    }
+    if (n < n1) {
+      decode_row<QT>(w + n * row_bytes, K, wd.data());
+      buffer_rows<1>(x, M, K, wd.data(), n, y, N);
+    }
+  });
+}
+
+#else  // portable: the same lanes and fold in plain C++, every multiply-add an explicit std::fma
+
+template <int64_t QT>
+inline void decode_row(const uint8_t* row, int64_t K, float* out) {
+  for (int64_t b = 0; b < K / QK; ++b) decode_scalar<QT>(row + b * block_bytes(QT), out + b * QK);
+}
+
+inline float fold(float lane[16]) {
+  for (int width = 8; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) lane[i] += lane[i + width];
+  return lane[0];
+}
+
+template <int64_t QT>
+void run(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes, float* y) {
+  at::parallel_for(0, N, 4, [&](int64_t n0, int64_t n1) {
+    std::vector<float> wd(K);
+    for (int64_t n = n0; n < n1; ++n) {
+      decode_row<QT>(w + n * row_bytes, K, wd.data());
+      for (int64_t m = 0; m < M; ++m) {
+        float lane[16] = {};
+        for (int64_t k = 0; k < K; k += 16)
+          for (int l = 0; l < 16; ++l) lane[l] = std::fma(x[m * K + k + l], wd[k + l], lane[l]);
+        y[m * N + n] = fold(lane);
+      }
+    }
+  });
+}
+
+#endif
+
+}  // namespace
+
+namespace ifx {
+
+void exact_linear_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
+                                int64_t qtype, float* y) {
+  if (M <= 0 || N <= 0) return;
+  switch (qtype) {
+    case Q4_0: run<Q4_0>(x, M, K, w, N, row_bytes, y); break;
+    case Q4_1: run<Q4_1>(x, M, K, w, N, row_bytes, y); break;
+    default: run<Q8_0>(x, M, K, w, N, row_bytes, y); break;
+  }
+}
+
+}  // namespace ifx
