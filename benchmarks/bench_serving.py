@@ -46,7 +46,7 @@ import httpx
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-from benchmarks.serving_extras import KVSampler, plot_levels, plot_saved  # noqa: E402
+from serving_extras import KVSampler, plot_levels, plot_saved  # noqa: E402
 from inferflux.policy.fileio import write_atomically  # noqa: E402
 
 DEFAULT_LLAMA_SERVER = Path(

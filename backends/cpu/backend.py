@@ -181,8 +181,8 @@ class CPUBackend:
         self.dtype = dtype
         self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
         self._rope_tables = None
-        log.info("%s backend: loaded %s (%s, %s, %d threads, %s attention%s)", self.name, spec.name,
-                 cfg.architecture, dtype_name, torch.get_num_threads(), self._attention_name(),
+        log.info("%s backend: loaded %s (%s, %s, %d threads, %s attention, kernels for %s%s)", self.name, spec.name,
+                 cfg.architecture, dtype_name, torch.get_num_threads(), self._attention_name(), self._kernels_isa(),
                  ", deterministic" if spec.deterministic else "")
         return dataclasses.replace(cfg.model_info(spec.name, dtype_name), deterministic=spec.deterministic,
                                    passes=tuple(r.as_dict() for r in records))
@@ -227,6 +227,11 @@ class CPUBackend:
                  ", ".join(f"{r.name} ({r.status})" for r in records),
                  records[0].bytes_before / 1e6, records[-1].bytes_after / 1e6)
         return records
+
+    def _kernels_isa(self) -> str:
+        from inferflux.kernels import cpu as cpu_kernels
+
+        return (cpu_kernels.isa() or "none") if str(self.device) == "cpu" else "-"
 
     def _attention_name(self) -> str:
         return "reference" if self.kernel_error else "C++ paged"

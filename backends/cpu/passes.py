@@ -167,7 +167,8 @@ def exact_available(source: Any, dtype_name: str) -> bool:
 def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
          resolve_dtype: Callable[[str], str]) -> dict[str, Any]:
     """What loading ``path`` with these passes would do here, without loading it (``inferctl backends
-    --json``): the passes in order and the quantise mode they resolve to; what ran and the weight bytes
+    --json``): the passes in order, the quantise mode they resolve to and the kernels' instruction set
+    (``cpu_isa``; None without them); what ran and the weight bytes
     before and after are known only after a load (``GET /admin/v1/models/{id}``). ``error``: why it
     would not load (a bad passes section, a contradicting dtype, an unreadable file, no C++ kernels).
     ``resolve_dtype``: the backend's (backends.cpu.backend.resolve_dtype, which imports this module)."""
@@ -189,7 +190,7 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
                             isa=cpu_kernels.isa())
     except ValueError as exc:
         return {**out, "error": str(exc)}
-    out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised)
+    out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised, cpu_isa=cpu_kernels.isa() or None)
     if mode not in DENSE_DTYPES and not kernels_ok:
         out["error"] = f"passes.quantise {mode} needs the C++ CPU kernels: {cpu_kernels.load_error()}"
     return out

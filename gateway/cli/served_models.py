@@ -127,10 +127,12 @@ def add_parser(
     load.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None,
                       help="batch-invariant kernels (cpu backend): the same logits alone or batched, at a "
                       "throughput cost (default: the server's engine.deterministic)")  # fmt: skip
-    load.add_argument("--quantise", choices=("auto", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32"),
-                      help="load pass (cpu backend): native keeps the GGUF file's own blocks, hybrid those and "
+    load.add_argument("--quantise", choices=("auto", "blocks", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32"),
+                      help="load pass (cpu backend): blocks keeps only the GGUF file's own blocks and multiplies "
+                      "them exactly at every batch size (auto's choice below AVX-512), native keeps the blocks with "
+                      "int8 activations, hybrid those and "
                       "the dense weights for batches, exact those and the dense weights with small batches multiplied by "
-                      "the weights' own bfloat16 or float32 values (auto's choice where it builds), int8/int4 re-quantise, "
+                      "the weights' own bfloat16 or float32 values (auto's choice on AVX-512), int8/int4 re-quantise, "
                       "bf16/f32 stay dense (default: the "
                       "server's engine.passes, else auto)")  # fmt: skip
     load.add_argument("--gemm-from", type=int, metavar="ROWS",

@@ -52,7 +52,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       swap_space_bytes: 4GiB  # default: the KV cache's size
       swap_dir: /var/lib/inferflux/swap   # unset: swap to host memory
       passes:               # cpu backend load passes (docs/backends.md); each model's own passes override
-        quantise: auto      # auto (exact where it builds for the model's dtype, else dense) | native | hybrid | exact | int8 | int4 | bf16 | f32
+        quantise: auto      # auto (blocks below AVX-512, exact on it, dense for float files) | blocks | native | hybrid | exact | int8 | int4 | bf16 | f32
         gemm_from: 16       # batch rows from which quantised projections dequantise per tile into a GEMM
         pack: true          # bfloat16 dense weights packed once for oneDNN (same bits, faster; a copy beside each)
         decode_loop: true   # decode steps run every layer in one C++ call (same bits, less overhead a step)

@@ -145,7 +145,7 @@ class PassesSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    quantise: Literal["auto", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32"] | None = None
+    quantise: Literal["auto", "blocks", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32"] | None = None
     gemm_from: int | None = Field(default=None, ge=1, le=1 << 20)
     pack: bool | None = None
     decode_loop: bool | None = None

@@ -69,10 +69,12 @@ def test_inferctl_backends_json_plans_each_cpu_models_passes(tmp_path, capsys):
     plans = {m["name"]: m["pass_plan"] for m in json.loads(capsys.readouterr().out)["models"]}
     kernels = cpu_kernels.load() is not None
     assert plans["auto"]["pipeline"] == [name for name, _ in passes.PASSES]
-    # auto on this quantised file: exact where exact_linear builds for the dtype (bfloat16: AVX-512 BF16;
-    # float32: AVX-512F), else the dense weights alone (bf16, f32).
-    exact = {dtype: "exact" if kernels and cpu_kernels.exact_linear_supported(getattr(torch, dtype)) else dense
-             for dtype, dense in (("bfloat16", "bf16"), ("float32", "f32"))}
+    # auto on this quantised file: with the kernels, exact on an AVX-512 build (bfloat16 needs its BF16) and
+    # blocks below it (float32); without them the dense weights alone (bf16, f32).
+    avx512 = cpu_kernels.isa().startswith("avx512")
+    exact = {"bfloat16": "exact" if kernels and cpu_kernels.exact_linear_supported(torch.bfloat16) else "bf16",
+             "float32": ("exact" if avx512 else "blocks") if kernels else "f32"}
+    assert plans["auto"]["cpu_isa"] == (cpu_kernels.isa() or None)
     assert plans["auto"]["quantised_file"] is True and plans["auto"]["quantise"] == exact[plans["auto"]["dtype"]]
     assert plans["i4"]["quantise"] == "int4" and ("error" in plans["i4"]) is not kernels
     assert plans["f32"] == {**plans["f32"], "quantise": exact["float32"], "dtype": "float32"}

@@ -51,7 +51,7 @@ class ModelLoadRequest(BaseModel):
     passes: PassesSettings | None = Field(
         default=None,
         description="Load passes (cpu backend; docs/backends.md), as a configuration file's models[].passes: "
-        "quantise (auto|native|hybrid|exact|int8|int4|bf16|f32), gemm_from (rows from which quantised projections use the "
+        "quantise (auto|blocks|native|hybrid|exact|int8|int4|bf16|f32), gemm_from (rows from which quantised projections use the "
         "GEMM path), pack (false: bfloat16 dense weights not packed once for oneDNN, saving the copies' memory), "
         "decode_loop (false: decode steps run the layers from Python instead of one C++ call); "
         "over engine.passes key by key. Not for a model with an upstream",
