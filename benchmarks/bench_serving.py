@@ -575,6 +575,18 @@ class RunningServer:
         self.startup_s = time.perf_counter() - t0
         return self
 
+    def rss_mb(self) -> float | None:
+        """Resident memory of the server and its children, MB (None where psutil cannot read it)."""
+        try:
+            import psutil
+
+            root = psutil.Process(self.proc.pid) if self.proc else None
+            if root is None:
+                return None
+            return round(sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 1e6, 1)
+        except Exception:  # psutil missing, or the process gone: the figure is optional
+            return None
+
     def __exit__(self, *exc: Any) -> None:
         p = self.proc
         if p is not None and p.poll() is None:
@@ -823,6 +835,13 @@ def method_text(meta: dict[str, Any]) -> str:
         f"cores is repeated up to {w['disturbed_retries']} times (cells marked ⚠ disturbed kept one anyway).",
         f"- Limits: request timeout {w['request_timeout']}s, level deadline {w['level_timeout']}s.",
     ]
+    for v in meta.get("servers", {}).values():
+        starts, rss = v.get("startup_s") or [], v.get("rss_mb_after_level") or {}
+        if starts:
+            lines.append(f"- {v['label']}: start to ready {statistics.median(starts):.1f} s (median of {len(starts)}); "
+                         "resident memory after each level, MB (median): " + ", ".join(
+                             f"{c}: {statistics.median(x for x in xs if x is not None):.0f}"
+                             for c, xs in rss.items() if any(x is not None for x in xs)))
     if meta.get("interrupted"):
         lines.append(f"- **Incomplete run**: interrupted by {meta['interrupted']}.")
     for f in meta.get("start_failures", []):
@@ -1031,6 +1050,9 @@ def main(argv: list[str] | None = None) -> int:
                                 meta["servers"][d.key]["model_id"] = model
                                 meta["servers"][d.key].setdefault("startup_s", []).append(round(srv.startup_s or 0, 2))
                                 bench(d.base_url, model, c, d.key, rnd, srv.proc.pid if srv.proc else None)
+                                # Resident memory after the level (the server's process tree): weights, KV, runtime.
+                                meta["servers"][d.key].setdefault("rss_mb_after_level", {}).setdefault(
+                                    str(c), []).append(srv.rss_mb())
                         except RuntimeError as exc:  # a server that fails to start: record, go on
                             print(f"[bench] {d.label} round {rnd} conc {c}: {exc}", file=sys.stderr)
                             meta.setdefault("start_failures", []).append(

@@ -101,8 +101,9 @@ def _subject_and_reference(mode: str) -> tuple[Any, Any]:
                 for p in reference.model.parameters():
                     p.copy_(p.bfloat16().float())
             return subject, reference
-        if mode == "exact-f32":  # float32's exact mode (a CPU without AVX-512 BF16) against the f32 mode
-            return _load(dtype="float32", passes={"quantise": "exact"}), _load(dtype="float32", passes={"quantise": "f32"})
+        if mode in ("exact-f32", "blocks"):  # float32's exact mode, or the blocks alone, against the f32 mode
+            return (_load(dtype="float32", passes={"quantise": mode.removesuffix("-f32")}),
+                    _load(dtype="float32", passes={"quantise": "f32"}))
         # Every row through the quantised kernel (no dequantise-and-GEMM path, which is the reference's arithmetic).
         backend = _load(dtype="float32", passes={"quantise": mode, "gemm_from": 1 << 20})
     except BackendError as exc:  # no C++ kernels here: the load says so, and so does the skip
@@ -110,7 +111,7 @@ def _subject_and_reference(mode: str) -> tuple[Any, Any]:
     return backend, backend
 
 
-@pytest.mark.parametrize("mode", ["native", "int8", "int4", "bf16", "exact", "hybrid", "exact-f32"])
+@pytest.mark.parametrize("mode", ["native", "int8", "int4", "bf16", "exact", "hybrid", "exact-f32", "blocks"])
 def test_quantised_mode_within_its_float32_reference(mode: str, prompts: list[list[int]]) -> None:
     subject, reference = _subject_and_reference(mode)
     kls, agree = [], []

@@ -51,21 +51,23 @@ def test_first_difference_sees_one_ulp_and_a_token():
     assert first_difference(base, base[:1]) is not None
 
 
-def _exact_where_it_builds(dtype: torch.dtype) -> Any:
-    need = "AVX-512 BF16" if dtype == torch.bfloat16 else "AVX-512F"
+def _exact_where_it_builds(dtype: torch.dtype, mode: str = "exact") -> Any:
+    need = "AVX-512 BF16" if dtype == torch.bfloat16 else "the C++ kernels"
     name = str(dtype).removeprefix("torch.")
-    return pytest.param(("exact", name), id=f"exact-{name}", marks=pytest.mark.skipif(
+    return pytest.param((mode, name), id=f"{mode}-{name}", marks=pytest.mark.skipif(
         not (cpu_kernels.load() is not None and cpu_kernels.exact_linear_supported(dtype)),
         reason=f"exact_linear on {name} rows needs {need}, which this CPU lacks"))
 
 
 # The file's own Q4_1 blocks through the quantised kernel, dense bfloat16 weights through
 # invariant_linear, and both (exact: the blocks below gemm_from, the dense weights from there,
-# the same bits; in bfloat16, and in float32 as a CPU without BF16 loads it): the kinds of
-# projection a deterministic model may run.
+# the same bits; in bfloat16, and in float32 as a CPU without BF16 loads it), and the blocks alone
+# (blocks: exact_linear at every size, auto's choice below AVX-512): the kinds of projection a
+# deterministic model may run.
 @pytest.fixture(scope="module", params=[
     pytest.param(("native", "bfloat16"), id="native"), pytest.param(("bf16", "bfloat16"), id="bf16"),
     _exact_where_it_builds(torch.bfloat16), _exact_where_it_builds(torch.float32),
+    _exact_where_it_builds(torch.float32, "blocks"),
 ])  # fmt: skip
 def model(request: pytest.FixtureRequest) -> tuple[CPUBackend, Any, Any]:
     mode, dtype = request.param
