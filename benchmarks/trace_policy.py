@@ -5,8 +5,8 @@ Method
 ------
 The apps of ``bench_policy.py`` (same model, store, policies and request:
 ``off`` and ``on``), driven in-process, one request at a time, alternating.
-Wrappers around the gateway's own steps (``gateway.request_policy``'s input
-guardrails, rate-limit reservation and OPA decision; ``gateway.plan``'s
+Wrappers around the gateway's own steps (``gateway.pipeline.policy``'s input
+guardrails, rate-limit reservation and OPA decision; ``gateway.pipeline.plan``'s
 tokenising and planning; the route's collection;
 the audit middleware's event building and durable wait; the spool's write and
 its syncer's fsync; the engine's ``stream``) stamp ``time.perf_counter()``
@@ -56,7 +56,7 @@ from policy_paired import spin  # noqa: E402
 
 import inferflux.gateway.audit as gateway_audit  # noqa: E402
 import inferflux.gateway.routes.openai as openai_routes  # noqa: E402
-from inferflux.gateway.request_policy import RequestPolicy  # noqa: E402
+from inferflux.gateway.pipeline.policy import RequestPolicy  # noqa: E402
 import inferflux.policy.audit.spool as spool_module  # noqa: E402
 
 _stamps: dict[str, float] = {}
@@ -132,7 +132,7 @@ def instrument_finely() -> None:
     parts, the output checker, the audit event's digests, JSON and seal), to tell which part of a
     stage its in-request cost is."""
     import inferflux.gateway.auth as gateway_auth
-    import inferflux.gateway.request_policy as request_policy
+    import inferflux.gateway.pipeline.policy as request_policy
     import inferflux.policy.audit.events as audit_events
     import inferflux.policy.guardrails.engine as guardrails_engine
     import inferflux.policy.guardrails.stream as guardrails_stream

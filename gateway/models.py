@@ -53,7 +53,7 @@ class ServedModel:
     remote: bool = False
     upstream: Mapping[str, Any] | None = None  # a remote model's upstream section (names its key, never holds it)
     # A model loaded through the admin API: its ``embedding`` section as loaded (None: the configuration's, or
-    # the defaults; gateway.embeddings.embedding_settings reads both).
+    # the defaults; gateway.pipeline.embeddings.embedding_settings reads both).
     embedding: Mapping[str, Any] | None = None
 
     @property

@@ -1,17 +1,17 @@
 """OpenAI-compatible routes: chat completions, completions, embeddings, models; the Responses and Messages APIs.
 
 A generation handler reads top to bottom: parse → plan → policy → generate →
-render. The body is decoded with limits (``gateway.jsonbody``), its schemas and
-tools measured against theirs (``gateway.schema_limits``), and screened by
+render. The body is decoded with limits (``gateway.pipeline.body``), its schemas and
+tools measured against theirs (``gateway.pipeline.schema_limits``), and screened by
 the input guardrails before it is parsed (a redacting rule rewrites what is
-parsed); its grammars are compiled under the grammar budget (``gateway.grammars``);
-``gateway.plan`` turns the request into checked engine requests
-(``gateway.plan_remote`` into upstream requests, for a model an upstream serves);
-``gateway.request_policy.RequestPolicy`` owns admission, limits, OPA and
-settlement, in its one refusal order; ``gateway.rendering`` shapes the answer.
-The embeddings handler reads the same way (``gateway.embeddings`` parses,
+parsed); its grammars are compiled under the grammar budget (``gateway.pipeline.grammars``);
+``gateway.pipeline.plan`` turns the request into checked engine requests
+(``gateway.pipeline.plan_remote`` into upstream requests, for a model an upstream serves);
+``gateway.pipeline.policy.RequestPolicy`` owns admission, limits, OPA and
+settlement, in its one refusal order; ``gateway.pipeline.render`` shapes the answer.
+The embeddings handler reads the same way (``gateway.pipeline.embeddings`` parses,
 plans, runs and renders; the same ``RequestPolicy`` decides). ``/v1/responses``
-and ``/v1/messages`` are adapters (``gateway.adapters``): the vendor's body
+and ``/v1/messages`` are adapters (``gateway.pipeline.adapters``): the vendor's body
 becomes a chat body that takes the chat route's steps (``_prepare``,
 ``_answer``), and the chat answer goes back in the vendor's shape.
 """
@@ -26,27 +26,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from inferflux.gateway.adapters import Adapter, AdapterRenderer, MessagesRequest, ResponsesRequest, parse_messages
-from inferflux.gateway.adapters import parse_responses
+from inferflux.gateway.pipeline.adapters import Adapter, AdapterRenderer, MessagesRequest, ResponsesRequest, parse_messages
+from inferflux.gateway.pipeline.adapters import parse_responses
 from inferflux.gateway.authz import principal_of, requires
 from inferflux.gateway.context import get_context
-from inferflux.gateway.embeddings import EmbeddingsRequest, embed, embedding_settings, parse_embeddings, plan_embeddings
-from inferflux.gateway.embeddings import render_embeddings
+from inferflux.gateway.pipeline.embeddings import EmbeddingsRequest, embed, embedding_settings, parse_embeddings, plan_embeddings
+from inferflux.gateway.pipeline.embeddings import render_embeddings
 from inferflux.gateway.errors import ModelNotFound, UnsupportedMediaType
-from inferflux.gateway.generation import ChoiceEvent, Generation
-from inferflux.gateway.grammars import compile_grammars
-from inferflux.gateway.jsonbody import decode_json_body
+from inferflux.gateway.pipeline.generation import ChoiceEvent, Generation
+from inferflux.gateway.pipeline.grammars import compile_grammars
+from inferflux.gateway.pipeline.body import decode_json_body
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS
 from inferflux.gateway.models import ModelManager, ServedModel
 from inferflux.gateway.openapi import document
-from inferflux.gateway.plan import GenerationRequest, Placement, Plan, plan_chat, plan_completion
-from inferflux.gateway.plan_remote import plan_remote
-from inferflux.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
-from inferflux.gateway.rendering import ChatRenderer, CompletionRenderer, Renderer, collect, sse_body
-from inferflux.gateway.request_policy import RequestPolicy
-from inferflux.gateway.schema_limits import check_schemas
+from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan, plan_chat, plan_completion
+from inferflux.gateway.pipeline.plan_remote import plan_remote
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from inferflux.gateway.pipeline.render import ChatRenderer, CompletionRenderer, Renderer, collect, sse_body
+from inferflux.gateway.pipeline.policy import RequestPolicy
+from inferflux.gateway.pipeline.schema_limits import check_schemas
 from inferflux.gateway.state import state_of
-from inferflux.gateway.streaming import ClientDisconnected, SSEResponse, drain_deadline, run_until_disconnect
+from inferflux.gateway.pipeline.sse import ClientDisconnected, SSEResponse, drain_deadline, run_until_disconnect
 from inferflux.gateway.tracing import stage
 from inferflux.policy.errors import ApiError
 from inferflux.policy.rbac import Scope

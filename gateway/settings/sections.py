@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from inferflux.gateway.jsonbody import JsonLimits
-from inferflux.gateway.protocol import StopLimits
-from inferflux.gateway.schema_limits import SchemaLimits
+from inferflux.gateway.pipeline.body import JsonLimits
+from inferflux.gateway.pipeline.protocol import StopLimits
+from inferflux.gateway.pipeline.schema_limits import SchemaLimits
 # The upstream sections have a module of their own; ModelEntry and Settings take them from here.
 from inferflux.gateway.settings.upstreams import UpstreamPolicySettings, UpstreamSettings  # noqa: F401
 
@@ -79,7 +79,7 @@ REMOTE_BACKEND = "openai"
 
 
 class EmbeddingSettings(BaseModel):
-    """How a local model answers ``POST /v1/embeddings`` (``gateway.embeddings``)."""
+    """How a local model answers ``POST /v1/embeddings`` (``gateway.pipeline.embeddings``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -366,7 +366,7 @@ class TracingSettings(BaseModel):
 
 
 class InputLimitSettings(BaseModel):
-    """Bounds on what one request may ask of the gateway beyond ``max_body_bytes`` (``gateway.jsonbody``,
+    """Bounds on what one request may ask of the gateway beyond ``max_body_bytes`` (``gateway.pipeline.body``,
     ``gateway.slowclients``); each breach is a 400 naming the field, or a closed connection."""
 
     model_config = ConfigDict(extra="forbid")
@@ -380,7 +380,7 @@ class InputLimitSettings(BaseModel):
     stop_max_bytes: int = Field(default=512, ge=1, le=64 * 1024)  # each, UTF-8
     # The schemas a request asks to be enforced (response_format's, each tool's parameters) and its
     # guided_regex / guided_choice, checked before the guardrails and the grammar engine see them
-    # (gateway.schema_limits); the totals count every schema of the request together.
+    # (gateway.pipeline.schema_limits); the totals count every schema of the request together.
     schema_max_bytes: int = Field(default=65_536, ge=1024)  # each schema, compact JSON
     schema_max_total_bytes: int = Field(default=524_288, ge=1024)
     schema_max_keywords: int = Field(default=10_000, ge=1)  # object keys, all schemas together

@@ -29,13 +29,13 @@ from starlette.requests import Request
 from inferflux.backends.engine import EngineError, GrammarBudget, GrammarTooComplexError, InvalidRequestError
 
 from inferflux.gateway.authz import principal_of
-from inferflux.gateway.generation import engine_error_to_gateway
+from inferflux.gateway.pipeline.generation import engine_error_to_gateway
 from inferflux.gateway.models import ServedModel
-from inferflux.gateway.plan import GenerationRequest, param_names
-from inferflux.gateway.protocol import ChatCompletionRequest
+from inferflux.gateway.pipeline.plan import GenerationRequest, param_names
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest
 from inferflux.gateway.state import state_of
-from inferflux.gateway.streaming import drain_deadline, run_until_disconnect
-from inferflux.gateway.tools import check_parameters
+from inferflux.gateway.pipeline.sse import drain_deadline, run_until_disconnect
+from inferflux.gateway.pipeline.tools import check_parameters
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ output, and the accounting after its last. The refusal order is written here
 and nowhere else; the first refusal answers:
 
 0. (the route, before this object) the size of the request's schemas, tools and
-   guided constraints (400 ``schema_too_complex``, ``gateway.schema_limits``):
+   guided constraints (400 ``schema_too_complex``, ``gateway.pipeline.schema_limits``):
    neither the guardrails nor the grammar engine work on what is refused for its size.
 1. ``screen``: the tenant's input guardrails, on the body as sent (400
    ``content_filter``; a redacting rule rewrites the body the route parses);
@@ -17,7 +17,7 @@ and nowhere else; the first refusal answers:
 2. ``place``: the request's priority within the bounds its traffic policy
    allows (400 ``priority``), its tenant's fair-share weight, its prefix-cache
    namespace. Then (the route) its grammars, compiled within the grammar budget
-   (400 ``schema_too_complex``, 503 ``grammar_busy``; ``gateway.grammars``).
+   (400 ``schema_too_complex``, 503 ``grammar_busy``; ``gateway.pipeline.grammars``).
 3. ``start``, in this order:
    a. the engine's queue (503 when it is full, 429 ``tenant_queue_full``
       beyond the tenant's share of it), then the rate limits and quotas
@@ -58,12 +58,12 @@ from inferflux.gateway.authz import principal_of
 from inferflux.gateway.context import RequestContext, get_context
 from inferflux.gateway.errors import EngineOverloaded, InvalidRequest, RateLimited
 from inferflux.gateway.log_redaction import redact
-from inferflux.gateway.generation import Generation
+from inferflux.gateway.pipeline.generation import Generation
 from inferflux.gateway.metrics import GatewayMetrics
-from inferflux.gateway.plan import GenerationRequest, Placement, Plan
+from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan
 from inferflux.gateway.state import state_of
-from inferflux.gateway.token_text import token_decoder
-from inferflux.gateway.tool_calls import ToolStream
+from inferflux.gateway.pipeline.token_text import token_decoder
+from inferflux.gateway.pipeline.tool_calls import ToolStream
 from inferflux.gateway.tracing import TRACE_HEADERS, GuardMeter, stage
 from inferflux.policy.errors import ApiError
 from inferflux.policy.guardrails import Guardrails, OpaDecision, opa_input
@@ -71,7 +71,7 @@ from inferflux.policy.guardrails.screen import screen as screen_guarded
 from inferflux.policy.ratelimit import Admission, Denial, RateLimiter, Scheduling
 
 if TYPE_CHECKING:
-    from inferflux.gateway.embeddings import EmbeddingPlan
+    from inferflux.gateway.pipeline.embeddings import EmbeddingPlan
     from inferflux.gateway.models import ServedModel
 
 

@@ -10,7 +10,7 @@ decoded against these limits first, before the input guardrails
 (``check_schemas``, called by ``gateway.routes.openai`` before
 ``RequestPolicy.screen``): over one is a 400 ``schema_too_complex`` whose ``param``
 names the field, at the cost of one walk of the schemas. The shape the limits pass
-may still be hard to compile: the grammar budget (``gateway.grammars``,
+may still be hard to compile: the grammar budget (``gateway.pipeline.grammars``,
 ``backends.engine.grammar_sandbox``) bounds that.
 
 The totals count every schema of the request together (the response format's and
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferflux.gateway.errors import SchemaTooComplex
-from inferflux.gateway.tools import MAX_TOOLS
+from inferflux.gateway.pipeline.tools import MAX_TOOLS
 
 # Keywords whose number is a size the answer, or the grammar, must reach.
 BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
