@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import statistics
 import sys
@@ -55,7 +56,7 @@ from bench_policy import body_for, setup  # noqa: E402  (this folder is on sys.p
 from policy_paired import spin  # noqa: E402
 
 import inferflux.gateway.audit as gateway_audit  # noqa: E402
-import inferflux.gateway.routes.openai as openai_routes  # noqa: E402
+import inferflux.gateway.pipeline.run as pipeline_run  # noqa: E402
 from inferflux.gateway.pipeline.policy import RequestPolicy  # noqa: E402
 import inferflux.policy.audit.spool as spool_module  # noqa: E402
 
@@ -93,14 +94,23 @@ def around(owner: Any, name: str, before: str | None, after: str | None) -> None
     setattr(owner, name, wrapped)
 
 
+class Planned:
+    """A planner's holder, so that ``around`` can wrap it like a module's function."""
+
+    def __init__(self, plan: Callable[..., Any]) -> None:
+        self.plan = plan
+
+
 def instrument(engine: Any) -> None:
     around(RequestPolicy, "screen", "handler", "input guardrails")
     around(RequestPolicy, "place", None, "placed")
-    around(openai_routes, "plan_completion", None, "planned")
+    planned = Planned(pipeline_run.COMPLETION.plan)  # the driver finds its planner in COMPLETION, looked up per call
+    around(planned, "plan", None, "planned")
+    pipeline_run.COMPLETION = dataclasses.replace(pipeline_run.COMPLETION, plan=planned.plan)
     around(RequestPolicy, "_reserve", None, "limits reserved")
     around(RequestPolicy, "_opa_document", "OPA: document", None)
     around(RequestPolicy, "_refuse_if_denied", None, "OPA allowed")
-    around(openai_routes, "collect", None, "collected")
+    around(pipeline_run, "collect", None, "collected")
     around(gateway_audit, "build_event", "audit: build", "audit: built")
     around(gateway_audit.AuditMiddleware, "_record", None, "audit: durable")
     around(spool_module, "write_all", "audit: write", "audit: written")

@@ -1,6 +1,6 @@
 """``POST /v1/embeddings``: the request, its plan, running it and the answer, in OpenAI's shape.
 
-The route (``gateway.routes.openai.embeddings``) reads like the generation
+The driver (``gateway.pipeline.run.embeddings``) reads like the generation
 routes: parse → plan → policy → embed → render, with the policy chain of
 ``RequestPolicy`` (input guardrails on the body, the model allow-list,
 admission, limits on the input tokens with no completion, OPA, audit).

@@ -7,7 +7,7 @@ guardrails scan every string of it (an enum of 5,000 values is 5,000 texts), and
 grammar engine builds each into a grammar, where some shapes cost exponentially (a
 string with many ``pattern``s in an ``allOf``). So the route checks the body as
 decoded against these limits first, before the input guardrails
-(``check_schemas``, called by ``gateway.routes.openai`` before
+(``check_schemas``, called by the driver, ``gateway.pipeline.run``, before
 ``RequestPolicy.screen``): over one is a 400 ``schema_too_complex`` whose ``param``
 names the field, at the cost of one walk of the schemas. The shape the limits pass
 may still be hard to compile: the grammar budget (``gateway.pipeline.grammars``,

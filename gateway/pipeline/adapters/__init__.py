@@ -1,7 +1,7 @@
 """Vendor APIs over the chat-completions path: OpenAI's Responses API and Anthropic's Messages API.
 
 Each adapter translates its vendor's body into a chat-completions body, which
-takes the chat route's own steps (``gateway.routes.openai``), and the chat
+takes the chat path's own steps (``gateway.pipeline.run``), and the chat
 answer back into the vendor's shape; ``common`` holds what both share and
 ``errors`` Anthropic's error bodies.
 """
