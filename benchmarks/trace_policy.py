@@ -155,7 +155,7 @@ def instrument_finely() -> None:
     around(limiter.RateLimiter, "check_and_reserve", "rl.start", "rl.done")
     around(memory.MemoryBackend, "reserve", "rl.backend", "rl.backend.done")
     around(guardrails_stream.OutputStream, "feed", "out.feed", "out.fed")
-    around(RequestPolicy, "_finish", "finish", "finished")
+    around(RequestPolicy, "finish", "finish", "finished")
     around(audit_events.ContentDigester, "digest", "ev.digest", None)
     around(audit_events.AuditEvent, "to_json", "ev.to_json", "ev.json")
     around(spool_module, "sealed_line", None, "ev.sealed")

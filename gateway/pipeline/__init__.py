@@ -3,8 +3,8 @@
 ``run`` is the driver; every stage gets the request's ``Call`` (``call``). The
 stages, in the order a chat completion meets them:
 
-- ``body``: the JSON body decoded within its limits
-- ``schema_limits``: the size of its schemas, tools and guided constraints
+- ``body``: the JSON body decoded within its limits, then the size of its schemas, tools and
+  guided constraints
 - ``policy``: ``RequestPolicy``, step 1 (input guardrails)
 - ``protocol``: the API's fields parsed and checked (``tools``: the tools and their history;
   ``completions``: what only the completions route has; ``json_schema``: a schema closed)

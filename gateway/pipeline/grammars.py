@@ -27,8 +27,8 @@ import anyio
 
 from inferflux.backends.engine import EngineError, GrammarBudget, GrammarTooComplexError, InvalidRequestError
 
-from inferflux.gateway.pipeline.generation import engine_error_to_gateway
 from inferflux.gateway.models import ServedModel
+from inferflux.gateway.pipeline.generation import engine_error_to_gateway
 from inferflux.gateway.pipeline.plan import GenerationRequest, param_names
 from inferflux.gateway.pipeline.protocol import ChatCompletionRequest
 from inferflux.gateway.pipeline.tools import check_parameters

@@ -19,10 +19,10 @@ from typing import Any
 from inferflux.backends.engine import EngineRequest, InvalidRequestError, SamplingParams
 from inferflux.backends.models import ChatTemplateError
 
-from inferflux.gateway.pipeline.completions import fim_prompt
 from inferflux.gateway.errors import InvalidRequest
-from inferflux.gateway.pipeline.generation import ChoiceSpec, engine_error_to_gateway
 from inferflux.gateway.models import ServedModel
+from inferflux.gateway.pipeline.completions import fim_prompt
+from inferflux.gateway.pipeline.generation import ChoiceSpec, engine_error_to_gateway
 from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
 from inferflux.gateway.pipeline.tools import ToolPlan, check_parameters, render_chat
 

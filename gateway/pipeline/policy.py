@@ -11,7 +11,7 @@ named beside it. The refusal order is written here and nowhere else; the first
 refusal answers:
 
 0. (the driver, before this object) the size of the request's schemas, tools and
-   guided constraints (400 ``schema_too_complex``, ``gateway.pipeline.schema_limits``):
+   guided constraints (400 ``schema_too_complex``, ``gateway.pipeline.body``):
    neither the guardrails nor the grammar engine work on what is refused for its size.
 1. ``screen`` (stage ``guardrails.input``): the tenant's input guardrails, on the
    body as sent (400 ``content_filter``; a redacting rule rewrites the body the
@@ -36,7 +36,7 @@ refusal answers:
       concurrent): the tenant's and remote OPA policies decide beside its first
       step and are awaited before any output leaves (403).
    A request refused after its tokens were reserved gets them back (``refund``).
-4. ``_finish`` (the ``Generation``'s close): the real token counts are settled
+4. ``finish`` (the ``Generation``'s close): the real token counts are settled
    with the limiter, off the request path, also for a stream the client left.
 
 An embeddings request takes the same steps but 2 (it has no priority and shares
@@ -292,7 +292,7 @@ class RequestPolicy:
             param_names=plan.param_names,
             started=self.ctx.started,
             on_first_token=on_first_token,
-            on_close=lambda gen: self._finish(gen, model, admission),
+            on_close=lambda gen: self.finish(gen, model, admission),
             output_check=output_check,
             tool_stream=(lambda: ToolStream(tools, guards)) if (tools := plan.tools) is not None else None,
             timed=trace is not None,
@@ -300,7 +300,7 @@ class RequestPolicy:
 
     # -- 4. settlement
 
-    def _finish(self, gen: Generation, model: str, admission: Admission) -> None:
+    def finish(self, gen: Generation, model: str, admission: Admission) -> None:
         """Record what the request used and settle it with the limiter (real counts, off the request path)."""
         self._note_findings("output", gen.output_findings)
         if (trace := self.ctx.trace) is not None:

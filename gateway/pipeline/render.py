@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from inferflux.backends.engine import RequestOutput, TokenLogprob
 
-from inferflux.gateway.pipeline.completions import keep_best
 from inferflux.gateway.errors import GatewayError, error_body
+from inferflux.gateway.pipeline.completions import keep_best
 from inferflux.gateway.pipeline.generation import ChoiceEvent, Generation, Usage
 from inferflux.gateway.pipeline.sse import SSE_DONE, sse_event
 from inferflux.gateway.pipeline.tool_calls import ToolCallDelta, ToolOutput, assemble

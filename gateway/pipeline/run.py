@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS
 from inferflux.gateway.models import ServedModel
 from inferflux.gateway.pipeline.adapters import Adapter, AdapterRenderer
-from inferflux.gateway.pipeline.body import read_body
+from inferflux.gateway.pipeline.body import check_schemas, read_body
 from inferflux.gateway.pipeline.call import Call
 from inferflux.gateway.pipeline.embeddings import embed, embedding_settings, parse_embeddings, plan_embeddings
 from inferflux.gateway.pipeline.embeddings import render_embeddings
@@ -38,7 +38,6 @@ from inferflux.gateway.pipeline.plan_remote import plan_remote
 from inferflux.gateway.pipeline.policy import RequestPolicy, Work
 from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from inferflux.gateway.pipeline.render import ChatRenderer, CompletionRenderer, Renderer, collect, sse_body
-from inferflux.gateway.pipeline.schema_limits import check_schemas
 from inferflux.gateway.pipeline.sse import ClientDisconnected, SSEResponse
 from inferflux.gateway.tracing import stage
 from inferflux.policy.errors import ApiError

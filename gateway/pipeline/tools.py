@@ -6,7 +6,7 @@ Schema of an object that the grammar engine compiles within the grammar budget
 (llguidance in a grammar worker, as for ``response_format``; checked before
 planning, ``check_parameters``); at most ``MAX_TOOLS`` tools of at most
 ``MAX_PARAMETERS_BYTES`` of schema each (the route refuses larger ones earlier, by its
-``gateway.pipeline.schema_limits``); a named ``tool_choice`` names one of them; a ``tool``
+``gateway.pipeline.body``); a named ``tool_choice`` names one of them; a ``tool``
 message answers a call an earlier assistant message made.
 
 What the request then asks of the model (``ToolPlan``):

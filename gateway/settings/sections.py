@@ -15,9 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from inferflux.gateway.pipeline.body import JsonLimits
+from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
 from inferflux.gateway.pipeline.protocol import StopLimits
-from inferflux.gateway.pipeline.schema_limits import SchemaLimits
 # The upstream sections have a module of their own; ModelEntry and Settings take them from here.
 from inferflux.gateway.settings.upstreams import UpstreamPolicySettings, UpstreamSettings  # noqa: F401
 
@@ -380,7 +379,7 @@ class InputLimitSettings(BaseModel):
     stop_max_bytes: int = Field(default=512, ge=1, le=64 * 1024)  # each, UTF-8
     # The schemas a request asks to be enforced (response_format's, each tool's parameters) and its
     # guided_regex / guided_choice, checked before the guardrails and the grammar engine see them
-    # (gateway.pipeline.schema_limits); the totals count every schema of the request together.
+    # (gateway.pipeline.body); the totals count every schema of the request together.
     schema_max_bytes: int = Field(default=65_536, ge=1024)  # each schema, compact JSON
     schema_max_total_bytes: int = Field(default=524_288, ge=1024)
     schema_max_keywords: int = Field(default=10_000, ge=1)  # object keys, all schemas together

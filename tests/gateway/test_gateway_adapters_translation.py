@@ -17,10 +17,10 @@ import openai.types.responses as rt
 import pytest
 from pydantic import TypeAdapter
 
+from inferflux.gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
 from inferflux.gateway.pipeline.adapters import parse_messages, parse_responses
 from inferflux.gateway.pipeline.adapters.common import ChatReader
 from inferflux.gateway.pipeline.adapters.errors import rewrite
-from inferflux.gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
 from inferflux.gateway.pipeline.generation import Usage
 
 MODEL = "m"

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferflux.gateway.pipeline.completions import FIM_TOKENS, fim_prompt, keep_best, mean_logprob
 from inferflux.gateway.errors import UnsupportedParameter
+from inferflux.gateway.pipeline.completions import FIM_TOKENS, fim_prompt, keep_best, mean_logprob
 from inferflux.gateway.pipeline.plan import encode_prompts
 from inferflux.gateway.pipeline.protocol import CompletionRequest
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
