@@ -42,7 +42,7 @@ from inferflux.gateway.console import Console, SignInThrottle
 from inferflux.gateway.context import RequestContextMiddleware, get_context
 from inferflux.gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
-from inferflux.gateway import log_redaction
+from inferflux.gateway.logs import redaction as log_redaction
 from inferflux.gateway.audit import AuditMiddleware
 from inferflux.gateway.drain import Drain
 from inferflux.gateway.gate import AuditHealth, ServiceGate
@@ -51,8 +51,8 @@ from inferflux.gateway.slowclients import BodyDeadlineMiddleware
 from inferflux.gateway.state import GatewayState
 from inferflux.gateway.tracing import Tracing
 from inferflux.gateway.traffic import TrafficPolicy
-from inferflux.gateway.model_admin import ModelAdmin
-from inferflux.gateway.models import _VERSION, ModelManager
+from inferflux.gateway.models.admin import ModelAdmin
+from inferflux.gateway.models.served import _VERSION, ModelManager
 from inferflux.gateway.openapi import document, openapi_route
 from inferflux.gateway.routes import admin, health, openai
 from inferflux.gateway.settings import Settings

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from inferflux.gateway.drain import Drain
     from inferflux.gateway.gate import AuditHealth
     from inferflux.gateway.metrics import GatewayMetrics
-    from inferflux.gateway.model_admin import ModelAdmin
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.admin import ModelAdmin
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
     from inferflux.gateway.pipeline.protocol import StopLimits
     from inferflux.gateway.settings import Settings

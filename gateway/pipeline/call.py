@@ -28,7 +28,7 @@ from inferflux.gateway.state import GatewayState, state_of
 from inferflux.policy.rbac import Principal
 
 if TYPE_CHECKING:
-    from inferflux.gateway.models import ServedModel
+    from inferflux.gateway.models.served import ServedModel
 
 T = TypeVar("T")
 

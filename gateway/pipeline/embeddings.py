@@ -38,7 +38,7 @@ from inferflux.backends.openai.engine import estimate_tokens
 from inferflux.backends.openai.request import RemoteEmbeddingRequest
 
 from inferflux.gateway.errors import ContextLengthExceeded, GatewayError, InternalError, InvalidRequest, UnsupportedParameter
-from inferflux.gateway.models import ServedModel
+from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.pipeline.generation import engine_error_to_gateway
 from inferflux.gateway.settings import EmbeddingSettings, Settings
 from inferflux.gateway.validation_errors import first_error

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from inferflux.backends.engine import EngineRequest, RequestOutput
     from inferflux.backends.openai.request import RemoteRequest
 
-    from inferflux.gateway.models import ServedModel
+    from inferflux.gateway.models.served import ServedModel
     from inferflux.gateway.pipeline.tool_calls import ToolStream
     from inferflux.policy.guardrails import OutputStream
 

@@ -27,7 +27,7 @@ import anyio
 
 from inferflux.backends.engine import EngineError, GrammarBudget, GrammarTooComplexError, InvalidRequestError
 
-from inferflux.gateway.models import ServedModel
+from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.pipeline.generation import engine_error_to_gateway
 from inferflux.gateway.pipeline.plan import GenerationRequest, param_names
 from inferflux.gateway.pipeline.protocol import ChatCompletionRequest

@@ -20,7 +20,7 @@ from inferflux.backends.engine import EngineRequest, InvalidRequestError, Sampli
 from inferflux.backends.models import ChatTemplateError
 
 from inferflux.gateway.errors import InvalidRequest
-from inferflux.gateway.models import ServedModel
+from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.pipeline.completions import fim_prompt
 from inferflux.gateway.pipeline.generation import ChoiceSpec, engine_error_to_gateway
 from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest

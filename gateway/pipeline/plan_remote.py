@@ -25,7 +25,7 @@ from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan, 
 from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
-    from inferflux.gateway.models import ServedModel
+    from inferflux.gateway.models.served import ServedModel
 
 # What the affinity key reads of a prompt: where the part that requests share sits. A chat's key is its
 # leading system messages (what one application's conversations share); without them, and for a

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inferflux.gateway.errors import EngineOverloaded, InvalidRequest, RateLimited
-from inferflux.gateway.log_redaction import redact
+from inferflux.gateway.logs.redaction import redact
 from inferflux.gateway.pipeline.generation import Generation
 from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan
 from inferflux.gateway.pipeline.token_text import token_decoder
@@ -69,7 +69,7 @@ from inferflux.policy.guardrails.screen import screen as screen_guarded
 from inferflux.policy.ratelimit import Admission, Denial, Scheduling
 
 if TYPE_CHECKING:
-    from inferflux.gateway.models import ServedModel
+    from inferflux.gateway.models.served import ServedModel
     from inferflux.gateway.pipeline.call import Call
     from inferflux.gateway.pipeline.embeddings import EmbeddingPlan
     from inferflux.gateway.traffic import TrafficPolicy

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS
-from inferflux.gateway.models import ServedModel
+from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.pipeline.adapters import Adapter, AdapterRenderer
 from inferflux.gateway.pipeline.body import check_schemas, read_body
 from inferflux.gateway.pipeline.call import Call

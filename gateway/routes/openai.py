@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from inferflux.gateway.authz import requires
-from inferflux.gateway.models import ServedModel
+from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.openapi import document
 from inferflux.gateway.pipeline import run
 from inferflux.gateway.pipeline.adapters import MessagesRequest, ResponsesRequest, parse_messages, parse_responses

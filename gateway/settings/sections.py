@@ -41,7 +41,7 @@ def parse_size(value: Any) -> Any:
 ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 Dtype = Literal["auto", "float32", "bfloat16"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
-LogFormat = Literal["text", "json"]  # json: one object a line (gateway.structured_logs)
+LogFormat = Literal["text", "json"]  # json: one object a line (gateway.logs.structured)
 
 
 class SpeculativeSettings(BaseModel):
@@ -215,7 +215,7 @@ class AuthSettings(BaseModel):
 
 
 class ModelRegistrySettings(BaseModel):
-    """How each replica follows the admin API's models in the store (``gateway.model_sync``)."""
+    """How each replica follows the admin API's models in the store (``gateway.models.sync``)."""
 
     model_config = ConfigDict(extra="forbid")
 
