@@ -40,15 +40,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inferflux.gateway.errors import InvalidRequest, MalformedJSON, SchemaTooComplex, UnsupportedMediaType
 from inferflux.gateway.pipeline.tools import MAX_TOOLS
-
-if TYPE_CHECKING:
-    from inferflux.gateway.pipeline.call import Call
 
 # (parent path, key): built per container while walking, joined into a string only for an error.
 _Path = tuple[Any, ...] | None
@@ -198,15 +195,16 @@ def decode_json_body(body: bytes, limits: JsonLimits = DEFAULT_LIMITS) -> dict[s
     return data
 
 
-async def read_body(call: Call) -> dict[str, Any]:
-    """An API call's body: JSON by its ``Content-Type`` (415, before the body is read), decoded within the
-    app's limits (400)."""
-    content_type = call.headers.get("content-type")
+async def read_body(
+    content_type: str | None, read: Callable[[], Awaitable[bytes]], limits: JsonLimits
+) -> dict[str, Any]:
+    """An API call's body (``read``): JSON by its ``Content-Type`` (415, before the body is read), decoded
+    within ``limits`` (400)."""
     if content_type is not None:
         media_type = content_type.split(";", 1)[0].strip().lower()
         if media_type != "application/json" and not media_type.endswith("+json"):
             raise UnsupportedMediaType(f"Content-Type must be application/json, not {media_type or 'empty'!r}")
-    return decode_json_body(await call.body(), call.state.json_limits)
+    return decode_json_body(await read(), limits)
 
 
 # -- the schemas' size: before any guardrail or grammar work

@@ -82,7 +82,7 @@ async def generate(request: Request, api: Api[Req]) -> Response:
 
 async def _body(call: Call) -> dict[str, Any]:
     with stage(call.ctx, "read_body"):
-        return await read_body(call)
+        return await read_body(call.headers.get("content-type"), call.body, call.state.json_limits)
 
 
 async def prepare(call: Call, policy: RequestPolicy, body: dict[str, Any], kind: type[Req],
