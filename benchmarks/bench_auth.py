@@ -55,7 +55,7 @@ from joserfc.jwk import RSAKey  # noqa: E402
 
 from inferflux.gateway.app import create_app  # noqa: E402
 from inferflux.gateway.auth import Authenticator  # noqa: E402
-from inferflux.gateway.models import ModelManager  # noqa: E402
+from inferflux.gateway.models.served import ModelManager  # noqa: E402
 from inferflux.gateway.settings import Settings  # noqa: E402
 from inferflux.policy.authn.oidc import OidcVerifier  # noqa: E402
 from inferflux.policy.rbac import Principal  # noqa: E402

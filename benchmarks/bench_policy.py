@@ -107,7 +107,7 @@ from inferflux.backends.base import ModelSpec  # noqa: E402
 from inferflux.backends.engine import EngineConfig, RequestOutput  # noqa: E402
 from inferflux.backends.models import default_model_path  # noqa: E402
 from inferflux.gateway.app import create_app  # noqa: E402
-from inferflux.gateway.models import ModelManager, load_served_model  # noqa: E402
+from inferflux.gateway.models.served import ModelManager, load_served_model  # noqa: E402
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME, AuditSettings, Settings, TracingSettings  # noqa: E402
 from inferflux.policy.audit.events import api_event  # noqa: E402
 from inferflux.policy.guardrails import EMPTY, opa_input  # noqa: E402

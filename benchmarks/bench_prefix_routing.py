@@ -89,7 +89,7 @@ MODEL = "smollm2-135m-instruct"  # what the engines serve (gateway.settings.DEFA
 UPSTREAM_KEY_ENV = "INFERFLUX_UPSTREAM_BENCH_KEY"  # under upstreams.api_key_env_prefix
 POLICIES = {"prefix": "fleet-prefix", "lo": "fleet-lo"}
 ROUTING = {"prefix": "prefix", "lo": "least_outstanding"}
-AFFINITY_CHARS = 2048  # gateway.plan_remote.AFFINITY_CHARS (not imported: the gateway is another process)
+AFFINITY_CHARS = 2048  # gateway.pipeline.plan_remote.AFFINITY_CHARS (not imported: the gateway is another process)
 _METRIC_NAMES = {"inferflux_prefix_cache_queried_tokens": "queried", "inferflux_prefix_cache_hit_tokens": "hit",
                  "inferflux_kv_blocks_used": "blocks", "inferflux_kv_blocks_free": "blocks"}
 _METRIC = re.compile(rf"^({'|'.join(_METRIC_NAMES)})(?:_total)?(?:\{{[^}}]*\}})?\s+(\S+)$")

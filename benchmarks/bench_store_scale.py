@@ -35,7 +35,7 @@ empty, ...) so that the shared machine's changing load falls on both alike:
 (c) the policy poll: what every replica reads from the store each second when
     nothing changed (``Authenticator.refresh``: ``policy_version``), what it
     reads when the version moved (the identity providers, and the model
-    registry for ``gateway/model_sync.py``), and what the first request of a
+    registry for ``gateway/models/sync.py``), and what the first request of a
     tenant reads after a change (its rate limits, quotas and guardrails with
     the global ones, through ``PolicyResolver`` and ``GuardrailResolver``);
 (d) a revocation reaching three replicas: three ``inferctl serve`` processes over

@@ -5,8 +5,8 @@ Method
 ------
 The apps of ``bench_policy.py`` (same model, store, policies and request:
 ``off`` and ``on``), driven in-process, one request at a time, alternating.
-Wrappers around the gateway's own steps (``gateway.request_policy``'s input
-guardrails, rate-limit reservation and OPA decision; ``gateway.plan``'s
+Wrappers around the gateway's own steps (``gateway.pipeline.policy``'s input
+guardrails, rate-limit reservation and OPA decision; ``gateway.pipeline.plan``'s
 tokenising and planning; the route's collection;
 the audit middleware's event building and durable wait; the spool's write and
 its syncer's fsync; the engine's ``stream``) stamp ``time.perf_counter()``
@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import statistics
 import sys
@@ -55,8 +56,8 @@ from bench_policy import body_for, setup  # noqa: E402  (this folder is on sys.p
 from policy_paired import spin  # noqa: E402
 
 import inferflux.gateway.audit as gateway_audit  # noqa: E402
-import inferflux.gateway.routes.openai as openai_routes  # noqa: E402
-from inferflux.gateway.request_policy import RequestPolicy  # noqa: E402
+import inferflux.gateway.pipeline.run as pipeline_run  # noqa: E402
+from inferflux.gateway.pipeline.policy import RequestPolicy  # noqa: E402
 import inferflux.policy.audit.spool as spool_module  # noqa: E402
 
 _stamps: dict[str, float] = {}
@@ -93,14 +94,23 @@ def around(owner: Any, name: str, before: str | None, after: str | None) -> None
     setattr(owner, name, wrapped)
 
 
+class Planned:
+    """A planner's holder, so that ``around`` can wrap it like a module's function."""
+
+    def __init__(self, plan: Callable[..., Any]) -> None:
+        self.plan = plan
+
+
 def instrument(engine: Any) -> None:
     around(RequestPolicy, "screen", "handler", "input guardrails")
     around(RequestPolicy, "place", None, "placed")
-    around(openai_routes, "plan_completion", None, "planned")
+    planned = Planned(pipeline_run.COMPLETION.plan)  # the driver finds its planner in COMPLETION, looked up per call
+    around(planned, "plan", None, "planned")
+    pipeline_run.COMPLETION = dataclasses.replace(pipeline_run.COMPLETION, plan=planned.plan)
     around(RequestPolicy, "_reserve", None, "limits reserved")
     around(RequestPolicy, "_opa_document", "OPA: document", None)
     around(RequestPolicy, "_refuse_if_denied", None, "OPA allowed")
-    around(openai_routes, "collect", None, "collected")
+    around(pipeline_run, "collect", None, "collected")
     around(gateway_audit, "build_event", "audit: build", "audit: built")
     around(gateway_audit.AuditMiddleware, "_record", None, "audit: durable")
     around(spool_module, "write_all", "audit: write", "audit: written")
@@ -132,7 +142,7 @@ def instrument_finely() -> None:
     parts, the output checker, the audit event's digests, JSON and seal), to tell which part of a
     stage its in-request cost is."""
     import inferflux.gateway.auth as gateway_auth
-    import inferflux.gateway.request_policy as request_policy
+    import inferflux.gateway.pipeline.policy as request_policy
     import inferflux.policy.audit.events as audit_events
     import inferflux.policy.guardrails.engine as guardrails_engine
     import inferflux.policy.guardrails.stream as guardrails_stream
@@ -145,7 +155,7 @@ def instrument_finely() -> None:
     around(limiter.RateLimiter, "check_and_reserve", "rl.start", "rl.done")
     around(memory.MemoryBackend, "reserve", "rl.backend", "rl.backend.done")
     around(guardrails_stream.OutputStream, "feed", "out.feed", "out.fed")
-    around(RequestPolicy, "_finish", "finish", "finished")
+    around(RequestPolicy, "finish", "finish", "finished")
     around(audit_events.ContentDigester, "digest", "ev.digest", None)
     around(audit_events.AuditEvent, "to_json", "ev.to_json", "ev.json")
     around(spool_module, "sealed_line", None, "ev.sealed")

@@ -3,14 +3,14 @@
 Middleware order, outermost first::
 
     RequestContextMiddleware   request id, the context later layers fill in; the request's trace span (gateway.tracing)
-    AnthropicErrors            /v1/messages: every error body in Anthropic's shape (gateway.adapters.errors)
+    AnthropicErrors            /v1/messages: every error body in Anthropic's shape (gateway.pipeline.adapters.errors)
     AuditMiddleware            one audit event per /v1 call, on disk before the answer
     MetricsMiddleware          status and latency per route template
     ServiceGate                503 while draining, or while the audit spool cannot take events
     AuthMiddleware             401 unless the credentials prove a principal
     BodyLimitMiddleware        413 before a large body is read
     BodyDeadlineMiddleware     408 when the body is not in within input_limits.body_timeout_seconds
-    (generation routes then apply guardrails, OPA and rate limits: gateway.request_policy)
+    (generation routes then apply guardrails, OPA and rate limits: gateway.pipeline.policy)
     ExceptionMiddleware        ApiError (GatewayError, PolicyError) -> OpenAI-shaped JSON
     routes                     each requires its scope (gateway.authz)
 
@@ -35,14 +35,14 @@ from starlette.routing import Route
 
 from inferflux.backends.engine.grammar_sandbox import shared_sandbox
 
-from inferflux.gateway.adapters import AnthropicErrors
+from inferflux.gateway.pipeline.adapters import AnthropicErrors
 from inferflux.gateway.auth import PUBLIC_PATHS, AuthMiddleware, Authenticator
 from inferflux.gateway.authz import requires
 from inferflux.gateway.console import Console, SignInThrottle
 from inferflux.gateway.context import RequestContextMiddleware, get_context
 from inferflux.gateway.errors import InternalError, MethodNotAllowed, NotFound, error_payload, render_error
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS, GatewayMetrics, MetricsMiddleware, metrics_route
-from inferflux.gateway import log_redaction
+from inferflux.gateway.logs import redaction as log_redaction
 from inferflux.gateway.audit import AuditMiddleware
 from inferflux.gateway.drain import Drain
 from inferflux.gateway.gate import AuditHealth, ServiceGate
@@ -51,8 +51,8 @@ from inferflux.gateway.slowclients import BodyDeadlineMiddleware
 from inferflux.gateway.state import GatewayState
 from inferflux.gateway.tracing import Tracing
 from inferflux.gateway.traffic import TrafficPolicy
-from inferflux.gateway.model_admin import ModelAdmin
-from inferflux.gateway.models import _VERSION, ModelManager
+from inferflux.gateway.models.admin import ModelAdmin
+from inferflux.gateway.models.served import _VERSION, ModelManager
 from inferflux.gateway.openapi import document, openapi_route
 from inferflux.gateway.routes import admin, health, openai
 from inferflux.gateway.settings import Settings
@@ -149,7 +149,7 @@ def create_app(
 
     audit_health = AuditHealth()
     _watch(metrics, snapshot, audit_health)
-    shared_sandbox().resize(settings.grammar.workers)  # the process's grammar workers (gateway.grammars)
+    shared_sandbox().resize(settings.grammar.workers)  # the process's grammar workers (gateway.pipeline.grammars)
     tracing = Tracing.build(settings.tracing, exporter=span_exporter)  # None: off
 
     @asynccontextmanager

@@ -38,9 +38,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from inferflux.gateway.auth import PUBLIC_PATHS, _header
 from inferflux.gateway.context import get_context
 from inferflux.gateway.errors import render_error
-from inferflux.gateway.log_redaction import redact
+from inferflux.gateway.logs.redaction import redact
 from inferflux.gateway.metrics import _KNOWN_METHODS, CLIENT_CLOSED_STATUS, route_template
-from inferflux.gateway.streaming import sse_error_end
+from inferflux.gateway.pipeline.sse import sse_error_end
 from inferflux.gateway.tracing import stage
 from inferflux.policy.audit import AuditEvent, AuditUnavailable, Finding, admin_event, api_event
 from inferflux.policy.authn.apikeys import parse_key

@@ -73,7 +73,7 @@ class ContextLengthExceeded(InvalidRequest):
 
 
 class SchemaTooComplex(InvalidRequest):
-    """A schema, tool list or guided regex over a size limit (``gateway.schema_limits``), or a grammar over
+    """A schema, tool list or guided regex over a size limit (``gateway.pipeline.body``), or a grammar over
     its budget (``backends.engine.grammar_sandbox``); ``param`` names the field."""
 
     default_code = "schema_too_complex"

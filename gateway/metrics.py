@@ -26,7 +26,7 @@ from inferflux.gateway.errors import InvalidRequest
 if TYPE_CHECKING:
     from inferflux.backends.engine import EngineStats
 
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
 
 log = logging.getLogger("inferflux.gateway.metrics")
 

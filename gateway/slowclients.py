@@ -21,7 +21,7 @@ holds a connection (and its memory) for ever. Three deadlines close that:
   paused that long is reset (its unsent bytes dropped, not kept for a client
   that may never read them). A response still running gets ``client_timeout`` among its audit
   reasons, and the abort reaches the app as a disconnect, so a stream's
-  sequence is aborted and its KV freed at once (``gateway.streaming``). Without
+  sequence is aborted and its KV freed at once (``gateway.pipeline.sse``). Without
   it a client that reads nothing would hold its stream, its queued output and
   its concurrency slot as long as the connection lasts.
 

@@ -25,12 +25,11 @@ if TYPE_CHECKING:
     from inferflux.gateway.auth import Authenticator
     from inferflux.gateway.drain import Drain
     from inferflux.gateway.gate import AuditHealth
-    from inferflux.gateway.jsonbody import JsonLimits
     from inferflux.gateway.metrics import GatewayMetrics
-    from inferflux.gateway.model_admin import ModelAdmin
-    from inferflux.gateway.models import ModelManager
-    from inferflux.gateway.protocol import StopLimits
-    from inferflux.gateway.schema_limits import SchemaLimits
+    from inferflux.gateway.models.admin import ModelAdmin
+    from inferflux.gateway.models.served import ModelManager
+    from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
+    from inferflux.gateway.pipeline.protocol import StopLimits
     from inferflux.gateway.settings import Settings
     from inferflux.gateway.traffic import TrafficPolicy
 
@@ -50,8 +49,8 @@ class GatewayState:
     json_limits: JsonLimits  # the generation routes' bodies
     store_json_limits: JsonLimits  # bodies the store keeps: no U+0000 (PostgreSQL refuses it)
     stop_limits: StopLimits
-    schema_limits: SchemaLimits  # a request's schemas and tools, before its guardrails (gateway.schema_limits)
-    grammar_budget: GrammarBudget  # each new grammar's compile (gateway.grammars)
+    schema_limits: SchemaLimits  # a request's schemas and tools, before its guardrails (gateway.pipeline.body)
+    grammar_budget: GrammarBudget  # each new grammar's compile (gateway.pipeline.grammars)
     audit_trail: AuditTrail | None = None  # set when the app starts (the spool locks its directory)
     traffic_tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # rate-limit settlements in flight
 

@@ -125,7 +125,7 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-        from inferflux.gateway.models import _VERSION
+        from inferflux.gateway.models.served import _VERSION
 
         resource = Resource.create({"service.version": _VERSION})
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):

@@ -2,7 +2,7 @@
 
 ``TrafficPolicy.build`` makes the three parts from ``Settings`` and the policy
 store; the app starts them in its lifespan and closes them at shutdown. The
-request path uses them through ``gateway.request_policy.RequestPolicy`` (limits, guardrails)
+request path uses them through ``gateway.pipeline.policy.RequestPolicy`` (limits, guardrails)
 and ``AuditMiddleware`` (one event per tenant API call).
 """
 

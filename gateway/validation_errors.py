@@ -8,7 +8,7 @@ message. Pydantic's location also holds the tags of union members (``str``,
 A field the model does not know (``extra="forbid"``) is named by the caller's
 word for one: "unknown field" in a request body, "unknown setting" in the settings.
 
-Used by the OpenAI request parser (``gateway.protocol``), the admin body parser
+Used by the OpenAI request parser (``gateway.pipeline.protocol``), the admin body parser
 (``gateway.routes.admin.common``) and the settings loader
 (``gateway.settings.loading``). It imports nothing of the project, so any layer
 that validates with pydantic could use it.

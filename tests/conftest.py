@@ -182,7 +182,7 @@ def served_model() -> Iterator[object]:
     from inferflux.backends.engine import EngineConfig
     from inferflux.backends.models import default_model_path
 
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
     from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 
     spec = ModelSpec(
@@ -237,7 +237,7 @@ def auth_headers(admin_key: str) -> dict[str, str]:
 def build_app(served_model: Any, store: Any, authenticator: Any = None, **settings: Any) -> Any:
     """An app serving the session model from ``store``; the engine stays the session's."""
     from inferflux.gateway.app import create_app
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.settings import Settings
 
     manager = ModelManager(expected=[served_model.name])

@@ -1,6 +1,6 @@
 """``RemoteRequest``: one choice of a generation, as an upstream server is asked for it.
 
-The gateway builds it (``gateway.plan``): the OpenAI request body the upstream
+The gateway builds it (``gateway.pipeline.plan``): the OpenAI request body the upstream
 receives, already in the upstream's model name and with ``n`` 1, plus what the
 policy chain needs before the upstream says anything (an estimate of the
 prompt's tokens, the completion's bound). The remote engine trusts it as it is,

@@ -46,7 +46,8 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
     level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
-    from inferflux.gateway import log_redaction, structured_logs
+    from inferflux.gateway.logs import redaction as log_redaction
+    from inferflux.gateway.logs import structured as structured_logs
 
     structured_logs.configure(settings.log_format, level)  # text, or one JSON object a line
 
@@ -59,10 +60,10 @@ def _serve(args: argparse.Namespace) -> int:
     from inferflux.gateway.app import create_app
     from inferflux.gateway.slowclients import server_options
     from inferflux.gateway.tracing import TracingConfigError
-    from inferflux.gateway.models import ModelManager, engine_config_from, load_served_model
+    from inferflux.gateway.models.served import ModelManager, engine_config_from, load_served_model
 
-    from inferflux.gateway.model_admin import ModelAdmin
-    from inferflux.gateway.upstreams import egress_policy, upstream_key
+    from inferflux.gateway.models.admin import ModelAdmin
+    from inferflux.gateway.models.upstreams import egress_policy, upstream_key
     from inferflux.policy.store import PolicyStore
 
     # The store first: a wrong key or an unreachable database should fail in

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferflux.gateway.log_redaction import redact
+from inferflux.gateway.logs.redaction import redact
 
 log = logging.getLogger("inferflux.gateway.console")
 

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from inferflux.gateway.models import ModelManager
+from inferflux.gateway.models.served import ModelManager
 
 
 def _draining(request: Request) -> bool:

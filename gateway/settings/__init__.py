@@ -16,7 +16,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
     max_body_bytes: 4MiB
     max_queued_sequences: 256   # per model; beyond it requests get 503 + Retry-After
     max_queued_sequences_per_tenant: 128   # per model and tenant; beyond it 429 tenant_queue_full
-    input_limits:           # gateway.jsonbody, gateway.slowclients; breaches are 400s naming the field
+    input_limits:           # gateway.pipeline.body, gateway.slowclients; breaches are 400s naming the field
       json_max_depth: 32    # nesting of arrays and objects
       json_max_integer_digits: 64
       json_max_string_length: 1048576   # characters, each string

@@ -15,9 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from inferflux.gateway.jsonbody import JsonLimits
-from inferflux.gateway.protocol import StopLimits
-from inferflux.gateway.schema_limits import SchemaLimits
+from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
+from inferflux.gateway.pipeline.protocol import StopLimits
 # The upstream sections have a module of their own; ModelEntry and Settings take them from here.
 from inferflux.gateway.settings.upstreams import UpstreamPolicySettings, UpstreamSettings  # noqa: F401
 
@@ -42,7 +41,7 @@ def parse_size(value: Any) -> Any:
 ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 Dtype = Literal["auto", "float32", "bfloat16"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
-LogFormat = Literal["text", "json"]  # json: one object a line (gateway.structured_logs)
+LogFormat = Literal["text", "json"]  # json: one object a line (gateway.logs.structured)
 
 
 class SpeculativeSettings(BaseModel):
@@ -79,7 +78,7 @@ REMOTE_BACKEND = "openai"
 
 
 class EmbeddingSettings(BaseModel):
-    """How a local model answers ``POST /v1/embeddings`` (``gateway.embeddings``)."""
+    """How a local model answers ``POST /v1/embeddings`` (``gateway.pipeline.embeddings``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -216,7 +215,7 @@ class AuthSettings(BaseModel):
 
 
 class ModelRegistrySettings(BaseModel):
-    """How each replica follows the admin API's models in the store (``gateway.model_sync``)."""
+    """How each replica follows the admin API's models in the store (``gateway.models.sync``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -366,7 +365,7 @@ class TracingSettings(BaseModel):
 
 
 class InputLimitSettings(BaseModel):
-    """Bounds on what one request may ask of the gateway beyond ``max_body_bytes`` (``gateway.jsonbody``,
+    """Bounds on what one request may ask of the gateway beyond ``max_body_bytes`` (``gateway.pipeline.body``,
     ``gateway.slowclients``); each breach is a 400 naming the field, or a closed connection."""
 
     model_config = ConfigDict(extra="forbid")
@@ -380,7 +379,7 @@ class InputLimitSettings(BaseModel):
     stop_max_bytes: int = Field(default=512, ge=1, le=64 * 1024)  # each, UTF-8
     # The schemas a request asks to be enforced (response_format's, each tool's parameters) and its
     # guided_regex / guided_choice, checked before the guardrails and the grammar engine see them
-    # (gateway.schema_limits); the totals count every schema of the request together.
+    # (gateway.pipeline.body); the totals count every schema of the request together.
     schema_max_bytes: int = Field(default=65_536, ge=1024)  # each schema, compact JSON
     schema_max_total_bytes: int = Field(default=524_288, ge=1024)
     schema_max_keywords: int = Field(default=10_000, ge=1)  # object keys, all schemas together

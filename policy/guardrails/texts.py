@@ -32,7 +32,7 @@ of a call's arguments with the result that answers the call; a word split across
 a group is found (``check.check_texts``).
 
 A string holding a lone UTF-16 surrogate (``"\\ud800"``), which no encoding
-holds, cannot come from the body's JSON (``gateway.jsonbody`` refuses it) but can
+holds, cannot come from the body's JSON (``gateway.pipeline.body`` refuses it) but can
 from the JSON text inside a call's ``arguments``: that is a 400 naming the
 arguments (``InvalidText``), for every tenant, before anything tries to encode it.
 """

@@ -274,7 +274,7 @@ def test_serving_through_the_chain_records_the_backend_chosen(
     from inferflux.backends.base import ModelSpec
     from inferflux.backends.engine import EngineConfig
     from inferflux.backends.models import default_model_path
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
 
     spec = ModelSpec(name="smollm2", path=default_model_path(), dtype="float32")
     served = load_served_model(spec, "auto", EngineConfig(num_blocks=8), priority=["acme", "cpu"])

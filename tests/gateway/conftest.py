@@ -19,7 +19,7 @@ def small_batch_model() -> Iterator[Any]:
     from inferflux.backends.engine import EngineConfig
     from inferflux.backends.models import default_model_path
 
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
     from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 
     spec = ModelSpec(name=DEFAULT_MODEL_NAME, path=default_model_path(), dtype="float32")
@@ -39,7 +39,7 @@ def fleet_model() -> Iterator[Any]:
     """A model served by an upstream that does not exist (``upstream.invalid``): planning needs no connection."""
     from inferflux.backends.base import ModelSpec
 
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
 
     spec = ModelSpec(name="fleet", path="", upstream={"endpoints": ["http://upstream.invalid/v1"], "model": "up"})
     model = load_served_model(spec, "openai")  # nothing connects until a request streams

@@ -13,7 +13,7 @@ CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 def console_app(store: Any, data_dir: Path) -> Any:
     from inferflux.gateway.app import create_app
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.settings import Settings
 
     return create_app(Settings(data_dir=data_dir), ModelManager(expected=[]), store=store, owns_models=False)

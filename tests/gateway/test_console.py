@@ -301,7 +301,7 @@ async def test_sessions_expire_idle_and_absolute(world: tuple[Seeded, Any]) -> N
 
 def test_a_disabled_console_is_an_unknown_route(world: tuple[Seeded, Any], tmp_path: Path) -> None:
     from inferflux.gateway.app import create_app
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.settings import Settings
 
     seeded, _ = world

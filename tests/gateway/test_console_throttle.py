@@ -26,7 +26,7 @@ WRONG = "ifx_aaaaaaaaaaaa_" + "A" * 43
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     """(url, the platform admin's key, the app's data directory): a console over a real socket."""
     from inferflux.gateway.app import create_app
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.settings import Settings
 
     data_dir: Path = tmp_path_factory.mktemp("throttle")

@@ -551,7 +551,7 @@ def test_both_apis_front_a_model_an_upstream_serves(world: World, key: str, oa: 
     plan_remote like chat does, and say what the upstream said; a stop on a stop sequence reads end_turn there
     (an upstream does not report which stop string matched)."""
     from inferflux.backends.base import ModelSpec
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
     from upstream_rules import LOOPBACK
 
     spec = ModelSpec(name="fleet", path="", upstream={"endpoints": [f"{world.url}/v1"], "model": MODEL})

@@ -17,11 +17,11 @@ import openai.types.responses as rt
 import pytest
 from pydantic import TypeAdapter
 
-from inferflux.gateway.adapters import parse_messages, parse_responses
-from inferflux.gateway.adapters.common import ChatReader
-from inferflux.gateway.adapters.errors import rewrite
 from inferflux.gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
-from inferflux.gateway.generation import Usage
+from inferflux.gateway.pipeline.adapters import parse_messages, parse_responses
+from inferflux.gateway.pipeline.adapters.common import ChatReader
+from inferflux.gateway.pipeline.adapters.errors import rewrite
+from inferflux.gateway.pipeline.generation import Usage
 
 MODEL = "m"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

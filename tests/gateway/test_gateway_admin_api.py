@@ -15,8 +15,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from inferflux.backends.models import default_model_path
-from inferflux.gateway.model_admin import ModelAdmin
-from inferflux.gateway.models import ModelManager
+from inferflux.gateway.models.admin import ModelAdmin
+from inferflux.gateway.models.served import ModelManager
 from inferflux.gateway.settings import Settings
 from inferflux.policy.store import PolicyStore, StoreSettings
 

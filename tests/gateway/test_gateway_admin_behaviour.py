@@ -574,7 +574,7 @@ def test_a_load_that_cannot_be_recorded_is_not_left_serving(world: World, monkey
     """A model whose record cannot be written (here: the store refuses it) is failed and unserved."""
     import time
 
-    from inferflux.gateway import model_admin
+    from inferflux.gateway.models import admin as model_admin
     from inferflux.policy.errors import Conflict
 
     store, client, admin = world.store, world.client, world.admin

@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 
 from inferflux.gateway.app import create_app
 from inferflux.gateway.auth import Authenticator
-from inferflux.gateway.models import ModelManager
+from inferflux.gateway.models.served import ModelManager
 from inferflux.gateway.settings import Settings
 from inferflux.policy.errors import InvalidApiKey, PermissionDenied
 from inferflux.policy.store import PolicyStore, StoreSettings

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferflux.gateway.completions import FIM_TOKENS, fim_prompt, keep_best, mean_logprob
 from inferflux.gateway.errors import UnsupportedParameter
-from inferflux.gateway.plan import encode_prompts
-from inferflux.gateway.protocol import CompletionRequest
+from inferflux.gateway.pipeline.completions import FIM_TOKENS, fim_prompt, keep_best, mean_logprob
+from inferflux.gateway.pipeline.plan import encode_prompts
+from inferflux.gateway.pipeline.protocol import CompletionRequest
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from app_world import AppWorld, open_world
 from http_helpers import bearer, error_of
@@ -288,9 +288,9 @@ def test_opa_sees_the_user(world: World) -> None:
 
 
 def test_a_remote_model_passes_user_suffix_and_best_of_upstream(fleet_model: Any) -> None:
-    from inferflux.gateway.plan import Placement
-    from inferflux.gateway.plan_remote import plan_remote
-    from inferflux.gateway.protocol import ChatCompletionRequest
+    from inferflux.gateway.pipeline.plan import Placement
+    from inferflux.gateway.pipeline.plan_remote import plan_remote
+    from inferflux.gateway.pipeline.protocol import ChatCompletionRequest
 
     req = CompletionRequest.model_validate({"model": "fleet", "prompt": "def f(", "suffix": ")", "user": "u1",
                                             "n": 2, "best_of": 2, "max_tokens": 5})  # fmt: skip

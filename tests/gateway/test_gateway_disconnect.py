@@ -7,7 +7,7 @@ import socket
 import time
 from urllib.parse import urlsplit
 
-from inferflux.gateway.models import ServedModel
+from inferflux.gateway.models.served import ServedModel
 
 MODEL = "smollm2-135m-instruct"
 

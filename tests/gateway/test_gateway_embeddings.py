@@ -242,7 +242,7 @@ def test_a_backend_without_embed_says_the_model_serves_no_embeddings(
     from inferflux.backends.base import ModelSpec
     from inferflux.backends.cpu import CPUBackend
     from inferflux.backends.engine import AsyncEngine, EngineConfig, LLMEngine
-    from inferflux.gateway.models import ServedModel
+    from inferflux.gateway.models.served import ServedModel
 
     class WithoutEmbed(CPUBackend):
         embed = None  # type: ignore[assignment]
@@ -348,7 +348,7 @@ def test_a_remote_model_forwards_to_its_upstreams_embeddings(live_server: str, a
     """The gateway in front of an upstream InferFlux (the session's live server): the same vectors, the
     upstream's own token count, its refusals as the client's 400s, and the audit on the front."""
     from inferflux.backends.base import ModelSpec
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
     from servers import start_uvicorn, stop_uvicorn
     from upstream_rules import LOOPBACK
 

@@ -9,7 +9,7 @@ from starlette.testclient import TestClient
 
 from inferflux.backends.engine import AsyncEngine
 from inferflux.gateway.app import create_app
-from inferflux.gateway.models import ModelManager, ServedModel
+from inferflux.gateway.models.served import ModelManager, ServedModel
 from inferflux.gateway.settings import Settings
 
 BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

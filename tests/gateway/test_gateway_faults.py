@@ -50,7 +50,7 @@ def stream_chat(url: str, key: str, *, max_tokens: int = 4) -> tuple[int, list[s
 def serving(served_model: Any, policy_store: Any, **settings: Any) -> Any:
     """An app serving the session's model from ``store`` with ``settings`` (any key, ``store`` included)."""
     from inferflux.gateway.app import create_app
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.settings import Settings
 
     manager = ModelManager(expected=[served_model.name])

@@ -9,7 +9,7 @@ import httpx
 from starlette.testclient import TestClient
 
 from inferflux.gateway.app import create_app
-from inferflux.gateway.models import ModelManager, ServedModel
+from inferflux.gateway.models.served import ModelManager, ServedModel
 from inferflux.gateway.settings import Settings
 
 MODEL = "smollm2-135m-instruct"

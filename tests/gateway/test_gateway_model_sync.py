@@ -21,7 +21,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from inferflux.backends.models import default_model_path
-from inferflux.gateway.model_sync import RegistryPoller
+from inferflux.gateway.models.sync import RegistryPoller
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from inferflux.policy.errors import StoreUnavailable
 from inferflux.policy.store import PolicyStore, StoreSettings
@@ -104,7 +104,7 @@ def test_a_load_a_default_and_an_unload_through_one_replica_reach_the_other(repl
 def test_a_failed_load_from_the_registry_is_tried_again_only_when_the_store_changes(
     replicas: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from inferflux.gateway import model_admin
+    from inferflux.gateway.models import admin as model_admin
 
     a, b, admin, store = replicas["a"], replicas["b"], replicas["admin"], replicas["store"]
     attempts: list[str] = []
@@ -172,9 +172,9 @@ def test_a_store_outage_is_logged_once_and_the_loop_goes_on(caplog: pytest.LogCa
         finally:
             await poller.stop()
 
-    with caplog.at_level(logging.INFO, logger="inferflux.gateway.model_sync"):
+    with caplog.at_level(logging.INFO, logger="inferflux.gateway.models.sync"):
         asyncio.run(scenario())
-    messages = [r.getMessage() for r in caplog.records if r.name == "inferflux.gateway.model_sync"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "inferflux.gateway.models.sync"]
     assert len(messages) == 2, messages
     assert "cannot follow the model registry" in messages[0] and "unavailable" in messages[0]
     assert "again" in messages[1]

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from inferflux.gateway.plan import Placement
-from inferflux.gateway.plan_remote import AFFINITY_CHARS, plan_remote
-from inferflux.gateway.protocol import ChatCompletionRequest, CompletionRequest
+from inferflux.gateway.pipeline.plan import Placement
+from inferflux.gateway.pipeline.plan_remote import AFFINITY_CHARS, plan_remote
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, CompletionRequest
 
 SYSTEM = "You are the support assistant of ACME. " * 40  # longer than AFFINITY_CHARS
 

@@ -78,7 +78,7 @@ def test_config_file_from_env_and_models(tmp_path: Path) -> None:
 
 
 def test_speculative_decoding_per_model_or_engine_wide(tmp_path: Path) -> None:
-    from inferflux.gateway.models import engine_config_from
+    from inferflux.gateway.models.served import engine_config_from
 
     config = write(
         tmp_path,
@@ -95,7 +95,7 @@ def test_speculative_decoding_per_model_or_engine_wide(tmp_path: Path) -> None:
 
 
 def test_engine_passes_go_to_the_model_specs_not_the_engine_config(tmp_path: Path) -> None:
-    from inferflux.gateway.models import engine_config_from
+    from inferflux.gateway.models.served import engine_config_from
 
     # engine.passes made serve fail (EngineConfig has no passes): it reaches the backend via ModelSpec.
     settings = load_settings(write(tmp_path, "engine:\n  passes: {quantise: hybrid}\n"), env={})
@@ -104,7 +104,7 @@ def test_engine_passes_go_to_the_model_specs_not_the_engine_config(tmp_path: Pat
 
 
 def test_a_draft_model_is_speculative_configuration(tmp_path: Path) -> None:
-    from inferflux.gateway.models import engine_config_from
+    from inferflux.gateway.models.served import engine_config_from
 
     config = write(
         tmp_path,
@@ -120,7 +120,7 @@ def test_a_draft_model_is_speculative_configuration(tmp_path: Path) -> None:
 
 
 def test_preemption_by_swap_is_engine_configuration(tmp_path: Path) -> None:
-    from inferflux.gateway.models import engine_config_from
+    from inferflux.gateway.models.served import engine_config_from
 
     config = write(tmp_path, "engine:\n  preemption_mode: swap\n  swap_space_bytes: 64MiB\n  swap_dir: ~/kv-swap\n")
     engine = engine_config_from(load_settings(config, env={}).engine)

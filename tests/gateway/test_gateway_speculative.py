@@ -24,7 +24,7 @@ def speculative_model() -> Iterator[Any]:
     from inferflux.backends.engine.speculative import SpeculativeConfig
     from inferflux.backends.models import default_model_path
 
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
 
     spec = ModelSpec(name="smollm2-spec", path=default_model_path(), dtype="float32")
     model = load_served_model(spec, "cpu", EngineConfig(kv_cache_bytes=32 << 20, speculative=SpeculativeConfig(k=4)))
@@ -40,7 +40,7 @@ def draft_model() -> Iterator[Any]:
     from inferflux.backends.engine.speculative import SpeculativeConfig
     from inferflux.backends.models import default_model_path
 
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
 
     spec = ModelSpec(name="smollm2-draft", path=default_model_path(), dtype="float32")
     draft = SpeculativeConfig(method="draft", draft_model=default_model_path(), k=3)
@@ -54,7 +54,7 @@ def client(served_model: Any, speculative_model: Any, draft_model: Any, gateway_
     import tempfile
 
     from inferflux.gateway.app import create_app
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.settings import Settings
 
     manager = ModelManager(expected=[served_model.name, speculative_model.name, draft_model.name])

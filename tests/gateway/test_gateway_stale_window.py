@@ -52,7 +52,7 @@ def test_an_admin_write_before_an_outage_keeps_warm_keys_served_and_readyz_agree
     proxied_pg: tuple[str, FaultProxy], served_model: Any, tmp_path: Path
 ) -> None:
     from inferflux.gateway.app import create_app
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.settings import Settings
     from inferflux.policy.store import PolicyStore, StoreSettings
 

@@ -22,8 +22,8 @@ import jsonschema
 import openai
 import pytest
 
-from inferflux.gateway.plan_remote import _sampling
-from inferflux.gateway.protocol import ChatCompletionRequest, parse_request
+from inferflux.gateway.pipeline.plan_remote import _sampling
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, parse_request
 
 MODEL = "smollm2-135m-instruct"
 PET = {

@@ -30,7 +30,7 @@ def swapping_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from inferflux.backends.engine import EngineConfig
     from inferflux.backends.models import default_model_path
 
-    from inferflux.gateway.models import load_served_model
+    from inferflux.gateway.models.served import load_served_model
 
     swap_dir = tmp_path_factory.mktemp("swap")
     spec = ModelSpec(name="smollm2-swap", path=default_model_path(), dtype="float32")
@@ -45,7 +45,7 @@ def client(swapping_model: Any, gateway_store: Any) -> Iterator[TestClient]:
     import tempfile
 
     from inferflux.gateway.app import create_app
-    from inferflux.gateway.models import ModelManager
+    from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.settings import Settings
 
     manager = ModelManager(expected=[swapping_model.name])

@@ -1,4 +1,4 @@
-"""The calls in a model's text (``gateway.tool_calls``): auto-mode parsing, forced-call fragments, guardrails.
+"""The calls in a model's text (``gateway.pipeline.tool_calls``): auto-mode parsing, forced-call fragments, guardrails.
 
 Auto mode: Hermes ``<tool_call>`` blocks and bare JSON (``arguments`` or ``parameters``,
 one call or a list) become calls of the request's tools; anything else (a block that does
@@ -15,8 +15,8 @@ import json
 import pytest
 
 from inferflux.backends.engine import RequestOutput
-from inferflux.gateway.tool_calls import AutoCalls, ForcedCalls, ToolCallDelta, ToolStream, assemble, parse_calls
-from inferflux.gateway.tools import ToolPlan
+from inferflux.gateway.pipeline.tool_calls import AutoCalls, ForcedCalls, ToolCallDelta, ToolStream, assemble, parse_calls
+from inferflux.gateway.pipeline.tools import ToolPlan
 from inferflux.policy.guardrails import Guardrails, parse_spec
 
 NAMES = frozenset({"get_weather", "get_time"})

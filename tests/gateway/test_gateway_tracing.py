@@ -29,7 +29,7 @@ from starlette.testclient import TestClient
 from inferflux.backends.base import ModelSpec
 from fake_upstream import running_fake_upstream
 from inferflux.gateway.app import create_app
-from inferflux.gateway.models import ModelManager, load_served_model
+from inferflux.gateway.models.served import ModelManager, load_served_model
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME, Settings
 from http_helpers import bearer
 from upstream_rules import LOOPBACK

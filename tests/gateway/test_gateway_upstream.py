@@ -23,7 +23,7 @@ from servers import start_uvicorn, stop_uvicorn
 from upstream_rules import LOOPBACK, LOOPBACK_UPSTREAMS
 
 from inferflux.backends.base import ModelSpec
-from inferflux.gateway.models import load_served_model
+from inferflux.gateway.models.served import load_served_model
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from inferflux.policy.audit import verify_spool
 from inferflux.policy.store import PolicyStore, StoreSettings

@@ -24,7 +24,7 @@ from servers import start_uvicorn, stop_uvicorn
 from upstream_rules import LOOPBACK
 
 from inferflux.backends.base import ModelSpec
-from inferflux.gateway.models import load_served_model
+from inferflux.gateway.models.served import load_served_model
 from inferflux.policy.store import PolicyStore, StoreSettings
 
 pytestmark = pytest.mark.slow  # upstream processes, and 32 streams

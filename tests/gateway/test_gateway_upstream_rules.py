@@ -19,10 +19,10 @@ from servers import free_loopback_socket, start_uvicorn, stop_uvicorn
 from upstream_rules import LOOPBACK_UPSTREAMS
 
 from inferflux.backends.base import BackendError
-from inferflux.gateway.model_admin import ModelAdmin
-from inferflux.gateway.models import ModelManager
+from inferflux.gateway.models.admin import ModelAdmin
+from inferflux.gateway.models.served import ModelManager
 from inferflux.gateway.settings import Settings
-from inferflux.gateway.upstreams import upstream_key
+from inferflux.gateway.models.upstreams import upstream_key
 from inferflux.policy.store import PolicyStore, StoreSettings
 
 BOOTSTRAP = "INFERFLUX_BOOTSTRAP_ADMIN_KEY"

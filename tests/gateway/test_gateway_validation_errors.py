@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from inferflux.gateway.errors import InvalidRequest
-from inferflux.gateway.protocol import ChatCompletionRequest, parse_request
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, parse_request
 from inferflux.gateway.validation_errors import first_error, parameter_path
 
 

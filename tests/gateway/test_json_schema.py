@@ -1,4 +1,4 @@
-"""Closing clients' JSON Schemas (``gateway.json_schema``): only objects whose properties all come from their
+"""Closing clients' JSON Schemas (``gateway.pipeline.json_schema``): only objects whose properties all come from their
 ``properties`` are closed, closing only ever removes answers, and the engine's grammar then refuses a key
 the schema does not list, in ``response_format`` and in a forced tool call alike."""
 
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from inferflux.backends.engine import GuidedSpec
 from inferflux.backends.engine.grammar_compiler import GrammarCompiler
-from inferflux.gateway.json_schema import closed_schema
-from inferflux.gateway.protocol import ResponseFormat
-from inferflux.gateway.tools import ToolDefinition, call_schema
+from inferflux.gateway.pipeline.json_schema import closed_schema
+from inferflux.gateway.pipeline.protocol import ResponseFormat
+from inferflux.gateway.pipeline.tools import ToolDefinition, call_schema
 
 A = {"type": "object", "properties": {"a": {"type": "integer"}}}
 B = {"type": "object", "properties": {"b": {"type": "integer"}}}

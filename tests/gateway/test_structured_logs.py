@@ -19,9 +19,9 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inferflux.gateway.context import RequestContextMiddleware, get_context
-from inferflux.gateway.log_redaction import RedactSecrets, log_config
+from inferflux.gateway.logs.redaction import RedactSecrets, log_config
 from inferflux.gateway.settings import TracingSettings
-from inferflux.gateway.structured_logs import JsonFormatter
+from inferflux.gateway.logs.structured import JsonFormatter
 from inferflux.gateway.tracing import Tracing
 from inferflux.policy.authn.apikeys import generate_key
 
@@ -109,7 +109,7 @@ def test_a_line_written_while_serving_names_the_request_its_trace_and_tenant(log
 
 def test_serves_logging_config_is_json_and_filtered_everywhere() -> None:
     config = log_config("json")
-    assert config["formatters"] and all(f == {"()": "inferflux.gateway.structured_logs.JsonFormatter"}
+    assert config["formatters"] and all(f == {"()": "inferflux.gateway.logs.structured.JsonFormatter"}
                                         for f in config["formatters"].values())  # fmt: skip
     assert all("redact_secrets" in h["filters"] for h in config["handlers"].values())
     assert "JsonFormatter" not in json.dumps(log_config())  # text stays uvicorn's own

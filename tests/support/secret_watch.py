@@ -5,7 +5,7 @@ bootstrap, admin-created and rotated keys, and the tests' own), every token the
 tests' identity provider mints or hand-builds (``idp``), and whatever a test
 hands to ``remember`` (client secrets, passphrases). A handler on the root
 logger, installed for the session, looks at every record as the code made it
-(before ``gateway.log_redaction.RedactSecrets``, which only a configured
+(before ``gateway.logs.redaction.RedactSecrets``, which only a configured
 handler applies) and notes each one holding a recorded secret; the run fails
 at the end if any did, naming the test and the logger; the test itself fails in its
 teardown (under pytest-xdist that is how a worker's finding reaches the run).
@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from inferflux.gateway.log_redaction import RedactSecrets
+from inferflux.gateway.logs.redaction import RedactSecrets
 
 _SHAPED = re.compile(r"ifx_[a-z2-7]{12}_[0-9A-Za-z]{43}|eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 _shaped: set[str] = set()  # keys and tokens, found by shape
@@ -78,7 +78,7 @@ class _Watch(logging.Handler):
     operator adds without ``RedactSecrets`` (a log shipper configured by hand), so it counts as a leak."""
 
     def addFilter(self, filter: Any) -> None:  # noqa: A002 - logging's own name
-        if not isinstance(filter, RedactSecrets):  # gateway.log_redaction.install() adds it to root handlers
+        if not isinstance(filter, RedactSecrets):  # gateway.logs.redaction.install() adds it to root handlers
             super().addFilter(filter)
 
     def emit(self, record: logging.LogRecord) -> None:

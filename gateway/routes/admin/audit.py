@@ -32,12 +32,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from inferflux.gateway.state import state_of
 from inferflux.gateway.auth import call_store
 from inferflux.gateway.authz import principal_of, requires
 from inferflux.gateway.openapi import document, query_param
+from inferflux.gateway.pipeline.sse import SSEResponse
 from inferflux.gateway.routes.admin.common import PREFIX, TENANT_PREFIX, ok, page_args, render_page, tenant_in_scope
-from inferflux.gateway.streaming import SSEResponse
+from inferflux.gateway.state import state_of
 from inferflux.policy.audit.events import DECISIONS, KINDS
 from inferflux.policy.audit.store import AuditRecord
 from inferflux.policy.audit.tail import Subscription, sse_message

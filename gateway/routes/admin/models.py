@@ -1,6 +1,6 @@
 """Served models (``admin:platform``): load in the background, watch the progress, unload, pick the default.
 
-The work is ``gateway.model_admin.ModelAdmin``'s; these routes parse, check
+The work is ``gateway.models.admin.ModelAdmin``'s; these routes parse, check
 and record it.
 """
 

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from inferflux.gateway.authz import principal_of, requires
-from inferflux.gateway.models import _VERSION, ServedModel
+from inferflux.gateway.models.served import _VERSION, ServedModel
 from inferflux.gateway.openapi import document
 from inferflux.gateway.routes.admin.common import PREFIX, ok
 from inferflux.gateway.routes.health import not_ready_reasons

@@ -1,5 +1,5 @@
 """``inferctl serve --backend mlx``: the gateway loads the default model on the MLX
-backend through the same path as the command (gateway.models.load_served_model, the
+backend through the same path as the command (gateway.models.served.load_served_model, the
 registry's entry point) and answers /v1/completions with the CPU backend's greedy text."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from inferflux.backends.base import ModelSpec
 from inferflux.backends.engine import EngineConfig, LLMEngine, SamplingParams
 from inferflux.backends.models import default_model_path
 from inferflux.gateway.app import create_app
-from inferflux.gateway.models import ModelManager, load_served_model
+from inferflux.gateway.models.served import ModelManager, load_served_model
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME, Settings
 from http_helpers import bearer
 

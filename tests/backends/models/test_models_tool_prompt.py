@@ -1,4 +1,4 @@
-"""Tools in the chat prompt (``backends.models.tool_prompt``, ``gateway.tools.render_chat``).
+"""Tools in the chat prompt (``backends.models.tool_prompt``, ``gateway.pipeline.tools.render_chat``).
 
 A template that reads ``tools`` (here a tiny Hermes-style one, written the way Qwen2.5's
 is) gets them as transformers passes them, and the history's calls with their arguments
@@ -13,8 +13,8 @@ import json
 
 from inferflux.backends.models.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inferflux.backends.models.tool_prompt import GENERIC_TOOL_PROMPT, generic_tool_messages, template_uses_tools
-from inferflux.gateway.protocol import ChatCompletionRequest, parse_request
-from inferflux.gateway.tools import render_chat
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, parse_request
+from inferflux.gateway.pipeline.tools import render_chat
 
 HERMES = (
     "{% if tools %}<|im_start|>system\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>"

@@ -24,7 +24,7 @@ from inferflux.gateway.auth import call_store
 from inferflux.policy.ratelimit.background import stop
 from inferflux.policy.store import PolicyStore
 
-log = logging.getLogger("inferflux.gateway.model_sync")
+log = logging.getLogger("inferflux.gateway.models.sync")
 
 
 class RegistryPoller:

@@ -1,6 +1,6 @@
 """What the two vendor adapters share: body parsing, parameter renaming, the chat stream read as events.
 
-An adapter (``gateway.adapters.responses``, ``gateway.adapters.anthropic``)
+An adapter (``gateway.pipeline.adapters.responses``, ``gateway.pipeline.adapters.anthropic``)
 is the request path's translator at both ends of the chat-completions path:
 its vendor's body becomes a chat-completions body, which the chat route's own
 steps (input guardrails, parse, allow-list, placement, plan, limits, OPA,
@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from inferflux.gateway.errors import GatewayError, InvalidRequest, UnsupportedParameter
-from inferflux.gateway.generation import ChoiceEvent, Generation, Usage
-from inferflux.gateway.rendering import ChatRenderer, stream_chunks
-from inferflux.gateway.streaming import SSELast, sse_data
+from inferflux.gateway.pipeline.generation import ChoiceEvent, Generation, Usage
+from inferflux.gateway.pipeline.render import ChatRenderer, stream_chunks
+from inferflux.gateway.pipeline.sse import SSELast, sse_data
 from inferflux.gateway.validation_errors import first_error
 from inferflux.policy.errors import ApiError
 
 if TYPE_CHECKING:
     from inferflux.backends.engine import RequestOutput
 
-    from inferflux.gateway.plan import Plan
+    from inferflux.gateway.pipeline.plan import Plan
 
 M = TypeVar("M", bound=BaseModel)
 

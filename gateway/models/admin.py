@@ -8,7 +8,7 @@ Models come from two places:
   ready, and loaded again at every start, so a restart serves the same set.
 
 The store's registry is the fleet's: every replica follows it while it runs
-(``converge``, called by ``gateway.model_sync`` when the store changed), loading
+(``converge``, called by ``gateway.models.sync`` when the store changed), loading
 a model another replica registered, unloading one another replica unloaded
 (never one from this replica's configuration file) and taking the stored
 default. So the admin API answers the same on every replica: ``DELETE`` on any
@@ -38,15 +38,15 @@ from typing import Any
 from inferflux.backends.base import ModelSpec
 
 from inferflux.gateway.auth import call_store
-from inferflux.gateway.models import ModelManager, ServedModel, engine_config_from, load_served_model
+from inferflux.gateway.models.served import ModelManager, ServedModel, engine_config_from, load_served_model
 from inferflux.gateway.settings import Settings
 from inferflux.gateway.settings.sections import REMOTE_BACKEND
-from inferflux.gateway.model_sync import RegistryPoller
-from inferflux.gateway.upstreams import check_key_source, checked_upstream, describe_upstream, egress_policy, upstream_key
+from inferflux.gateway.models.sync import RegistryPoller
+from inferflux.gateway.models.upstreams import check_key_source, checked_upstream, describe_upstream, egress_policy, upstream_key
 from inferflux.policy.errors import Conflict, NotFound, ValidationFailed
 from inferflux.policy.store import PolicyStore, ServedModelRecord
 
-log = logging.getLogger("inferflux.gateway.model_admin")
+log = logging.getLogger("inferflux.gateway.models.admin")
 
 # The dense modes of passes.quantise and the dtype each loads in (backends/cpu/passes.py DENSE_DTYPES, which
 # imports torch: not worth it for a check).
@@ -192,7 +192,7 @@ class ModelAdmin:
 
         A model with an ``upstream`` is served by the remote backend from the
         endpoints it names, under the ``upstreams`` section's rules
-        (``gateway.upstreams``); a credential or variable it names must exist.
+        (``gateway.models.upstreams``); a credential or variable it names must exist.
         ``embedding`` (a checked ``EmbeddingSettings``, dumped) is kept with the
         model, as a configuration file's ``models[].embedding`` is. ``deterministic``
         unset takes ``engine.deterministic`` for a local model; ``passes`` (a checked
@@ -368,7 +368,7 @@ class ModelAdmin:
     async def converge(self, version: int) -> None:
         """Serve what the store's registry holds: load what is missing, unload what left it, take its default.
 
-        ``version`` is the store's ``policy_version`` just read (``gateway.model_sync``).
+        ``version`` is the store's ``policy_version`` just read (``gateway.models.sync``).
         A model of the configuration file is never unloaded.
         """
         async with self._lock:

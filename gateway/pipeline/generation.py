@@ -40,24 +40,24 @@ from inferflux.gateway.errors import (
     ServiceUnavailable,
     UpstreamUnavailable,
 )
-from inferflux.gateway.tool_calls import ToolOutput
+from inferflux.gateway.pipeline.tool_calls import ToolOutput
 
 if TYPE_CHECKING:
     from inferflux.backends.engine import EngineRequest, RequestOutput
     from inferflux.backends.openai.request import RemoteRequest
 
-    from inferflux.gateway.models import ServedModel
-    from inferflux.gateway.tool_calls import ToolStream
+    from inferflux.gateway.models.served import ServedModel
+    from inferflux.gateway.pipeline.tool_calls import ToolStream
     from inferflux.policy.guardrails import OutputStream
 
-log = logging.getLogger("inferflux.gateway.generation")
+log = logging.getLogger("inferflux.gateway.pipeline.generation")
 
 
 @dataclass
 class ChoiceSpec:
     index: int
     prompt_index: int
-    request: EngineRequest | RemoteRequest  # checked by the plan (``gateway.plan``), run as it is
+    request: EngineRequest | RemoteRequest  # checked by the plan (``gateway.pipeline.plan``), run as it is
 
 
 @dataclass
@@ -158,7 +158,7 @@ class Generation:
         # block is cancelled and ends with finish_reason "content_filter".
         self._checks = {c.index: output_check() for c in choices} if output_check is not None else {}
         self._cut: set[int] = set()
-        # Tool calling: each choice's text split into content and calls (gateway.tool_calls), before the
+        # Tool calling: each choice's text split into content and calls (gateway.pipeline.tool_calls), before the
         # guardrails read the content; the calls' arguments are checked there.
         self._tools = {c.index: tool_stream() for c in choices} if tool_stream is not None else {}
         self.output_findings: list[Any] = []

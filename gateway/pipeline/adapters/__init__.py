@@ -1,15 +1,15 @@
 """Vendor APIs over the chat-completions path: OpenAI's Responses API and Anthropic's Messages API.
 
 Each adapter translates its vendor's body into a chat-completions body, which
-takes the chat route's own steps (``gateway.routes.openai``), and the chat
+takes the chat path's own steps (``gateway.pipeline.run``), and the chat
 answer back into the vendor's shape; ``common`` holds what both share and
 ``errors`` Anthropic's error bodies.
 """
 
-from inferflux.gateway.adapters.anthropic import MessagesAdapter, MessagesRequest, parse_messages
-from inferflux.gateway.adapters.common import Adapter, AdapterRenderer
-from inferflux.gateway.adapters.errors import AnthropicErrors
-from inferflux.gateway.adapters.responses import ResponsesAdapter, ResponsesRequest, parse_responses
+from inferflux.gateway.pipeline.adapters.anthropic import MessagesAdapter, MessagesRequest, parse_messages
+from inferflux.gateway.pipeline.adapters.common import Adapter, AdapterRenderer
+from inferflux.gateway.pipeline.adapters.errors import AnthropicErrors
+from inferflux.gateway.pipeline.adapters.responses import ResponsesAdapter, ResponsesRequest, parse_responses
 
 __all__ = [
     "Adapter",

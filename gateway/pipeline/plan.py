@@ -19,12 +19,12 @@ from typing import Any
 from inferflux.backends.engine import EngineRequest, InvalidRequestError, SamplingParams
 from inferflux.backends.models import ChatTemplateError
 
-from inferflux.gateway.completions import fim_prompt
 from inferflux.gateway.errors import InvalidRequest
-from inferflux.gateway.generation import ChoiceSpec, engine_error_to_gateway
-from inferflux.gateway.models import ServedModel
-from inferflux.gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
-from inferflux.gateway.tools import ToolPlan, check_parameters, render_chat
+from inferflux.gateway.models.served import ServedModel
+from inferflux.gateway.pipeline.completions import fim_prompt
+from inferflux.gateway.pipeline.generation import ChoiceSpec, engine_error_to_gateway
+from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from inferflux.gateway.pipeline.tools import ToolPlan, check_parameters, render_chat
 
 GenerationRequest = ChatCompletionRequest | CompletionRequest
 
@@ -61,7 +61,7 @@ class Plan:
     completion_id: str
     param_names: dict[str, str]  # the engine's parameter names as this API spells them
     created: int = field(default_factory=lambda: int(time.time()))
-    tools: ToolPlan | None = None  # the calls the output may hold (gateway.tool_calls parses them)
+    tools: ToolPlan | None = None  # the calls the output may hold (gateway.pipeline.tool_calls parses them)
 
     @property
     def prompt_tokens(self) -> int:
@@ -167,7 +167,7 @@ def _plan(
             param=what,
         )
     _check_speculative(served, req)
-    # Candidates are ranked by their logprobs (gateway.completions.keep_best), asked for or not.
+    # Candidates are ranked by their logprobs (gateway.pipeline.completions.keep_best), asked for or not.
     num_logprobs = req.num_logprobs if samples == req.n or req.num_logprobs is not None else 0
     names = param_names(req)
     completion_id = f"{prefix}-{secrets.token_hex(12)}"

@@ -31,7 +31,7 @@ from inferflux.gateway.drain import INTERRUPTED_REASON, ShuttingDown, drain_of
 from inferflux.gateway.errors import error_body
 from inferflux.policy.errors import ApiError
 
-log = logging.getLogger("inferflux.gateway.streaming")
+log = logging.getLogger("inferflux.gateway.pipeline.sse")
 
 T = TypeVar("T")
 
@@ -97,7 +97,7 @@ SSE_DONE = sse_event("[DONE]")
 
 class SSELast(bytes):
     """A stream's last event, held like ``[DONE]`` until the call is on record: the Responses and
-    Messages APIs (``gateway.adapters``) end their streams with an event of their own, not ``[DONE]``."""
+    Messages APIs (``gateway.pipeline.adapters``) end their streams with an event of their own, not ``[DONE]``."""
 
 
 def sse_error_end(exc: ApiError) -> bytes:

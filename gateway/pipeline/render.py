@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from inferflux.backends.engine import RequestOutput, TokenLogprob
 
-from inferflux.gateway.completions import keep_best
 from inferflux.gateway.errors import GatewayError, error_body
-from inferflux.gateway.generation import ChoiceEvent, Generation, Usage
-from inferflux.gateway.streaming import SSE_DONE, sse_event
-from inferflux.gateway.tool_calls import ToolCallDelta, ToolOutput, assemble
+from inferflux.gateway.pipeline.completions import keep_best
+from inferflux.gateway.pipeline.generation import ChoiceEvent, Generation, Usage
+from inferflux.gateway.pipeline.sse import SSE_DONE, sse_event
+from inferflux.gateway.pipeline.tool_calls import ToolCallDelta, ToolOutput, assemble
 
 if TYPE_CHECKING:
-    from inferflux.gateway.plan import Plan
+    from inferflux.gateway.pipeline.plan import Plan
 
 
 async def collect(gen: Generation) -> dict[int, list[RequestOutput]]:
@@ -182,7 +182,7 @@ class ChatRenderer:
 class CompletionRenderer:
     """The completions API's shapes. With ``echo`` the prompt comes first (with ``logprobs``, its tokens'
     logprobs too, from the engine's first output); with ``n`` below the candidates generated per prompt
-    (``best_of``), a whole answer keeps each prompt's ``n`` best (``gateway.completions.keep_best``)."""
+    (``best_of``), a whole answer keeps each prompt's ``n`` best (``gateway.pipeline.completions.keep_best``)."""
 
     def __init__(self, plan: Plan, logprobs: int | None, echo: bool, n: int | None = None) -> None:
         self.plan = plan

@@ -27,7 +27,7 @@ from inferflux.gateway.errors import UnsupportedParameter
 if TYPE_CHECKING:
     from inferflux.backends.engine import RequestOutput
 
-    from inferflux.gateway.plan import Plan
+    from inferflux.gateway.pipeline.plan import Plan
 
 # The fill-in-the-middle tokens of the model families that have them: (prefix, suffix, middle).
 FIM_TOKENS: tuple[tuple[str, str, str], ...] = (

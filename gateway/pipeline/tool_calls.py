@@ -7,7 +7,7 @@ the arguments' JSON text). A whole answer is the same deltas put together, so
 streamed and whole answers agree.
 
 * A forced call (``tool_choice`` required or named) was decoded under the call
-  schema (``gateway.tools.call_schema``): compact JSON, ``{"name":"f",
+  schema (``gateway.pipeline.tools.call_schema``): compact JSON, ``{"name":"f",
   "arguments":{...}}`` or an array of those. ``ForcedCalls`` follows it a
   character at a time and sends each call's head once its name is complete,
   then its arguments as they are written.
@@ -42,7 +42,7 @@ from inferflux.backends.engine import RequestOutput
 if TYPE_CHECKING:
     from inferflux.policy.guardrails import Finding, Guardrails
 
-    from inferflux.gateway.tools import ToolPlan
+    from inferflux.gateway.pipeline.tools import ToolPlan
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _HEAD = re.compile(r'\{"name":"([A-Za-z0-9_-]{1,64})","arguments":')

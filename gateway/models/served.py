@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the engine is only needed at load time
 
     from inferflux.gateway.settings import EngineSettings, SpeculativeSettings
 
-log = logging.getLogger("inferflux.gateway.models")
+log = logging.getLogger("inferflux.gateway.models.served")
 
 
 def _version() -> str:
@@ -53,7 +53,7 @@ class ServedModel:
     remote: bool = False
     upstream: Mapping[str, Any] | None = None  # a remote model's upstream section (names its key, never holds it)
     # A model loaded through the admin API: its ``embedding`` section as loaded (None: the configuration's, or
-    # the defaults; gateway.embeddings.embedding_settings reads both).
+    # the defaults; gateway.pipeline.embeddings.embedding_settings reads both).
     embedding: Mapping[str, Any] | None = None
 
     @property
@@ -152,7 +152,7 @@ class ModelManager:
         return self._default
 
     def loading(self) -> list[str]:
-        """Names being loaded in the background (see ``gateway.model_admin``)."""
+        """Names being loaded in the background (see ``gateway.models.admin``)."""
         return list(self._loading)
 
     def mark_loading(self, name: str, loading: bool) -> None:
@@ -227,8 +227,8 @@ def load_served_model(
     model records the backend actually chosen.
     ``on_stage`` is told each stage as it starts (for load progress).
     A spec with an ``upstream`` opens a remote backend's client instead, which
-    presents ``upstream_key`` (resolved by ``gateway.upstreams``) upstream, and
-    connects only where ``egress`` allows (``gateway.upstreams.egress_policy``;
+    presents ``upstream_key`` (resolved by ``gateway.models.upstreams``) upstream, and
+    connects only where ``egress`` allows (``gateway.models.upstreams.egress_policy``;
     None: the strictest rules, public addresses only).
     Raises ``BackendError`` (from the registry or the backend) when the backend
     is unavailable or the model cannot be loaded.

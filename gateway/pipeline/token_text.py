@@ -12,26 +12,25 @@ gives None and such a tenant's token ids are refused (400
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
-
-from inferflux.gateway.authz import principal_of
 from inferflux.gateway.errors import ModelNotFound
-from inferflux.gateway.state import state_of
 from inferflux.policy.guardrails.texts import Decode
 
+if TYPE_CHECKING:
+    from inferflux.gateway.pipeline.call import Call
 
-def token_decoder(request: Request, body: Mapping[str, Any]) -> Decode | None:
+
+def token_decoder(call: Call, body: Mapping[str, Any]) -> Decode | None:
     """How to read token ids for the model ``body`` names; None if they cannot be read here."""
     name = body.get("model")
     if not isinstance(name, str):
         return None
     try:
-        served = state_of(request).manager.get(name)
+        served = call.state.manager.get(name)
     except ModelNotFound:
         return None
-    if served.remote or served.tokenizer is None or not principal_of(request).may_use_model(served.name):
+    if served.remote or served.tokenizer is None or not call.principal.may_use_model(served.name):
         return None  # the same answer for a model the caller may not use as for a missing one
     tokenizer = served.tokenizer
     size = tokenizer.vocab_size

@@ -6,7 +6,7 @@ Schema of an object that the grammar engine compiles within the grammar budget
 (llguidance in a grammar worker, as for ``response_format``; checked before
 planning, ``check_parameters``); at most ``MAX_TOOLS`` tools of at most
 ``MAX_PARAMETERS_BYTES`` of schema each (the route refuses larger ones earlier, by its
-``gateway.schema_limits``); a named ``tool_choice`` names one of them; a ``tool``
+``gateway.pipeline.body``); a named ``tool_choice`` names one of them; a ``tool``
 message answers a call an earlier assistant message made.
 
 What the request then asks of the model (``ToolPlan``):
@@ -17,7 +17,7 @@ What the request then asks of the model (``ToolPlan``):
   prompt is shorter too. The history's calls and results are still rendered.
 * ``auto`` (the default with tools): the model writes freely; its Hermes-style
   ``<tool_call>`` blocks and bare ``{"name", "arguments"}`` JSON become calls
-  (``gateway.tool_calls``), anything else is text.
+  (``gateway.pipeline.tool_calls``), anything else is text.
 * ``required`` and a named function: the output is decoded under a JSON
   Schema (``call_schema``): one ``{"name", "arguments"}`` object, or, where
   ``parallel_tool_calls`` is true and the choice is ``required``, an array of 1
@@ -28,7 +28,7 @@ What the request then asks of the model (``ToolPlan``):
   ``max_tokens`` cuts the JSON (SmolLM2 does, at temperature 0). And an object
   of the parameters that lists its ``properties`` and says nothing of
   ``additionalProperties`` takes only those properties in a forced call
-  (``gateway.json_schema``): a small model otherwise invents arguments for as
+  (``gateway.pipeline.json_schema``): a small model otherwise invents arguments for as
   long as it may. The answer is valid against the schema as the client gave it
   either way.
 
@@ -54,7 +54,7 @@ from inferflux.backends.engine.guided import first_line
 from inferflux.backends.models.tool_prompt import generic_tool_messages, template_uses_tools
 
 from inferflux.gateway.errors import InvalidRequest, SchemaTooComplex
-from inferflux.gateway.json_schema import closed_schema
+from inferflux.gateway.pipeline.json_schema import closed_schema
 
 if TYPE_CHECKING:
     from inferflux.backends.models.tokenizer import Tokenizer
@@ -191,7 +191,7 @@ def check_parameters(tools: Sequence[ToolDefinition], budget: GrammarBudget = DE
     left of ``budget``; raises ``InvalidRequest`` (a construct llguidance cannot enforce) or
     ``SchemaTooComplex`` (over the budget) naming the tool, and what the sandbox raises when busy or
     cancelled (``owner``: whose tools, to share the workers fairly). Blocking: the gateway runs it on a
-    thread (``gateway.grammars``)."""
+    thread (``gateway.pipeline.grammars``)."""
     sandbox = shared_sandbox()
     for i, tool in enumerate(tools):
         if tool.function.parameters is None:

@@ -123,13 +123,13 @@ def install() -> None:
 
 def log_config(log_format: str = "text") -> dict[str, Any]:
     """uvicorn's default logging configuration, every handler filtered through ``RedactSecrets``;
-    with ``log_format`` ``json``, every line one JSON object (``gateway.structured_logs``)."""
+    with ``log_format`` ``json``, every line one JSON object (``gateway.logs.structured``)."""
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config.setdefault("filters", {})["redact_secrets"] = {"()": f"{__name__}.RedactSecrets"}
     if log_format == "json":
-        config["formatters"] = {name: {"()": "inferflux.gateway.structured_logs.JsonFormatter"} for name in config["formatters"]}
+        config["formatters"] = {name: {"()": "inferflux.gateway.logs.structured.JsonFormatter"} for name in config["formatters"]}
     for handler in config.get("handlers", {}).values():
         handler["filters"] = [*handler.get("filters", []), "redact_secrets"]
     return config

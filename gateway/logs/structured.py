@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from inferflux.gateway.context import CURRENT
-from inferflux.gateway.log_redaction import redact
+from inferflux.gateway.logs.redaction import redact
 
 
 class JsonFormatter(logging.Formatter):

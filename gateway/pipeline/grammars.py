@@ -21,26 +21,25 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
-from starlette.requests import Request
 
 from inferflux.backends.engine import EngineError, GrammarBudget, GrammarTooComplexError, InvalidRequestError
 
-from inferflux.gateway.authz import principal_of
-from inferflux.gateway.generation import engine_error_to_gateway
-from inferflux.gateway.models import ServedModel
-from inferflux.gateway.plan import GenerationRequest, param_names
-from inferflux.gateway.protocol import ChatCompletionRequest
-from inferflux.gateway.state import state_of
-from inferflux.gateway.streaming import drain_deadline, run_until_disconnect
-from inferflux.gateway.tools import check_parameters
+from inferflux.gateway.models.served import ServedModel
+from inferflux.gateway.pipeline.generation import engine_error_to_gateway
+from inferflux.gateway.pipeline.plan import GenerationRequest, param_names
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest
+from inferflux.gateway.pipeline.tools import check_parameters
+
+if TYPE_CHECKING:
+    from inferflux.gateway.pipeline.call import Call
 
 T = TypeVar("T")
 
 
-async def compile_grammars(request: Request, served: ServedModel, req: GenerationRequest) -> None:
+async def compile_grammars(call: Call, served: ServedModel, req: GenerationRequest) -> None:
     """Build ``req``'s grammars for ``served`` within the app's budget; raises the refusal (400, 503),
     ``ClientDisconnected`` if the client left meanwhile, ``ShuttingDown`` when a drain's grace ended."""
     if served.remote:
@@ -49,24 +48,24 @@ async def compile_grammars(request: Request, served: ServedModel, req: Generatio
     spec = req.guided()
     if not tools and spec is None:
         return
-    budget = state_of(request).grammar_budget  # for all of the request's new grammars together
+    budget = call.state.grammar_budget  # for all of the request's new grammars together
     names = param_names(req)
-    tenant = principal_of(request).tenant_id  # the workers are shared fairly between tenants
+    tenant = call.principal.tenant_id  # the workers are shared fairly between tenants
     if tools:
-        budget = await _watched(request, partial(check_parameters, tools, budget, owner=tenant), names)
+        budget = await _watched(call, partial(check_parameters, tools, budget, owner=tenant), names)
     if spec is not None:
         # Over the budget the field that holds the schema is named; what llguidance cannot compile keeps
         # the constraint's own name, as planning names it.
         over = {**names, "guided": _schema_field(req)}
-        await _watched(request, partial(served.engine.compile_grammar, spec, budget, owner=tenant), names, over)
+        await _watched(call, partial(served.engine.compile_grammar, spec, budget, owner=tenant), names, over)
 
 
-async def _watched(request: Request, work: Callable[..., T], names: dict[str, str],
+async def _watched(call: Call, work: Callable[..., T], names: dict[str, str],
                    over: dict[str, str] | None = None) -> T:  # fmt: skip
     """``work`` on a thread, given up if the client leaves; the engine's errors as the client's (``over``:
     the parameter names of an error over the budget, if not ``names``)."""
     try:
-        return await run_until_disconnect(request.receive, _on_thread(work), drain_deadline(request.scope))
+        return await call.watched(_on_thread(work))
     except GrammarTooComplexError as exc:
         raise engine_error_to_gateway(exc, param_names=over or names) from None
     except (InvalidRequestError, EngineError) as exc:

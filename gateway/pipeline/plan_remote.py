@@ -20,12 +20,12 @@ from inferflux.backends.openai.engine import estimate_tokens
 from inferflux.backends.openai.request import RemoteRequest
 
 from inferflux.gateway.errors import InvalidRequest, UnsupportedParameter
-from inferflux.gateway.generation import ChoiceSpec
-from inferflux.gateway.plan import GenerationRequest, Placement, Plan, PreparedPrompt, param_names
-from inferflux.gateway.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from inferflux.gateway.pipeline.generation import ChoiceSpec
+from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan, PreparedPrompt, param_names
+from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
-    from inferflux.gateway.models import ServedModel
+    from inferflux.gateway.models.served import ServedModel
 
 # What the affinity key reads of a prompt: where the part that requests share sits. A chat's key is its
 # leading system messages (what one application's conversations share); without them, and for a

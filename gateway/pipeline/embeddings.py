@@ -1,6 +1,6 @@
 """``POST /v1/embeddings``: the request, its plan, running it and the answer, in OpenAI's shape.
 
-The route (``gateway.routes.openai.embeddings``) reads like the generation
+The driver (``gateway.pipeline.run.embeddings``) reads like the generation
 routes: parse → plan → policy → embed → render, with the policy chain of
 ``RequestPolicy`` (input guardrails on the body, the model allow-list,
 admission, limits on the input tokens with no completion, OPA, audit).
@@ -38,8 +38,8 @@ from inferflux.backends.openai.engine import estimate_tokens
 from inferflux.backends.openai.request import RemoteEmbeddingRequest
 
 from inferflux.gateway.errors import ContextLengthExceeded, GatewayError, InternalError, InvalidRequest, UnsupportedParameter
-from inferflux.gateway.generation import engine_error_to_gateway
-from inferflux.gateway.models import ServedModel
+from inferflux.gateway.models.served import ServedModel
+from inferflux.gateway.pipeline.generation import engine_error_to_gateway
 from inferflux.gateway.settings import EmbeddingSettings, Settings
 from inferflux.gateway.validation_errors import first_error
 

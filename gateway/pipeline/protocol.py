@@ -1,4 +1,4 @@
-"""OpenAI request schemas: the generation routes' bodies, parsed and checked (``gateway.plan`` turns them into the
+"""OpenAI request schemas: the generation routes' bodies, parsed and checked (``gateway.pipeline.plan`` turns them into the
 engine's sampling parameters).
 
 Unknown fields are ignored, as OpenAI does. Known OpenAI fields this server
@@ -8,7 +8,7 @@ them would change the meaning of the request.
 
 Tool calling (``tools``, ``tool_choice``, ``parallel_tool_calls``, assistant
 ``tool_calls`` and ``tool`` messages in the history) is checked by
-``gateway.tools``; a forced call (``required`` or a named function) becomes the
+``gateway.pipeline.tools``; a forced call (``required`` or a named function) becomes the
 request's ``GuidedSpec``, like a ``response_format``.
 
 Structured outputs: ``response_format`` ``json_object`` and ``json_schema``
@@ -22,7 +22,7 @@ several strings / token-id lists; several prompts are served, and their
 choices are numbered ``prompt_index * n + sample_index`` as OpenAI does. One
 request fans out to at most ``MAX_CHOICES`` engine sequences (``best_of`` of
 them per prompt, when it is given). ``suffix``, ``best_of`` and ``echo`` with
-``logprobs`` are served as ``gateway.completions`` describes.
+``logprobs`` are served as ``gateway.pipeline.completions`` describes.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from inferflux.backends.engine import GuidedSpec
 
 from inferflux.gateway.errors import InvalidRequest, UnsupportedParameter
-from inferflux.gateway.json_schema import closed_schema
-from inferflux.gateway.tools import (
+from inferflux.gateway.pipeline.json_schema import closed_schema
+from inferflux.gateway.pipeline.tools import (
     ToolCall,
     ToolChoice,
     ToolDefinition,
@@ -95,7 +95,7 @@ class SpeculativeRequest(BaseModel):
 
 class JsonSchemaFormat(BaseModel):
     """``response_format.json_schema``: OpenAI's shape. The schema is always enforced, whatever ``strict`` says,
-    with objects closed to the properties they list (``gateway.json_schema``)."""
+    with objects closed to the properties they list (``gateway.pipeline.json_schema``)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -126,7 +126,7 @@ class ResponseFormat(BaseModel):
         if self.type == "json_schema" and self.json_schema is not None:
             schema = self.json_schema.schema_
             # No schema: any JSON value (OpenAI leaves it optional). Objects closed to their listed
-            # properties (gateway.json_schema): the answer still validates against the client's schema.
+            # properties (gateway.pipeline.json_schema): the answer still validates against the client's schema.
             return GuidedSpec("json_schema", schema={} if schema is None else closed_schema(schema))
         return None
 
@@ -156,7 +156,7 @@ class _SamplingRequest(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool = False
-    # Lower is more important; bounded per caller by its traffic policy (gateway.request_policy.RequestPolicy.place).
+    # Lower is more important; bounded per caller by its traffic policy (gateway.pipeline.policy.RequestPolicy.place).
     priority: int = Field(default=0, description="Engine priority: lower is more important. By default a caller "
                           "may ask for 0 to 1000; its traffic policy's min_priority/max_priority can widen that")
     speculative: SpeculativeRequest | None = None
@@ -352,7 +352,7 @@ class ChatCompletionRequest(_SamplingRequest):
 
     @cached_property
     def tool_plan(self) -> ToolPlan | None:
-        """What the tools ask for (``gateway.tools.tool_plan``); None when the model may not call one."""
+        """What the tools ask for (``gateway.pipeline.tools.tool_plan``); None when the model may not call one."""
         constrained = any(self._asks(n) for n in ("response_format", "guided_regex", "guided_choice"))
         return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls, constrained)
 

@@ -28,7 +28,7 @@ Streams send ``message_start``, ``ping``, per block ``content_block_start``,
 ``content_block_delta`` (``text_delta`` or ``input_json_delta``),
 ``content_block_stop``, then ``message_delta`` (stop reason, usage) and
 ``message_stop``; an error after the first event is an ``error`` event. Error
-bodies are Anthropic's (``gateway.adapters.errors``).
+bodies are Anthropic's (``gateway.pipeline.adapters.errors``).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from inferflux.gateway.adapters.common import BodyError, ChatReader, ToolCall, json_args, named_event, parse_body, parse_part
-from inferflux.gateway.adapters.common import ParsedRequest, unsupported
-from inferflux.gateway.adapters.errors import anthropic_error
-from inferflux.gateway.generation import Usage
+from inferflux.gateway.pipeline.adapters.common import BodyError, ChatReader, ToolCall, json_args, named_event, parse_body, parse_part
+from inferflux.gateway.pipeline.adapters.common import ParsedRequest, unsupported
+from inferflux.gateway.pipeline.adapters.errors import anthropic_error
+from inferflux.gateway.pipeline.generation import Usage
 from inferflux.policy.errors import ApiError
 
 _CONFIG = ConfigDict(extra="ignore", strict=True)

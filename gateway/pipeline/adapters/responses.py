@@ -39,9 +39,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from inferflux.gateway.adapters.common import BodyError, ChatReader, ParsedRequest, ToolCall, named_event, parse_body
-from inferflux.gateway.adapters.common import parse_part, unsupported
-from inferflux.gateway.generation import Usage
+from inferflux.gateway.pipeline.adapters.common import BodyError, ChatReader, ParsedRequest, ToolCall, named_event, parse_body
+from inferflux.gateway.pipeline.adapters.common import parse_part, unsupported
+from inferflux.gateway.pipeline.generation import Usage
 from inferflux.policy.errors import ApiError
 
 _CONFIG = ConfigDict(extra="ignore", strict=True)

@@ -1,43 +1,50 @@
 """``RequestPolicy``: one request's traffic policy (a generation's or an embeddings'), from its body to its settlement.
 
-The generation routes read parse → plan → policy → generate → render; this
-object is the "policy": it owns everything the gateway decides about a request
-between its authentication (``gateway.auth``, ``gateway.authz``) and its first
-output, and the accounting after its last. The refusal order is written here
-and nowhere else; the first refusal answers:
+The driver (``gateway.pipeline.run``) reads body → parse → plan → policy →
+generate → render; this object is the "policy": it owns everything the gateway
+decides about a request between its authentication (``gateway.auth``,
+``gateway.authz``) and its first output, and the accounting after its last. It
+is built from the request's ``Call`` and the app's traffic policy (the limiter,
+the guardrail resolver, the prices), and reads nothing else of the request. Each
+step below is one method the driver calls, in this order, inside the trace stage
+named beside it. The refusal order is written here and nowhere else; the first
+refusal answers:
 
-0. (the route, before this object) the size of the request's schemas, tools and
-   guided constraints (400 ``schema_too_complex``, ``gateway.schema_limits``):
+0. (the driver, before this object) the size of the request's schemas, tools and
+   guided constraints (400 ``schema_too_complex``, ``gateway.pipeline.body``):
    neither the guardrails nor the grammar engine work on what is refused for its size.
-1. ``screen``: the tenant's input guardrails, on the body as sent (400
-   ``content_filter``; a redacting rule rewrites the body the route parses);
-   for every tenant, 400 ``invalid_unicode`` for a lone surrogate in a history
-   call's arguments, and for a tenant with input rules, 400
+1. ``screen`` (stage ``guardrails.input``): the tenant's input guardrails, on the
+   body as sent (400 ``content_filter``; a redacting rule rewrites the body the
+   driver parses); for every tenant, 400 ``invalid_unicode`` for a lone surrogate
+   in a history call's arguments, and for a tenant with input rules, 400
    ``token_ids_unchecked`` for token ids no tokenizer here can decode.
-2. ``place``: the request's priority within the bounds its traffic policy
-   allows (400 ``priority``), its tenant's fair-share weight, its prefix-cache
-   namespace. Then (the route) its grammars, compiled within the grammar budget
-   (400 ``schema_too_complex``, 503 ``grammar_busy``; ``gateway.grammars``).
-3. ``start``, in this order:
-   a. the engine's queue (503 when it is full, 429 ``tenant_queue_full``
-      beyond the tenant's share of it), then the rate limits and quotas
-      (429, or 503 when a limit cannot be decided); a request refused by
-      these is first put to every OPA policy, whose refusal (403) answers
-      instead, so a client learns of a policy's refusal before a limit's;
-   b. the global OPA policies, decided inline (403) before the engine sees
-      the request;
-   c. the engine starts; the tenant's and remote OPA policies decide beside
-      its first step and are awaited before any output leaves (403).
-   A request refused after its tokens were reserved gets them back.
+2. ``place`` (in stage ``plan``): the request's priority within the bounds its
+   traffic policy allows (400 ``priority``), its tenant's fair-share weight, its
+   prefix-cache namespace. Then (the driver) its grammars, compiled within the
+   grammar budget (400 ``schema_too_complex``, 503 ``grammar_busy``;
+   ``gateway.pipeline.grammars``).
+3. in this order:
+   a. ``admit`` (stage ``limits``): the engine's queue (503 when it is full, 429
+      ``tenant_queue_full`` beyond the tenant's share of it), then the rate
+      limits and quotas (429, or 503 when a limit cannot be decided); a request
+      refused by these is first put to every OPA policy (``authorize_all``,
+      stage ``opa``), whose refusal (403) answers instead, so a client learns of
+      a policy's refusal before a limit's;
+   b. ``authorize_inline`` (stage ``opa``): the global OPA policies, decided
+      inline (403) before the engine sees the request;
+   c. the engine starts (``generation``); ``authorize_deferred`` (stage ``opa``,
+      concurrent): the tenant's and remote OPA policies decide beside its first
+      step and are awaited before any output leaves (403).
+   A request refused after its tokens were reserved gets them back (``refund``).
 4. ``finish`` (the ``Generation``'s close): the real token counts are settled
    with the limiter, off the request path, also for a stream the client left.
 
-An embeddings request (``embedding``) takes the same steps but 2 (it has no
-priority and shares no prefix cache): 1, then 3a (the queue counts it as one
-entry; its tokens are the inputs', with no completion), then every OPA policy
-at once (3b and 3c together: there is no engine start to overlap with), so
-nothing of it reaches the engine before all of them allow; then 4, with the
-tokens the model counted.
+An embeddings request takes the same steps but 2 (it has no priority and shares
+no prefix cache): 1, then 3a (``embedding_work``: the queue counts it as one
+entry; its tokens are the inputs', with no completion), then every OPA policy at
+once (``authorize_all``: 3b and 3c together, as there is no engine start to
+overlap with), so nothing of it reaches the engine before all of them allow;
+then 4 (``settle``), with the tokens the model counted.
 
 Everything the audit event says about the request's policy (the prompt and
 completion texts, guardrail findings, the reasons of a refusal, the usage, the
@@ -47,32 +54,25 @@ end user the caller named) is written to the request context here, and only here
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
-
-from inferflux.gateway.authz import principal_of
-from inferflux.gateway.context import RequestContext, get_context
 from inferflux.gateway.errors import EngineOverloaded, InvalidRequest, RateLimited
-from inferflux.gateway.log_redaction import redact
-from inferflux.gateway.generation import Generation
-from inferflux.gateway.metrics import GatewayMetrics
-from inferflux.gateway.plan import GenerationRequest, Placement, Plan
-from inferflux.gateway.state import state_of
-from inferflux.gateway.token_text import token_decoder
-from inferflux.gateway.tool_calls import ToolStream
-from inferflux.gateway.tracing import TRACE_HEADERS, GuardMeter, stage
-from inferflux.policy.errors import ApiError
+from inferflux.gateway.logs.redaction import redact
+from inferflux.gateway.pipeline.generation import Generation
+from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan
+from inferflux.gateway.pipeline.token_text import token_decoder
+from inferflux.gateway.pipeline.tool_calls import ToolStream
+from inferflux.gateway.tracing import TRACE_HEADERS, GuardMeter
 from inferflux.policy.guardrails import Guardrails, OpaDecision, opa_input
 from inferflux.policy.guardrails.screen import screen as screen_guarded
-from inferflux.policy.ratelimit import Admission, Denial, RateLimiter, Scheduling
+from inferflux.policy.ratelimit import Admission, Denial, Scheduling
 
 if TYPE_CHECKING:
-    from inferflux.gateway.embeddings import EmbeddingPlan
-    from inferflux.gateway.models import ServedModel
+    from inferflux.gateway.models.served import ServedModel
+    from inferflux.gateway.pipeline.call import Call
+    from inferflux.gateway.pipeline.embeddings import EmbeddingPlan
+    from inferflux.gateway.traffic import TrafficPolicy
 
 
 @dataclass(frozen=True)
@@ -92,45 +92,38 @@ class Work:
                    sum(p.num_tokens for p in plan.prompts), plan.tools.names if plan.tools else ())  # fmt: skip
 
 
-@dataclass
-class EmbeddingUse:
-    """The tokens an embeddings request used, set by the route once the model answered (0 until then)."""
-
-    prompt_tokens: int = 0
-
-
 class RequestPolicy:
-    def __init__(self, request: Request) -> None:
-        state = state_of(request)
-        self.request = request
-        self.ctx: RequestContext = get_context(request)
-        self.principal = principal_of(request)
-        self.settings = state.settings
-        self.limiter: RateLimiter = state.limiter
-        self.metrics: GatewayMetrics = state.metrics
-        self._resolver = state.guardrails
-        self._settling: set[asyncio.Task[None]] = state.traffic_tasks
+    def __init__(self, call: Call, traffic: TrafficPolicy) -> None:
+        self.call = call
+        self.ctx = call.ctx
+        self.principal = call.principal
+        self.settings = call.state.settings
+        self.metrics = call.state.metrics
+        self.limiter = traffic.limiter
+        self._resolver = traffic.guardrails
+        self._prices = traffic.prices
+        self._settling: set[asyncio.Task[Any]] = call.state.traffic_tasks
         self.guards: Guardrails | None = None
-        self.headers: dict[str, str] = {}  # the rate-limit headers of the admitted request (set by ``start``)
+        self.headers: dict[str, str] = {}  # the rate-limit headers of the admitted request (``admitted``)
         self._meter: GuardMeter | None = None  # the output guardrails' time, for a traced request
+        self._document: dict[str, Any] | None = None  # what OPA is told, built once
 
     # -- 1. input guardrails
 
     async def screen(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body as the tenant's input guardrails let it through (redacted, perhaps); raises on a block.
         A large body is checked off the event loop (``policy.guardrails.screen``)."""
-        with stage(self.ctx, "guardrails.input"):
-            self.guards = guards = await self._resolver.resolve(self.principal.tenant_id)
-            decode = token_decoder(self.request, body) if guards.checks_input else None
-            screened = await screen_guarded(guards, body, len(await self.request.body()), decode)
-            self.ctx.prompt_texts = screened.texts
-            decision = screened.decision
-            if decision is None:
-                return body
-            self._note_findings("input", decision.findings)
-            if not decision.allowed:
-                self.ctx.reasons += list(decision.reasons)
-            decision.raise_if_blocked("input")
+        self.guards = guards = await self._resolver.resolve(self.principal.tenant_id)
+        decode = token_decoder(self.call, body) if guards.checks_input else None
+        screened = await screen_guarded(guards, body, len(await self.call.body()), decode)
+        self.ctx.prompt_texts = screened.texts
+        decision = screened.decision
+        if decision is None:
+            return body
+        self._note_findings("input", decision.findings)
+        if not decision.allowed:
+            self.ctx.reasons += list(decision.reasons)
+        decision.raise_if_blocked("input")
         return screened.body
 
     def _note_findings(self, direction: str, findings: Any) -> None:
@@ -167,7 +160,7 @@ class RequestPolicy:
     def upstream_headers(self) -> tuple[tuple[str, str], ...]:
         """Of the client's headers, the only ones a remote model's upstream sees (its credentials never do).
         A traced request's ``traceparent`` (and ``tracestate``) name its span instead of the client's."""
-        headers, allowed = self.request.headers, self.settings.upstreams.forward_headers
+        headers, allowed = self.call.headers, self.settings.upstreams.forward_headers
         if self.ctx.trace is not None:
             ours = self.ctx.trace.headers()
             headers = {**{h: headers[h] for h in allowed if h in headers and h not in TRACE_HEADERS}, **ours}
@@ -175,69 +168,52 @@ class RequestPolicy:
 
     # -- 3. admission, limits, OPA; the engine starts
 
-    async def start(self, plan: Plan) -> Generation:
-        """The request's ``Generation``, started once every policy allows it; raises the first refusal."""
-        work = Work.of(plan)
-        admission = await self._admit_and_reserve(work)
-        guards = self._guards
-        document = self._opa_document(work) if guards.engines else None
-        gen: Generation | None = None
-        try:
-            if document is not None and guards.inline_engines:
-                with stage(self.ctx, "opa"):
-                    self._refuse_if_denied(guards.authorize_inline(document))  # before the engine gets it
-            gen = self._generation(plan, admission)
-            # The engine starts, the awaited policies decide while it works, and none of
-            # its output goes out before they allow.
-            gen.start()
-            if document is not None and guards.deferred_engines:
-                with stage(self.ctx, "opa", **{"inferflux.concurrent": True}):
-                    self._refuse_if_denied(await guards.authorize_deferred(document))
-        except BaseException:
-            # Refused after all: abort the sequences, and give back the tokens reserved
-            # for them (the request itself was counted when it was admitted).
-            if gen is not None:
-                await gen.close(report=False)
-            await self.limiter.settle(admission.handle, 0, 0)
-            raise
-        self.headers = admission.headers
-        return gen
-
-    @asynccontextmanager
-    async def generating(self, plan: Plan) -> AsyncIterator[Generation]:
-        """``start``, and ``finish`` when the block ends: for an answer given whole."""
-        gen = await self.start(plan)
-        async with gen:
-            yield gen
-
-    @asynccontextmanager
-    async def embedding(self, plan: EmbeddingPlan) -> AsyncIterator[EmbeddingUse]:
-        """An embeddings request admitted once every policy allows it (raises the first refusal),
-        and settled when the block ends with the tokens the route recorded in the ``EmbeddingUse``."""
+    def embedding_work(self, plan: EmbeddingPlan) -> Work:
+        """An embeddings request as admission sees it: one queue entry, its inputs' tokens, no completion."""
         self.ctx.user = end_user(plan.user)
-        work = Work(plan.served, 1, plan.prompt_tokens, 0, plan.prompt_tokens)
-        admission = await self._admit_and_reserve(work)
-        try:
-            await self._authorize_all(work)
-        except BaseException:
-            await self.limiter.settle(admission.handle, 0, 0)  # refused: none of its tokens count
-            raise
-        self.headers = admission.headers
-        use = EmbeddingUse()
-        try:
-            yield use
-        finally:
-            self._settle(plan.served.name, admission, use.prompt_tokens, 0)
+        return Work(plan.served, 1, plan.prompt_tokens, 0, plan.prompt_tokens)
 
-    async def _admit_and_reserve(self, work: Work) -> Admission:
-        """3a: the engine's queue, then the limits; a request refused here is first put to every OPA policy."""
-        try:
-            with stage(self.ctx, "limits"):
-                self._admit(work)
-                return await self._reserve(work)
-        except ApiError:
-            await self._authorize_all(work)  # a policy's refusal answers first
-            raise
+    async def admit(self, work: Work) -> Admission:
+        """3a: the engine's queue, then the limits; raises the refusal (the driver asks OPA first then)."""
+        self._admit(work)
+        return await self._reserve(work)
+
+    @property
+    def decides(self) -> bool:
+        """Whether any OPA policy decides this request (``authorize_all``)."""
+        return bool(self._guards.engines)
+
+    @property
+    def decides_inline(self) -> bool:
+        return bool(self._guards.engines and self._guards.inline_engines)
+
+    @property
+    def decides_deferred(self) -> bool:
+        return bool(self._guards.engines and self._guards.deferred_engines)
+
+    async def authorize_all(self, work: Work) -> None:
+        """Every OPA policy's decision, at once (for a request refused anyway, whose policy refusal answers
+        first, and for an embeddings request, which has no engine start to overlap them with)."""
+        self._refuse_if_denied(await self._guards.authorize(self._opa_document(work)))
+
+    def authorize_inline(self, work: Work) -> None:
+        """3b: the global OPA policies, before the engine gets the request."""
+        self._refuse_if_denied(self._guards.authorize_inline(self._opa_document(work)))
+
+    async def authorize_deferred(self, work: Work) -> None:
+        """3c: the tenant's and remote OPA policies, awaited while the engine starts."""
+        self._refuse_if_denied(await self._guards.authorize_deferred(self._opa_document(work)))
+
+    def admitted(self, admission: Admission) -> None:
+        """Every step of 3 allowed: the answer carries the limits' headers."""
+        self.headers = admission.headers
+
+    async def refund(self, admission: Admission, gen: Generation | None = None) -> None:
+        """Refused after 3a after all: abort the sequences, and give back the tokens reserved for them
+        (the request itself was counted when it was admitted)."""
+        if gen is not None:
+            await gen.close(report=False)
+        await self.limiter.settle(admission.handle, 0, 0)
 
     @property
     def _guards(self) -> Guardrails:
@@ -269,7 +245,7 @@ class RequestPolicy:
 
     async def _reserve(self, work: Work) -> Admission:
         """Rate limits and quotas for the request's estimated tokens; raises 429 (or 503) when refused."""
-        price = await state_of(self.request).traffic.prices.price_for(work.served.name)  # for spend budgets
+        price = await self._prices.price_for(work.served.name)  # for spend budgets
         result = await self.limiter.check_and_reserve(
             self.principal, prompt_tokens=work.prompt_tokens, max_tokens=work.completion_tokens, price=price
         )
@@ -280,24 +256,19 @@ class RequestPolicy:
         return result
 
     def _opa_document(self, work: Work) -> dict[str, Any]:
-        return opa_input(
-            self.principal,
-            model=work.served.name,
-            route=self.request.url.path,
-            prompt_tokens=work.opa_prompt_tokens,
-            max_completion_tokens=work.completion_tokens,
-            findings=[f for stage, f in self.ctx.findings if stage == "input"],
-            request_id=self.ctx.request_id,
-            user=self.ctx.user,
-            tools=work.tools,
-        )
-
-    async def _authorize_all(self, work: Work) -> None:
-        """Every OPA policy's decision, at once (for a request refused anyway, whose policy refusal answers
-        first, and for an embeddings request, which has no engine start to overlap them with)."""
-        if self._guards.engines:
-            with stage(self.ctx, "opa"):
-                self._refuse_if_denied(await self._guards.authorize(self._opa_document(work)))
+        if self._document is None:
+            self._document = opa_input(
+                self.principal,
+                model=work.served.name,
+                route=self.call.route,
+                prompt_tokens=work.opa_prompt_tokens,
+                max_completion_tokens=work.completion_tokens,
+                findings=[f for stage, f in self.ctx.findings if stage == "input"],
+                request_id=self.ctx.request_id,
+                user=self.ctx.user,
+                tools=work.tools,
+            )
+        return self._document
 
     def _refuse_if_denied(self, decision: OpaDecision) -> None:
         """PolicyDenied (403), or 503 when a policy failed closed, unless ``decision`` allows."""
@@ -305,7 +276,8 @@ class RequestPolicy:
             self.ctx.reasons += list(decision.reasons)
         decision.raise_for_deny()
 
-    def _generation(self, plan: Plan, admission: Admission) -> Generation:
+    def generation(self, plan: Plan, admission: Admission) -> Generation:
+        """3c: the request's ``Generation``, its output checked by the tenant's guardrails, settled when it closes."""
         guards, model, trace = self._guards, plan.served.name, self.ctx.trace
         output_check = guards.output_stream if guards.checks_output else None
         ttft = self.metrics.ttft.labels(model)
@@ -320,7 +292,7 @@ class RequestPolicy:
             param_names=plan.param_names,
             started=self.ctx.started,
             on_first_token=on_first_token,
-            on_close=lambda gen: self._finish(gen, model, admission),
+            on_close=lambda gen: self.finish(gen, model, admission),
             output_check=output_check,
             tool_stream=(lambda: ToolStream(tools, guards)) if (tools := plan.tools) is not None else None,
             timed=trace is not None,
@@ -328,7 +300,7 @@ class RequestPolicy:
 
     # -- 4. settlement
 
-    def _finish(self, gen: Generation, model: str, admission: Admission) -> None:
+    def finish(self, gen: Generation, model: str, admission: Admission) -> None:
         """Record what the request used and settle it with the limiter (real counts, off the request path)."""
         self._note_findings("output", gen.output_findings)
         if (trace := self.ctx.trace) is not None:
@@ -338,9 +310,10 @@ class RequestPolicy:
                 trace.output_checks(self._meter)
         self.ctx.completion_texts = gen.texts()
         self.ctx.tool_calls = gen.tool_names()
-        self._settle(model, admission, gen.usage.prompt_tokens, gen.usage.completion_tokens)
+        self.settle(model, admission, gen.usage.prompt_tokens, gen.usage.completion_tokens)
 
-    def _settle(self, model: str, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:
+    def settle(self, model: str, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:
+        """What the request used, counted and settled with the limiter (an embeddings request's, by the driver)."""
         self.metrics.observe_tokens(model, prompt_tokens, completion_tokens)
         self.ctx.usage = (prompt_tokens, completion_tokens)
         # Also for a stream the client left; the limiter never raises, and the

@@ -1,0 +1,9 @@
+"""The models this replica serves, and how it follows the store's registry of them.
+
+- ``served``: ``ServedModel`` (what a route dispatches to: its engine, tokenizer, names)
+  and ``ModelManager`` (the served models by name and alias), and loading one
+- ``admin``: ``ModelAdmin``, loading and unloading models through the admin API, and
+  converging with the registry (the store's ``served_models`` records)
+- ``sync``: the poll that has every replica follow the registry
+- ``upstreams``: an upstream model's section checked, and its key found
+"""
