@@ -71,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if cpu_kernels.load() is None or not cpu_kernels.exact_linear_supported(dtype):
-        need = "AVX-512 BF16" if dtype == torch.bfloat16 else "AVX-512F"
+        need = "AVX-512 BF16" if dtype == torch.bfloat16 else "a C++ compiler"
         raise SystemExit(f"exact_linear is not built here for {args.dtype} (it needs the C++ kernels and {need})")
     backend = CPUBackend()
     backend.load(ModelSpec(name="smol", path=default_model_path(), dtype=args.dtype, passes={"quantise": "exact"}))

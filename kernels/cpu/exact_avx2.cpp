@@ -8,13 +8,15 @@
 // lanes in two 8-lane registers; the lanes, their order and the fold are the same, so the bits are too.
 //
 // Two ways through, by the number of rows:
-// * up to kRegisterRows rows (decode, memory-bound): each block is decoded in registers straight from
+// * up to kRegisterRows (4) rows (decode, memory-bound): each block is decoded in registers straight from
 //   the weights and multiplied into every row's sums, so a step reads the blocks once, 0.6-1.1 bytes a
 //   weight against float32's 4;
-// * more rows (prefill, large batches, compute-bound): a pair of weight rows is decoded once into a small
-//   float32 buffer that stays in L1, and every row of x passes over it in tiles of 3 rows x 2 outputs
-//   (12 accumulator registers of the 16), so the decoding is paid once per pair and the multiply-adds run
-//   near the FMA units' rate. Only that pair is ever dense: memory stays at the blocks' size.
+// * more rows (prefill, large batches, compute-bound): each weight row is decoded once into a small
+//   float32 buffer (eight weight rows at a time), and every pair of rows of x passes over it in tiles of
+//   2 rows x 2 outputs (8 accumulator registers, 4 of x, 2 of weights: one load per FMA, which is what
+//   the load ports can feed; 3 x 2 spilled x and ran a third slower), so the decoding is paid once per
+//   weight row and a pair of x rows is reused from L1 across the group. Only the group is ever dense:
+//   memory stays at the blocks' size.
 // Which way a row goes never changes its bits: both sum the same products in the same lanes and order.
 #pragma GCC optimize("fp-contract=off")  // the loader's product and sum round separately: no fused multiply-add
 #include "kernels.h"
@@ -36,7 +38,10 @@ namespace {
 
 constexpr int64_t QK = 32;
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8;
-constexpr int64_t kRegisterRows = 2;  // up to this many rows: blocks decoded in registers
+constexpr int64_t kRegisterRows = 4;  // up to this many rows: blocks decoded in registers
+// More rows: weight rows decoded at a time (an even number). 8 measured faster than 2 or a group sized to L1 at
+// 32 rows (benchmarks/bench_exact_linear.py --dtype float32, 2-core AMD EPYC Zen 3).
+constexpr int64_t kGroup = 8;
 
 constexpr int64_t block_bytes(int64_t qtype) { return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 0; }
 
@@ -150,7 +155,7 @@ inline void register_tile(const float* x, int64_t K, const uint8_t* w, int64_t r
 template <int64_t QT, int MR>
 void register_rows(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
-  constexpr int NR = MR == 1 ? 4 : 2;
+  constexpr int NR = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // 6-8 accumulator registers
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) register_tile<QT, MR, NR>(x, K, w, row_bytes, n, y, ldy);
   for (; n < n1; ++n) register_tile<QT, MR, 1>(x, K, w, row_bytes, n, y, ldy);
@@ -174,12 +179,15 @@ inline void buffer_tile(const float* x, int64_t K, const float* wd, int64_t n, f
     for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = fold(acc[i][j]);
 }
 
-template <int NR>
-void buffer_rows(const float* x, int64_t M, int64_t K, const float* wd, int64_t n, float* y, int64_t ldy) {
+// Rows of x against `pairs` pairs of decoded weight rows (wd, [2 * pairs, K]), outputs n.. : each tile of 3 rows
+// passes over every pair while its rows are still in L1, so x streams from L2 once per group, not once per pair.
+inline void buffer_rows(const float* x, int64_t M, int64_t K, const float* wd, int pairs, int64_t n, float* y,
+                        int64_t ldy) {
   int64_t m = 0;
-  for (; m + 3 <= M; m += 3) buffer_tile<3, NR>(x + m * K, K, wd, n, y + m * ldy, ldy);
-  if (M - m == 2) buffer_tile<2, NR>(x + m * K, K, wd, n, y + m * ldy, ldy);
-  if (M - m == 1) buffer_tile<1, NR>(x + m * K, K, wd, n, y + m * ldy, ldy);
+  for (; m + 2 <= M; m += 2)
+    for (int j = 0; j < pairs; ++j) buffer_tile<2, 2>(x + m * K, K, wd + 2 * j * K, n + 2 * j, y + m * ldy, ldy);
+  if (m < M)
+    for (int j = 0; j < pairs; ++j) buffer_tile<1, 2>(x + m * K, K, wd + 2 * j * K, n + 2 * j, y + m * ldy, ldy);
 }
 
 template <int64_t QT>
@@ -187,24 +195,33 @@ void run(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int6
   // Threads split the outputs only: every element's reduction is the same whatever the split or M.
   if (M <= kRegisterRows) {
     at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-      if (M == 1)
-        register_rows<QT, 1>(x, K, w, row_bytes, n0, n1, y, N);
-      else
-        register_rows<QT, 2>(x, K, w, row_bytes, n0, n1, y, N);
+      switch (M) {
+        case 1: register_rows<QT, 1>(x, K, w, row_bytes, n0, n1, y, N); break;
+        case 2: register_rows<QT, 2>(x, K, w, row_bytes, n0, n1, y, N); break;
+        case 3: register_rows<QT, 3>(x, K, w, row_bytes, n0, n1, y, N); break;
+        default: register_rows<QT, 4>(x, K, w, row_bytes, n0, n1, y, N); break;
+      }
     });
     return;
   }
-  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
-    std::vector<float> wd(2 * K);
+  at::parallel_for(0, N, kGroup, [&](int64_t n0, int64_t n1) {
+    std::vector<float> wd(kGroup * K);
     int64_t n = n0;
-    for (; n + 2 <= n1; n += 2) {
-      decode_row<QT>(w + n * row_bytes, K, wd.data());
-      decode_row<QT>(w + (n + 1) * row_bytes, K, wd.data() + K);
-      buffer_rows<2>(x, M, K, wd.data(), n, y, N);
+    for (; n + 2 <= n1; n += kGroup) {
+      const int pairs = static_cast<int>(std::min<int64_t>(kGroup, n1 - n) / 2);
+      for (int r = 0; r < 2 * pairs; ++r) decode_row<QT>(w + (n + r) * row_bytes, K, wd.data() + r * K);
+      buffer_rows(x, M, K, wd.data(), pairs, n, y, N);
+      if (pairs * 2 < kGroup) {
+        n += 2 * pairs;
+        break;
+      }
     }
-    if (n < n1) {
+    if (n < n1) {  // an odd output left at the end of the range
       decode_row<QT>(w + n * row_bytes, K, wd.data());
-      buffer_rows<1>(x, M, K, wd.data(), n, y, N);
+      int64_t m = 0;
+      for (; m + 3 <= M; m += 3) buffer_tile<3, 1>(x + m * K, K, wd.data(), n, y + m * N, N);
+      if (M - m == 2) buffer_tile<2, 1>(x + m * K, K, wd.data(), n, y + m * N, N);
+      if (M - m == 1) buffer_tile<1, 1>(x + m * K, K, wd.data(), n, y + m * N, N);
     }
   });
 }
