@@ -64,6 +64,7 @@ SERVING_RUNS: dict[str, list[str]] = {
         "results-2026-11-27-serving-exact-f32-intel-4levels.json",
         "results-2026-11-27-serving-exact-f32-intel-1stream.json",
     ],
+    "AMD EPYC, AVX2": ["results-2026-12-07-serving-avx2-blocks-zen3.json"],
     # Measured before the exact mode: the defaults then were dense bfloat16 weights, packed.
     "Intel Xeon 207, AMX (11-26)": ["results-2026-11-26-serving-packed-vs-llama-intel.json"],
 }
