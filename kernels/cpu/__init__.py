@@ -65,14 +65,30 @@ def requested_isa() -> str:
 
 def host_isas(cpu_flags: set[str] | None = None) -> list[str]:
     """The levels this host can run (``cpu_flags``: /proc/cpuinfo's, read when None)."""
-    flags = cpu_flags if cpu_flags is not None else _cpu_flags()
+    flags = cpu_flags if cpu_flags is not None else cpu_flags()
     out = ["native"]
     if platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma", "f16c"} <= flags:
         out.append("avx2")
     return [*out, "generic"]
 
 
-def _cpu_flags() -> set[str]:
+def expected_isa(cpu_flags: set[str], machine: str) -> str:
+    """The level a native build reaches on a CPU with these /proc/cpuinfo flags (what ``isa()`` reports once
+    built there): the choice ``auto`` then makes (backends/cpu/passes.py) follows from it, so it can be
+    worked out, and tested, for CPUs this host is not."""
+    if machine.lower() in ("aarch64", "arm64"):
+        return "neon"
+    if machine.lower() not in ("x86_64", "amd64"):
+        return "generic"
+    if "avx512f" in cpu_flags:
+        return "avx512-bf16" if {"avx512_bf16", "avx512bw"} <= cpu_flags else "avx512"
+    if {"avx2", "fma", "f16c"} <= cpu_flags:
+        return "avx2"
+    return "generic"
+
+
+def cpu_flags() -> set[str]:
+    """This host's /proc/cpuinfo flags (x86) or features (ARM); empty where there is no such file."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
