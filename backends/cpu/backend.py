@@ -119,7 +119,7 @@ class CPUBackend:
     name: ClassVar[str] = "cpu"
     # 8-token blocks: a sequence wastes half a block on average, 4 slots instead of 8, which takes
     # the serving benchmark's KV utilisation from 92 % to 96 %; on this backend the smaller blocks
-    # cost no measurable speed (docs/benchmarks.md, "KV utilisation").
+    # cost no measurable speed (docs/benchmarks.md, "Serving against llama-server": KV slots used).
     default_block_size: ClassVar[int] = 8
     # Where weights and the KV cache live; the accelerator runners (backends.cuda)
     # subclass this backend with their own device, dtype choice and kernels.

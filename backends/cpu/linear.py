@@ -45,7 +45,7 @@ QTYPE_NAMES: dict[int, str] = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
 # Batch rows from which dequantise-per-tile + GEMM beats qmatmul over a layer's four
 # projections: 32, measured by benchmarks/bench_qmatmul.py (--threads 1 --fastest) on the
 # 2-core AMD EPYC (AVX-512 VNNI) at load 13-17: 110 vs 83 ms at 32 rows, 54 vs 62 ms at 16
-# (results-2026-11-26-qmatmul.json; docs/benchmarks.md, "Quantised matmuls"). Provisional.
+# (benchmarks/results/results-2026-11-26-qmatmul.json; docs/benchmarks.md, "Kernels and weights on the CPU"). Provisional.
 GEMM_FROM_ROWS = 32
 # With the dense weights kept (hybrid), from how many rows their GEMM replaces qmatmul: 2. Measured
 # by bench_qmatmul.py (--threads 2 --fastest) on the 2-core AMD EPYC at load 1.5-2.5: over a layer's
@@ -58,7 +58,7 @@ TILE_ROWS = 256
 # The exact mode: rows from which the packed bfloat16 GEMM replaces exact_linear. Measured by
 # benchmarks/bench_exact_linear.py on the 2-core AMD EPYC (AVX-512 BF16), 2026-11-26: over the model's
 # projections, alternating, exact_linear took 3.6 against 8.2 ms a step at 1 row, 6.7 against 8.7-10.1 at 8,
-# and 9.9-10.7 against 9.6-10.3 at 9-12 (docs/benchmarks.md, "The exact mode").
+# and 9.9-10.7 against 9.6-10.3 at 9-12 (docs/benchmarks.md, "Kernels and weights on the CPU").
 EXACT_GEMM_FROM_ROWS = 9
 # The same in float32 (a CPU without AVX-512 BF16), against F.linear on the dense float32 weights (what
 # ``f32`` runs), measured the same way on a 2-core Intel Xeon without BF16, 2026-11-27: exact_linear took

@@ -3,7 +3,7 @@
 ``gguf.quants.dequantize`` (the package that also reads the file) decodes every type we
 accept. For some types a vectorised kernel of ours below is kept because it is faster:
 ``benchmarks/bench_dequant.py`` times each one against gguf's in the same process, and a
-kernel stays only for a type where it wins (numbers in docs/benchmarks.md, "Dequantisation").
+kernel stays only for a type where it wins (numbers in docs/benchmarks.md, "Kernels and weights on the CPU").
 The tests check every path, ours and gguf's, against gguf's decoding bit for bit.
 
 Block layouts follow ggml (``ggml-common.h``); every block starts or ends with float16
@@ -162,7 +162,7 @@ def _bf16(blocks: np.ndarray, out: np.ndarray) -> None:
 
 
 # Our kernels, by type: each one is here because bench_dequant.py measured it faster than
-# gguf's for its type (docs/benchmarks.md, "Dequantisation").
+# gguf's for its type (docs/benchmarks.md, "Kernels and weights on the CPU").
 OWN_PATHS: dict[QType, Callable[[np.ndarray, np.ndarray], None]] = {
     QType.BF16: _bf16,
     QType.Q4_0: _q4_0,

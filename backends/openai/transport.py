@@ -4,7 +4,7 @@ aiohttp rather than httpx because the fleet is on every remote request's path
 and the client was its largest cost: streaming a 16-token answer cost 1.5 ms
 of CPU through httpx (its pure-Python h11 parser and anyio layers) and 0.58 ms
 through aiohttp (a C parser), measured alone in one process
-(docs/benchmarks.md, the upstream section).
+(docs/benchmarks.md, "In front of an upstream, against LiteLLM").
 
 What the session guarantees, whatever the configuration:
 
