@@ -63,16 +63,16 @@ def requested_isa() -> str:
     return isa
 
 
-def host_isas(cpu_flags: set[str] | None = None) -> list[str]:
-    """The levels this host can run (``cpu_flags``: /proc/cpuinfo's, read when None)."""
-    flags = cpu_flags if cpu_flags is not None else cpu_flags()
+def host_isas(flags: set[str] | None = None) -> list[str]:
+    """The levels this host can run (``flags``: /proc/cpuinfo's, read when None)."""
+    flags = flags if flags is not None else cpu_flags()
     out = ["native"]
     if platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma", "f16c"} <= flags:
         out.append("avx2")
     return [*out, "generic"]
 
 
-def expected_isa(cpu_flags: set[str], machine: str) -> str:
+def expected_isa(flags: set[str], machine: str) -> str:
     """The level a native build reaches on a CPU with these /proc/cpuinfo flags (what ``isa()`` reports once
     built there): the choice ``auto`` then makes (backends/cpu/passes.py) follows from it, so it can be
     worked out, and tested, for CPUs this host is not."""
@@ -80,9 +80,9 @@ def expected_isa(cpu_flags: set[str], machine: str) -> str:
         return "neon"
     if machine.lower() not in ("x86_64", "amd64"):
         return "generic"
-    if "avx512f" in cpu_flags:
-        return "avx512-bf16" if {"avx512_bf16", "avx512bw"} <= cpu_flags else "avx512"
-    if {"avx2", "fma", "f16c"} <= cpu_flags:
+    if "avx512f" in flags:
+        return "avx512-bf16" if {"avx512_bf16", "avx512bw"} <= flags else "avx512"
+    if {"avx2", "fma", "f16c"} <= flags:
         return "avx2"
     return "generic"
 

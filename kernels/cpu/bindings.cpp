@@ -36,7 +36,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("residual"), pybind11::arg("weight"), pybind11::arg("eps"));
   m.def("fused_rope", &fused_rope, "Half-split RoPE of [tokens, heads, head_dim] in one pass");
   m.def("fused_silu_and_mul", &fused_silu_and_mul, "SiLU(gate) * up in one pass");
-  pybind11::class_<DecodeLoop>(m, "DecodeLoop",
+  // module_local: each instruction-set level is a library of its own, and a process may load two (the tests
+  // compare them); a class registered globally by the first would refuse the second's.
+  pybind11::class_<DecodeLoop>(m, "DecodeLoop", pybind11::module_local(),
                                "Every layer of a decode step of a few single-token rows in one call (decode_loop.cpp)")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<int64_t>, int64_t, int64_t, int64_t, double, double,
                           std::vector<at::Tensor>, std::vector<int64_t>>(),
