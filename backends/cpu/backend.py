@@ -31,18 +31,10 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 def cpu_has_native_bf16() -> bool:
-    """True where the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX)."""
-    if platform.system() != "Linux":
-        return False
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
+    """True where the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), as /proc/cpuinfo says."""
+    from inferflux.kernels import cpu as cpu_kernels  # stdlib only at import: the probe needs no torch
+
+    return cpu_kernels.native_bf16(cpu_kernels.cpu_flags())
 
 
 def release_freed_heap() -> bool:

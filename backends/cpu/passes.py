@@ -271,8 +271,8 @@ def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tu
             return "ran", "deterministic: dense projections through the batch-invariant invariant_linear"
         return "ran", "dense projections: torch GEMM at every batch size" + _pack_dense(model, config)
     if mode == "blocks":
-        return "ran", "exact_linear on the blocks at every batch size (decoded in registers for 1-2 rows, a pair " \
-                      "of weight rows at a time for more): no dense weights"
+        return "ran", "exact_linear on the blocks at every batch size (decoded in registers for 1-4 rows, eight weight " \
+                      "rows at a time for more): no dense weights"
     if deterministic and exact:  # invariant_linear needs the plain dense weights: nothing to pack
         return "ran", (f"deterministic: exact_linear below {gemm_from} rows, invariant_linear on the dense "
                        f"weights from {gemm_from} (the same bits)")

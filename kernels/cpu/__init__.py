@@ -63,13 +63,17 @@ def requested_isa() -> str:
     return isa
 
 
+_AVX2 = {"avx2", "fma", "f16c"}  # the flags of x86-64-v3's kernels (exact_avx2.cpp)
+
+
+def _x86(machine: str | None = None) -> bool:
+    return (machine or platform.machine()).lower() in ("x86_64", "amd64")
+
+
 def host_isas(flags: set[str] | None = None) -> list[str]:
     """The levels this host can run (``flags``: /proc/cpuinfo's, read when None)."""
     flags = flags if flags is not None else cpu_flags()
-    out = ["native"]
-    if platform.machine().lower() in ("x86_64", "amd64") and {"avx2", "fma", "f16c"} <= flags:
-        out.append("avx2")
-    return [*out, "generic"]
+    return ["native", *(["avx2"] if _x86() and _AVX2 <= flags else []), "generic"]
 
 
 def expected_isa(flags: set[str], machine: str) -> str:
@@ -78,13 +82,16 @@ def expected_isa(flags: set[str], machine: str) -> str:
     worked out, and tested, for CPUs this host is not."""
     if machine.lower() in ("aarch64", "arm64"):
         return "neon"
-    if machine.lower() not in ("x86_64", "amd64"):
+    if not _x86(machine):
         return "generic"
     if "avx512f" in flags:
         return "avx512-bf16" if {"avx512_bf16", "avx512bw"} <= flags else "avx512"
-    if {"avx2", "fma", "f16c"} <= flags:
-        return "avx2"
-    return "generic"
+    return "avx2" if _AVX2 <= flags else "generic"
+
+
+def native_bf16(flags: set[str]) -> bool:
+    """Whether a CPU with these flags multiplies bfloat16 itself (AVX-512 BF16 or AMX): where ``auto`` loads it."""
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def cpu_flags() -> set[str]:
@@ -105,8 +112,7 @@ def load(isa: str | None = None) -> ModuleType | None:
     with _lock:
         try:
             isa = isa or requested_isa()
-        except ValueError as exc:
-            _errors["native"] = str(exc)
+        except ValueError:  # load_error() says why
             return None
         if isa not in _modules:
             try:
@@ -142,12 +148,11 @@ def sources() -> list[str]:
 def _march(isa: str) -> list[str]:
     if isa == "native":
         return ["-march=native"]  # built on, and cached for, the machine that runs it
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
     if isa == "avx2":
-        if not x86:
+        if not _x86():
             raise RuntimeError("the avx2 level is x86-64's")
         return ["-march=x86-64-v3"]  # AVX2, FMA, F16C, BMI2
-    return ["-march=x86-64"] if x86 else []
+    return ["-march=x86-64"] if _x86() else []
 
 
 def _build(isa: str = "native") -> ModuleType:

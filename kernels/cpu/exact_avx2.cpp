@@ -51,8 +51,8 @@ inline float half_at(const uint8_t* p) {
   return c10::detail::fp16_ieee_to_fp32_value(h);
 }
 
-// One block's 32 weights as float32, in element order: the loader's values, scalar (the buffer path's
-// decoder on every build, and the portable kernel's).
+// One block's 32 weights as float32, in element order: the loader's values, scalar (the portable kernel's
+// decoder).
 template <int64_t QT>
 inline void decode_scalar(const uint8_t* blk, float* out) {
   const float d = half_at(blk);
@@ -207,14 +207,11 @@ void run(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int6
   at::parallel_for(0, N, kGroup, [&](int64_t n0, int64_t n1) {
     std::vector<float> wd(kGroup * K);
     int64_t n = n0;
-    for (; n + 2 <= n1; n += kGroup) {
+    while (n1 - n >= 2) {
       const int pairs = static_cast<int>(std::min<int64_t>(kGroup, n1 - n) / 2);
       for (int r = 0; r < 2 * pairs; ++r) decode_row<QT>(w + (n + r) * row_bytes, K, wd.data() + r * K);
       buffer_rows(x, M, K, wd.data(), pairs, n, y, N);
-      if (pairs * 2 < kGroup) {
-        n += 2 * pairs;
-        break;
-      }
+      n += 2 * pairs;
     }
     if (n < n1) {  // an odd output left at the end of the range
       decode_row<QT>(w + n * row_bytes, K, wd.data());

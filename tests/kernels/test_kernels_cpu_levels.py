@@ -31,8 +31,8 @@ SHAPES = {
 def test_autos_choice_on_each_cpu_shape(shape: str) -> None:
     machine, flags, level, dtype, mode = SHAPES[shape]
     assert cpu_kernels.expected_isa(flags, machine) == level
-    # The dtype: bfloat16 where the CPU multiplies it itself (backends/cpu/backend.py's rule on the same flags).
-    assert ("bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32") == dtype
+    # The dtype: bfloat16 where the CPU multiplies it itself (backends/cpu/backend.py's rule, on these flags).
+    assert ("bfloat16" if cpu_kernels.native_bf16(flags) else "float32") == dtype
     # exact_linear builds for float32 rows on every level, for bfloat16 rows only with AVX-512 BF16.
     exact_ok = dtype == "float32" or level == "avx512-bf16"
     assert passes.resolve_mode("auto", dtype_name=dtype, exact_ok=exact_ok, isa=level) == mode
