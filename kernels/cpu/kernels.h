@@ -89,9 +89,11 @@ inline float fold16(__m512 v) {
   q = _mm_add_ss(q, _mm_movehdup_ps(q));
   return _mm_cvtss_f32(q);
 }
-#elif defined(__AVX2__) && defined(__FMA__)
-// The same fold of 16 float32 lanes held in two 8-lane registers (lanes 0-7, 8-15): AVX2 builds' kernels
-// keep the AVX-512 ones' lanes, order and fold, so their float32 results are the same bits.
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+// The same fold of 16 float32 lanes held in two 8-lane registers (lanes 0-7, 8-15): AVX2 kernels keep the
+// AVX-512 ones' lanes, order and fold, so their float32 results are the same bits. AVX-512 builds have it
+// too: exact_avx2.cpp is compiled into every build, and an AVX-512 CPU runs its AVX2 kernel.
 inline float fold16(__m256 lo, __m256 hi) {
   const __m256 h = _mm256_add_ps(lo, hi);
   __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
