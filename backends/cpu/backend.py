@@ -31,10 +31,16 @@ DTYPES = ("auto", "float32", "bfloat16")
 
 
 def cpu_has_native_bf16() -> bool:
-    """True where the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), as /proc/cpuinfo says."""
+    """True where the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), as /proc/cpuinfo says, and the
+    kernels are built for it: a level pinned below (runtime.cpu_isa avx512, avx2, generic) has no bfloat16
+    kernels, so it loads float32 as a CPU of that level would."""
     from inferflux.kernels import cpu as cpu_kernels  # stdlib only at import: the probe needs no torch
 
-    return cpu_kernels.native_bf16(cpu_kernels.cpu_flags())
+    try:
+        automatic = cpu_kernels.requested_isa() == "auto"
+    except ValueError:  # a bad INFERFLUX_CPU_ISA: the kernels' load_error() says so, and none load
+        automatic = False
+    return automatic and cpu_kernels.native_bf16(cpu_kernels.cpu_flags())
 
 
 def release_freed_heap() -> bool:

@@ -42,28 +42,50 @@ SOURCE_DIR = Path(__file__).parent
 # Off switch, for comparing against the reference path and for machines where
 # the build misbehaves.
 DISABLE_ENV = "INFERFLUX_CPU_KERNELS"
-# Which instruction set the kernels are built for. ``native`` (the default): this machine's own, so an
-# AVX-512 server runs the AVX-512 kernels and an AVX2 laptop the AVX2 ones, chosen where it runs.
-# ``avx2`` and ``generic`` build a lower level on purpose (x86-64-v3, or plain x86-64 / the compiler's
-# default elsewhere), each as a library of its own beside the native one: the tests run every level the host
-# can run, and an operator can pin one (a fleet of mixed CPUs, a suspected miscompile).
+# Which instruction set the kernels are built for. ``auto`` (the default): this machine's own
+# (``-march=native``), so an AVX-512 server runs the AVX-512 kernels and an AVX2 laptop the AVX2 ones,
+# chosen where it runs. ``avx512`` (x86-64-v4: AVX-512 F/BW/CD/DQ/VL, no BF16), ``avx2`` (x86-64-v3) and
+# ``generic`` (plain x86-64, or the compiler's default elsewhere) build that level on purpose, each as a
+# library of its own beside the automatic one: the tests run every level the host can run, and an operator
+# can pin one (runtime.cpu_isa: a fleet of mixed CPUs, a suspected miscompile, a benchmark of one path).
 ISA_ENV = "INFERFLUX_CPU_ISA"
-ISAS = ("native", "avx2", "generic")
+ISAS = ("auto", "avx512", "avx2", "generic")
+ALIASES = {"native": "auto"}  # the name the automatic level had before it was ``auto``
 
 _lock = threading.Lock()
 _modules: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}
+_chosen: str | None = None  # choose()'s level (runtime.cpu_isa), over the environment's
+
+
+def check_isa(isa: str) -> str:
+    """``isa`` as one of ``ISAS`` (``native`` is ``auto``); ValueError naming the choices."""
+    name = isa.strip().lower() or "auto"
+    name = ALIASES.get(name, name)
+    if name not in ISAS:
+        raise ValueError(f"CPU instruction set {isa!r}: one of {', '.join(ISAS)}")
+    return name
+
+
+def choose(isa: str) -> None:
+    """Build and load ``isa``'s level from now on (the settings' ``runtime.cpu_isa``, before any model loads)."""
+    global _chosen
+    _chosen = check_isa(isa)
 
 
 def requested_isa() -> str:
-    """The level ``load()`` builds: ``INFERFLUX_CPU_ISA`` (``native`` when unset); ValueError naming the choices."""
-    isa = os.environ.get(ISA_ENV, "native").strip().lower() or "native"
-    if isa not in ISAS:
-        raise ValueError(f"{ISA_ENV}={isa!r}: one of {', '.join(ISAS)}")
-    return isa
+    """The level ``load()`` builds: ``choose()``'s, else ``INFERFLUX_CPU_ISA`` (``auto`` when unset);
+    ValueError naming the choices."""
+    if _chosen is not None:
+        return _chosen
+    try:
+        return check_isa(os.environ.get(ISA_ENV, "auto"))
+    except ValueError as exc:
+        raise ValueError(f"{ISA_ENV}: {exc}") from None
 
 
 _AVX2 = {"avx2", "fma", "f16c"}  # the flags of x86-64-v3's kernels (exact_avx2.cpp)
+_AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}  # x86-64-v4's
 
 
 def _x86(machine: str | None = None) -> bool:
@@ -73,7 +95,9 @@ def _x86(machine: str | None = None) -> bool:
 def host_isas(flags: set[str] | None = None) -> list[str]:
     """The levels this host can run (``flags``: /proc/cpuinfo's, read when None)."""
     flags = flags if flags is not None else cpu_flags()
-    return ["native", *(["avx2"] if _x86() and _AVX2 <= flags else []), "generic"]
+    x86 = _x86()
+    return ["auto", *(["avx512"] if x86 and _AVX512 <= flags else []), *(["avx2"] if x86 and _AVX2 <= flags else []),
+            "generic"]
 
 
 def expected_isa(flags: set[str], machine: str) -> str:
@@ -111,7 +135,7 @@ def load(isa: str | None = None) -> ModuleType | None:
     None if unavailable (``load_error()`` says why)."""
     with _lock:
         try:
-            isa = isa or requested_isa()
+            isa = check_isa(isa) if isa else requested_isa()
         except ValueError:  # load_error() says why
             return None
         if isa not in _modules:
@@ -127,7 +151,7 @@ def load(isa: str | None = None) -> ModuleType | None:
 def load_error(isa: str | None = None) -> str | None:
     """Why ``load(isa)`` returned None (after it was called)."""
     try:
-        isa = isa or requested_isa()
+        isa = check_isa(isa) if isa else requested_isa()
     except ValueError as exc:
         return str(exc)
     return _errors.get(isa)
@@ -146,16 +170,17 @@ def sources() -> list[str]:
 
 
 def _march(isa: str) -> list[str]:
-    if isa == "native":
+    if isa == "auto":
         return ["-march=native"]  # built on, and cached for, the machine that runs it
-    if isa == "avx2":
+    levels = {"avx512": "x86-64-v4", "avx2": "x86-64-v3"}  # v4: AVX-512 F/BW/CD/DQ/VL; v3: AVX2, FMA, F16C, BMI2
+    if isa in levels:
         if not _x86():
-            raise RuntimeError("the avx2 level is x86-64's")
-        return ["-march=x86-64-v3"]  # AVX2, FMA, F16C, BMI2
+            raise RuntimeError(f"the {isa} level is x86-64's")
+        return [f"-march={levels[isa]}"]
     return ["-march=x86-64"] if _x86() else []
 
 
-def _build(isa: str = "native") -> ModuleType:
+def _build(isa: str = "auto") -> ModuleType:
     if os.environ.get(DISABLE_ENV, "1").strip().lower() in {"0", "off", "false", "no"}:
         raise RuntimeError(f"disabled by {DISABLE_ENV}")
     if shutil.which(os.environ.get("CXX", "c++")) is None:
@@ -207,9 +232,9 @@ def building(folder: Path) -> Iterator[None]:
 EXTENSION = "inferflux_cpu_kernels"
 
 
-def extension_name(isa: str = "native") -> str:
-    """The library's name for ``isa``: the native build keeps the plain name."""
-    return EXTENSION if isa == "native" else f"{EXTENSION}_{isa}"
+def extension_name(isa: str = "auto") -> str:
+    """The library's name for ``isa``: the automatic (native) build keeps the plain name."""
+    return EXTENSION if isa == "auto" else f"{EXTENSION}_{isa}"
 
 
 def build_directory(name: str = EXTENSION) -> Path:

@@ -40,18 +40,41 @@ def test_autos_choice_on_each_cpu_shape(shape: str) -> None:
 
 def test_the_levels_a_host_can_run() -> None:
     on_x86 = platform.machine().lower() in ("x86_64", "amd64")
-    assert cpu_kernels.host_isas(AVX2) == (["native", "avx2", "generic"] if on_x86 else ["native", "generic"])
-    assert cpu_kernels.host_isas(X86) == ["native", "generic"]
+    avx512 = AVX2 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+    assert cpu_kernels.host_isas(avx512) == (["auto", "avx512", "avx2", "generic"] if on_x86 else ["auto", "generic"])
+    # AVX-512F alone is not x86-64-v4: the avx512 level's build would use instructions this CPU lacks.
+    assert cpu_kernels.host_isas(AVX2 | {"avx512f"}) == (["auto", "avx2", "generic"] if on_x86 else ["auto", "generic"])
+    assert cpu_kernels.host_isas(X86) == ["auto", "generic"]
 
 
 def test_a_level_is_named_or_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_kernels, "_chosen", None)
     monkeypatch.delenv(cpu_kernels.ISA_ENV, raising=False)
-    assert cpu_kernels.requested_isa() == "native"
+    assert cpu_kernels.requested_isa() == "auto"
     monkeypatch.setenv(cpu_kernels.ISA_ENV, " AVX2 ")
     assert cpu_kernels.requested_isa() == "avx2"
+    monkeypatch.setenv(cpu_kernels.ISA_ENV, "native")  # the automatic level's earlier name
+    assert cpu_kernels.requested_isa() == "auto"
     monkeypatch.setenv(cpu_kernels.ISA_ENV, "avx1024")
-    with pytest.raises(ValueError, match="INFERFLUX_CPU_ISA='avx1024': one of native, avx2, generic"):
+    with pytest.raises(ValueError, match="INFERFLUX_CPU_ISA: .*'avx1024': one of auto, avx512, avx2, generic"):
         cpu_kernels.requested_isa()
+    # The settings' choice (runtime.cpu_isa) wins over the environment.
+    cpu_kernels.choose("generic")
+    assert cpu_kernels.requested_isa() == "generic"
+    with pytest.raises(ValueError, match="one of auto, avx512, avx2, generic"):
+        cpu_kernels.choose("sse9")
+
+
+def test_a_pinned_level_loads_float32_as_a_cpu_of_that_level_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferflux.backends.cpu import backend
+
+    monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: AVX2 | {"avx512f", "avx512bw", "avx512_bf16"})
+    monkeypatch.setattr(cpu_kernels, "_chosen", None)
+    monkeypatch.delenv(cpu_kernels.ISA_ENV, raising=False)
+    assert backend.cpu_has_native_bf16()
+    for level in ("avx512", "avx2", "generic"):
+        monkeypatch.setenv(cpu_kernels.ISA_ENV, level)
+        assert not backend.cpu_has_native_bf16(), level
 
 
 @pytest.mark.skipif(cpu_kernels.load() is None, reason="the C++ CPU kernels are not built here")
