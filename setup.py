@@ -5,11 +5,11 @@ environments it enters. Everything else about the distribution is in pyproject.t
 
 from setuptools import find_namespace_packages, setup
 
-FOLDERS = ("gateway", "policy", "backends", "kernels", "migrations")
+FOLDERS = ("gateway", "policy", "backends", "kernels")
 
-# find_namespace_packages, not find_packages: migrations/versions/ and the console's static/ and
-# templates/ hold data, not __init__.py, and are packages only in that sense; their files are
-# listed in pyproject.toml's package-data.
+# find_namespace_packages, not find_packages: policy/store/migrations/ (Alembic's scripts) and the
+# console's static/ and templates/ hold no __init__.py, and are packages only in that sense; their
+# data files are listed in pyproject.toml's package-data.
 found = find_namespace_packages(include=[pattern for f in FOLDERS for pattern in (f, f"{f}.*")],
                                 exclude=["*.__pycache__"])
 setup(

@@ -179,6 +179,11 @@ class RemoteBackend(Protocol):
         """The served model's engine-shaped client (``make_request``/``stream``/``stats``/``shutdown``)."""
 
 
+def serves_embeddings(backend: object) -> bool:
+    """Whether ``backend`` has the optional ``embed`` (see ``Backend``): what a served model's card says."""
+    return callable(getattr(backend, "embed", None))
+
+
 def default_block_size(backend: object, fallback: int) -> int:
     """The KV block size ``backend`` asks for (its ``default_block_size``), else ``fallback``."""
     size = getattr(backend, "default_block_size", None)

@@ -52,7 +52,8 @@ from inferflux.gateway.state import GatewayState
 from inferflux.gateway.tracing import Tracing
 from inferflux.gateway.traffic import TrafficPolicy
 from inferflux.gateway.models.admin import ModelAdmin
-from inferflux.gateway.models.served import _VERSION, ModelManager
+from inferflux.gateway import VERSION
+from inferflux.gateway.models.served import ModelManager
 from inferflux.gateway.openapi import document, openapi_route
 from inferflux.gateway.routes import admin, health, openai
 from inferflux.gateway.settings import Settings
@@ -174,7 +175,7 @@ def create_app(
                 await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
             await asyncio.to_thread(shared_sandbox().close)  # the idle grammar workers; a busy one ends with its check
 
-    openapi = document("This document", tag="meta")(requires(Scope.READ)(openapi_route("InferFlux", _VERSION)))
+    openapi = document("This document", tag="meta")(requires(Scope.READ)(openapi_route("InferFlux", VERSION)))
     routes = [
         *openai.routes(),
         *admin.routes(),

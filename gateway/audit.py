@@ -35,11 +35,11 @@ from typing import Any
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferflux.gateway.auth import PUBLIC_PATHS, _header
-from inferflux.gateway.context import get_context
+from inferflux.gateway.auth import PUBLIC_PATHS
+from inferflux.gateway.context import get_context, header, route_template
 from inferflux.gateway.errors import render_error
 from inferflux.gateway.logs.redaction import redact
-from inferflux.gateway.metrics import _KNOWN_METHODS, CLIENT_CLOSED_STATUS, route_template
+from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS, KNOWN_METHODS
 from inferflux.gateway.pipeline.sse import sse_error_end
 from inferflux.gateway.tracing import stage
 from inferflux.policy.audit import AuditEvent, AuditUnavailable, Finding, admin_event, api_event
@@ -207,7 +207,7 @@ def route_of(scope: Scope) -> str:
     401) is matched against the app's routes here.
     """
     method = scope.get("method", "")
-    method = method if method in _KNOWN_METHODS else "OTHER"
+    method = method if method in KNOWN_METHODS else "OTHER"
     template = route_template(scope)
     if template == "unmatched":
         app = scope.get("app")
@@ -250,11 +250,11 @@ def error_code(body: bytes) -> str | None:
 
 
 def _presented_token(scope: Scope) -> str | None:
-    authorization = _header(scope, b"authorization")
+    authorization = header(scope, b"authorization")
     if authorization:
         scheme, _, value = authorization.strip().partition(" ")
         return value.strip() if scheme.lower() == "bearer" else None
-    return (_header(scope, b"x-api-key") or "").strip() or None
+    return (header(scope, b"x-api-key") or "").strip() or None
 
 
 def _unverified_claims(token: str) -> dict[str, Any] | None:

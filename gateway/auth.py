@@ -415,13 +415,6 @@ class Authenticator:
         return tenant
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
 def credential_headers(scope: Scope) -> tuple[str | None, str | None]:
     """``authorization`` and ``x-api-key``; AuthenticationError when either is sent twice with different values
     (which copy a proxy or a rule would read is anyone's guess)."""

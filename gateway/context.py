@@ -64,6 +64,25 @@ class RequestContext:
 CURRENT: ContextVar[RequestContext | None] = ContextVar("inferflux_request", default=None)
 
 
+def header(scope: Scope, name: bytes) -> str | None:
+    """The request's first header ``name`` (lower case, as ASGI gives it); None if it sent none."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template; a fixed label for unmatched paths.
+
+    Raw paths would give every probed URL (and every model id in
+    ``/v1/models/{id}``) its own metric series, trace name or audit route.
+    """
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
 def get_context(conn: HTTPConnection | Scope) -> RequestContext:
     """The request's context; one is created if no middleware did (e.g. unit tests)."""
     scope = conn.scope if isinstance(conn, HTTPConnection) else conn
@@ -86,15 +105,11 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        incoming = ""
-        for name, value in scope.get("headers", ()):
-            if name == b"x-request-id":
-                incoming = value.decode("latin-1")
-                break
+        incoming = header(scope, b"x-request-id") or ""
         request_id = incoming if _REQUEST_ID_RE.match(incoming) else new_request_id()
         scope[SCOPE_KEY] = ctx = RequestContext(request_id=request_id)
         if self.tracing is not None:
-            ctx.trace = self.tracing.begin(scope, ctx)
+            ctx.trace = self.tracing.begin(scope, ctx.started, request_id)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -111,4 +126,5 @@ class RequestContextMiddleware:
         finally:
             CURRENT.reset(token)
             if ctx.trace is not None:
-                ctx.trace.end(scope, ctx)
+                tenant = None if ctx.principal is None else str(ctx.principal.tenant_id)
+                ctx.trace.end(route_template(scope), tenant, ctx.model)

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferflux.gateway.context import SCOPE_KEY
+from inferflux.gateway.context import SCOPE_KEY, route_template
 from inferflux.gateway.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -182,19 +182,8 @@ class GatewayMetrics:
         return encode(self.registry.restricted_registry(names) if names else self.registry), content_type
 
 
-def route_template(scope: Scope) -> str:
-    """The matched route's path template; a fixed label for unmatched paths.
-
-    Raw paths would give every probed URL (and every model id in
-    ``/v1/models/{id}``) its own series.
-    """
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else "unmatched"
-
-
 # HTTP allows any token as a method; unknown ones share a label.
-_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class MetricsMiddleware:
@@ -220,7 +209,7 @@ class MetricsMiddleware:
         finally:
             route = route_template(scope)
             method = scope.get("method", "")
-            method = method if method in _KNOWN_METHODS else "other"
+            method = method if method in KNOWN_METHODS else "other"
             self.metrics.requests.labels(route, method, str(status)).inc()
             # A traced request links its latency to its trace (an exemplar, shown in OpenMetrics scrapes).
             trace = ctx.trace if (ctx := scope.get(SCOPE_KEY)) is not None else None

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from starlette.types import Scope
 
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from inferflux.backends.engine import RequestTimings
-    from inferflux.gateway.context import RequestContext
     from inferflux.gateway.settings.sections import TracingSettings
     from inferflux.policy.guardrails import OutputStream
 
@@ -125,9 +124,9 @@ class Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-        from inferflux.gateway.models.served import _VERSION
+        from inferflux.gateway import VERSION
 
-        resource = Resource.create({"service.version": _VERSION})
+        resource = Resource.create({"service.version": VERSION})
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: "inferflux"}))
         provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER (default parentbased_always_on)
@@ -138,8 +137,9 @@ class Tracing:
                 provider.add_span_processor(BatchSpanProcessor(each))  # exported off the request path
         return cls(provider)
 
-    def begin(self, scope: Scope, ctx: RequestContext) -> RequestTrace:
-        """The request's span, started when its context was, a child of the client's trace if it sent one."""
+    def begin(self, scope: Scope, started: float, request_id: str) -> RequestTrace:
+        """The request's span, started at ``started`` (when its context was: ``RequestContext.started``),
+        a child of the client's trace if it sent one."""
         from opentelemetry.trace import SpanKind, set_span_in_context
 
         # Every header: the propagators (OTEL_PROPAGATORS) pick theirs, W3C's traceparent by default.
@@ -147,10 +147,10 @@ class Tracing:
         parent = self._propagator.extract(carrier)
         method = scope.get("method", "")
         span = self.tracer.start_span(
-            method, context=parent, kind=SpanKind.SERVER, start_time=epoch_ns(ctx.started),
-            attributes={"http.request.method": method, "inferflux.request_id": ctx.request_id},
+            method, context=parent, kind=SpanKind.SERVER, start_time=epoch_ns(started),
+            attributes={"http.request.method": method, "inferflux.request_id": request_id},
         )  # fmt: skip
-        return RequestTrace(self, span, set_span_in_context(span))
+        return RequestTrace(self, span, set_span_in_context(span), method)
 
     def shutdown(self) -> None:
         """Export what is buffered and stop (the app's shutdown)."""
@@ -160,10 +160,11 @@ class Tracing:
 class RequestTrace:
     """One request's span and the stage spans under it; ``RequestContext.trace`` while it is traced."""
 
-    def __init__(self, tracing: Tracing, span: Span, context: Any) -> None:
+    def __init__(self, tracing: Tracing, span: Span, context: Any, method: str) -> None:
         self.tracing = tracing
         self.span = span
         self.context = context  # the OpenTelemetry context whose current span is the request's
+        self.method = method
         self.recording = span.is_recording()  # False when the sampler dropped it: no stage spans then
         self.status = 500
         span_context = span.get_span_context()
@@ -204,19 +205,18 @@ class RequestTrace:
         """The labels that link a latency observation to this trace (sampled traces only)."""
         return {"trace_id": self.trace_id, "span_id": self.span_id} if self.recording else None
 
-    def end(self, scope: Scope, ctx: RequestContext) -> None:
-        """Close the request's span now, named by its route template, with what the request became."""
-        from inferflux.gateway.metrics import route_template
-
-        span, route = self.span, route_template(scope)
+    def end(self, route: str, tenant: str | None, model: str | None) -> None:
+        """Close the request's span now, named by its route template (``gateway.context.route_template``),
+        with what the request became: the tenant it was authenticated as and the model it named, if any."""
+        span = self.span
         if route != "unmatched":
-            span.update_name(f"{scope.get('method', '')} {route}")
+            span.update_name(f"{self.method} {route}")
             span.set_attribute("http.route", route)
         span.set_attribute("http.response.status_code", self.status)
-        if ctx.principal is not None:
-            span.set_attribute("inferflux.tenant", str(ctx.principal.tenant_id))
-        if ctx.model is not None:
-            span.set_attribute("inferflux.model", ctx.model)
+        if tenant is not None:
+            span.set_attribute("inferflux.tenant", tenant)
+        if model is not None:
+            span.set_attribute("inferflux.model", model)
         if self.status >= 500:
             from opentelemetry.trace import Status, StatusCode
 
@@ -240,7 +240,13 @@ class _Stage(AbstractContextManager[None]):
         self.trace.stage(self.name, self.start, time.perf_counter(), error, **self.attributes)
 
 
-def stage(ctx: RequestContext, name: str, **attributes: Any) -> AbstractContextManager[None]:
+class Traced(Protocol):
+    """What ``stage`` reads of a request: its trace, if it is traced (``gateway.context.RequestContext``)."""
+
+    trace: RequestTrace | None
+
+
+def stage(ctx: Traced, name: str, **attributes: Any) -> AbstractContextManager[None]:
     """``with stage(ctx, "limits"):`` records the block as a stage of the request's trace, if it is traced."""
     trace = ctx.trace
     return _OFF if trace is None else _Stage(trace, name, attributes)

@@ -9,9 +9,14 @@ at the most specific module it names (``from a.b import c`` is ``a.b.c`` when
 that is a module, else ``a.b``); the packages above it get no arrow of their
 own, or every package ``__init__`` that re-exports its modules would be a cycle.
 
-Imports under ``if TYPE_CHECKING:`` never run: they are left out of the cycle
-check (naming a type that way is the usual cure for a cycle) but still count as
-arrows across layers, since a lower layer should not name an upper one's types.
+Imports under ``if TYPE_CHECKING:`` never run, but they count as arrows too,
+in the cycle check as across the layers: two modules that name each other's
+types are one module to a reader, whatever the interpreter does. A cycle is
+cured by moving what both need to the lower module (or a small new one below
+both), not by hiding an import under ``TYPE_CHECKING`` or inside a function.
+
+No module imports another module's private name (``from a import _b``): what
+a module shares is public, and what it keeps private stays in it.
 
 The layers, lowest first: kernels ← backends ← policy ← gateway; policy never
 imports gateway, and loading the engine (backends/engine/) loads no tensor library.
@@ -53,6 +58,7 @@ class Arrow:
     line: int
     on_import: bool  # runs when the module is imported (not inside a function)
     type_checking: bool  # under ``if TYPE_CHECKING:``, so never at run time
+    private: bool = False  # names a private name of the target (``from a import _b``, ``import a._b``)
 
     def where(self) -> str:
         return f"{self.path}:{self.line} imports {self.target}"
@@ -104,13 +110,18 @@ def _resolve(name: str, modules: dict[str, Path]) -> str:
     return parts[0]
 
 
+def _private(name: str) -> bool:
+    """``_name``, which its module keeps to itself (dunders such as ``__version__`` are public)."""
+    return name.startswith("_") and not name.startswith("__")
+
+
 def arrows_of(source: str, path: Path, text: str, modules: dict[str, Path]) -> list[Arrow]:
     """The arrows out of module ``source`` (file ``path``), whose code is ``text``."""
     package = source if path.name == "__init__.py" else source.rpartition(".")[0]
     found = []
     for node, on_import, type_checking in _import_sites(ast.parse(text).body):
         if isinstance(node, ast.Import):
-            targets = [_resolve(alias.name, modules) for alias in node.names]
+            named = [(_resolve(a.name, modules), any(map(_private, a.name.split(".")))) for a in node.names]
         else:
             if node.level:  # relative: ``from ..x import y`` climbs level - 1 packages from this one
                 parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
@@ -118,10 +129,13 @@ def arrows_of(source: str, path: Path, text: str, modules: dict[str, Path]) -> l
             else:
                 base = node.module or ""
             # ``from a import b``: the module a.b when there is one, else the name b of module a.
-            targets = [_resolve(f"{base}.{alias.name}", modules) for alias in node.names]
-        for target in dict.fromkeys(targets):
+            named = [(_resolve(f"{base}.{a.name}", modules), _private(a.name)) for a in node.names]
+        targets: dict[str, bool] = {}  # each target once, private if any of its names is
+        for target, private in named:
+            targets[target] = targets.get(target, False) or private
+        for target, private in targets.items():
             if target != source:
-                found.append(Arrow(source, target, path, node.lineno, on_import, type_checking))
+                found.append(Arrow(source, target, path, node.lineno, on_import, type_checking, private))
     return found
 
 
@@ -178,7 +192,7 @@ def test_no_import_cycles() -> None:
     graph: dict[str, set[str]] = {name: set() for name in module_files()}
     lines: dict[tuple[str, str], int] = {}
     for arrow in import_graph():
-        if arrow.target in graph and not arrow.type_checking:
+        if arrow.target in graph:
             graph[arrow.source].add(arrow.target)
             lines.setdefault((arrow.source, arrow.target), arrow.line)
     reach = {name: _reachable(name, graph) for name in graph}
@@ -192,6 +206,13 @@ def test_no_import_cycles() -> None:
         steps = [f"{a} (line {lines[(a, b)]}) -> {b}" for a, b in zip(cycle, cycle[1:])]
         cycles.append(", ".join(sorted(group)) + ":\n    " + "\n    ".join(steps))
     assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    """``from a import _b`` ties the importer to what ``a`` keeps to itself: a name another module needs is public."""
+    modules = module_files()
+    wrong = [arrow.where() for arrow in import_graph() if arrow.private and arrow.target in modules]
+    assert not wrong, "private names imported from another module:\n  " + "\n  ".join(wrong)
 
 
 def test_no_arrow_goes_up_the_layers() -> None:
@@ -229,7 +250,7 @@ def test_loading_the_engine_loads_no_tensor_library() -> None:
     assert not wrong, "loading the engine imports a tensor library:\n  " + "\n  ".join(sorted(wrong))
 
 
-def test_the_graph_holds_lazy_relative_and_type_checking_imports() -> None:
+def test_the_graph_holds_lazy_relative_type_checking_and_private_imports() -> None:
     """The checks above are only as good as the graph: it must hold each kind of arrow they look for."""
     text = """
 import inferflux.gateway.errors
@@ -237,6 +258,9 @@ from inferflux.policy import fileio
 from .. import base
 from ..models import config as cfg
 from inferflux.kernels.reference import rms_norm
+from inferflux.kernels.triton import _common
+from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS, _KNOWN_METHODS
+import inferflux.backends.cpu._private_module
 if TYPE_CHECKING:
     from inferflux.policy.store import Store
 
@@ -248,14 +272,17 @@ def later():
     import torch.nn
 """
     found = arrows_of("inferflux.backends.cpu.probe", Path("backends/cpu/probe.py"), text, module_files())
-    assert {(a.target, a.on_import, a.type_checking) for a in found} == {
-        ("inferflux.gateway.errors", True, False),
-        ("inferflux.policy.fileio", True, False),
-        ("inferflux.backends.base", True, False),
-        ("inferflux.backends.models.config", True, False),
-        ("inferflux.kernels.reference", True, False),
-        ("inferflux.policy.store", True, True),
-        ("numpy", True, False),
-        ("inferflux.gateway.routes.admin", False, False),
-        ("torch", False, False),
+    assert {(a.target, a.on_import, a.type_checking, a.private) for a in found} == {
+        ("inferflux.gateway.errors", True, False, False),
+        ("inferflux.policy.fileio", True, False, False),
+        ("inferflux.backends.base", True, False, False),
+        ("inferflux.backends.models.config", True, False, False),
+        ("inferflux.kernels.reference", True, False, False),
+        ("inferflux.kernels.triton._common", True, False, True),
+        ("inferflux.gateway.metrics", True, False, True),
+        ("inferflux.backends.cpu", True, False, True),  # no such module: the package, named by a private path
+        ("inferflux.policy.store", True, True, False),
+        ("numpy", True, False, False),
+        ("inferflux.gateway.routes.admin", False, False, False),
+        ("torch", False, False, False),
     }

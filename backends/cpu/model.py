@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 import numpy as np
 import torch
@@ -20,7 +20,6 @@ from inferflux.backends.models import layout
 from inferflux.kernels import reference
 
 if TYPE_CHECKING:
-    from inferflux.backends.cpu.decode_loop import DecodeLoop
     from inferflux.backends.models import ModelConfig
 
 # kernels.reference.paged_attention's signature, which every implementation shares.
@@ -185,6 +184,16 @@ class Block(nn.Module):
         return self.mlp(h), residual
 
 
+class LayerLoop(Protocol):
+    """Every layer of a step in one call, for the steps it ``applies`` to: what ``Transformer`` asks of
+    the C++ decode loop (``backends.cpu.decode_loop.DecodeLoop``), which is built from the model."""
+
+    def applies(self, meta: AttentionMetadata, rows: int) -> bool: ...
+
+    def run(self, x: torch.Tensor, meta: AttentionMetadata,
+            kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, kernels: KernelSet = reference) -> None:
         super().__init__()
@@ -202,7 +211,7 @@ class Transformer(nn.Module):
         self.deterministic = False
         # The C++ loop over layers for the decode steps it applies to (backends/cpu/decode_loop.py, put
         # here by the decode_loop load pass); None: every step runs the layers below in Python.
-        self.decode_loop: DecodeLoop | None = None
+        self.decode_loop: LayerLoop | None = None
 
     def forward(
         self,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -13,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from inferflux.backends.base import ModelInfo, ModelSpec
 
+from inferflux.gateway import VERSION
 from inferflux.gateway.errors import ModelNotFound
 
 if TYPE_CHECKING:  # the engine is only needed at load time
     from inferflux.backends.engine import AsyncEngine, EngineConfig
+    from inferflux.backends.engine.speculative import SpeculativeConfig
     from inferflux.backends.models import Tokenizer
     from inferflux.backends.openai.egress import EgressPolicy
 
@@ -25,22 +26,14 @@ if TYPE_CHECKING:  # the engine is only needed at load time
 log = logging.getLogger("inferflux.gateway.models.served")
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("inferflux")
-    except importlib.metadata.PackageNotFoundError:  # running from a source tree
-        return "0+unknown"
-
-
-_VERSION = _version()
-
-
 @dataclass(eq=False)
 class ServedModel:
     """A model the routes dispatch to: weights run by our engine here, or (``remote``) an upstream fleet.
 
     Both kinds have an engine-shaped ``engine`` (``make_request``/``stream``/
-    ``stats``/``shutdown``); only a local model has a tokenizer.
+    ``stats``/``shutdown``); only a local model has a tokenizer. What the routes
+    need to know of the engine beyond that is stated here when it is started
+    (``load_served_model``), never read back out of the engine.
     """
 
     name: str
@@ -55,6 +48,10 @@ class ServedModel:
     # A model loaded through the admin API: its ``embedding`` section as loaded (None: the configuration's, or
     # the defaults; gateway.pipeline.embeddings.embedding_settings reads both).
     embedding: Mapping[str, Any] | None = None
+    # A local model's speculative decoding, as its engine was started with it (None: none, or remote).
+    speculative: SpeculativeConfig | None = None
+    # A local model's backend computes embeddings (its optional ``embed``: backends.base.serves_embeddings).
+    embeds: bool = False
 
     @property
     def local_tokenizer(self) -> Tokenizer:
@@ -73,19 +70,13 @@ class ServedModel:
         template is rendered as ChatML; an upstream's model is forwarded all three)."""
         if self.remote:
             return ["chat", "completions", "embeddings"]
-        embeds = bool(getattr(getattr(self.engine, "engine", None), "supports_embeddings", False))
-        return ["chat", "completions"] + (["embeddings"] if embeds else [])
-
-    @property
-    def speculative(self) -> Any:
-        """The model's speculative-decoding configuration, None when it has none."""
-        return None if self.remote else self.engine.engine.config.speculative
+        return ["chat", "completions"] + (["embeddings"] if self.embeds else [])
 
     @functools.cached_property
     def system_fingerprint(self) -> str:
         """Changes whenever what produces the tokens changes (weights, backend, dtype); made once, since
         every streamed chunk carries it and none of those change while the model is served."""
-        raw = "|".join((_VERSION, self.name, self.info.architecture, self.backend, self.info.dtype))
+        raw = "|".join((VERSION, self.name, self.info.architecture, self.backend, self.info.dtype))
         return "fp_" + hashlib.sha256(raw.encode()).hexdigest()[:10]
 
     def shutdown(self) -> None:
@@ -234,7 +225,7 @@ def load_served_model(
     is unavailable or the model cannot be loaded.
     """
     stage = on_stage or (lambda _: None)
-    from inferflux.backends.base import BackendError, backend_kind
+    from inferflux.backends.base import BackendError, backend_kind, serves_embeddings
     from inferflux.backends.engine import AsyncEngine, EngineConfig, LLMEngine
     from inferflux.backends.models import open_model
     from inferflux.backends.registry import resolve
@@ -260,22 +251,10 @@ def load_served_model(
     engine = LLMEngine(instance, tokenizer, info, config, draft_backend=draft)
     aengine = AsyncEngine(engine)
     aengine.start()
-    log.info(
-        "loaded model %s (%s, %s) on %s in %.1fs",
-        spec.name,
-        info.architecture,
-        info.dtype,
-        backend,
-        time.perf_counter() - started,
-    )
-    return ServedModel(
-        name=spec.name,
-        aliases=tuple(spec.aliases),
-        tokenizer=tokenizer,
-        info=info,
-        engine=aengine,
-        backend=backend,
-    )
+    log.info("loaded model %s (%s, %s) on %s in %.1fs", spec.name, info.architecture, info.dtype, backend,
+             time.perf_counter() - started)  # fmt: skip
+    return ServedModel(name=spec.name, aliases=tuple(spec.aliases), tokenizer=tokenizer, info=info, engine=aengine,
+                       backend=backend, speculative=config.speculative, embeds=serves_embeddings(instance))  # fmt: skip
 
 
 def _open_remote(spec: ModelSpec, backend: str, backend_cls: Any, api_key: str | None,

@@ -51,17 +51,17 @@ class Variant:
 def variants() -> list[Variant]:
     """Each kernel at the configurations its wrapper launches for llama-3-8B-like shapes
     (hidden 4096, 32 heads / 8 KV heads, head_dim 128, SwiGLU 14336) and head_dim 256."""
-    from . import _common
+    from ._common import block
     from .activation import BLOCK
-    from .norm import _num_warps
+    from .norm import norm_warps
     from .paged_attention import tile_sizes
 
-    hidden = _common.block(4096)
+    hidden = block(4096)
     out = [
         Variant("norm", "_rms_norm_kernel", "bf16", {"BLOCK_D": hidden, "ADD_RESIDUAL": False},
-                {"num_warps": _num_warps(hidden)}),
+                {"num_warps": norm_warps(hidden)}),
         Variant("norm", "_rms_norm_kernel", "bf16", {"BLOCK_D": hidden, "ADD_RESIDUAL": True},
-                {"num_warps": _num_warps(hidden)}, quick=True),
+                {"num_warps": norm_warps(hidden)}, quick=True),
         Variant("rope", "_rope_kernel", "bf16", {"INTERLEAVED": False, "BLOCK_H": 64, "BLOCK_HALF": 64}),
         Variant("rope", "_rope_kernel", "bf16", {"INTERLEAVED": True, "BLOCK_H": 64, "BLOCK_HALF": 64}),
         Variant("activation", "_silu_and_mul_kernel", "bf16", {"BLOCK": BLOCK}),

@@ -60,6 +60,14 @@ class PolicyEngineUnavailable(PolicyError):
     default_code = "policy_engine_unavailable"
 
 
+class OpaError(Exception):
+    """An OPA policy could not be evaluated (compile error, bad answer, server down, no time left).
+
+    Never answered as it is: the policy's ``on_error`` turns it into a decision
+    (``OpaDecision.error``), which fails open or closed (``PolicyEngineUnavailable``).
+    """
+
+
 class GuardrailMisconfigured(PolicyUnusable):
     """503: a stored guardrail policy cannot be used, so its tenant's requests are refused."""
 

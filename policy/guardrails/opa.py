@@ -8,13 +8,9 @@ reasons too). Anything else, an undefined result included, is a deny: the
 default is to refuse.
 
 Embedded policies are compiled when the policy (version) is loaded (and once
-more by each evaluating thread). A tenant's embedded policy is evaluated on a
-small thread pool of its own so a slow policy never blocks the event loop,
-with the policy's timeout counted in the evaluating thread's CPU time from when
-it takes the evaluation up: on a busy two-core gateway a decision of under a
-millisecond of CPU waited tens of milliseconds, once over 100, for the GIL and a
-core, and a wall-clock timeout turned that wait into refusals (503). Waiting is
-bounded too, by ``RUN_SECONDS`` of wall time.
+more by each evaluating thread; ``rego``). A tenant's embedded policy is
+evaluated on a small thread pool of its own, its timeout counted in the
+evaluating thread's CPU time (``opa_watchdog``).
 An *inline* one (``EmbeddedRego(..., inline=True)``: the resolver makes the
 global policies, which only platform admins write, inline) is evaluated on
 the calling thread (``decide_now``), before the engine starts: no hand-off, and
@@ -37,42 +33,28 @@ values of those fields from its ``DecisionCache`` without evaluating again
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from inferflux.policy.errors import ValidationFailed
-from inferflux.policy.guardrails.errors import PolicyDenied, PolicyEngineUnavailable
+from inferflux.policy.guardrails.errors import OpaError, PolicyDenied, PolicyEngineUnavailable
 from inferflux.policy.guardrails.findings import Finding
 from inferflux.policy.guardrails.opa_cache import DecisionCache, cacheable_fields
-from inferflux.policy.guardrails.rego_input import expressions, query, rego_input
+from inferflux.policy.guardrails.opa_watchdog import Watchdog
+from inferflux.policy.guardrails.rego import compile_rego, entrypoint, load_regopy, prepare_input
+from inferflux.policy.guardrails.rego_input import expressions, query
+from inferflux.policy.guardrails.spec import OpaEngine, OpaSettings
 from inferflux.policy.rbac import Principal
-
-if TYPE_CHECKING:
-    # A type only: spec imports this module to compile a policy's Rego when it is written.
-    from inferflux.policy.guardrails.spec import OpaSettings
 
 log = logging.getLogger("inferflux.guardrails.opa")
 
 MAX_REASONS = 10
 MAX_REASON_LENGTH = 300
-# Embedded evaluations run here, never on the event loop nor on the default pool that serves the store.
-POOL_THREADS = 4
-_POOL = ThreadPoolExecutor(max_workers=POOL_THREADS, thread_name_prefix="opa-eval")
-QUEUE_SECONDS = 1.0  # longest an embedded evaluation may wait for a thread of _POOL
-RUN_SECONDS = 1.0  # longest one may take in wall time once started (its CPU time is bounded by the policy's timeout)
-WATCH_GRAIN = 0.001  # how often at most the loop looks at a running evaluation's clocks
-
-
-class OpaError(Exception):
-    """A policy could not be evaluated (compile error, bad answer, server down, timeout)."""
+Verdict = tuple[bool, tuple[str, ...]]  # a policy's answer: allowed, and its reasons
 
 
 @dataclass(frozen=True)
@@ -140,7 +122,7 @@ def opa_input(
     }
 
 
-def interpret(result: Any, *, defined: bool = True) -> tuple[bool, tuple[str, ...]]:
+def interpret(result: Any, *, defined: bool = True) -> Verdict:
     """A policy's answer as (allowed, reasons); OpaError if it is neither a boolean nor a decision object."""
     if not defined:
         return False, ("the policy gave no decision for this request",)
@@ -174,10 +156,10 @@ class _Engine:
         self.timeout = settings.timeout_ms / 1000
         self.fail_open = settings.fail_open
 
-    async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    async def _evaluate(self, document: Mapping[str, Any]) -> Verdict:
         raise NotImplementedError
 
-    async def _evaluate_in_time(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    async def _evaluate_in_time(self, document: Mapping[str, Any]) -> Verdict:
         """``_evaluate`` within the policy's timeout; TimeoutError past it."""
         return await asyncio.wait_for(self._evaluate(document), self.timeout)
 
@@ -199,60 +181,6 @@ class _Engine:
         return None
 
 
-def _entrypoint(query: str) -> str:
-    return query.removeprefix("data.").replace(".", "/")
-
-
-def load_regopy() -> Any:
-    """The ``regopy`` module, loaded after the native libraries it must follow.
-
-    With regopy's ``librego_shared.so`` loaded first, loading ``re2``'s or
-    torch's native library afterwards corrupts the heap and aborts the process
-    (seen as "munmap_chunk(): invalid pointer" or "double free" in their static
-    initialisers); loaded after them, all three work together. ``re2`` is
-    imported by this package already; torch, when installed, is imported here.
-    Every use of regopy in the project goes through this function.
-    """
-    if "regopy" not in sys.modules:
-        import re2  # noqa: F401
-
-        if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
-            import torch  # noqa: F401
-    import regopy
-
-    return regopy
-
-
-def _compile(rego: str, query: str) -> tuple[Any, Any]:
-    regopy = load_regopy()
-    interpreter = regopy.Interpreter()
-    try:
-        interpreter.add_module("policy.rego", rego)
-        bundle = interpreter.build(None, [_entrypoint(query)])
-    except regopy.RegoError as exc:
-        raise OpaError(f"the Rego policy does not compile: {_rego_message(exc)}") from None
-    if not bundle.ok():
-        raise OpaError("the Rego policy does not compile")
-    return interpreter, bundle
-
-
-def _rego_message(exc: Exception) -> str:
-    # rego-cpp errors are S-expressions; keep the messages and their places.
-    text = str(exc)
-    messages = [line.strip()[len("(errormsg ") :].rstrip(")") for line in text.splitlines() if "(errormsg" in line]
-    places = [line.strip()[len("(error ") :] for line in text.splitlines() if line.strip().startswith("(error ")]
-    parts = [f"{m.split(':', 1)[-1]} at {p.split(':', 1)[-1]}" for m, p in zip(messages, places, strict=False)]
-    return "; ".join(parts[:3]) or text[:300]
-
-
-def check_rego(rego: str, query: str) -> None:
-    """ValidationFailed (on ``spec.opa.rego``) unless ``rego`` compiles with an entry point for ``query``."""
-    try:
-        _compile(rego, query)
-    except OpaError as exc:
-        raise ValidationFailed(str(exc), param="spec.opa.rego") from None
-
-
 class EmbeddedRego(_Engine):
     """A Rego policy evaluated in-process by rego-cpp (``regopy``), compiled once per evaluating thread.
 
@@ -269,13 +197,13 @@ class EmbeddedRego(_Engine):
         if settings.rego is None:
             raise ValueError("an embedded OPA policy needs its Rego source")
         self._rego, self._query = settings.rego, settings.query
-        self._entrypoint_bytes = _entrypoint(settings.query).encode()
+        self._entrypoint_bytes = entrypoint(settings.query).encode()
         self._local = threading.local()
-        self._local.compiled = _compile(self._rego, self._query)  # a bad policy fails here, not on a request
+        self._local.compiled = compile_rego(self._rego, self._query)  # a bad policy fails here, not on a request
         self.inline = inline
         # decide_now's interpreter, compiled here so that no request's thread compiles;
         # a second thread deciding meanwhile uses its own (``_compiled``).
-        self._inline_compiled = _compile(self._rego, self._query) if inline else None
+        self._inline_compiled = compile_rego(self._rego, self._query) if inline else None
         self._inline_lock = threading.Lock()
         self._inline_input: Any = None
         self.cache = DecisionCache(cacheable_fields(self._rego))  # off (None) unless a decision can be reused
@@ -283,10 +211,10 @@ class EmbeddedRego(_Engine):
     def _compiled(self) -> tuple[Any, Any]:
         compiled = getattr(self._local, "compiled", None)
         if compiled is None:
-            compiled = self._local.compiled = _compile(self._rego, self._query)
+            compiled = self._local.compiled = compile_rego(self._rego, self._query)
         return compiled
 
-    def evaluate(self, document: Mapping[str, Any], deadline: float | None = None) -> tuple[bool, tuple[str, ...]]:
+    def evaluate(self, document: Mapping[str, Any], deadline: float | None = None) -> Verdict:
         """Evaluate synchronously (on the calling thread); OpaError on failure.
 
         ``deadline`` (``time.monotonic()``): past it, do not start.
@@ -324,7 +252,7 @@ class EmbeddedRego(_Engine):
         self.cache.put(key, (allowed, reasons))
         return OpaDecision(allowed, reasons, self.name)
 
-    def _evaluate_prepared(self, prepared: Any, deadline: float | None) -> tuple[bool, tuple[str, ...]]:
+    def _evaluate_prepared(self, prepared: Any, deadline: float | None) -> Verdict:
         """The decision for an input made by ``prepare_input``, on the calling thread's own interpreter."""
         if deadline is not None and time.monotonic() > deadline:
             raise OpaError("no time left to evaluate (the gateway is overloaded)")
@@ -332,7 +260,7 @@ class EmbeddedRego(_Engine):
         self._local.input = prepared  # the interpreter points into it until it gets the next one
         return self._ask(compiled, prepared)
 
-    def _ask(self, compiled: tuple[Any, Any], prepared: Any) -> tuple[bool, tuple[str, ...]]:
+    def _ask(self, compiled: tuple[Any, Any], prepared: Any) -> Verdict:
         regopy = load_regopy()
         interpreter, bundle = compiled
         try:
@@ -344,108 +272,16 @@ class EmbeddedRego(_Engine):
             raise OpaError(f"evaluation failed: {exc}") from None
         return interpret(found[0] if found else None, defined=bool(found))
 
-    async def _evaluate_in_time(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
-        # The policy's timeout bounds the CPU time of its evaluation, from when a
-        # thread takes it up (as ``decide_now`` counts an inline one's): time the
-        # thread spends waiting for the GIL or a core is the gateway's load, not the
-        # policy's cost. The wait is bounded by RUN_SECONDS of wall time, and the wait
-        # for a thread by QUEUE_SECONDS (an evaluation that waited longer is not started).
-        # One future, one timer and one wake-up of the loop per decision: this
-        # runs on every request, so no executor wrappers, shields or wait_for.
+    async def _evaluate_in_time(self, document: Mapping[str, Any]) -> Verdict:
+        # On the pool, held to the policy's timeout in the evaluating thread's CPU time (opa_watchdog).
         key = self.cache.key(document)
         remembered = self.cache.get(key)
         if remembered is not None:
             return remembered
         prepared = prepare_input(document)  # plain Python work, done here rather than on the evaluating thread
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[tuple[bool, tuple[str, ...]]] = loop.create_future()
-        queued = time.monotonic()
-        running: list[tuple[float, Callable[[], float], float]] = []  # (started, the thread's CPU clock, its reading)
-
-        def run() -> None:
-            cpu = thread_cpu_clock()
-            cpu_before = cpu()
-            running.append((time.monotonic(), cpu, cpu_before))
-            try:
-                result: Any = self._evaluate_prepared(prepared, queued + QUEUE_SECONDS)
-                if cpu() - cpu_before > self.timeout:  # ended between two looks of ``watch``
-                    result = TimeoutError()
-            except Exception as exc:  # handed to the awaiting task, which decides what it means
-                result = exc
-            try:
-                loop.call_soon_threadsafe(_settle, answer, result)
-            except RuntimeError:  # the loop is closed: nobody waits for this answer any more
-                pass
-
-        job = _POOL.submit(run)
-        wall = max(self.timeout, RUN_SECONDS)
-
-        def watch() -> None:
-            if answer.done():
-                return
-            now = time.monotonic()
-            if running:
-                started, cpu, cpu_before = running[0]
-                try:
-                    left = self.timeout - (cpu() - cpu_before)
-                except OSError:  # its thread is gone (the pool shut down with the process): no answer comes
-                    left = 0
-                if left <= 0:
-                    answer.set_exception(TimeoutError())
-                    return
-                if now - started >= wall:
-                    answer.set_exception(OpaError(f"no decision within {wall:.1f} s (the gateway is overloaded)"))
-                    return
-                left = min(left, started + wall - now)
-            else:  # look again within one timeout: it may start meanwhile
-                left = min(self.timeout, queued + QUEUE_SECONDS - now)
-                if left <= 0:
-                    job.cancel()  # still queued: it will not start
-                    answer.set_exception(
-                        OpaError(f"no evaluator free within {QUEUE_SECONDS:.0f} s (the gateway is overloaded)")
-                    )
-                    return
-            timer[0] = loop.call_later(max(left, WATCH_GRAIN), watch)
-
-        timer = [loop.call_later(self.timeout, watch)]
-        try:
-            decided = await answer
-        finally:
-            timer[0].cancel()
+        decided = await Watchdog(lambda deadline: self._evaluate_prepared(prepared, deadline), self.timeout).result()
         self.cache.put(key, decided)
         return decided
-
-
-def thread_cpu_clock() -> Callable[[], float]:
-    """The calling thread's CPU time in seconds, as a clock any thread can read while this one lives.
-
-    Where the platform cannot read another thread's CPU time (macOS), the
-    monotonic clock stands in: there the timeout counts wall time, as before.
-    """
-    if _CPU_CLOCK_ID is None:
-        return time.monotonic
-    cpu = _CPU_CLOCK_ID(threading.get_ident())  # the pool's threads live as long as the process
-    return lambda: time.clock_gettime(cpu)
-
-
-_CPU_CLOCK_ID = getattr(time, "pthread_getcpuclockid", None)  # absent on macOS
-
-
-def _settle(answer: asyncio.Future[Any], result: Any) -> None:
-    if answer.done():  # timed out, or the request went away
-        return
-    if isinstance(result, BaseException):
-        answer.set_exception(result)
-    else:
-        answer.set_result(result)
-
-
-def prepare_input(document: Any) -> Any:
-    """``document`` as rego-cpp's input term (``rego_input``); OpaError if JSON cannot carry it."""
-    try:
-        return rego_input(load_regopy(), document)
-    except ValueError as exc:
-        raise OpaError(f"evaluation failed: {exc}") from None
 
 
 class RemoteOpa(_Engine):
@@ -476,7 +312,7 @@ class RemoteOpa(_Engine):
             self._client, self._loop = client, loop
         return self._client
 
-    async def _evaluate(self, document: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
+    async def _evaluate(self, document: Mapping[str, Any]) -> Verdict:
         import aiohttp
 
         try:
@@ -504,7 +340,7 @@ def build_engine(name: str, settings: OpaSettings, *, inline: bool = False) -> P
     ``inline``: an embedded policy is decided on the request's thread (``EmbeddedRego.decide_now``);
     only for policies the operator wrote. A remote policy is always awaited.
     """
-    if settings.engine == "embedded":
+    if settings.engine is OpaEngine.EMBEDDED:
         return EmbeddedRego(name, settings, inline=inline)
     return RemoteOpa(name, settings)
 

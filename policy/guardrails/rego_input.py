@@ -104,7 +104,7 @@ def _bound(regopy: Any) -> _Api:
 def rego_input(regopy: Any, document: Any) -> Term:
     """``document`` (a JSON value) as an input ``Term``; ValueError if JSON cannot carry it.
 
-    ``regopy`` is the module as ``opa.load_regopy`` returns it (it must be
+    ``regopy`` is the module as ``rego.load_regopy`` returns it (it must be
     loaded after other native libraries, so it is passed in, not imported).
     """
     api = _bound(regopy)

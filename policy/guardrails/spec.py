@@ -34,6 +34,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,6 +48,7 @@ from inferflux.policy.guardrails.blocklist import (
 from inferflux.policy.guardrails.decode import DECODERS
 from inferflux.policy.guardrails.findings import Action, Direction
 from inferflux.policy.guardrails.pii import PII_TYPES
+from inferflux.policy.guardrails.rego import check_rego
 
 KIND = "guardrail"
 DECODINGS = tuple(DECODERS)
@@ -76,9 +78,16 @@ class PiiRule:
     direction: Direction
 
 
+class OpaEngine(StrEnum):
+    """Where a policy's Rego is evaluated: in this process (rego-cpp) or by an OPA server."""
+
+    EMBEDDED = "embedded"
+    REMOTE = "remote"
+
+
 @dataclass(frozen=True, slots=True)
 class OpaSettings:
-    engine: str  # "embedded" | "remote"
+    engine: OpaEngine  # a string naming one is taken too (ValueError for any other)
     timeout_ms: int
     fail_open: bool  # on_error "allow"
     rego: str | None = None
@@ -87,8 +96,11 @@ class OpaSettings:
     path: str | None = None
     token: str | None = None  # from sensitive_spec; never logged
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "engine", OpaEngine(self.engine))  # frozen: set once, here
+
     def __repr__(self) -> str:
-        where = self.url if self.engine == "remote" else self.query
+        where = self.url if self.engine is OpaEngine.REMOTE else self.query
         return f"OpaSettings({self.engine}, {where!r}, timeout_ms={self.timeout_ms}, fail_open={self.fail_open})"
 
 
@@ -241,9 +253,10 @@ def _pii(value: Any, default: Direction) -> tuple[PiiRule, ...]:
 
 def _opa(value: Any, token: str | None) -> OpaSettings:
     _object(value, "spec.opa", {"engine", "rego", "query", "url", "path", "timeout_ms", "on_error"})
-    engine = value.get("engine", "embedded")
-    if engine not in ("embedded", "remote"):
-        raise ValidationFailed("spec.opa.engine must be 'embedded' or 'remote'", param="spec.opa.engine")
+    try:
+        engine = OpaEngine(value.get("engine", OpaEngine.EMBEDDED))
+    except ValueError:
+        raise ValidationFailed("spec.opa.engine must be 'embedded' or 'remote'", param="spec.opa.engine") from None
     timeout = value.get("timeout_ms", 100)
     if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= 10_000:
         raise ValidationFailed("spec.opa.timeout_ms must be an integer from 1 to 10000", param="spec.opa.timeout_ms")
@@ -253,7 +266,7 @@ def _opa(value: Any, token: str | None) -> OpaSettings:
             "spec.opa.on_error must be 'deny' (fail closed) or 'allow' (fail open)", param="spec.opa.on_error"
         )
     common: dict[str, Any] = {"engine": engine, "timeout_ms": timeout, "fail_open": on_error == "allow"}
-    if engine == "embedded":
+    if engine is OpaEngine.EMBEDDED:
         for field in ("url", "path"):
             if field in value:
                 raise ValidationFailed(f"spec.opa.{field} is for engine 'remote'", param=f"spec.opa.{field}")
@@ -265,9 +278,7 @@ def _opa(value: Any, token: str | None) -> OpaSettings:
         query = value.get("query", DEFAULT_OPA_QUERY)
         if not isinstance(query, str) or not _QUERY.match(query):
             raise ValidationFailed("spec.opa.query must look like data.<package>.<rule>", param="spec.opa.query")
-        from inferflux.policy.guardrails.opa import check_rego  # compiles it: a syntax error is refused here
-
-        check_rego(rego, query)
+        check_rego(rego, query)  # compiles it: a syntax error is refused here
         return OpaSettings(**common, rego=rego, query=query)
     for field in ("rego", "query"):
         if field in value:

@@ -1,6 +1,6 @@
 """The policy store: tenants, API keys, identity providers, role bindings, models, policies.
 
-SQLite by default, PostgreSQL at scale; schema by Alembic (``migrations/``);
+SQLite by default, PostgreSQL at scale; schema by Alembic (its ``migrations/``, read by ``migrate``);
 secrets encrypted at rest with AES-256-GCM (``crypto``, ``types``).
 Open it with ``PolicyStore.open(settings, data_dir)``.
 

@@ -19,7 +19,6 @@ from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine, pool
 from sqlalchemy.engine import URL
 
-from inferflux import migrations
 from inferflux.policy.errors import StoreConfigError
 from inferflux.policy.store.config import normalize_url
 
@@ -27,7 +26,8 @@ Target = str | URL | Engine
 
 
 def script_location() -> Path:
-    return Path(migrations.__file__).parent
+    """Alembic's scripts (``env.py``, the revisions), beside this module: read as files, never imported."""
+    return Path(__file__).parent / "migrations"
 
 
 def _config(connection: Connection | None = None) -> Config:

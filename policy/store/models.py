@@ -147,7 +147,7 @@ class RoleBinding(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
-class ServedModel(Base):
+class ServedModelRow(Base):
     """A model registered through the admin API, loaded again at every start."""
 
     __tablename__ = "served_models"

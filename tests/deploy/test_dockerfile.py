@@ -31,7 +31,7 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 HEALTH_PATHS = {route.path for route in health.routes()}  # type: ignore[attr-defined]
 SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSW|PASSPHRASE|CREDENTIAL", re.IGNORECASE)
 # What the wheel is built from: pyproject's packages (tool.setuptools.packages.find) and its readme.
-BUILD_INPUTS = ("pyproject.toml", "README.md", "gateway", "policy", "backends", "kernels", "migrations")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "gateway", "policy", "backends", "kernels")
 
 
 def instructions(text: str) -> list[tuple[str, str]]:

@@ -21,7 +21,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from inferflux.gateway.context import RequestContext
+from inferflux.gateway.context import RequestContext, route_template
 from inferflux.gateway.settings import TracingSettings
 from inferflux.gateway.tracing import Tracing, TracingConfigError
 
@@ -83,11 +83,11 @@ def test_spans_reach_an_otlp_http_receiver(receiver: tuple[Receiver, str], monke
     assert tracing is not None
     ctx = RequestContext(request_id="req-otlp")
     scope = {"type": "http", "method": "POST", "headers": [(b"traceparent", b"00-" + b"ab" * 16 + b"-" + b"cd" * 8 + b"-01")]}
-    trace = tracing.begin(scope, ctx)
+    trace = tracing.begin(scope, ctx.started, ctx.request_id)
     now = time.perf_counter()
     trace.stage("limits", now, now + 0.001)
     trace.status = 429
-    trace.end(scope, ctx)
+    trace.end(route_template(scope), None, None)
     tracing.shutdown()  # the batch processor exports what it holds
     assert got.paths and set(got.paths) == {"/v1/traces"}
     spans = {span.name: (resource, span) for resource, span in got.spans()}

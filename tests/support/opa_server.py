@@ -16,7 +16,7 @@ from typing import Any
 
 from servers import start_uvicorn, stop_uvicorn
 
-from inferflux.policy.guardrails.opa import load_regopy, prepare_input
+from inferflux.policy.guardrails.rego import load_regopy, prepare_input
 from inferflux.policy.guardrails.rego_input import set_input
 
 

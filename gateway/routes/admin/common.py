@@ -21,8 +21,7 @@ from starlette.responses import JSONResponse
 
 from inferflux.gateway.auth import call_store
 from inferflux.gateway.authz import principal_of
-from inferflux.gateway.context import get_context
-from inferflux.gateway.metrics import route_template
+from inferflux.gateway.context import get_context, route_template
 from inferflux.gateway.pipeline.body import decode_json_body
 from inferflux.gateway.state import state_of
 from inferflux.gateway.validation_errors import first_error

@@ -41,6 +41,7 @@ from inferflux.gateway.routes.admin.common import (
 from inferflux.policy.errors import NotFound, PermissionDenied, ValidationFailed
 from inferflux.policy.guardrails import KIND as GUARDRAIL
 from inferflux.policy.guardrails import validate_policy
+from inferflux.policy.guardrails.spec import OpaEngine
 from inferflux.policy.rbac import Principal, Scope
 from inferflux.policy.store import PolicyRecord
 
@@ -113,7 +114,7 @@ def _sensitive_text(sensitive: dict[str, Any] | None) -> str | None:
 def _check_guardrail(principal: Principal, spec: dict[str, Any], sensitive: str | None, name: str) -> None:
     """Check the policy as the resolver will compile it, and that the caller may configure what it uses."""
     parsed = validate_policy(spec, sensitive, name=name)
-    if parsed.opa is not None and parsed.opa.engine == "remote" and not principal.is_platform_admin:
+    if parsed.opa is not None and parsed.opa.engine is OpaEngine.REMOTE and not principal.is_platform_admin:
         raise PermissionDenied(
             "Only platform admins may point a guardrail at a remote OPA server; use engine 'embedded'"
         )

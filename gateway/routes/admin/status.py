@@ -16,8 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from inferflux.gateway import VERSION
 from inferflux.gateway.authz import principal_of, requires
-from inferflux.gateway.models.served import _VERSION, ServedModel
+from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.openapi import document
 from inferflux.gateway.routes.admin.common import PREFIX, ok
 from inferflux.gateway.routes.health import not_ready_reasons
@@ -62,7 +63,7 @@ async def status(request: Request) -> Response:
         reasons.append(f"the rate-limit backend is unreachable and limits fail closed ({down})")
     return ok({
         "object": "status",
-        "version": _VERSION,
+        "version": VERSION,
         "ready": not reasons,
         "reasons": reasons,
         "queue_depth": sum(m.get("waiting_sequences", 0) for m in models),

@@ -15,13 +15,13 @@ from sqlalchemy.orm import Session
 
 from inferflux.policy.errors import Conflict, NotFound, ValidationFailed
 from inferflux.policy.store import validate
-from inferflux.policy.store.models import ServedModel
+from inferflux.policy.store.models import ServedModelRow
 from inferflux.policy.store.records import ServedModelRecord
 from inferflux.policy.store.repos.base import UNSET, Repository, Unset, flush_or_conflict, get_row
 from inferflux.policy.store.repos.mapper import RecordMapper
 from inferflux.policy.store.types import new_id
 
-SERVED_MODEL = RecordMapper(ServedModel, ServedModelRecord, aliases=tuple)
+SERVED_MODEL = RecordMapper(ServedModelRow, ServedModelRecord, aliases=tuple)
 
 
 class ServedModelRepository(Repository):
@@ -46,7 +46,7 @@ class ServedModelRepository(Repository):
         validate.text(name, "name", 200)
         alias_list = validate.strings(aliases, "aliases")
         now = self._now()
-        row = ServedModel(
+        row = ServedModelRow(
             id=new_id("mdl"),
             name=name,
             path=validate.text(path, "path", 4096, empty=upstream is not None),
@@ -64,14 +64,14 @@ class ServedModelRepository(Repository):
         with self._write() as session:
             _check_model_names_free(session, [name, *alias_list], exclude_id=None)
             if row.is_default:
-                session.execute(update(ServedModel).values(is_default=False))
+                session.execute(update(ServedModelRow).values(is_default=False))
             session.add(row)
             flush_or_conflict(session, f"A model named '{name}' is already registered")
             return self._record(SERVED_MODEL, row)
 
     def get_served_model(self, model_id: str) -> ServedModelRecord:
         with self._read() as session:
-            return self._record(SERVED_MODEL, get_row(session, ServedModel, model_id, "model"))
+            return self._record(SERVED_MODEL, get_row(session, ServedModelRow, model_id, "model"))
 
     def get_served_model_by_name(self, name: str) -> ServedModelRecord:
         with self._read() as session:
@@ -80,7 +80,7 @@ class ServedModelRepository(Repository):
     def list_served_models(self) -> list[ServedModelRecord]:
         """Every registered model, oldest first: the registry is small and read whole at start-up."""
         with self._read() as session:
-            rows = session.scalars(select(ServedModel).order_by(ServedModel.created_at, ServedModel.id)).all()
+            rows = session.scalars(select(ServedModelRow).order_by(ServedModelRow.created_at, ServedModelRow.id)).all()
             return [self._record(SERVED_MODEL, row) for row in rows]
 
     def update_served_model(
@@ -94,7 +94,7 @@ class ServedModelRepository(Repository):
         is_default: bool | Unset = UNSET,
     ) -> ServedModelRecord:
         with self._write() as session:
-            row = get_row(session, ServedModel, model_id, "model")
+            row = get_row(session, ServedModelRow, model_id, "model")
             if not isinstance(path, Unset):
                 row.path = validate.text(path, "path", 4096)
             if not isinstance(backend, Unset):
@@ -122,27 +122,27 @@ class ServedModelRepository(Repository):
 
     def delete_served_model(self, model_id: str) -> None:
         with self._write() as session:
-            session.delete(get_row(session, ServedModel, model_id, "model"))
+            session.delete(get_row(session, ServedModelRow, model_id, "model"))
 
 
-def _model_named(session: Session, name: str) -> ServedModel:
-    row = session.scalar(select(ServedModel).where(ServedModel.name == name))
+def _model_named(session: Session, name: str) -> ServedModelRow:
+    row = session.scalar(select(ServedModelRow).where(ServedModelRow.name == name))
     if row is None:
         raise NotFound(f"No model '{name}'")
     return row
 
 
 def _clear_default(session: Session, *, except_id: str) -> None:
-    session.execute(update(ServedModel).where(ServedModel.id != except_id).values(is_default=False))
+    session.execute(update(ServedModelRow).where(ServedModelRow.id != except_id).values(is_default=False))
 
 
 def _check_model_names_free(session: Session, names: Sequence[str], *, exclude_id: str | None) -> None:
     wanted = set(names)
     if len(wanted) != len(names):
         raise ValidationFailed("a model's name and aliases must differ from each other", param="aliases")
-    query = select(ServedModel)
+    query = select(ServedModelRow)
     if exclude_id is not None:
-        query = query.where(ServedModel.id != exclude_id)
+        query = query.where(ServedModelRow.id != exclude_id)
     for other in session.scalars(query):
         taken = wanted & {other.name, *other.aliases}
         if taken:

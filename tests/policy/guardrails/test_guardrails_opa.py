@@ -21,8 +21,10 @@ from opa_server import LoopbackOpa
 from servers import free_loopback_socket
 
 from inferflux.policy.guardrails import Guardrails, OpaDecision, PolicyDenied, PolicyEngineUnavailable, opa_input
-from inferflux.policy.guardrails import opa as opa_module
-from inferflux.policy.guardrails.opa import EmbeddedRego, OpaError, load_regopy, prepare_input
+from inferflux.policy.guardrails import opa_watchdog
+from inferflux.policy.guardrails.errors import OpaError
+from inferflux.policy.guardrails.opa import EmbeddedRego
+from inferflux.policy.guardrails.rego import load_regopy, prepare_input
 from inferflux.policy.guardrails.opa_cache import DecisionCache
 from inferflux.policy.guardrails.spec import OpaSettings
 from inferflux.policy.guardrails.rego_input import expressions, set_input
@@ -282,10 +284,10 @@ decision := {{"allow": true}} if {{ count([x | some x in numbers.range(1, {n}); 
 def drain_opa_pool() -> None:
     """Wait until every thread of the OPA pool is free: an evaluation that timed out still runs to its end,
     and its CPU would count against the next test's timeouts."""
-    workers = opa_module.POOL_THREADS
+    workers = opa_watchdog.POOL_THREADS
     barrier = threading.Barrier(workers + 1)
     for _ in range(workers):
-        opa_module._POOL.submit(barrier.wait, 60)
+        opa_watchdog._POOL.submit(barrier.wait, 60)
     barrier.wait(60)
 
 
@@ -333,7 +335,7 @@ def test_an_evaluation_kept_waiting_by_a_busy_gateway_is_not_timed_out(
 def test_an_evaluation_waiting_past_the_wall_bound_fails_as_the_policy_says(
     make_guardrails: Callable[..., Guardrails], monkeypatch: pytest.MonkeyPatch, on_error: str, allowed: bool
 ) -> None:
-    monkeypatch.setattr(opa_module, "RUN_SECONDS", 0.2)
+    monkeypatch.setattr(opa_watchdog, "RUN_SECONDS", 0.2)
     spec = {"opa": {"engine": "embedded", "rego": REGO, "timeout_ms": 50, "on_error": on_error}}
     guardrails = make_guardrails(spec)
     (engine,) = guardrails.engines
@@ -361,7 +363,7 @@ def test_an_evaluation_whose_thread_clock_cannot_be_read_times_out(
 
         return clock
 
-    monkeypatch.setattr(opa_module, "thread_cpu_clock", own_clock_only)
+    monkeypatch.setattr(opa_watchdog, "thread_cpu_clock", own_clock_only)
     guardrails = make_guardrails({"opa": {"engine": "embedded", "rego": REGO, "timeout_ms": 50, "on_error": "deny"}})
     (engine,) = guardrails.engines
     stalled(engine, 0.5)
@@ -377,7 +379,7 @@ def test_an_inline_policy_decides_on_the_calling_thread(monkeypatch: pytest.Monk
     engine = EmbeddedRego("inline", settings, inline=True)
     guardrails = Guardrails([], [engine])
     assert guardrails.inline_engines == (engine,) and guardrails.deferred_engines == ()
-    monkeypatch.setattr(opa_module._POOL, "submit", None)  # any hand-off to the pool would fail
+    monkeypatch.setattr(opa_watchdog._POOL, "submit", None)  # any hand-off to the pool would fail
     allowed = guardrails.authorize_inline(document())
     denied = guardrails.authorize_inline(document(model="big", prompt_tokens=5000))
     assert allowed == OpaDecision(True, (), "inline")
@@ -433,7 +435,7 @@ def test_regopy_loads_after_the_native_libraries_it_must_follow() -> None:
     # strict heap checks, interleaving all three.
     script = (
         "import json\n"
-        "from inferflux.policy.guardrails.opa import load_regopy\n"
+        "from inferflux.policy.guardrails.rego import load_regopy\n"
         "regopy = load_regopy()\n"
         "import re2, torch\n"
         "for i in range(50):\n"
@@ -458,8 +460,8 @@ def test_nothing_imports_regopy_but_load_regopy() -> None:
         str(path.relative_to(root))
         for top in ("policy", "gateway", "backends", "tests")
         for path in (root / top).rglob("*.py")
-        if path.name != "opa.py" and "import regopy" in path.read_text()
-        and path != Path(__file__).resolve()
+        if path not in (root / "policy" / "guardrails" / "rego.py", Path(__file__).resolve())
+        and "import regopy" in path.read_text()
     ]
     assert offenders == []
 

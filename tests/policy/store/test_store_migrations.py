@@ -83,5 +83,5 @@ def test_the_migrations_are_shipped_with_the_package() -> None:
     assert (location / "env.py").is_file() and (location / "script.py.mako").is_file()
     assert (location / "versions" / "0001_initial.py").is_file()
     pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
-    package_data = pyproject["tool"]["setuptools"]["package-data"]["inferflux.migrations"]
+    package_data = pyproject["tool"]["setuptools"]["package-data"]["inferflux.policy.store.migrations"]
     assert {"script.py.mako", "versions/*.py"} <= set(package_data)
