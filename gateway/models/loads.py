@@ -2,7 +2,7 @@
 
 ``checked_load`` holds a request to the rules a configuration file's
 ``models[]`` entry is held to (``gateway.settings.engine.ModelEntry``), so a
-mistake is a 400 naming the field now, not a failed load later: a local model
+mistake is a 422 naming the field now, not a failed load later: a local model
 needs weights this server can read and a backend it can use; a model with an
 ``upstream`` takes neither path, dtype, embedding, deterministic nor passes,
 and its section passes the ``upstreams`` rules (``gateway.models.upstreams``).

@@ -7,8 +7,9 @@ mid-write) is cut off the newest, and the chain's head is read from the last
 record. ``rotate`` makes the current segment durable before the next one takes
 a line; ``prunable`` and ``delete`` drop what every sink has delivered.
 
-It has no lock of its own: the spool calls it with its lock held, except for
-``delete`` (which touches files only) and the syncer's fsync of ``fd``.
+It has no lock of its own: once the syncer runs, the spool calls it with its
+lock held, except for ``delete`` (which touches files only) and the syncer's
+fsync of ``fd``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What an audit spool is opened with: its directory, chain id, segment size and the bounds on its writer.
 
-Checked when made (``SpoolConfigError``), so a bad ``audit`` section stops the
-gateway at start rather than at its first event. The gateway builds one from
-its ``audit`` settings (``gateway.traffic``); ``Spool.open`` takes it.
+Checked when made (``SpoolConfigError``). The gateway builds one from its
+``audit`` settings (``gateway.traffic``); ``Spool.open`` takes it.
 """
 
 from __future__ import annotations

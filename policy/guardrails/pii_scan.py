@@ -1,9 +1,9 @@
 """What the PII finders are built from: RE2 patterns, and the characters around a match.
 
-Every candidate is found with RE2, linear in the text whatever the pattern
-meets, then validated in Python; whether a candidate stands apart from the
-text around it (not glued to a letter, digit or underscore) is the first of
-those checks for most detectors (``policy.guardrails.pii``).
+Candidates are found with RE2 (linear time whatever the input), then
+validated in Python; whether a candidate stands apart from the text around it
+(not glued to a letter, digit or underscore) is one of those checks for most
+detectors (``policy.guardrails.pii``).
 """
 
 from __future__ import annotations
