@@ -18,16 +18,15 @@ store (a key revoked, a role changed, a tenant disabled):
   the key or token it was made from.
 
 The last-used time of API keys is collected in memory and written in batches
-off the request path.
+off the request path. Which credential a request presents, and the cache its
+decisions are kept in, are ``policy.authn.credentials``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -39,8 +38,9 @@ from inferflux.gateway.context import get_context
 from inferflux.gateway.errors import render_error
 from inferflux.gateway.tracing import stage
 from inferflux.policy.authn.apikeys import looks_like_key
-from inferflux.policy.authn.oidc import OidcProviderConfig, OidcVerifier, VerifiedToken
-from inferflux.policy.digests import sha256
+from inferflux.policy.authn.credentials import CredentialCache, credential_digest, presented_credential
+from inferflux.policy.authn.oidc import OidcVerifier, VerifiedToken
+from inferflux.policy.authn.oidc.config import provider_config
 from inferflux.policy.errors import (
     AuthenticationError,
     InvalidApiKey,
@@ -83,75 +83,8 @@ async def call_store(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise StoreUnavailable("The policy store is unavailable; retry shortly") from None
 
 
-class _TTLCache:
-    """A bounded map whose entries expire; keys are digests, never raw credentials."""
-
-    def __init__(self, max_entries: int, clock: Callable[[], float]) -> None:
-        self._data: OrderedDict[bytes, tuple[float, int, Any]] = OrderedDict()
-        self._max = max_entries
-        self._clock = clock
-        self._epoch = 0  # entries put before the last ``expire_all`` are expired, whatever their time
-
-    def get(self, key: bytes) -> Any | None:
-        item = self._data.get(key)
-        if item is None:
-            return None
-        expires, epoch, value = item
-        # An expired entry stays (until evicted, replaced or discarded): it is the
-        # stale snapshot served while the store is unreachable (``stale``).
-        return None if epoch != self._epoch or self._clock() >= expires else value
-
-    def stale(self, key: bytes) -> Any | None:
-        """The entry, expired or not: still what the store said at its last successful read of it."""
-        item = self._data.get(key)
-        return None if item is None else item[2]
-
-    def put(self, key: bytes, value: Any, ttl: float) -> None:
-        if ttl <= 0:
-            return
-        self._data[key] = (self._clock() + ttl, self._epoch, value)
-        self._data.move_to_end(key)
-        while len(self._data) > self._max:
-            self._data.popitem(last=False)
-
-    def expire_all(self) -> None:
-        """Every entry must be read again, but stays as the stale snapshot until it is (O(1))."""
-        self._epoch += 1
-
-    def discard(self, key: bytes) -> None:
-        self._data.pop(key, None)
-
-    def clear(self) -> None:
-        self._data.clear()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
-def _digest(token: str) -> bytes:
-    return sha256(token.encode("utf-8", "surrogatepass")).digest()
-
-
 def _epoch(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
-
-
-def provider_config(record: Any) -> OidcProviderConfig:
-    """The verifier's view of a stored OIDC provider."""
-    return OidcProviderConfig(
-        id=record.id,
-        name=record.name,
-        issuer=record.issuer,
-        audience=record.audience,
-        algorithms=tuple(record.algorithms),
-        tenant_claim=record.tenant_claim,
-        roles_claim=record.roles_claim,
-        role_map=dict(record.role_map or {}),
-        required_claims=tuple(record.required_claims or ()),
-        leeway_seconds=record.leeway_seconds,
-        jwks_uri=record.jwks_uri,
-        bounds=record.bounds(),
-    )
 
 
 class Authenticator:
@@ -179,8 +112,8 @@ class Authenticator:
         self.flush_interval = flush_interval
         self._clock = clock
         self._wall = wall_clock
-        self._cache = _TTLCache(max_entries, clock)
-        self._rejected = _TTLCache(max_entries, clock)
+        self._cache = CredentialCache(max_entries, clock)
+        self._rejected = CredentialCache(max_entries, clock)
         self._version: int | None = None
         # Bumped whenever the caches are dropped; a decision made from reads
         # that began before a bump may predate the change and is not cached.
@@ -265,8 +198,8 @@ class Authenticator:
     # -- authentication
 
     async def authenticate(self, authorization: str | None, api_key: str | None) -> Principal:
-        token = self._credential(authorization, api_key)
-        digest = _digest(token)
+        token = presented_credential(authorization, api_key)
+        digest = credential_digest(token)
         principal = self._cache.get(digest)
         if principal is not None and self._unexpired(principal):
             if self.snapshot.expired:  # even a fresh entry: nothing from the store is trusted past the window
@@ -313,31 +246,6 @@ class Authenticator:
             raise StoreUnavailable("The policy store is unavailable; retry shortly")
         self._note_use(principal)
         return principal
-
-    @staticmethod
-    def _credential(authorization: str | None, api_key: str | None) -> str:
-        """The one credential presented. Both headers may carry it only if they carry the same one: a request
-        naming two callers is refused rather than served as whichever of them a rule happened to read."""
-        bearer = None
-        if authorization:
-            scheme, _, value = authorization.strip().partition(" ")
-            if scheme.lower() != "bearer" or not value.strip():
-                raise AuthenticationError(
-                    "The Authorization header must be 'Bearer <API key or token>'", code="invalid_authorization_header"
-                )
-            bearer = value.strip()
-        key = api_key.strip() if api_key else ""
-        if bearer is not None and key and not hmac.compare_digest(bearer.encode("latin-1"), key.encode("latin-1")):
-            raise AuthenticationError(
-                "'Authorization' and 'x-api-key' carry different credentials: send one", code="conflicting_credentials"
-            )
-        if bearer is not None:
-            return bearer
-        if key:
-            return key
-        raise AuthenticationError(
-            "No credentials: send 'Authorization: Bearer <API key or token>' or 'x-api-key'", code="missing_credentials"
-        )
 
     def _ttl(self, principal: Principal) -> float:
         ttl = self.cache_ttl

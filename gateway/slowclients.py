@@ -123,15 +123,19 @@ def deadline_protocol(header_timeout: float, write_timeout: float | None = None)
             self._write_timer = None
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete:
-                ctx = cycle.scope.get(SCOPE_KEY)
-                if ctx is not None:  # the audit event of the call says why it ended
-                    ctx.reasons.append(CLIENT_TIMEOUT_REASON)
-                log.info("request %s: its client took nothing for %g s; connection closed "
-                         "(server.stream_write_timeout_seconds)",
-                         getattr(ctx, "request_id", "-"), write_timeout)  # fmt: skip
+                _client_timed_out(cycle.scope, write_timeout)
             _drop(self.transport)
 
     return SlowClientDeadlines
+
+
+def _client_timed_out(scope: Scope, write_timeout: float | None) -> None:
+    """A response still running when its client stopped taking it: its audit event says why it ended."""
+    ctx = scope.get(SCOPE_KEY)
+    if ctx is not None:
+        ctx.reasons.append(CLIENT_TIMEOUT_REASON)
+    log.info("request %s: its client took nothing for %g s; connection closed "
+             "(server.stream_write_timeout_seconds)", getattr(ctx, "request_id", "-"), write_timeout)  # fmt: skip
 
 
 def _drop(transport: Any) -> None:

@@ -9,10 +9,11 @@ so RBAC, validation, the other-tenant 404 and the audit record are the API's.
 Unauthenticated: a page (GET) redirects to ``/console/login``; a data
 endpoint (``/console/api/...``, ``/console/live/events``) and a form post
 answer 401 JSON, as the API would. A form post needs the session's CSRF token
-(403 ``csrf_failed`` otherwise). The routes are in ``gateway.console.views``;
-sessions in ``sessions``, the CSP and its reports in ``security``, OIDC sign-in
-in ``oidc``, the throttling of failed API-key sign-ins (429 with Retry-After per
-source) in ``throttle``.
+(403 ``csrf_failed`` otherwise). The routes are in ``gateway.console.views``
+(what they read of a request, and the refusals they answer with, in
+``forms``; the live panel's events in ``live``); sessions in ``sessions``, the
+CSP and its reports in ``security``, OIDC sign-in in ``oidc``, the throttling
+of failed API-key sign-ins (429 with Retry-After per source) in ``throttle``.
 """
 
 from __future__ import annotations

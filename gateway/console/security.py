@@ -44,7 +44,7 @@ HEADERS = {
     "content-security-policy": CSP,
     "x-content-type-options": "nosniff",
     # same-origin, not no-referrer: under no-referrer a browser posts forms with "Origin: null", which the
-    # CSRF check (gateway.console.views._same_origin) must refuse.
+    # CSRF check (gateway.console.forms.same_origin) must refuse.
     "referrer-policy": "same-origin",
     "x-frame-options": "DENY",
     "cache-control": "no-store",

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import UTC, datetime
-import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
@@ -21,6 +19,8 @@ from starlette.staticfiles import StaticFiles
 
 from inferflux.gateway.auth import Authenticator
 from inferflux.gateway.console.dispatch import API_PREFIX, ApiAnswer, call_api
+from inferflux.gateway.console.forms import CsrfFailed, no_route, read_form, safe_next, same_origin, unauthenticated
+from inferflux.gateway.console.live import live_events
 from inferflux.gateway.console.oidc import BINDING_COOKIE, OidcLogin, continue_page
 from inferflux.gateway.console.pages import TAIL_PAGES, TAIL_ROWS, TAIL_SECONDS, Page, cell, find_action, find_page, form_body, menu
 from inferflux.gateway.console.security import REPORT_PATH, CspReports, SecurityHeaders
@@ -37,7 +37,7 @@ from inferflux.gateway.console.sessions import (
 )
 from inferflux.gateway.console.throttle import SignInThrottle, source_of
 from inferflux.gateway.context import get_context
-from inferflux.gateway.errors import NotFound, render_error
+from inferflux.gateway.errors import render_error
 from inferflux.gateway.metrics import GatewayMetrics
 from inferflux.gateway.state import state_of
 from inferflux.policy.audit.events import admin_event
@@ -46,23 +46,7 @@ from inferflux.policy.rbac import Principal, Scope
 from inferflux.policy.store import PolicyStore
 
 _HERE = Path(__file__).parent
-_MAX_FORM = 256 * 1024
-_NEXT = re.compile(r"/console/[A-Za-z0-9/_.-]{0,500}")
-LIVE_SECONDS = 300.0
-_USAGE_FILTERS = ("group", "by", "from", "to", "model", "key_id", "tenant_id", "limit", "offset")  # one live-panel stream; the browser's EventSource reconnects after it
-
-
-class CsrfFailed(PolicyError):
-    status_code = 403
-    error_type = "permission_error"
-    default_code = "csrf_failed"
-
-
-def _safe_next(value: str | None) -> str:
-    """Where to go after signing in: a console path only (no open redirect)."""
-    if value and _NEXT.fullmatch(value) and "//" not in value:
-        return value
-    return "/console/"
+_USAGE_FILTERS = ("group", "by", "from", "to", "model", "key_id", "tenant_id", "limit", "offset")
 
 
 class Console:
@@ -134,7 +118,7 @@ class Console:
         async def data(request: Request) -> Response:
             session = await self._session(request)
             if session is None:
-                return _unauthenticated(request)
+                return unauthenticated(request)
             return await view(request, session)
 
         return data
@@ -147,9 +131,9 @@ class Console:
         async def action(request: Request) -> Response:
             session = await self._session(request)
             if session is None:
-                return _unauthenticated(request)
-            form = await _form(request)
-            if not csrf_matches(session.csrf, form.get("csrf")) or not _same_origin(request):
+                return unauthenticated(request)
+            form = await read_form(request)
+            if not csrf_matches(session.csrf, form.get("csrf")) or not same_origin(request):
                 return render_error(CsrfFailed("The form's CSRF token is missing or wrong; reload the page"),
                                     get_context(request).request_id)  # fmt: skip
             return await view(request, session, form)
@@ -178,14 +162,14 @@ class Console:
         token = request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(32)
         providers = await self.oidc.providers()
         response = self.render(request, "login.html", status, title="Sign in", login_csrf=token, message=message,
-                               next=_safe_next(request.query_params.get("next")), providers=providers)  # fmt: skip
+                               next=safe_next(request.query_params.get("next")), providers=providers)  # fmt: skip
         set_cookie(response, request, LOGIN_COOKIE, token, 3600)
         return response
 
     async def login(self, request: Request) -> Response:
-        form = await _form(request)
+        form = await read_form(request)
         expected = request.cookies.get(LOGIN_COOKIE)
-        if not expected or not csrf_matches(expected, form.get("csrf")) or not _same_origin(request):
+        if not expected or not csrf_matches(expected, form.get("csrf")) or not same_origin(request):
             return render_error(CsrfFailed("The sign-in form's CSRF token is missing or wrong; reload the page"),
                                 get_context(request).request_id)  # fmt: skip
         source = source_of(request.scope.get("client"))
@@ -213,7 +197,7 @@ class Console:
         await _record(request, principal, "console.sign_in", method="oidc" if id_token else "api_key")
         self.sessions.close(request.cookies.get(COOKIE))  # a session id is never carried over a sign-in
         cookie, _ = self.sessions.open(principal, id_token=id_token)
-        target = _safe_next(next_path)
+        target = safe_next(next_path)
         # Back from an identity provider's site: a page of ours moves on (see continue_page).
         response = continue_page(target) if id_token else RedirectResponse(target, status_code=303)
         set_cookie(response, request, COOKIE, cookie, int(self.sessions.lifetime))
@@ -280,7 +264,7 @@ class Console:
         else:
             found = find_action(path)
             if found is None:
-                return render_error(_no_route(request), get_context(request).request_id)
+                return render_error(no_route(request), get_context(request).request_id)
             page, values, item, action = found
             target = _api_path(page, values) + "/" + quote(item, safe="")
             if action.api_suffix:
@@ -301,7 +285,7 @@ class Console:
         """``GET /admin/v1/<path>``'s answer as it is: status and JSON (a stream is not relayed: the audit's
         live tail is the API's own ``/admin/v1/audit/stream``; the console would hold it open forever)."""
         if request.path_params["path"].rstrip("/").endswith("/stream"):
-            return render_error(_no_route(request), get_context(request).request_id)
+            return render_error(no_route(request), get_context(request).request_id)
         query = dict(request.query_params)
         answer = await call_api(request, "GET", API_PREFIX + "/" + request.path_params["path"], query=query)
         return Response(answer.body, status_code=answer.status, media_type=answer.content_type or None)
@@ -334,28 +318,8 @@ class Console:
             session.principal.require(Scope.READ)
         except PolicyError as exc:
             return render_error(exc, get_context(request).request_id)
-        state = state_of(request)
-        allowed = session.principal.allowed_models
-
-        async def events() -> AsyncIterator[bytes]:
-            end = time.monotonic() + LIVE_SECONDS
-            last, last_at = _tokens(self.metrics), time.monotonic()
-            while time.monotonic() < end and not state.drain.draining:
-                now, tokens = time.monotonic(), _tokens(self.metrics)
-                rate = {m: (tokens.get(m, 0.0) - last.get(m, 0.0)) / max(now - last_at, 1e-3) for m in tokens}
-                last, last_at = tokens, now
-                models = []
-                for model in state.manager:
-                    if allowed is not None and model.name not in allowed:
-                        continue
-                    stats = model.engine.stats()
-                    models.append({"model": model.name, "waiting": stats.num_waiting, "running": stats.num_running,
-                                   "kv_used": stats.num_blocks_used, "kv_free": stats.num_blocks_free,
-                                   "tokens_per_second": round(rate.get(model.name, 0.0), 2)})  # fmt: skip
-                yield f"data: {json.dumps({'at': time.time(), 'models': models})}\n\n".encode()
-                await asyncio.sleep(1.0)
-
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-store"})
+        events = live_events(state_of(request), self.metrics, session.principal.allowed_models)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"cache-control": "no-store"})
 
 
 async def _tail(request: Request, path: str) -> tuple[ApiAnswer, list[dict[str, Any]]]:
@@ -391,41 +355,3 @@ def _api_path(page: Page, values: dict[str, str]) -> str:
     for name, value in values.items():
         path = path.replace("{" + name + "}", quote(value, safe=""))
     return path
-
-
-def _tokens(metrics: GatewayMetrics) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for family in metrics.completion_tokens.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                out[sample.labels["model"]] = sample.value
-    return out
-
-
-def _unauthenticated(request: Request) -> Response:
-    error = AuthenticationError("Authentication is required: sign in at /console/login", code="missing_credentials")
-    return render_error(error, get_context(request).request_id)
-
-
-def _no_route(request: Request) -> ApiError:
-    return NotFound(f"No route for {request.method} {request.url.path}")
-
-
-def _same_origin(request: Request) -> bool:
-    """An Origin header, when the browser sends one, names this host (SameSite=Strict already keeps the cookie home)."""
-    origin = request.headers.get("origin")
-    if origin is None or origin == "null":
-        return origin is None
-    host = request.headers.get("host", "")
-    return origin.split("://", 1)[-1] == host
-
-
-async def _form(request: Request) -> dict[str, str]:
-    """An urlencoded form (the console's forms are no more), bounded; the last of a repeated field."""
-    body = await request.body()
-    if len(body) > _MAX_FORM:
-        return {}
-    try:
-        return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=64))
-    except (UnicodeDecodeError, ValueError):
-        return {}

@@ -4,6 +4,8 @@
   and ``ModelManager`` (the served models by name and alias), and loading one
 - ``admin``: ``ModelAdmin``, loading and unloading models through the admin API, and
   converging with the registry (the store's ``served_models`` records)
+- ``loads``: a load asked of the admin API, checked (``checked_load``), and its progress
+  while it runs (``ModelLoad``)
 - ``sync``: the poll that has every replica follow the registry
 - ``upstreams``: an upstream model's section checked, and its key found
 """

@@ -31,70 +31,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from inferflux.backends.base import ModelSpec
 
 from inferflux.gateway.auth import call_store
+from inferflux.gateway.models.loads import ModelLoad, checked_load
 from inferflux.gateway.models.served import ModelManager, ServedModel, engine_config_from, load_served_model
 from inferflux.gateway.settings import Settings
-from inferflux.gateway.settings.sections import REMOTE_BACKEND
 from inferflux.gateway.models.sync import RegistryPoller
-from inferflux.gateway.models.upstreams import check_key_source, checked_upstream, describe_upstream, egress_policy, upstream_key
-from inferflux.policy.errors import Conflict, NotFound, ValidationFailed
+from inferflux.gateway.models.upstreams import egress_policy, upstream_key
+from inferflux.policy.errors import Conflict, NotFound
 from inferflux.policy.store import PolicyStore, ServedModelRecord
 
 log = logging.getLogger("inferflux.gateway.models.admin")
-
-# The dense modes of passes.quantise and the dtype each loads in (backends/cpu/passes.py DENSE_DTYPES, which
-# imports torch: not worth it for a check).
-_DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
-
-
-@dataclass
-class _Load:
-    name: str
-    path: str
-    backend: str
-    dtype: str
-    aliases: tuple[str, ...]
-    default: bool
-    upstream: dict[str, Any] | None = None  # a remote backend's model: where it is served from
-    embedding: dict[str, Any] | None = None  # a local model's embedding section (None: the defaults)
-    deterministic: bool = False  # batch-invariant kernels (ModelSpec.deterministic)
-    passes: dict[str, Any] | None = None  # the load passes asked for (ModelSpec.passes); None: the backend's
-    # From the store's registry (a convergence), not from this replica's admin API.
-    stored: bool = False
-    # A failed load from the registry is tried again only past this policy_version.
-    version: int | None = None
-    status: str = "loading"  # loading | failed
-    stage: str = "queued"
-    error: str | None = None
-    started: float = field(default_factory=time.monotonic)
-    finished: float | None = None
-
-    def describe(self) -> dict[str, Any]:
-        end = self.finished if self.finished is not None else time.monotonic()
-        return {
-            "object": "model",
-            "id": self.name,
-            "status": self.status,
-            "stage": self.stage,
-            "error": self.error,
-            "elapsed_seconds": round(end - self.started, 2),
-            "path": self.path,
-            "backend": self.backend,
-            "dtype": self.dtype,
-            "aliases": list(self.aliases),
-            "source": "admin",
-            "deterministic": self.deterministic,
-            # What was asked for; once loaded, GET shows what ran ("passes": the records).
-            **({"passes_requested": dict(self.passes)} if self.passes else {}),
-            **({"upstream": describe_upstream(self.upstream)} if self.upstream is not None else {}),
-            **({"embedding": self.embedding} if self.embedding is not None else {}),
-        }
 
 
 class ModelAdmin:
@@ -104,7 +54,7 @@ class ModelAdmin:
         self.settings = settings
         self.configured = set(configured)  # names from the configuration file
         self.egress = egress_policy(settings)  # where upstream models may connect
-        self._loads: dict[str, _Load] = {}
+        self._loads: dict[str, ModelLoad] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._poller: RegistryPoller | None = None
@@ -153,27 +103,6 @@ class ModelAdmin:
             if taken:
                 raise Conflict(f"The model name or alias '{key}' is already in use", param="name")
 
-    @staticmethod
-    def _check_path(path: str) -> None:
-        p = Path(path)
-        try:
-            if p.is_file() and p.suffix.lower() == ".gguf":
-                return
-            if p.is_dir() and (p / "config.json").is_file():
-                return
-        except OSError:  # a name too long, a directory we may not read: not a model we can load
-            pass
-        raise ValidationFailed(
-            f"'{path}' is neither a .gguf file nor a directory with config.json on this server", param="path"
-        )
-
-    def _check_backend(self, name: str) -> None:
-        from inferflux.backends.registry import probe
-
-        status = probe(name, priority=self.settings.runtime.backend_priority)
-        if not status.available:
-            raise ValidationFailed(f"backend '{name}' cannot be used: {status.reason}", param="backend")
-
     async def load(
         self,
         *,
@@ -199,63 +128,20 @@ class ModelAdmin:
         ``PassesSettings``, dumped without unset keys) goes over ``engine.passes`` key by key.
         """
         self._check_names(name, aliases)
-        if upstream is not None and embedding is not None:
-            # As the configuration file refuses it (gateway.settings.sections.ModelEntry).
-            raise ValidationFailed("embedding applies to local models; an upstream pools its own embeddings",
-                                   param="embedding")  # fmt: skip
-        if upstream is not None and deterministic is not None:
-            raise ValidationFailed("deterministic applies to local models; an upstream decides its own kernels",
-                                   param="deterministic")  # fmt: skip
-        if upstream is not None and passes is not None:
-            raise ValidationFailed("passes apply to local models; an upstream decides its own weights",
-                                   param="passes")  # fmt: skip
-        if upstream is not None:
-            if path is not None or dtype is not None:
-                raise ValidationFailed("a model with an upstream takes neither path nor dtype", param="path")
-            if backend not in (None, REMOTE_BACKEND):
-                raise ValidationFailed(f"a model with an upstream is served by backend '{REMOTE_BACKEND}'",
-                                       param="backend")  # fmt: skip
-            upstream = checked_upstream(self.settings, upstream, self.egress)
-            await call_store(check_key_source, self.store, upstream)
-            backend, path, dtype = REMOTE_BACKEND, "", "upstream"
-        elif path is None:
-            raise ValidationFailed("a model needs a path (its weights here) or an upstream (servers elsewhere)",
-                                   param="path")  # fmt: skip
-        else:
-            self._check_path(path)
-            backend = backend or self.settings.backend
-            if backend == REMOTE_BACKEND:
-                raise ValidationFailed(f"backend '{REMOTE_BACKEND}' needs an upstream", param="upstream")
-        self._check_backend(backend)
-        if upstream is None and deterministic is None:
-            deterministic = self.settings.engine.deterministic
-        dtype = dtype or self.settings.dtype
-        if upstream is None:
-            passes = self._merged_passes(passes, dtype)
-        load = _Load(name, path, backend, dtype, tuple(aliases), default, upstream, embedding,
-                     bool(deterministic), passes)  # fmt: skip
+        load = await checked_load(self.settings, self.store, self.egress, name=name, path=path, backend=backend,
+                                  dtype=dtype, aliases=tuple(aliases), default=default, upstream=upstream,
+                                  embedding=embedding, deterministic=deterministic, passes=passes)  # fmt: skip
         self._start(load, persist=True)
         return load.describe()
 
-    def _merged_passes(self, passes: dict[str, Any] | None, dtype: str) -> dict[str, Any] | None:
-        """engine.passes under the load's own, as the settings merge a model entry's (schema._passes); the
-        registry keeps the result, so every replica loads with the same passes whatever its own engine section."""
-        engine = self.settings.engine.passes
-        merged = {**(engine.model_dump(exclude_none=True) if engine else {}), **(passes or {})}
-        # quantise bf16/f32 names the load dtype: an explicit other one is refused now, not at load.
-        wanted = _DENSE_DTYPES.get(merged.get("quantise", ""))
-        if wanted is not None and dtype not in ("auto", wanted):
-            raise ValidationFailed(f"passes.quantise {merged['quantise']} contradicts dtype {dtype}", param="passes")
-        return merged or None
-
-    def _start(self, load: _Load, *, persist: bool) -> None:
+    def _start(self, load: ModelLoad, *, persist: bool) -> None:
         self._loads[load.name] = load
         self.manager.mark_loading(load.name, True)
         task = asyncio.create_task(self._run(load, persist=persist), name=f"load-model-{load.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, load: _Load, *, persist: bool) -> None:
+    async def _run(self, load: ModelLoad, *, persist: bool) -> None:
         spec = ModelSpec(name=load.name, path=load.path, dtype=load.dtype, aliases=load.aliases, upstream=load.upstream,
                          deterministic=load.deterministic, passes=load.passes)  # fmt: skip
 
@@ -310,7 +196,7 @@ class ModelAdmin:
             self._look_again = True
         log.info("model %s is ready", load.name)
 
-    def _failed(self, load: _Load, exc: Exception) -> None:
+    def _failed(self, load: ModelLoad, exc: Exception) -> None:
         load.status, load.stage, load.error, load.finished = "failed", "failed", str(exc), time.monotonic()
         load.version = self._version  # tried again from the registry once the store has moved past this
         self.manager.mark_loading(load.name, False)
@@ -418,7 +304,7 @@ class ModelAdmin:
     def _follow(self, record: ServedModelRecord) -> None:
         """Start loading ``record`` in the background, as a load that is not recorded again."""
         self._loads.pop(record.name, None)  # a failed attempt, replaced by this one
-        load = _Load(record.name, record.path, record.backend, record.dtype, record.aliases, record.is_default,
+        load = ModelLoad(record.name, record.path, record.backend, record.dtype, record.aliases, record.is_default,
                      record.upstream, record.embedding, record.deterministic, record.passes, stored=True,
                      version=self._version)  # fmt: skip
         try:

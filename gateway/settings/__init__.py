@@ -155,29 +155,35 @@ Sizes accept plain bytes or a unit: ``64MiB``, ``2GiB`` (powers of 1024) or
 Without any ``models`` the default SmolLM2 is served as
 ``smollm2-135m-instruct``.
 
-The package: ``sections`` (a pydantic model per section above, and the size
-and name types they share), ``schema`` (``Settings``, the top-level keys),
-``loading`` (``load_settings``: the layers, ``ENV_KEYS``, ``ConfigError``).
+The package: ``sections`` (the size and name types the sections share, and a
+pydantic model per section of the gateway's own: console, auth, limits, audit,
+server, tracing, input limits), ``engine`` (the sections of the inference
+side: ``models`` entries, ``engine``, ``grammar``, ``runtime``), ``upstreams``
+(the upstream sections and their least-privilege rules), ``schema``
+(``Settings``, the top-level keys), ``loading`` (``load_settings``: the
+layers, ``ENV_KEYS``, ``ConfigError``).
 """
 
 from inferflux.gateway.settings.loading import ENV_KEYS, ConfigError, ensure_data_dir, load_settings
 from inferflux.gateway.settings.schema import DEFAULT_MAX_BODY_BYTES, DEFAULT_MODEL_NAME, Settings, default_data_dir
+from inferflux.gateway.settings.engine import (
+    EmbeddingSettings,
+    EngineSettings,
+    ModelEntry,
+    RuntimeSettings,
+    SpeculativeSettings,
+)
 from inferflux.gateway.settings.sections import (
     AuditSettings,
     AuditSinkSettings,
     AuthSettings,
     ByteSize,
     Dtype,
-    EmbeddingSettings,
-    EngineSettings,
     InputLimitSettings,
     LogLevel,
-    ModelEntry,
     ModelRegistrySettings,
     RateLimitSettings,
-    RuntimeSettings,
     ServerSettings,
-    SpeculativeSettings,
     TracingSettings,
     parse_size,
 )

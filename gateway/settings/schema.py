@@ -1,4 +1,5 @@
-"""The settings as one object: the top-level keys, and the sections (``gateway.settings.sections``) under them."""
+"""The settings as one object: the top-level keys, and the sections (``gateway.settings.sections``, ``.engine``,
+``.upstreams``) under them."""
 
 from __future__ import annotations
 
@@ -10,28 +11,29 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.backends.base import ModelSpec
-from inferflux.gateway.settings.upstreams import UpstreamRefused
+from inferflux.gateway.settings.engine import (
+    EmbeddingSettings,
+    EngineSettings,
+    GrammarSettings,
+    ModelEntry,
+    RuntimeSettings,
+    SpeculativeSettings,
+)
 from inferflux.gateway.settings.sections import (
     AuditSettings,
     AuthSettings,
     ByteSize,
     ConsoleSettings,
     Dtype,
-    EmbeddingSettings,
-    EngineSettings,
-    GrammarSettings,
     InputLimitSettings,
     LogFormat,
     LogLevel,
-    ModelEntry,
     ModelRegistrySettings,
     RateLimitSettings,
-    RuntimeSettings,
     ServerSettings,
-    SpeculativeSettings,
     TracingSettings,
-    UpstreamPolicySettings,
 )
+from inferflux.gateway.settings.upstreams import UpstreamPolicySettings, UpstreamRefused
 from inferflux.policy.store.config import StoreSettings
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"

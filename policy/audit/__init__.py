@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from inferflux.policy.audit.sinks.file import FileSink
     from inferflux.policy.audit.sinks.http import HttpSink
     from inferflux.policy.audit.sinks.syslog import SyslogSink
-    from inferflux.policy.audit.spool import Cursor, Receipt, Spool, SpooledRecord, SpoolSettings
+    from inferflux.policy.audit.spool import Cursor, Receipt, Spool, SpooledRecord
+    from inferflux.policy.audit.spool_settings import SpoolSettings
     from inferflux.policy.audit.store import AuditRecord, AuditStore, IndexerSink
     from inferflux.policy.audit.store import Retention
     from inferflux.policy.audit.tail import Dropped, LiveTail, Subscription, sse_message
@@ -68,7 +69,8 @@ __all__, __getattr__ = lazy_exports(
         "inferflux.policy.audit.sinks.file": ("FileSink",),
         "inferflux.policy.audit.sinks.http": ("HttpSink",),
         "inferflux.policy.audit.sinks.syslog": ("SyslogSink",),
-        "inferflux.policy.audit.spool": ("Cursor", "Receipt", "Spool", "SpooledRecord", "SpoolSettings"),
+        "inferflux.policy.audit.spool": ("Cursor", "Receipt", "Spool", "SpooledRecord"),
+        "inferflux.policy.audit.spool_settings": ("SpoolSettings",),
         "inferflux.policy.audit.store": ("AuditRecord", "AuditStore", "IndexerSink", "Retention"),
         "inferflux.policy.audit.tail": ("Dropped", "LiveTail", "Subscription", "sse_message"),
         "inferflux.policy.audit.trail": ("AuditTrail",),

@@ -22,17 +22,15 @@ when the kernel throttles dirty pages, which a disk too slow for the audit
 load would cause under either design.
 
 The spool's directory (segments, chain id, sink cursors) is described, read
-and written by ``policy.audit.spool_files``; receipts are
-``policy.audit.spool_receipts``. This module is the live writer: the chain's
-head, what is written and what is durable, the syncer, health.
-
-Segments rotate by size when the syncer finds the current one full (the old
-one is fsynced before any line goes to the new one). On open a torn tail (bytes after
-the last newline, from a crash mid-write) is cut off and the chain continues
-from the last record. Readers (the sinks) see only what was fsynced, so no
-sink can deliver an event that a crash could still take back. A segment is
-deleted only when every sink's cursor is past it and it is older than
-``retain_seconds``.
+and written by ``policy.audit.spool_files``; the segments of the live spool
+(rotation, a torn tail cut off on open, pruning) are
+``policy.audit.spool_segments``; receipts are ``policy.audit.spool_receipts``;
+``SpoolSettings`` is ``policy.audit.spool_settings``. This module is the live
+writer: the chain's head, what is written and what is durable, the syncer,
+health. Segments rotate by size when the syncer finds the current one full.
+Readers (the sinks) see only what was fsynced, so no sink can deliver an event
+that a crash could still take back. A segment is deleted only when every
+sink's cursor is past it and it is older than ``retain_seconds``.
 """
 
 from __future__ import annotations
@@ -42,31 +40,22 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from inferflux.policy.audit.chain import GENESIS, sealed_line
+from inferflux.policy.audit.chain import sealed_line
 from inferflux.policy.audit.errors import AuditUnavailable, SpoolConfigError
 from inferflux.policy.audit.events import AuditEvent
-from inferflux.policy.audit.spool_files import (
-    NAME,
-    SEGMENT_SUFFIX,
-    Cursor,
-    CursorFiles,
-    SpooledRecord,
-    last_record,
-    list_segments,
-    lock_directory,
-    read_chain_id,
-    read_segments,
-    segment_files,
-    segment_path,
-)
+from inferflux.policy.audit.spool_files import SEGMENT_SUFFIX, Cursor, CursorFiles, SpooledRecord, lock_directory
+from inferflux.policy.audit.spool_files import read_chain_id, read_segments, segment_files
 from inferflux.policy.audit.spool_receipts import Receipt, resolve_receipts
-from inferflux.policy.fileio import fsync_dir, remove_temporaries, whole_lines_length, write_all
+from inferflux.policy.audit.spool_segments import Segments
+from inferflux.policy.audit.spool_settings import SpoolSettings
+from inferflux.policy.fileio import remove_temporaries, write_all
 
-# Cursor, Receipt, SpooledRecord, segment_files and SEGMENT_SUFFIX were first defined here; importers keep them.
+# Cursor, Receipt, SpooledRecord, segment_files, SEGMENT_SUFFIX and SpoolSettings were first defined here;
+# importers keep them.
 __all__ = ["FAILURE_HOLD_SECONDS", "FREE_CHECK_SECONDS", "SEGMENT_SUFFIX", "Cursor", "Receipt", "Spool",
            "SpoolSettings", "SpoolStats", "SpooledRecord", "segment_files"]
 
@@ -76,37 +65,6 @@ log = logging.getLogger("inferflux.policy.audit")
 FAILURE_HOLD_SECONDS: Final = 2.0
 # The free space of the spool's file system is read at most this often.
 FREE_CHECK_SECONDS: Final = 0.25
-
-
-@dataclass(frozen=True, slots=True)
-class SpoolSettings:
-    directory: Path
-    chain_id: str | None = None  # default: "<hostname>-<random>", chosen when the spool is created
-    segment_bytes: int = 64 * 1024 * 1024
-    max_pending: int = 100_000  # written, not yet durable; beyond it append() refuses (503)
-    retain_seconds: float = 0.0  # keep delivered segments at least this long
-    # The least time between two fsyncs. 0: fsync as soon as anything is written
-    # (for callers that wait for their receipt). More: each fsync covers what the
-    # interval gathered, so a steady trickle of events wakes the syncer (whose
-    # GIL round trips slow the request path) once per interval, not per event.
-    sync_interval_seconds: float = 0.0
-    # Below this much free space on the spool's file system ``health`` says
-    # "disk_low", so the gateway refuses new work while events still fit (0: off).
-    min_free_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.min_free_bytes, bool) or not isinstance(self.min_free_bytes, int) or self.min_free_bytes < 0:
-            raise SpoolConfigError("audit spool min_free_bytes must be a non-negative integer")
-        for name in ("segment_bytes", "max_pending"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpoolConfigError(f"audit spool {name} must be a positive integer")
-        for name in ("retain_seconds", "sync_interval_seconds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
-                raise SpoolConfigError(f"audit spool {name} must be a non-negative number")
-        if self.chain_id is not None and not NAME.match(self.chain_id):
-            raise SpoolConfigError("audit chain_id must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +84,7 @@ class Spool:
         self.settings = settings
         self.chain_id = chain_id
         self._dir = settings.directory
-        self._segments_dir = self._dir / "segments"
+        self._files = Segments(self._dir / "segments")
         self._cursors = CursorFiles(self._dir / "cursors")
         self._lock_fd = lock_fd
         lock = threading.Lock()  # guards the fields below, the chain's head and the file
@@ -139,12 +97,7 @@ class Spool:
         self._failed_at = self._ok_at = float("-inf")  # monotonic: the last failed / successful write
         self._free, self._free_at = 0, float("-inf")
         self._listeners: list[Callable[[Sequence[SpooledRecord]], None]] = []
-        segments = list_segments(self._segments_dir)
-        self._segments: list[int] = segments or [1]
-        self._next_seq, self._last_hash = 0, GENESIS
-        self._fd = -1
-        self._durable = Cursor(self._segments[-1], 0)
-        self._recover()
+        self._durable, (self._next_seq, self._last_hash) = self._files.recover()
         self._written = self._durable  # where the next line goes
         self._durable_head = (self._next_seq, self._last_hash)  # the chain's head at _durable
         self._thread = threading.Thread(target=self._sync_loop, name="audit-spool-syncer", daemon=True)
@@ -156,7 +109,7 @@ class Spool:
     def open(cls, settings: SpoolSettings) -> Spool:
         """Open (creating if needed) the spool; SpoolConfigError if it cannot be used."""
         directory = Path(settings.directory).expanduser()
-        settings = SpoolSettings(**{**_fields(settings), "directory": directory})
+        settings = replace(settings, directory=directory)
         lock_fd = lock_directory(directory)
         try:
             # Only the lock holder writes here, so every temporary file is one a killed writer left.
@@ -169,25 +122,6 @@ class Spool:
         except BaseException:
             os.close(lock_fd)
             raise
-
-    def _recover(self) -> None:
-        """Cut a torn tail off the newest segment and find the chain's head."""
-        newest = self._segments[-1]
-        path = self._segment_path(newest)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        size = os.fstat(self._fd).st_size
-        good = whole_lines_length(path, size)
-        if good != size:
-            log.warning("audit spool: cut %d bytes of a torn record off %s", size - good, path.name)
-            os.ftruncate(self._fd, good)
-        os.fsync(self._fd)
-        fsync_dir(self._segments_dir)
-        self._durable = Cursor(newest, good)
-        for number in reversed(self._segments):
-            head = last_record(self._segment_path(number))
-            if head is not None:
-                self._next_seq, self._last_hash = head["seq"] + 1, head["hash"]
-                break
 
     # -- writing
 
@@ -230,10 +164,10 @@ class Spool:
         """Write one sealed line at the end of the current segment (the lock held); the error, if any."""
         start = self._written
         try:
-            write_all(self._fd, line + b"\n")
+            write_all(self._files.fd, line + b"\n")
         except OSError as exc:
             try:  # take back whatever part reached the file, so the chain stays whole
-                os.ftruncate(self._fd, start.offset)
+                os.ftruncate(self._files.fd, start.offset)
             except OSError:
                 pass
             return exc
@@ -252,12 +186,13 @@ class Spool:
                 if not self._unsynced:
                     break  # closed, and everything written is durable
                 batch, self._unsynced = self._unsynced, []
-                fd, end = self._fd, self._written
+                fd, end = self._files.fd, self._written
                 rotated = False
                 try:
                     if end.offset >= self.settings.segment_bytes:
-                        self._rotate()  # fsyncs the full segment, so the batch is durable already
-                        rotated, end = True, self._written  # durable up to the new segment's start
+                        # The full segment is fsynced first, so the batch is durable already: up to the new one's start.
+                        self._written = end = self._files.rotate()
+                        rotated = True
                 except OSError as exc:
                     log.error("audit spool: cannot start a new segment (%s); the current one grows", exc)
             try:
@@ -268,7 +203,7 @@ class Spool:
                 continue
             self._made_durable(batch, end)
             self._rest()
-        os.close(self._fd)
+        os.close(self._files.fd)
 
     def _rest(self) -> None:
         """Let ``sync_interval_seconds`` pass before the next fsync (not when closing: close flushes at once)."""
@@ -310,7 +245,7 @@ class Spool:
             later, self._unsynced = self._unsynced, []
             failed = batch + later
             try:
-                os.ftruncate(self._fd, self._durable.offset)
+                os.ftruncate(self._files.fd, self._durable.offset)
                 self._written = self._durable
             except OSError:
                 pass
@@ -319,17 +254,6 @@ class Spool:
             self._failed += len(failed)
             self._failed_at = time.monotonic()
         resolve_receipts([receipt for _, receipt in failed], [None] * len(failed), error)
-
-    def _rotate(self) -> None:
-        """Start the next segment (the lock held): the current one is made durable and closed first."""
-        os.fsync(self._fd)
-        number = self._segments[-1] + 1
-        fd = os.open(self._segment_path(number), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
-        fsync_dir(self._segments_dir)
-        old, self._fd = self._fd, fd
-        os.close(old)
-        self._segments.append(number)
-        self._written = Cursor(number, 0)
 
     def close(self, timeout: float = 10.0) -> None:
         """Write what is queued, stop the writer and release the directory."""
@@ -377,7 +301,7 @@ class Spool:
         now = time.monotonic()
         if now - self._free_at >= FREE_CHECK_SECONDS:
             try:
-                stat = os.statvfs(self._segments_dir)
+                stat = os.statvfs(self._files.directory)
                 self._free = stat.f_bavail * stat.f_frsize
             except OSError:
                 self._free = 0
@@ -427,8 +351,8 @@ class Spool:
         if wait > 0:
             self.wait_beyond(cursor, wait)
         with self._state:
-            durable, segments = self._durable, list(self._segments)
-        return read_segments(self._segments_dir, segments, durable, cursor, max_records)
+            durable, segments = self._durable, list(self._files.numbers)
+        return read_segments(self._files.directory, segments, durable, cursor, max_records)
 
     # -- sink cursors and pruning
 
@@ -437,7 +361,7 @@ class Spool:
         cursor = self.load_cursor(name)
         if cursor is None:
             with self._state:
-                cursor = Cursor(self._segments[0], 0)
+                cursor = Cursor(self._files.numbers[0], 0)
             self.save_cursor(name, cursor)
         return cursor
 
@@ -461,31 +385,13 @@ class Spool:
         horizon = min(c for c in cursors if c is not None).segment
         now = time.time() if now is None else now
         with self._state:
-            newest_with_data = self._segments[-1] if self._durable.offset else self._segments[-2:][0]
-            candidates = [n for n in self._segments if n < horizon and n < newest_with_data]
-        removed = []
-        for number in candidates:
-            path = self._segment_path(number)
-            try:
-                if now - path.stat().st_mtime < self.settings.retain_seconds:
-                    break  # segments are in time order: later ones are younger still
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            removed.append(number)
+            candidates = self._files.prunable(horizon, self._durable)
+        removed = self._files.delete(candidates, self.settings.retain_seconds, now)
         if removed:
-            fsync_dir(self._segments_dir)
             with self._state:
-                self._segments = [n for n in self._segments if n not in removed]
+                self._files.forget(removed)
         return len(removed)
 
     def segment_paths(self) -> list[Path]:
         with self._state:
-            return [self._segment_path(n) for n in self._segments]
-
-    def _segment_path(self, number: int) -> Path:
-        return segment_path(self._segments_dir, number)
-
-
-def _fields(settings: SpoolSettings) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in SpoolSettings.__dataclass_fields__}
+            return self._files.paths()

@@ -9,9 +9,10 @@
         await limiter.settle(admission.handle, prompt_tokens, completion_tokens)
 
 A request is checked, and charged, against every limit that applies to it (its
-tenant's and its own): one request on the request counters, its *estimated*
-tokens (prompt + ``max_tokens``, or ``completion_estimate`` without one) on
-the token and quota counters, and a concurrency slot. ``settle`` replaces the
+tenant's and its own: ``policy.ratelimit.counters``): one request on the
+request counters, its *estimated* tokens (prompt + ``max_tokens``, or
+``completion_estimate`` without one) on the token and quota counters, and a
+concurrency slot. ``settle`` replaces the
 estimate by the real count (for a stream, what was generated, also when the
 client went away) and frees the slot.
 
@@ -38,8 +39,6 @@ a Redis that hangs does not add its timeout to every request.
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import itertools
 import logging
 import os
@@ -47,17 +46,17 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from inferflux.policy.bounded import remember
 from inferflux.policy.errors import ValidationFailed
 from inferflux.policy.ratelimit.background import every, stop
 from inferflux.policy.ratelimit.checks import Backend, BackendUnavailable, Check, Dimension, Level
+from inferflux.policy.ratelimit.counters import Counters
 from inferflux.policy.ratelimit.errors import RateLimiterUnavailable
 from inferflux.policy.ratelimit.headers import RateLimitInfo
 from inferflux.policy.ratelimit.outcomes import BudgetCrossing, Denial, denial_of, info_of
-from inferflux.policy.ratelimit.resolver import EffectiveLimits, Limits, Scheduling
+from inferflux.policy.ratelimit.resolver import EffectiveLimits, Scheduling
 from inferflux.policy.rbac import Principal
 from inferflux.policy.usage.cost import Price, cost_micros
 
@@ -90,22 +89,6 @@ class FixedLimits:
         """Nothing to reload: these limits are not read from the store."""
 
 
-MAX_KNOWN_CALLERS = 10_000  # callers whose counters are kept (_counters)
-
-
-class _Counter(NamedTuple):
-    """A counter a caller's requests are checked against; a ``Check`` once the request's cost is known."""
-
-    dimension: Dimension
-    level: Level
-    key: str  # a quota's key without its period
-    limit: int
-    tokens: bool  # costs the request's estimated tokens (else one)
-    window: float = 0.0
-    buckets: int = 0
-    quota: bool = False
-
-
 @dataclass(eq=False, slots=True)
 class Handle:
     """What ``settle`` needs to know about an admitted request. Settle it exactly once (more is harmless)."""
@@ -133,31 +116,6 @@ class Admission:
     @property
     def headers(self) -> dict[str, str]:
         return self.info.headers()
-
-
-def period_of(dimension: Dimension, now: float) -> tuple[str, float]:
-    """The UTC calendar day or month containing ``now``: its name and its end (epoch seconds)."""
-    return _period(dimension, int(now // _DAY))  # POSIX time has exactly 86,400 s in a day
-
-
-_DAY = 86_400
-
-
-@functools.lru_cache(maxsize=16)
-def _period(dimension: Dimension, day: int) -> tuple[str, float]:
-    at = datetime.fromtimestamp(day * _DAY, UTC)
-    if dimension is Dimension.DAY:
-        start = at.replace(hour=0, minute=0, second=0, microsecond=0)
-        return start.strftime("%Y-%m-%d"), (start + timedelta(days=1)).timestamp()
-    start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
-    return start.strftime("%Y-%m"), end.timestamp()
-
-
-@functools.lru_cache(maxsize=4096)
-def _subject_key(subject: str) -> str:
-    """A caller's part of its counters' keys: bounded, and no odd characters in keys."""
-    return hashlib.sha256(subject.encode()).hexdigest()[:32]
 
 
 class _LeaseIds:
@@ -232,7 +190,7 @@ class RateLimiter:
         self._logged_at = float("-inf")
         self._unlogged = 0
         self._running: dict[str, Handle] = {}  # holders of concurrency slots, for renewal
-        self._known: dict[tuple[str, str, EffectiveLimits], tuple[_Counter, ...]] = {}  # see _counters
+        self._counters = Counters(self.window_seconds, buckets)
         self._renewer: asyncio.Task[None] | None = None
 
     # -- lifecycle
@@ -283,7 +241,7 @@ class RateLimiter:
         limits = await self.limits.limits_for(principal)
         now = self._clock()
         lease_id = _lease_ids.next()
-        checks = tuple(self._checks(principal, limits, estimated, cost, now))
+        checks = tuple(self._counters.checks(principal, limits, estimated, cost, now))
         if not checks:
             return Admission(Handle(lease_id, (), estimated, now, counted=False), RateLimitInfo())
         try:
@@ -371,53 +329,6 @@ class RateLimiter:
                     self.on_budget(crossing)
                 except Exception:  # a reporting hook must not break settlement
                     log.exception("rate limiter on_budget hook failed")
-
-    def _checks(
-        self, principal: Principal, limits: EffectiveLimits, estimated: int, cost: int, now: float
-    ) -> list[Check]:
-        out = []
-        for counter in self._counters(principal, limits):
-            if counter.quota:
-                period, end = period_of(counter.dimension, now)
-                charge = cost if counter.dimension is Dimension.SPEND else estimated
-                out.append(Check(counter.dimension, counter.level, f"{counter.key}:{period}", counter.limit,
-                                 charge, expires_at=end))  # fmt: skip
-            else:
-                out.append(Check(counter.dimension, counter.level, counter.key, counter.limit,
-                                 estimated if counter.tokens else 1, counter.window, counter.buckets))  # fmt: skip
-        return out
-
-    def _counters(self, principal: Principal, limits: EffectiveLimits) -> tuple[_Counter, ...]:
-        """The counters ``limits`` put on the caller: the same ones for every request of it, so kept."""
-        own = principal.key_id or principal.subject
-        found = self._known.get((principal.tenant_id, own, limits))
-        if found is None:
-            tenant = f"{{{principal.tenant_id}}}"
-            found = (
-                *self._level_counters(Level.TENANT, limits.tenant, f"{tenant}:t"),
-                *self._level_counters(Level.KEY, limits.key, f"{tenant}:k:{_subject_key(own)}"),
-            )
-            remember(self._known, (principal.tenant_id, own, limits), found, MAX_KNOWN_CALLERS)
-        return found
-
-    def _level_counters(self, level: Level, limits: Limits, base: str) -> list[_Counter]:
-        window = f"{self.window_seconds:g}x{self.buckets}"
-        out: list[_Counter] = []
-        for dimension, name, tokens in (
-            (Dimension.REQUESTS, f"rpm:{window}", False),
-            (Dimension.TOKENS, f"tpm:{window}", True),
-        ):
-            limit = getattr(limits, dimension.value)
-            if limit is not None:
-                out.append(_Counter(dimension, level, f"{base}:{name}", limit, tokens, self.window_seconds, self.buckets))
-        if limits.concurrent_requests is not None:
-            out.append(_Counter(Dimension.CONCURRENCY, level, f"{base}:conc", limits.concurrent_requests, False))
-        for dimension, name in ((Dimension.DAY, "quota"), (Dimension.MONTH, "quota"), (Dimension.SPEND, "spend"),
-                                (Dimension.BUDGET_TOKENS, "budget")):  # fmt: skip
-            limit = getattr(limits, dimension.value)
-            if limit is not None:  # the key gets the period's name per request
-                out.append(_Counter(dimension, level, f"{base}:{name}", limit, True, quota=True))
-        return out
 
     def _ensure_up(self) -> None:
         if time.monotonic() < self._down_until:

@@ -2,14 +2,16 @@
 
 Each adapter translates its vendor's body into a chat-completions body, which
 takes the chat path's own steps (``gateway.pipeline.run``), and the chat
-answer back into the vendor's shape; ``common`` holds what both share and
+answer back into the vendor's shape (``responses_request`` holds the Responses
+API's body and its input as chat messages); ``common`` holds what both share and
 ``errors`` Anthropic's error bodies.
 """
 
 from inferflux.gateway.pipeline.adapters.anthropic import MessagesAdapter, MessagesRequest, parse_messages
 from inferflux.gateway.pipeline.adapters.common import Adapter, AdapterRenderer
 from inferflux.gateway.pipeline.adapters.errors import AnthropicErrors
-from inferflux.gateway.pipeline.adapters.responses import ResponsesAdapter, ResponsesRequest, parse_responses
+from inferflux.gateway.pipeline.adapters.responses import ResponsesAdapter, parse_responses
+from inferflux.gateway.pipeline.adapters.responses_request import ResponsesRequest
 
 __all__ = [
     "Adapter",

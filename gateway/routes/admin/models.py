@@ -18,7 +18,7 @@ from inferflux.gateway.authz import principal_of, requires
 from inferflux.gateway.openapi import document
 from inferflux.gateway.routes.admin.common import BODY, PREFIX, NoBody, ok, parse_body, parse_optional_body, record_change
 from inferflux.gateway.settings import EmbeddingSettings
-from inferflux.gateway.settings.sections import PassesSettings
+from inferflux.gateway.settings.engine import PassesSettings
 from inferflux.policy.rbac import Scope
 
 

@@ -11,6 +11,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 from urllib.parse import urlsplit
 
 from inferflux.policy.authn.bounds import TenantBounds
@@ -167,3 +168,21 @@ class OidcProviderConfig:
     def _validate_jwks_uri(self) -> None:
         if self.jwks_uri is not None:
             check_endpoint_url(self.jwks_uri, "OIDC jwks_uri")
+
+
+def provider_config(record: Any) -> OidcProviderConfig:
+    """The verifier's view of a stored OIDC provider (``policy.store``'s record)."""
+    return OidcProviderConfig(
+        id=record.id,
+        name=record.name,
+        issuer=record.issuer,
+        audience=record.audience,
+        algorithms=tuple(record.algorithms),
+        tenant_claim=record.tenant_claim,
+        roles_claim=record.roles_claim,
+        role_map=dict(record.role_map or {}),
+        required_claims=tuple(record.required_claims or ()),
+        leeway_seconds=record.leeway_seconds,
+        jwks_uri=record.jwks_uri,
+        bounds=record.bounds(),
+    )

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferflux.policy.guardrails import normalize, pii
+from inferflux.policy.guardrails import normalize, pii_email, pii_scan, pii_secrets
 from inferflux.policy.guardrails.findings import Hit
 from inferflux.policy.guardrails.pii import DETECTORS, Detector
 
@@ -72,13 +72,13 @@ def test_the_precondition_holds_where_the_detector_finds_something(name: str, sa
     assert list(detector.search(text)) == hits
 
 
-@pytest.mark.parametrize(("pattern", "needles"), pii._SECRET_SHAPES)
+@pytest.mark.parametrize(("pattern", "needles"), pii_secrets._SECRET_SHAPES)
 def test_every_secret_shape_is_sampled_and_its_matches_hold_a_needle(pattern: str, needles: tuple[str, ...]) -> None:
-    shape = pii._re(pattern)
+    shape = pii_scan.compile_re2(pattern)
     matches = [m.group() for s in SAMPLES["find_secret"] for m in shape.finditer(normalize(s).text)]
     assert matches, f"no sample of {pattern}"
     assert all(any(needle in match for needle in needles) for match in matches)
-    assert set(needles) <= set(pii.SECRET_NEEDLES)
+    assert set(needles) <= set(pii_secrets.SECRET_NEEDLES)
 
 
 _PIECES = [s for samples in SAMPLES.values() for s in samples] + [
@@ -121,7 +121,7 @@ def test_re2_digits_are_ascii_only() -> None:
     # Why an ASCII digit is a precondition: other digits (Arabic-Indic here) survive normalisation
     # and RE2's \d does not match them.
     text = normalize("card ٤١١١ ١١١١ ١١١١ ١١١١, ssn ١٢٣-٤٥-٦٧٨٩").text
-    assert pii._re(r"\d").search(text) is None
+    assert pii_scan.compile_re2(r"\d").search(text) is None
     for detector in DETECTORS:
         assert list(detector.find(text)) == []
         assert list(detector.search(text)) == []
@@ -134,13 +134,13 @@ EMAIL_ALPHABET = "ab9._%+-@ ,:\n"
 
 def _re2_spans(text: str) -> list[tuple[int, int]]:
     """RE2's matches, less those whose local part is too long to report (find_email drops them)."""
-    return [m.span() for m in pii._EMAIL.finditer(text) if text.index("@", m.start()) - m.start() <= pii.EMAIL_LOCAL_MAX]
+    return [m.span() for m in pii_email._EMAIL.finditer(text) if text.index("@", m.start()) - m.start() <= pii_email.EMAIL_LOCAL_MAX]
 
 
 @settings(max_examples=3000, deadline=None)
 @given(st.text(alphabet=EMAIL_ALPHABET, max_size=60))
 def test_ascii_email_spans_are_re2s(text: str) -> None:
-    assert list(pii._ascii_email_spans(text)) == _re2_spans(text)
+    assert list(pii_email._ascii_email_spans(text)) == _re2_spans(text)
 
 
 @pytest.mark.parametrize("text", [
@@ -151,12 +151,12 @@ def test_ascii_email_spans_are_re2s(text: str) -> None:
 ])
 def test_ascii_email_findings_are_re2s(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whole findings too (find_email's checks after the search), on edge cases of both halves."""
-    assert list(pii._ascii_email_spans(text)) == _re2_spans(text)
-    fast = list(pii.find_email(text))
-    monkeypatch.setattr(pii, "_email_spans", lambda t: (m.span() for m in pii._EMAIL.finditer(t)))
-    assert fast == list(pii.find_email(text))
+    assert list(pii_email._ascii_email_spans(text)) == _re2_spans(text)
+    fast = list(pii_email.find_email(text))
+    monkeypatch.setattr(pii_email, "_email_spans", lambda t: (m.span() for m in pii_email._EMAIL.finditer(t)))
+    assert fast == list(pii_email.find_email(text))
 
 
 def test_non_ascii_text_still_goes_to_re2() -> None:
     """Unicode letters are e-mail characters too (\\pL): such a text is not read by the ASCII scanner."""
-    assert [(h.start, h.end) for h in pii.find_email("écrire à josé@exemple.fr")] == [(9, 24)]
+    assert [(h.start, h.end) for h in pii_email.find_email("écrire à josé@exemple.fr")] == [(9, 24)]

@@ -22,7 +22,8 @@ from inferflux.policy.ratelimit import (
     RateLimiter,
 )
 from inferflux.policy.ratelimit.checks import Dimension
-from inferflux.policy.ratelimit.limiter import _lease_ids, period_of
+from inferflux.policy.ratelimit.counters import period_of
+from inferflux.policy.ratelimit.limiter import _lease_ids
 from inferflux.policy.store import PolicyStore
 
 from ratelimit_helpers import FakeClock, LimiterFactory, PrincipalFactory
