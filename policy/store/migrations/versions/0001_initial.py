@@ -29,6 +29,7 @@ def _timestamp(name: str, *, nullable: bool = False) -> sa.Column:
     return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
 
 
+# Long: the first schema, one create_table a table; a revision is frozen once released, so it is not split.
 def upgrade() -> None:
     store_meta = op.create_table(
         "store_meta",
