@@ -238,7 +238,7 @@ class CompletionRenderer:
 
     def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
         if self.n is not None and len(self.plan.choices) > self.n * len(self.plan.prompts):
-            picked = keep_best(self.plan, outputs, self.n)  # best_of: usage still counts every candidate
+            picked = keep_best(self.plan.choices, outputs, self.n)  # best_of: usage still counts every candidate
         else:
             picked = [(index, index, outs) for index, outs in sorted(outputs.items())]
         choices = []
