@@ -23,11 +23,9 @@ from inferflux.gateway.errors import InvalidRequest
 from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.pipeline.completions import fim_prompt
 from inferflux.gateway.pipeline.generation import ChoiceSpec, engine_error_to_gateway
-from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, GenerationRequest
+from inferflux.gateway.pipeline.protocol import param_names
 from inferflux.gateway.pipeline.tools import ToolPlan, check_parameters, render_chat
-
-GenerationRequest = ChatCompletionRequest | CompletionRequest
-
 
 @dataclass
 class PreparedPrompt:
@@ -105,19 +103,6 @@ def encode_prompts(served: ServedModel, req: CompletionRequest) -> list[Prepared
     # Token ids go to the engine as given: its check (in _plan) names a bad one.
     return [PreparedPrompt(tokenizer.encode(p), text=p) if isinstance(p, str) else PreparedPrompt(list(p))
             for p in raw]  # fmt: skip
-
-
-def param_names(req: GenerationRequest) -> dict[str, str]:
-    """Engine parameter names that the API spells differently."""
-    if isinstance(req, CompletionRequest):
-        return {"top_logprobs": "logprobs", "prompt_logprobs": "logprobs", "guided": req.guided_param}
-    return {"max_tokens": max_tokens_param(req), "prompt": "messages", "guided": req.guided_param}
-
-
-def max_tokens_param(req: GenerationRequest) -> str:
-    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-        return "max_completion_tokens"
-    return "max_tokens"
 
 
 def sampling_kwargs(

@@ -60,7 +60,8 @@ from typing import TYPE_CHECKING, Any
 from inferflux.gateway.errors import EngineOverloaded, InvalidRequest, RateLimited
 from inferflux.gateway.logs.redaction import redact
 from inferflux.gateway.pipeline.generation import Generation
-from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan
+from inferflux.gateway.pipeline.plan import Placement, Plan
+from inferflux.gateway.pipeline.protocol import GenerationRequest
 from inferflux.gateway.pipeline.token_text import token_decoder
 from inferflux.gateway.pipeline.tool_calls import ToolStream
 from inferflux.gateway.tracing import TRACE_HEADERS, GuardMeter

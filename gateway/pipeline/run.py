@@ -33,10 +33,10 @@ from inferflux.gateway.pipeline.embeddings import embed, embedding_settings, par
 from inferflux.gateway.pipeline.embeddings import render_embeddings
 from inferflux.gateway.pipeline.generation import ChoiceEvent, Generation
 from inferflux.gateway.pipeline.grammars import compile_grammars
-from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan, plan_chat, plan_completion
+from inferflux.gateway.pipeline.plan import Placement, Plan, plan_chat, plan_completion
 from inferflux.gateway.pipeline.plan_remote import plan_remote
 from inferflux.gateway.pipeline.policy import RequestPolicy, Work
-from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest, parse_request
 from inferflux.gateway.pipeline.render import ChatRenderer, CompletionRenderer, Renderer, collect, sse_body
 from inferflux.gateway.pipeline.sse import ClientDisconnected, SSEResponse
 from inferflux.gateway.tracing import stage

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
-from inferflux.gateway.pipeline.protocol import StopLimits
+from inferflux.gateway.pipeline.sampling import StopLimits
 # The upstream sections have a module of their own; ModelEntry and Settings take them from here.
 from inferflux.gateway.settings.upstreams import UpstreamPolicySettings, UpstreamSettings  # noqa: F401
 
