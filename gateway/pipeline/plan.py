@@ -1,5 +1,9 @@
 """What a parsed generation request asks of the engine: its prompts, tokenised, and one checked engine request per choice.
 
+``plan_request`` is the stage: the request's grammars compiled first
+(``gateway.pipeline.grammars``), then its plan, on the event loop for a small
+body and on the thread pool otherwise.
+
 The gateway validates the API's own rules here (how many choices, which
 speculative methods a model allows); everything the engine has a rule for
 (sampling ranges, the prompt's tokens, the fit in the context and the KV
@@ -13,8 +17,11 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
 
 from inferflux.backends.engine import EngineRequest, InvalidRequestError, SamplingParams
 from inferflux.backends.models import ChatTemplateError
@@ -23,9 +30,20 @@ from inferflux.gateway.errors import InvalidRequest
 from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.pipeline.completions import fim_prompt
 from inferflux.gateway.pipeline.generation import ChoiceSpec, engine_error_to_gateway
+from inferflux.gateway.pipeline.grammars import compile_grammars
 from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, GenerationRequest
-from inferflux.gateway.pipeline.protocol import param_names
+from inferflux.gateway.pipeline.protocol import Req, param_names
 from inferflux.gateway.pipeline.tools import ToolPlan, check_parameters, render_chat
+
+if TYPE_CHECKING:
+    from inferflux.gateway.pipeline.call import Call
+
+# A body this small is templated and tokenised on the event loop: a few hundred
+# microseconds at most, less than a hop to the thread pool and back costs on a
+# busy machine (measured: benchmarks/bench_policy.py); a larger one is planned
+# on the pool so that it cannot stall every other request.
+INLINE_PLAN_BYTES = 1024
+
 
 @dataclass
 class PreparedPrompt:
@@ -71,6 +89,17 @@ class Plan:
         """The completion tokens the request may use at most; None when a choice did not say."""
         limits = [c.request.params.max_tokens for c in self.choices]
         return None if any(m is None for m in limits) else sum(m for m in limits if m is not None)
+
+
+async def plan_request(call: Call, served: ServedModel, req: Req, placement: Placement,
+                       plan_for: Callable[[ServedModel, Req, Placement], Plan]) -> Plan:  # fmt: skip
+    """``req``'s plan by ``plan_for`` (``plan_chat``, ``plan_completion``, ``plan_remote``), its grammars compiled
+    first; raises the refusal (400, 503), or ``ClientDisconnected`` if the client left while they compiled."""
+    await compile_grammars(call, served, req)  # in a grammar worker first, given up if the client leaves
+    # Planning finds them compiled (the model's first guided request builds its vocabulary, ~0.5 s).
+    if len(await call.body()) <= INLINE_PLAN_BYTES and req.guided() is None:
+        return plan_for(served, req, placement)
+    return await run_in_threadpool(plan_for, served, req, placement)
 
 
 def plan_chat(served: ServedModel, req: ChatCompletionRequest, placement: Placement) -> Plan:
