@@ -56,6 +56,7 @@ from bench_policy import body_for, setup  # noqa: E402  (this folder is on sys.p
 from policy_paired import spin  # noqa: E402
 
 import inferflux.gateway.audit as gateway_audit  # noqa: E402
+import inferflux.gateway.pipeline.render as pipeline_render  # noqa: E402
 import inferflux.gateway.pipeline.run as pipeline_run  # noqa: E402
 from inferflux.gateway.pipeline.policy import RequestPolicy  # noqa: E402
 import inferflux.policy.audit.spool as spool_module  # noqa: E402
@@ -110,7 +111,7 @@ def instrument(engine: Any) -> None:
     around(RequestPolicy, "_reserve", None, "limits reserved")
     around(RequestPolicy, "_opa_document", "OPA: document", None)
     around(RequestPolicy, "_refuse_if_denied", None, "OPA allowed")
-    around(pipeline_run, "collect", None, "collected")
+    around(pipeline_render, "collect", None, "collected")
     around(gateway_audit, "build_event", "audit: build", "audit: built")
     around(gateway_audit.AuditMiddleware, "_record", None, "audit: durable")
     around(spool_module, "write_all", "audit: write", "audit: written")

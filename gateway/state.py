@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from inferflux.gateway.models.admin import ModelAdmin
     from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
-    from inferflux.gateway.pipeline.protocol import StopLimits
+    from inferflux.gateway.pipeline.sampling import StopLimits
     from inferflux.gateway.settings import Settings
     from inferflux.gateway.traffic import TrafficPolicy
 

@@ -1,4 +1,5 @@
-"""An API call's body, the pipeline's first stage: JSON within its limits, then its schemas' size.
+"""An API call's body, the pipeline's first stage (``read_body``): JSON by its media type, within its limits, then
+its schemas' size.
 
 ## JSON
 
@@ -25,12 +26,12 @@ each ``tools[i].function.parameters``, ``guided_regex``, ``guided_choice`` — c
 gateway before the model runs, in proportion to its size and shape: the input
 guardrails scan every string of it (an enum of 5,000 values is 5,000 texts), and the
 grammar engine builds each into a grammar, where some shapes cost exponentially (a
-string with many ``pattern``s in an ``allOf``). So the driver checks the body as
-decoded against these limits (``SchemaLimits``) first, before the input guardrails
-(``check_schemas``, before ``RequestPolicy.screen``): over one is a 400 ``schema_too_complex`` whose ``param``
-names the field, at the cost of one walk of the schemas. The shape the limits pass
-may still be hard to compile: the grammar budget (``gateway.pipeline.grammars``,
-``backends.engine.grammar_sandbox``) bounds that.
+string with many ``pattern``s in an ``allOf``). So the body as decoded is checked
+against these limits (``SchemaLimits``, ``check_schemas``) as it is read, before the
+input guardrails (``RequestPolicy.screen``): over one is a 400 ``schema_too_complex``
+whose ``param`` names the field, at the cost of one walk of the schemas. The shape
+the limits pass may still be hard to compile: the grammar budget
+(``gateway.pipeline.grammars``, ``backends.engine.grammar_sandbox``) bounds that.
 
 The totals count every schema of the request together (the response format's and
 each tool's parameters); a body that is not the API's shape is left to the parser.
@@ -195,16 +196,20 @@ def decode_json_body(body: bytes, limits: JsonLimits = DEFAULT_LIMITS) -> dict[s
     return data
 
 
-async def read_body(
-    content_type: str | None, read: Callable[[], Awaitable[bytes]], limits: JsonLimits
-) -> dict[str, Any]:
+async def read_body(content_type: str | None, read: Callable[[], Awaitable[bytes]], limits: JsonLimits,
+                    schema_limits: SchemaLimits | None) -> dict[str, Any]:  # fmt: skip
     """An API call's body (``read``): JSON by its ``Content-Type`` (415, before the body is read), decoded
-    within ``limits`` (400)."""
+    within ``limits`` (400), then the size of its schemas, tools and guided constraints within
+    ``schema_limits`` (400 ``schema_too_complex``; None: a vendor's body, whose chat body is checked once
+    translated)."""
     if content_type is not None:
         media_type = content_type.split(";", 1)[0].strip().lower()
         if media_type != "application/json" and not media_type.endswith("+json"):
             raise UnsupportedMediaType(f"Content-Type must be application/json, not {media_type or 'empty'!r}")
-    return decode_json_body(await read(), limits)
+    body = decode_json_body(await read(), limits)
+    if schema_limits is not None:
+        check_schemas(body, schema_limits)  # before any guardrail or grammar work
+    return body
 
 
 # -- the schemas' size: before any guardrail or grammar work

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -22,13 +22,9 @@ from starlette.types import Receive
 
 from inferflux.gateway.authz import principal_of
 from inferflux.gateway.context import RequestContext, get_context
-from inferflux.gateway.errors import ModelNotFound
 from inferflux.gateway.pipeline.sse import drain_deadline, run_until_disconnect
 from inferflux.gateway.state import GatewayState, state_of
 from inferflux.policy.rbac import Principal
-
-if TYPE_CHECKING:
-    from inferflux.gateway.models.served import ServedModel
 
 T = TypeVar("T")
 
@@ -48,14 +44,6 @@ class Call:
     def of(cls, request: Request) -> Call:
         return cls(get_context(request), principal_of(request), state_of(request), request.url.path,
                    request.headers, request.body, request.receive, drain_deadline(request.scope))  # fmt: skip
-
-    def model(self, name: str) -> ServedModel:
-        """The served model ``name`` names, if this caller may use it; otherwise the same 404 as a missing one."""
-        served = self.state.manager.get(name)
-        if not self.principal.may_use_model(served.name):
-            raise ModelNotFound(name)
-        self.ctx.model = served.name
-        return served
 
     async def watched(self, work: Awaitable[T]) -> T:
         """``work``, cancelled with ``ClientDisconnected`` if the client leaves first, or ``ShuttingDown``

@@ -27,7 +27,7 @@ from inferflux.gateway.errors import UnsupportedParameter
 if TYPE_CHECKING:
     from inferflux.backends.engine import RequestOutput
 
-    from inferflux.gateway.pipeline.plan import Plan
+    from inferflux.gateway.pipeline.generation import ChoiceSpec
 
 # The fill-in-the-middle tokens of the model families that have them: (prefix, suffix, middle).
 FIM_TOKENS: tuple[tuple[str, str, str], ...] = (
@@ -78,14 +78,16 @@ def mean_logprob(outputs: Sequence[RequestOutput]) -> float:
     return sum(finite) / len(finite) if finite and len(finite) == len(values) else -math.inf
 
 
-def keep_best(plan: Plan, outputs: dict[int, list[RequestOutput]], n: int) -> list[tuple[int, int, list[Any]]]:
-    """Of each prompt's candidates, the ``n`` with the highest mean logprob, best first (ties: the earlier).
+def keep_best(choices: Sequence[ChoiceSpec], outputs: dict[int, list[RequestOutput]],
+              n: int) -> list[tuple[int, int, list[Any]]]:  # fmt: skip
+    """Of each prompt's candidates (a plan's ``choices``), the ``n`` with the highest mean logprob, best first
+    (ties: the earlier).
 
     Returns ``(answer index, candidate index, outputs)``: answers are numbered
     ``prompt_index * n + rank``, as choices are without ``best_of``.
     """
     by_prompt: dict[int, list[int]] = {}
-    for choice in plan.choices:
+    for choice in choices:
         by_prompt.setdefault(choice.prompt_index, []).append(choice.index)
     kept = []
     for p_index, candidates in sorted(by_prompt.items()):

@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
-from inferflux.backends.engine import EngineError, GrammarBudget, GrammarTooComplexError, InvalidRequestError
+from inferflux.backends.engine import EngineError, GrammarTooComplexError, InvalidRequestError
 
 from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.pipeline.generation import engine_error_to_gateway
-from inferflux.gateway.pipeline.plan import GenerationRequest, param_names
-from inferflux.gateway.pipeline.protocol import ChatCompletionRequest
+from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, GenerationRequest, param_names
 from inferflux.gateway.pipeline.tools import check_parameters
 
 if TYPE_CHECKING:

@@ -1,5 +1,9 @@
 """What a parsed generation request asks of the engine: its prompts, tokenised, and one checked engine request per choice.
 
+``plan_request`` is the stage: the request's grammars compiled first
+(``gateway.pipeline.grammars``), then its plan, on the event loop for a small
+body and on the thread pool otherwise.
+
 The gateway validates the API's own rules here (how many choices, which
 speculative methods a model allows); everything the engine has a rule for
 (sampling ranges, the prompt's tokens, the fit in the context and the KV
@@ -13,8 +17,11 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
 
 from inferflux.backends.engine import EngineRequest, InvalidRequestError, SamplingParams
 from inferflux.backends.models import ChatTemplateError
@@ -23,10 +30,19 @@ from inferflux.gateway.errors import InvalidRequest
 from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.pipeline.completions import fim_prompt
 from inferflux.gateway.pipeline.generation import ChoiceSpec, engine_error_to_gateway
-from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from inferflux.gateway.pipeline.grammars import compile_grammars
+from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, GenerationRequest
+from inferflux.gateway.pipeline.protocol import Req, param_names
 from inferflux.gateway.pipeline.tools import ToolPlan, check_parameters, render_chat
 
-GenerationRequest = ChatCompletionRequest | CompletionRequest
+if TYPE_CHECKING:
+    from inferflux.gateway.pipeline.call import Call
+
+# A body this small is templated and tokenised on the event loop: a few hundred
+# microseconds at most, less than a hop to the thread pool and back costs on a
+# busy machine (measured: benchmarks/bench_policy.py); a larger one is planned
+# on the pool so that it cannot stall every other request.
+INLINE_PLAN_BYTES = 1024
 
 
 @dataclass
@@ -75,6 +91,17 @@ class Plan:
         return None if any(m is None for m in limits) else sum(m for m in limits if m is not None)
 
 
+async def plan_request(call: Call, served: ServedModel, req: Req, placement: Placement,
+                       plan_for: Callable[[ServedModel, Req, Placement], Plan]) -> Plan:  # fmt: skip
+    """``req``'s plan by ``plan_for`` (``plan_chat``, ``plan_completion``, ``plan_remote``), its grammars compiled
+    first; raises the refusal (400, 503), or ``ClientDisconnected`` if the client left while they compiled."""
+    await compile_grammars(call, served, req)  # in a grammar worker first, given up if the client leaves
+    # Planning finds them compiled (the model's first guided request builds its vocabulary, ~0.5 s).
+    if len(await call.body()) <= INLINE_PLAN_BYTES and req.guided() is None:
+        return plan_for(served, req, placement)
+    return await run_in_threadpool(plan_for, served, req, placement)
+
+
 def plan_chat(served: ServedModel, req: ChatCompletionRequest, placement: Placement) -> Plan:
     check_parameters(req.tools or ())
     return _plan(served, req, [PreparedPrompt(encode_chat(served, req))], placement, prefix="chatcmpl")
@@ -105,19 +132,6 @@ def encode_prompts(served: ServedModel, req: CompletionRequest) -> list[Prepared
     # Token ids go to the engine as given: its check (in _plan) names a bad one.
     return [PreparedPrompt(tokenizer.encode(p), text=p) if isinstance(p, str) else PreparedPrompt(list(p))
             for p in raw]  # fmt: skip
-
-
-def param_names(req: GenerationRequest) -> dict[str, str]:
-    """Engine parameter names that the API spells differently."""
-    if isinstance(req, CompletionRequest):
-        return {"top_logprobs": "logprobs", "prompt_logprobs": "logprobs", "guided": req.guided_param}
-    return {"max_tokens": max_tokens_param(req), "prompt": "messages", "guided": req.guided_param}
-
-
-def max_tokens_param(req: GenerationRequest) -> str:
-    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-        return "max_completion_tokens"
-    return "max_tokens"
 
 
 def sampling_kwargs(

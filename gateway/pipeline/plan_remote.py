@@ -21,8 +21,9 @@ from inferflux.backends.openai.request import RemoteRequest
 
 from inferflux.gateway.errors import InvalidRequest, UnsupportedParameter
 from inferflux.gateway.pipeline.generation import ChoiceSpec
-from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan, PreparedPrompt, param_names
-from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from inferflux.gateway.pipeline.plan import Placement, Plan, PreparedPrompt
+from inferflux.gateway.pipeline.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, GenerationRequest
+from inferflux.gateway.pipeline.protocol import param_names
 
 if TYPE_CHECKING:
     from inferflux.gateway.models.served import ServedModel

@@ -10,19 +10,20 @@ step below is one method the driver calls, in this order, inside the trace stage
 named beside it. The refusal order is written here and nowhere else; the first
 refusal answers:
 
-0. (the driver, before this object) the size of the request's schemas, tools and
-   guided constraints (400 ``schema_too_complex``, ``gateway.pipeline.body``):
+0. (the body stage, before this object) the size of the request's schemas, tools
+   and guided constraints (400 ``schema_too_complex``, ``gateway.pipeline.body``):
    neither the guardrails nor the grammar engine work on what is refused for its size.
 1. ``screen`` (stage ``guardrails.input``): the tenant's input guardrails, on the
    body as sent (400 ``content_filter``; a redacting rule rewrites the body the
    driver parses); for every tenant, 400 ``invalid_unicode`` for a lone surrogate
    in a history call's arguments, and for a tenant with input rules, 400
    ``token_ids_unchecked`` for token ids no tokenizer here can decode.
-2. ``place`` (in stage ``plan``): the request's priority within the bounds its
-   traffic policy allows (400 ``priority``), its tenant's fair-share weight, its
-   prefix-cache namespace. Then (the driver) its grammars, compiled within the
-   grammar budget (400 ``schema_too_complex``, 503 ``grammar_busy``;
-   ``gateway.pipeline.grammars``).
+2. ``place`` (in stage ``plan``): the model, if the caller may use it
+   (``allowed_model``: 404 as for a model that does not exist), then the
+   request's priority within the bounds its traffic policy allows (400
+   ``priority``), its tenant's fair-share weight, its prefix-cache namespace.
+   Then (the plan stage) its grammars, compiled within the grammar budget (400
+   ``schema_too_complex``, 503 ``grammar_busy``; ``gateway.pipeline.grammars``).
 3. in this order:
    a. ``admit`` (stage ``limits``): the engine's queue (503 when it is full, 429
       ``tenant_queue_full`` beyond the tenant's share of it), then the rate
@@ -32,19 +33,20 @@ refusal answers:
       a policy's refusal before a limit's;
    b. ``authorize_inline`` (stage ``opa``): the global OPA policies, decided
       inline (403) before the engine sees the request;
-   c. the engine starts (``generation``); ``authorize_deferred`` (stage ``opa``,
+   c. ``generation``: the engine starts; ``authorize_deferred`` (stage ``opa``,
       concurrent): the tenant's and remote OPA policies decide beside its first
       step and are awaited before any output leaves (403).
-   A request refused after its tokens were reserved gets them back (``refund``).
+   A request refused after 3a gets its reserved tokens back (``refund``); one
+   allowed answers with the limits' headers (``headers``).
 4. ``finish`` (the ``Generation``'s close): the real token counts are settled
    with the limiter, off the request path, also for a stream the client left.
 
-An embeddings request takes the same steps but 2 (it has no priority and shares
-no prefix cache): 1, then 3a (``embedding_work``: the queue counts it as one
-entry; its tokens are the inputs', with no completion), then every OPA policy at
-once (``authorize_all``: 3b and 3c together, as there is no engine start to
-overlap with), so nothing of it reaches the engine before all of them allow;
-then 4 (``settle``), with the tokens the model counted.
+An embeddings request takes the same steps but 2's placement (it has no priority
+and shares no prefix cache): 1, the allow-list (``allowed_model``), then 3a
+(``admit``: the queue counts it as one entry; its tokens are the inputs', with no
+completion), then every OPA policy at once (``authorize_all``: 3b and 3c together,
+as there is no engine start to overlap with), so nothing of it reaches the engine
+before all of them allow; then 4 (``settle``), with the tokens the model counted.
 
 Everything the audit event says about the request's policy (the prompt and
 completion texts, guardrail findings, the reasons of a refusal, the usage, the
@@ -57,10 +59,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inferflux.gateway.errors import EngineOverloaded, InvalidRequest, RateLimited
+from inferflux.gateway.errors import EngineOverloaded, InvalidRequest, ModelNotFound, RateLimited
 from inferflux.gateway.logs.redaction import redact
 from inferflux.gateway.pipeline.generation import Generation
-from inferflux.gateway.pipeline.plan import GenerationRequest, Placement, Plan
+from inferflux.gateway.pipeline.plan import Placement, Plan
+from inferflux.gateway.pipeline.protocol import GenerationRequest
 from inferflux.gateway.pipeline.token_text import token_decoder
 from inferflux.gateway.pipeline.tool_calls import ToolStream
 from inferflux.gateway.tracing import TRACE_HEADERS, GuardMeter
@@ -104,7 +107,10 @@ class RequestPolicy:
         self._prices = traffic.prices
         self._settling: set[asyncio.Task[Any]] = call.state.traffic_tasks
         self.guards: Guardrails | None = None
-        self.headers: dict[str, str] = {}  # the rate-limit headers of the admitted request (``admitted``)
+        self.headers: dict[str, str] = {}  # the rate-limit headers of the admitted request (read once 3 allows)
+        self._work: Work | None = None  # what 3 decides on (``admit``)
+        self._admission: Admission | None = None  # the limits' reservation, once 3a allows
+        self._generation: Generation | None = None  # once the engine started (3c)
         self._meter: GuardMeter | None = None  # the output guardrails' time, for a traced request
         self._document: dict[str, Any] | None = None  # what OPA is told, built once
 
@@ -133,14 +139,16 @@ class RequestPolicy:
 
     # -- 2. where the engine files the request
 
-    async def place(self, req: GenerationRequest) -> Placement:
-        """The request's priority (within its caller's bounds), its tenant's weight and its prefix-cache namespace.
+    async def place(self, req: GenerationRequest) -> tuple[ServedModel, Placement]:
+        """The model the request names, if its caller may use it; the request's priority (within its caller's
+        bounds), its tenant's weight and its prefix-cache namespace.
 
         Without bounds any caller could outrank, and preempt, every other
         tenant's requests; by default a caller may only make its own less
         important. The prefix cache is the tenant's own unless the operator
         shares one.
         """
+        served = allowed_model(self.call, req.model)
         bounds: Scheduling = await self.limiter.scheduling_for(self.principal)
         priority = bounds.default_priority
         if "priority" in req.model_fields_set:
@@ -154,8 +162,8 @@ class RequestPolicy:
         self.ctx.user = end_user(req.user)
         tenant = self.principal.tenant_id
         salt = f"tenant:{tenant}" if self.settings.engine.prefix_cache_per_tenant else None
-        return Placement(priority=priority, tenant=tenant, weight=bounds.weight, cache_salt=salt,
-                         upstream_headers=self.upstream_headers())  # fmt: skip
+        return served, Placement(priority=priority, tenant=tenant, weight=bounds.weight, cache_salt=salt,
+                                 upstream_headers=self.upstream_headers())  # fmt: skip
 
     def upstream_headers(self) -> tuple[tuple[str, str], ...]:
         """Of the client's headers, the only ones a remote model's upstream sees (its credentials never do).
@@ -168,15 +176,18 @@ class RequestPolicy:
 
     # -- 3. admission, limits, OPA; the engine starts
 
-    def embedding_work(self, plan: EmbeddingPlan) -> Work:
-        """An embeddings request as admission sees it: one queue entry, its inputs' tokens, no completion."""
-        self.ctx.user = end_user(plan.user)
-        return Work(plan.served, 1, plan.prompt_tokens, 0, plan.prompt_tokens)
-
-    async def admit(self, work: Work) -> Admission:
-        """3a: the engine's queue, then the limits; raises the refusal (the driver asks OPA first then)."""
+    async def admit(self, plan: Plan | EmbeddingPlan) -> None:
+        """3a: the engine's queue, then the limits; raises the refusal (the driver asks OPA first then). An
+        embeddings request is one queue entry, its inputs' tokens and no completion."""
+        if isinstance(plan, Plan):
+            work = Work.of(plan)
+        else:
+            self.ctx.user = end_user(plan.user)
+            work = Work(plan.served, 1, plan.prompt_tokens, 0, plan.prompt_tokens)
+        self._work = work
         self._admit(work)
-        return await self._reserve(work)
+        self._admission = await self._reserve(work)
+        self.headers = self._admission.headers  # the answer's, once every step of 3 allows
 
     @property
     def decides(self) -> bool:
@@ -191,35 +202,39 @@ class RequestPolicy:
     def decides_deferred(self) -> bool:
         return bool(self._guards.engines and self._guards.deferred_engines)
 
-    async def authorize_all(self, work: Work) -> None:
+    async def authorize_all(self) -> None:
         """Every OPA policy's decision, at once (for a request refused anyway, whose policy refusal answers
         first, and for an embeddings request, which has no engine start to overlap them with)."""
-        self._refuse_if_denied(await self._guards.authorize(self._opa_document(work)))
+        self._refuse_if_denied(await self._guards.authorize(self._opa_document()))
 
-    def authorize_inline(self, work: Work) -> None:
+    def authorize_inline(self) -> None:
         """3b: the global OPA policies, before the engine gets the request."""
-        self._refuse_if_denied(self._guards.authorize_inline(self._opa_document(work)))
+        self._refuse_if_denied(self._guards.authorize_inline(self._opa_document()))
 
-    async def authorize_deferred(self, work: Work) -> None:
+    async def authorize_deferred(self) -> None:
         """3c: the tenant's and remote OPA policies, awaited while the engine starts."""
-        self._refuse_if_denied(await self._guards.authorize_deferred(self._opa_document(work)))
+        self._refuse_if_denied(await self._guards.authorize_deferred(self._opa_document()))
 
-    def admitted(self, admission: Admission) -> None:
-        """Every step of 3 allowed: the answer carries the limits' headers."""
-        self.headers = admission.headers
-
-    async def refund(self, admission: Admission, gen: Generation | None = None) -> None:
+    async def refund(self) -> None:
         """Refused after 3a after all: abort the sequences, and give back the tokens reserved for them
         (the request itself was counted when it was admitted)."""
-        if gen is not None:
-            await gen.close(report=False)
-        await self.limiter.settle(admission.handle, 0, 0)
+        if self._generation is not None:
+            await self._generation.close(report=False)
+        await self.limiter.settle(self._admitted.handle, 0, 0)
+
+    # A step called out of order is a programming error, not input: these raise it.
 
     @property
     def _guards(self) -> Guardrails:
         if self.guards is None:
-            raise RuntimeError("RequestPolicy.screen must run before start")  # a programming error, not input
+            raise RuntimeError("RequestPolicy.screen must run before step 3")
         return self.guards
+
+    @property
+    def _admitted(self) -> Admission:
+        if self._admission is None:
+            raise RuntimeError("RequestPolicy.admit must allow the request first")
+        return self._admission
 
     def _admit(self, work: Work) -> None:
         """Refuse work the engine would only queue behind too much else, and a tenant's
@@ -255,8 +270,10 @@ class RequestPolicy:
             raise result.error()
         return result
 
-    def _opa_document(self, work: Work) -> dict[str, Any]:
+    def _opa_document(self) -> dict[str, Any]:
         if self._document is None:
+            if (work := self._work) is None:
+                raise RuntimeError("RequestPolicy.admit must run before OPA decides")
             self._document = opa_input(
                 self.principal,
                 model=work.served.name,
@@ -276,8 +293,9 @@ class RequestPolicy:
             self.ctx.reasons += list(decision.reasons)
         decision.raise_for_deny()
 
-    def generation(self, plan: Plan, admission: Admission) -> Generation:
-        """3c: the request's ``Generation``, its output checked by the tenant's guardrails, settled when it closes."""
+    def generation(self, plan: Plan) -> Generation:
+        """3c: the request's ``Generation``, started (the engine has its sequences), its output checked by the
+        tenant's guardrails, settled when it closes."""
         guards, model, trace = self._guards, plan.served.name, self.ctx.trace
         output_check = guards.output_stream if guards.checks_output else None
         ttft = self.metrics.ttft.labels(model)
@@ -286,21 +304,23 @@ class RequestPolicy:
             self._meter = meter = GuardMeter()
             output_check = meter.timed(output_check) if output_check is not None else None
             on_first_token = lambda seconds: ttft.observe(seconds, trace.exemplar())  # noqa: E731
-        return Generation(
+        self._generation = Generation(
             plan.served,
             plan.choices,
             param_names=plan.param_names,
             started=self.ctx.started,
             on_first_token=on_first_token,
-            on_close=lambda gen: self.finish(gen, model, admission),
+            on_close=lambda gen: self.finish(gen, model),
             output_check=output_check,
             tool_stream=(lambda: ToolStream(tools, guards)) if (tools := plan.tools) is not None else None,
             timed=trace is not None,
         )
+        self._generation.start()
+        return self._generation
 
     # -- 4. settlement
 
-    def finish(self, gen: Generation, model: str, admission: Admission) -> None:
+    def finish(self, gen: Generation, model: str) -> None:
         """Record what the request used and settle it with the limiter (real counts, off the request path)."""
         self._note_findings("output", gen.output_findings)
         if (trace := self.ctx.trace) is not None:
@@ -310,17 +330,27 @@ class RequestPolicy:
                 trace.output_checks(self._meter)
         self.ctx.completion_texts = gen.texts()
         self.ctx.tool_calls = gen.tool_names()
-        self.settle(model, admission, gen.usage.prompt_tokens, gen.usage.completion_tokens)
+        self.settle(model, gen.usage.prompt_tokens, gen.usage.completion_tokens)
 
-    def settle(self, model: str, admission: Admission, prompt_tokens: int, completion_tokens: int) -> None:
+    def settle(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
         """What the request used, counted and settled with the limiter (an embeddings request's, by the driver)."""
         self.metrics.observe_tokens(model, prompt_tokens, completion_tokens)
         self.ctx.usage = (prompt_tokens, completion_tokens)
         # Also for a stream the client left; the limiter never raises, and the
         # task is kept referenced until done.
-        task = asyncio.ensure_future(self.limiter.settle(admission.handle, prompt_tokens, completion_tokens))
+        task = asyncio.ensure_future(self.limiter.settle(self._admitted.handle, prompt_tokens, completion_tokens))
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
+
+
+def allowed_model(call: Call, name: str) -> ServedModel:
+    """The served model ``name`` names, if ``call``'s caller may use it; otherwise the same 404 as a missing one
+    (a tenant learns nothing of the models it may not use). The request's context records it."""
+    served = call.state.manager.get(name)
+    if not call.principal.may_use_model(served.name):
+        raise ModelNotFound(name)
+    call.ctx.model = served.name
+    return served
 
 
 END_USER_CHARS = 128  # what the audit event and OPA keep of a request's ``user``

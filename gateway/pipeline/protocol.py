@@ -4,18 +4,13 @@ engine's sampling parameters).
 Unknown fields are ignored, as OpenAI does. Known OpenAI fields this server
 does not implement (``functions``, ``suffix``, ...) are rejected with
 ``unsupported_parameter`` instead of being silently dropped, because ignoring
-them would change the meaning of the request.
+them would change the meaning of the request. What both routes share (the
+sampling fields, stop sequences, structured outputs) is ``gateway.pipeline.sampling``.
 
 Tool calling (``tools``, ``tool_choice``, ``parallel_tool_calls``, assistant
 ``tool_calls`` and ``tool`` messages in the history) is checked by
 ``gateway.pipeline.tools``; a forced call (``required`` or a named function) becomes the
 request's ``GuidedSpec``, like a ``response_format``.
-
-Structured outputs: ``response_format`` ``json_object`` and ``json_schema``
-(and vLLM's ``guided_regex`` and ``guided_choice``), on both routes, become the
-engine's ``GuidedSpec``; at most one of them per request. ``logit_bias`` keys
-are token ids written as strings (JSON keys are strings), made integers here;
-the engine checks them against the vocabulary, the count and the range.
 
 Completions ``prompt`` may be a string, a list of token ids, or a list of
 several strings / token-id lists; several prompts are served, and their
@@ -27,17 +22,15 @@ them per prompt, when it is given). ``suffix``, ``best_of`` and ``echo`` with
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from inferflux.backends.engine import GuidedSpec
 
 from inferflux.gateway.errors import InvalidRequest, UnsupportedParameter
-from inferflux.gateway.pipeline.json_schema import closed_schema
+from inferflux.gateway.pipeline.sampling import DEFAULT_STOP_LIMITS, REQUEST_CONFIG, SamplingRequest, StopLimits, Unsupported
 from inferflux.gateway.pipeline.tools import (
     ToolCall,
     ToolChoice,
@@ -54,207 +47,9 @@ from inferflux.gateway.pipeline.tools import (
 )
 from inferflux.gateway.validation_errors import first_error
 
-MAX_N = 8
-MAX_CHOICES = 16
+MAX_CHOICES = 16  # engine sequences one request fans out to
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
-
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-
-
-@dataclass(frozen=True, slots=True)
-class StopLimits:
-    """How many stop sequences a request may give, and how long each (``input_limits`` settings)."""
-
-    max_sequences: int = 16
-    max_bytes: int = 512
-
-
-DEFAULT_STOP_LIMITS = StopLimits()
-
-
-# strict: OpenAI rejects "max_tokens": true or "n": "2"; pydantic's lax mode would
-# quietly turn them into 1 and 2.
-_REQUEST_CONFIG = ConfigDict(extra="ignore", strict=True)
-
-
-class StreamOptions(BaseModel):
-    model_config = _REQUEST_CONFIG
-
-    include_usage: bool = False
-
-
-class SpeculativeRequest(BaseModel):
-    """The ``speculative`` extension: this request's share of the model's speculative decoding."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    method: Literal["ngram", "draft"] | None = None
-    k: int | None = Field(default=None, ge=0, le=16)  # 0: off for this request; n: drafts of at most n tokens
-
-
-class JsonSchemaFormat(BaseModel):
-    """``response_format.json_schema``: OpenAI's shape. The schema is always enforced, whatever ``strict`` says,
-    with objects closed to the properties they list (``gateway.pipeline.json_schema``)."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """``response_format``: plain text, any JSON object, or JSON valid against a schema."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _check_format(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise _Unsupported("response_format.json_schema", "response_format of type 'json_schema' needs "
-                               "a json_schema object", code=None)  # fmt: skip
-        return self
-
-    def guided(self) -> GuidedSpec | None:
-        if self.type == "json_object":
-            return GuidedSpec("json_object")
-        if self.type == "json_schema" and self.json_schema is not None:
-            schema = self.json_schema.schema_
-            # No schema: any JSON value (OpenAI leaves it optional). Objects closed to their listed
-            # properties (gateway.pipeline.json_schema): the answer still validates against the client's schema.
-            return GuidedSpec("json_schema", schema={} if schema is None else closed_schema(schema))
-        return None
-
-
-class _SamplingRequest(BaseModel):
-    """Fields shared by chat and text completions."""
-
-    model_config = _REQUEST_CONFIG
-
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, float] | None = Field(default=None, description="Token id (a string) -> a number from "
-                                                "-100 to 100 added to its logit; at most 300 entries")
-    user: str | None = Field(default=None, max_length=256)
-    # Extensions beyond the OpenAI API (vLLM spells them the same way).
-    top_k: int | None = None
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
-    min_tokens: int | None = Field(default=None, ge=0)
-    ignore_eos: bool = False
-    # Lower is more important; bounded per caller by its traffic policy (gateway.pipeline.policy.RequestPolicy.place).
-    priority: int = Field(default=0, description="Engine priority: lower is more important. By default a caller "
-                          "may ask for 0 to 1000; its traffic policy's min_priority/max_priority can widen that")
-    speculative: SpeculativeRequest | None = None
-    # Structured outputs (OpenAI's response_format; vLLM's guided_regex and guided_choice).
-    response_format: ResponseFormat | None = None
-    guided_regex: str | None = Field(default=None, min_length=1, description="The output must match this "
-                                     "regular expression (Rust regex syntax: no look-around or back-references)")
-    guided_choice: list[str] | None = Field(default=None, min_length=1, description="The output must be exactly "
-                                            "one of these strings")
-
-    @field_validator("stop")
-    @classmethod
-    def _check_stop(cls, value: str | list[str] | None, info: ValidationInfo) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else (value or [])
-        limits: StopLimits = (info.context or {}).get("stop_limits", DEFAULT_STOP_LIMITS)
-        if len(stops) > limits.max_sequences:
-            raise ValueError(f"at most {limits.max_sequences} stop sequences are allowed")
-        for i, stop in enumerate(stops):
-            where = "stop" if isinstance(value, str) else f"stop[{i}]"
-            if stop == "":
-                raise _Unsupported(where, "stop sequences must not be empty", code=None)
-            # Every step of the sequence searches for each stop string in the text it holds back.
-            if len(stop.encode("utf-8")) > limits.max_bytes:
-                raise _Unsupported(where, f"a stop sequence may be at most {limits.max_bytes} bytes (UTF-8)",
-                                   code=None)  # fmt: skip
-        return value
-
-    @model_validator(mode="after")
-    def _check_common(self) -> _SamplingRequest:
-        if self.stream_options is not None and not self.stream:
-            raise _Unsupported("stream_options", "stream_options is only allowed when stream is true", code=None)
-        for key in self.logit_bias or {}:
-            if not _TOKEN_ID.fullmatch(key):
-                raise _Unsupported("logit_bias", f"logit_bias keys must be token ids (integers, as strings); "
-                                   f"got {key[:40]!r}", code=None)  # fmt: skip
-        asked = [name for name in ("response_format", "guided_regex", "guided_choice") if self._asks(name)]
-        if len(asked) > 1:
-            raise _Unsupported(asked[1], f"{asked[1]} cannot be combined with {asked[0]}: give one constraint",
-                               code=None)  # fmt: skip
-        return self
-
-    def _asks(self, name: str) -> bool:
-        if name == "response_format":
-            return self.response_format is not None and self.response_format.type != "text"
-        return getattr(self, name) is not None
-
-    @property
-    def guided_param(self) -> str:
-        """The field that carries this request's constraint (the engine calls it ``guided``)."""
-        return next((n for n in ("guided_regex", "guided_choice") if self._asks(n)), "response_format")
-
-    def guided(self) -> GuidedSpec | None:
-        """The engine's form of the request's constraint; None for free text."""
-        if self.guided_regex is not None:
-            return GuidedSpec("regex", pattern=self.guided_regex)
-        if self.guided_choice is not None:
-            return GuidedSpec("choice", choices=tuple(self.guided_choice))
-        return None if self.response_format is None else self.response_format.guided()
-
-    @property
-    def token_logit_bias(self) -> dict[int, float] | None:
-        """``logit_bias`` with integer keys (checked: ``_check_common``)."""
-        if not self.logit_bias:
-            return None
-        return {int(key): value for key, value in self.logit_bias.items()}
-
-    @property
-    def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
-
-    @property
-    def prompt_logprobs(self) -> int | None:
-        """The prompt's own logprobs, with this many alternatives each (the completions route's echo); None: off."""
-        return None
-
-    @property
-    def samples(self) -> int:
-        """Sequences generated per prompt (``best_of`` of them on the completions route)."""
-        return self.n
-
-
-_TOKEN_ID = re.compile(r"[0-9]{1,10}")
-
-
-class _Unsupported(ValueError):
-    """Raised inside validators; converted to an ``UnsupportedParameter`` with its own param."""
-
-    def __init__(self, param: str, message: str, code: str | None = "unsupported_parameter") -> None:
-        super().__init__(message)
-        self.param = param
-        self.message = message
-        self.code = code
 
 
 # -- chat ---------------------------------------------------------------------
@@ -263,7 +58,7 @@ Role = Literal["system", "user", "assistant", "developer", "tool"]
 
 
 class ChatMessage(BaseModel):
-    model_config = _REQUEST_CONFIG
+    model_config = REQUEST_CONFIG
 
     role: Role
     content: str | list[dict[str, Any]] | None = None
@@ -316,7 +111,7 @@ class ChatMessage(BaseModel):
         return rendered
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -331,29 +126,29 @@ class ChatCompletionRequest(_SamplingRequest):
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
-            raise _Unsupported("top_logprobs", "top_logprobs requires logprobs to be true", code=None)
+            raise Unsupported("top_logprobs", "top_logprobs requires logprobs to be true", code=None)
         if self.functions:
-            raise _Unsupported("functions", "functions (deprecated) is not supported by this server: use tools")
+            raise Unsupported("functions", "functions (deprecated) is not supported by this server: use tools")
         if self.function_call not in (None, "none", "auto"):
-            raise _Unsupported("function_call", "function_call (deprecated) is not supported by this server: "
+            raise Unsupported("function_call", "function_call (deprecated) is not supported by this server: "
                                "use tool_choice")  # fmt: skip
         try:
             check_tools(self.tools or ())
             check_choice(self.tool_choice, self.tools)
             check_history(self.messages)
         except ToolError as exc:
-            raise _Unsupported(exc.param, exc.message, code=None) from None
+            raise Unsupported(exc.param, exc.message, code=None) from None
         plan = self.tool_plan
-        constraint = next((n for n in ("response_format", "guided_regex", "guided_choice") if self._asks(n)), None)
+        constraint = next((n for n in ("response_format", "guided_regex", "guided_choice") if self.asks(n)), None)
         if plan is not None and plan.mode == "forced" and constraint is not None:
-            raise _Unsupported(constraint, f"{constraint} cannot be combined with a forced tool_choice: give one "
+            raise Unsupported(constraint, f"{constraint} cannot be combined with a forced tool_choice: give one "
                                "constraint", code=None)  # fmt: skip
         return self
 
     @cached_property
     def tool_plan(self) -> ToolPlan | None:
         """What the tools ask for (``gateway.pipeline.tools.tool_plan``); None when the model may not call one."""
-        constrained = any(self._asks(n) for n in ("response_format", "guided_regex", "guided_choice"))
+        constrained = any(self.asks(n) for n in ("response_format", "guided_regex", "guided_choice"))
         return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls, constrained)
 
     @property
@@ -401,7 +196,7 @@ class ChatCompletionRequest(_SamplingRequest):
 PromptInput = str | list[int] | list[str] | list[list[int]]
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     prompt: PromptInput
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS_COMPLETIONS)
@@ -431,12 +226,12 @@ class CompletionRequest(_SamplingRequest):
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of < self.n:
-            raise _Unsupported("best_of", f"best_of ({self.best_of}) must be at least n ({self.n})", code=None)
+            raise Unsupported("best_of", f"best_of ({self.best_of}) must be at least n ({self.n})", code=None)
         if self.stream and self.samples > self.n:
-            raise _Unsupported("best_of", "best_of cannot be used with stream: the best choices are known only "
+            raise Unsupported("best_of", "best_of cannot be used with stream: the best choices are known only "
                                "once every candidate has finished", code=None)  # fmt: skip
         if self.suffix and self.echo:
-            raise _Unsupported("echo", "echo cannot be combined with suffix", code=None)
+            raise Unsupported("echo", "echo cannot be combined with suffix", code=None)
         return self
 
     @property
@@ -468,17 +263,32 @@ class CompletionRequest(_SamplingRequest):
 
 # -- parsing ------------------------------------------------------------------
 
+GenerationRequest = ChatCompletionRequest | CompletionRequest
+Req = TypeVar("Req", ChatCompletionRequest, CompletionRequest)
 
-def parse_request(
-    model_cls: type[_SamplingRequest], data: dict[str, Any], stop_limits: StopLimits = DEFAULT_STOP_LIMITS
-) -> Any:
+
+def parse_request(kind: type[Req], data: dict[str, Any], stop_limits: StopLimits = DEFAULT_STOP_LIMITS) -> Req:
+    """``data`` (a decoded body) as a ``kind`` request; its first error the API's 400, naming the field."""
     try:
-        return model_cls.model_validate(data, context={"stop_limits": stop_limits})
+        return kind.model_validate(data, context={"stop_limits": stop_limits})
     except ValidationError as exc:
         first = first_error(exc)
         cause = first.cause  # a validator's own refusal of a known OpenAI parameter keeps its code
-        if isinstance(cause, _Unsupported):
+        if isinstance(cause, Unsupported):
             if cause.code is None:
                 raise InvalidRequest(cause.message, param=cause.param) from None
             raise UnsupportedParameter(cause.message, param=cause.param, code=cause.code) from None
         raise InvalidRequest(first.line(), param=first.path) from None
+
+
+def param_names(req: GenerationRequest) -> dict[str, str]:
+    """Engine parameter names that the API spells differently."""
+    if isinstance(req, CompletionRequest):
+        return {"top_logprobs": "logprobs", "prompt_logprobs": "logprobs", "guided": req.guided_param}
+    return {"max_tokens": max_tokens_param(req), "prompt": "messages", "guided": req.guided_param}
+
+
+def max_tokens_param(req: GenerationRequest) -> str:
+    if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"

@@ -1,9 +1,10 @@
-"""How engine outputs become OpenAI response objects: whole answers and SSE streams.
+"""How engine outputs become the API's answer: one JSON body, or an SSE stream.
 
-A ``Renderer`` knows one API's shapes (chat completions, text completions);
-``collect`` and ``sse_body`` are the two ways a ``Generation`` is answered.
-Nothing here decides anything: the request's policy has run before the first
-output reaches a renderer.
+``respond`` answers a started ``Generation``: whole (every output collected,
+then the renderer's ``full``) or streamed (the renderer's ``sse_body``, sent by
+``gateway.pipeline.sse.SSEResponse``). A ``Renderer`` knows one API's shapes
+(chat completions, text completions, an adapter's vendor). Nothing here decides
+anything: the request's policy has run before the first output reaches a renderer.
 """
 
 from __future__ import annotations
@@ -11,16 +12,49 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from starlette.responses import JSONResponse, Response
+
 from inferflux.backends.engine import RequestOutput, TokenLogprob
 
 from inferflux.gateway.errors import GatewayError, error_body
+from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS
 from inferflux.gateway.pipeline.completions import keep_best
 from inferflux.gateway.pipeline.generation import ChoiceEvent, Generation, Usage
-from inferflux.gateway.pipeline.sse import SSE_DONE, sse_event
+from inferflux.gateway.pipeline.sse import SSE_DONE, ClientDisconnected, SSEResponse, sse_error_end, sse_event
 from inferflux.gateway.pipeline.tool_calls import ToolCallDelta, ToolOutput, assemble
 
 if TYPE_CHECKING:
+    from inferflux.policy.errors import ApiError
+
+    from inferflux.gateway.pipeline.call import Call
     from inferflux.gateway.pipeline.plan import Plan
+    from inferflux.gateway.pipeline.protocol import GenerationRequest
+
+
+async def respond(call: Call, gen: Generation, render: Renderer, req: GenerationRequest,
+                  headers: dict[str, str]) -> Response:  # fmt: skip
+    """The answer to ``req`` from ``gen`` (started, every policy allowing): one JSON body, or an SSE stream
+    once its first output is there; ``headers`` go on either. ``gen`` is closed, and so settled (policy 4),
+    when the body is complete, the stream ends, or the client leaves."""
+    if not req.stream:
+        try:
+            async with gen:
+                outputs = await call.watched(collect(gen))
+        except ClientDisconnected:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        return JSONResponse(render.full(outputs, gen.usage), headers=headers)
+    try:
+        # Wait for the first output before sending headers, so that admission
+        # errors (prompt too long, overload) still get their real status.
+        first = await call.watched(anext(gen, None))
+    except ClientDisconnected:
+        await gen.close()
+        return Response(status_code=CLIENT_CLOSED_STATUS)
+    except BaseException:
+        await gen.close()
+        raise
+    return SSEResponse(render.sse_body(gen, first, req.include_usage), on_close=gen.close, headers=headers,
+                       error_end=render.error_end)  # fmt: skip
 
 
 async def collect(gen: Generation) -> dict[int, list[RequestOutput]]:
@@ -41,6 +75,14 @@ class Renderer(Protocol):
     def stream_event(self, event: ChoiceEvent, include_usage: bool) -> dict[str, Any] | None: ...
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]: ...
+
+    def sse_body(self, gen: Generation, first: ChoiceEvent | None, include_usage: bool) -> AsyncIterator[bytes]:
+        """The stream's events, from ``first`` (None: the generation had no output) on."""
+        ...
+
+    def error_end(self, exc: ApiError) -> bytes:
+        """How the stream ends in error once its headers are gone (a drain's grace over)."""
+        ...
 
 
 def _is_empty(out: RequestOutput) -> bool:
@@ -70,27 +112,31 @@ async def stream_chunks(
             yield chunk
 
 
-async def sse_body(
-    gen: Generation, first: ChoiceEvent | None, render: Renderer, include_usage: bool
-) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in stream_chunks(gen, first, render, include_usage):
-            yield sse_event(chunk)
-    except GatewayError as exc:
-        # Headers are gone already; the error travels in the stream, as OpenAI does.
-        yield sse_event(error_body(exc))
+class OpenAIRenderer(Renderer):
+    """The chat and completions renderers' stream: their chunks as SSE events, then ``data: [DONE]``."""
+
+    async def sse_body(self, gen: Generation, first: ChoiceEvent | None, include_usage: bool) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream_chunks(gen, first, self, include_usage):
+                yield sse_event(chunk)
+        except GatewayError as exc:
+            # Headers are gone already; the error travels in the stream, as OpenAI does.
+            yield sse_event(error_body(exc))
+            yield SSE_DONE
+            return
+        if include_usage:
+            yield sse_event(self.usage_chunk(gen.usage))
         yield SSE_DONE
-        return
-    if include_usage:
-        yield sse_event(render.usage_chunk(gen.usage))
-    yield SSE_DONE
+
+    def error_end(self, exc: ApiError) -> bytes:
+        return sse_error_end(exc)
 
 
 def _finish_reason(outputs: list[RequestOutput]) -> str | None:
     return outputs[-1].finish_reason if outputs and outputs[-1].finished else None
 
 
-class ChatRenderer:
+class ChatRenderer(OpenAIRenderer):
     def __init__(self, plan: Plan, logprobs: bool) -> None:
         self.plan = plan
         self.served = plan.served
@@ -179,7 +225,7 @@ class ChatRenderer:
         return {**self._header("chat.completion.chunk"), "choices": [], "usage": usage.to_dict()}
 
 
-class CompletionRenderer:
+class CompletionRenderer(OpenAIRenderer):
     """The completions API's shapes. With ``echo`` the prompt comes first (with ``logprobs``, its tokens'
     logprobs too, from the engine's first output); with ``n`` below the candidates generated per prompt
     (``best_of``), a whole answer keeps each prompt's ``n`` best (``gateway.pipeline.completions.keep_best``)."""
@@ -238,7 +284,7 @@ class CompletionRenderer:
 
     def full(self, outputs: dict[int, list[RequestOutput]], usage: Usage) -> dict[str, Any]:
         if self.n is not None and len(self.plan.choices) > self.n * len(self.plan.prompts):
-            picked = keep_best(self.plan, outputs, self.n)  # best_of: usage still counts every candidate
+            picked = keep_best(self.plan.choices, outputs, self.n)  # best_of: usage still counts every candidate
         else:
             picked = [(index, index, outs) for index, outs in sorted(outputs.items())]
         choices = []

@@ -21,6 +21,7 @@ from inferflux.gateway.pipeline import run
 from inferflux.gateway.pipeline.adapters import MessagesRequest, ResponsesRequest, parse_messages, parse_responses
 from inferflux.gateway.pipeline.call import Call
 from inferflux.gateway.pipeline.embeddings import EmbeddingsRequest
+from inferflux.gateway.pipeline.policy import allowed_model
 from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, CompletionRequest
 from inferflux.policy.rbac import Scope
 
@@ -93,7 +94,7 @@ async def list_models(request: Request) -> Response:
 @document("One model, by name or alias", tag="openai")
 @requires(Scope.READ)
 async def retrieve_model(request: Request) -> Response:
-    return JSONResponse(_model_card(Call.of(request).model(request.path_params["model_id"])))
+    return JSONResponse(_model_card(allowed_model(Call.of(request), request.path_params["model_id"])))
 
 
 def routes() -> list[BaseRoute]:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
-from inferflux.gateway.pipeline.protocol import StopLimits
+from inferflux.gateway.pipeline.sampling import StopLimits
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)b?|b)?\s*$", re.IGNORECASE)
 

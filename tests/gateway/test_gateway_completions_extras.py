@@ -181,11 +181,11 @@ def test_keep_best_ranks_by_mean_logprob_per_token() -> None:
     def out(*logprobs: float) -> Any:
         return SimpleNamespace(logprobs=[SimpleNamespace(logprob=v) for v in logprobs])
 
-    plan = SimpleNamespace(choices=[SimpleNamespace(index=i, prompt_index=i // 3) for i in range(6)])
+    choices = [SimpleNamespace(index=i, prompt_index=i // 3) for i in range(6)]
     outputs = {0: [out(-1.0, -1.0)], 1: [out(-0.5), out(-0.7)], 2: [], 3: [out(-3.0)], 4: [out(-2.0, -0.1)],
                5: [out(float("nan"))]}  # fmt: skip
     assert mean_logprob(outputs[2]) == -np.inf and mean_logprob(outputs[5]) == -np.inf
-    kept = keep_best(plan, outputs, 2)  # type: ignore[arg-type]
+    kept = keep_best(choices, outputs, 2)  # type: ignore[arg-type]
     assert [(answer, index) for answer, index, _ in kept] == [(0, 1), (1, 0), (2, 4), (3, 3)]
 
 

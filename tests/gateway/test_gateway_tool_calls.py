@@ -1,4 +1,4 @@
-"""The calls in a model's text (``gateway.pipeline.tool_calls``): auto-mode parsing, forced-call fragments, guardrails.
+"""The calls in a model's text (``gateway.pipeline.tool_parsers``, ``tool_calls``): parsing, fragments, guardrails.
 
 Auto mode: Hermes ``<tool_call>`` blocks and bare JSON (``arguments`` or ``parameters``,
 one call or a list) become calls of the request's tools; anything else (a block that does
@@ -15,7 +15,8 @@ import json
 import pytest
 
 from inferflux.backends.engine import RequestOutput
-from inferflux.gateway.pipeline.tool_calls import AutoCalls, ForcedCalls, ToolCallDelta, ToolStream, assemble, parse_calls
+from inferflux.gateway.pipeline.tool_calls import ToolCallDelta, ToolStream, assemble
+from inferflux.gateway.pipeline.tool_parsers import AutoCalls, ForcedCalls, parse_calls
 from inferflux.gateway.pipeline.tools import ToolPlan
 from inferflux.policy.guardrails import Guardrails, parse_spec
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from inferflux.backends.engine import GuidedSpec
 from inferflux.backends.engine.grammar_compiler import GrammarCompiler
 from inferflux.gateway.pipeline.json_schema import closed_schema
-from inferflux.gateway.pipeline.protocol import ResponseFormat
+from inferflux.gateway.pipeline.sampling import ResponseFormat
 from inferflux.gateway.pipeline.tools import ToolDefinition, call_schema
 
 A = {"type": "object", "properties": {"a": {"type": "integer"}}}

@@ -252,9 +252,10 @@ class AdapterRenderer:
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self.chat.usage_chunk(usage)
 
-    async def sse_body(self, gen: Generation, first: ChoiceEvent | None) -> AsyncIterator[bytes]:
+    async def sse_body(self, gen: Generation, first: ChoiceEvent | None, include_usage: bool) -> AsyncIterator[bytes]:
         """The vendor's stream: its opening events, the chat chunks translated, its closing events (the
-        last held until the call is on record, as ``[DONE]`` is); an error ends it with the vendor's error event."""
+        last held until the call is on record, as ``[DONE]`` is); an error ends it with the vendor's error event.
+        The closing events carry the usage (the chat body never asks for ``include_usage``)."""
         out = self.adapter.streamer(self._header)
         reader = ChatReader()
         for event in out.opening():
@@ -272,4 +273,7 @@ class AdapterRenderer:
         for event in events:
             yield event
         yield SSELast(last)
+
+    def error_end(self, exc: ApiError) -> bytes:
+        return self.adapter.error_end(exc)
 
