@@ -12,6 +12,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
     backend: auto           # default for models that name none: auto (the priority chain) or a backend name
     runtime:
       backend_priority: [cuda, metal, cpu, mlx]   # the chain 'auto' walks (default: backends.registry.default_priority)
+      cpu_isa: auto         # the CPU kernels' level: auto (this CPU's own) | avx512 | avx2 | generic
     dtype: auto             # default for models that name none: auto | float32 | bfloat16
     max_body_bytes: 4MiB
     max_queued_sequences: 256   # per model; beyond it requests get 503 + Retry-After
@@ -135,6 +136,7 @@ Environment variables (each sets the key beside it):
     INFERFLUX_TRACING                tracing.enabled (true/false)
     INFERFLUX_BACKEND                backend
     INFERFLUX_BACKEND_PRIORITY       runtime.backend_priority (comma separated)
+    INFERFLUX_CPU_ISA                runtime.cpu_isa
     INFERFLUX_DTYPE                  dtype
     INFERFLUX_MODEL                  serve this one model (a path) instead of ``models``
     INFERFLUX_MODEL_NAME             the id clients use for INFERFLUX_MODEL

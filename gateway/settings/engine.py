@@ -188,14 +188,25 @@ def _split_names(value: Any) -> Any:
     return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
 
 
+def _isa_name(value: Any) -> Any:
+    """A level's name as written in a file or the environment (`` AVX2 ``, ``native``) as the one it means."""
+    if not isinstance(value, str):
+        return value
+    name = value.strip().lower()
+    return "auto" if name == "native" else name
+
+
 class RuntimeSettings(BaseModel):
-    """Which backend ``backend: auto`` picks (``backends.registry``)."""
+    """Which backend ``backend: auto`` picks (``backends.registry``), and the CPU kernels' instruction set."""
 
     model_config = ConfigDict(extra="forbid")
 
     # Tried in order; the first allowed backend whose probe passes serves. Unset:
     # the registry's default chain (cuda, metal, then cpu before mlx-on-Linux).
     backend_priority: Annotated[list[str] | None, BeforeValidator(_split_names)] = None
+    # The level the CPU kernels are built for (kernels/cpu/__init__.py): auto, this machine's own, or one
+    # pinned below it (docs/architecture.md). Unset: INFERFLUX_CPU_ISA, then auto. ``native`` is auto's old name.
+    cpu_isa: Annotated[Literal["auto", "avx512", "avx2", "generic"] | None, BeforeValidator(_isa_name)] = None
 
     @field_validator("backend_priority")
     @classmethod

@@ -37,6 +37,7 @@ ENV_KEYS: dict[str, str] = {
     "INFERFLUX_TRACING": "tracing.enabled",
     "INFERFLUX_BACKEND": "backend",
     "INFERFLUX_BACKEND_PRIORITY": "runtime.backend_priority",
+    "INFERFLUX_CPU_ISA": "runtime.cpu_isa",
     "INFERFLUX_DTYPE": "dtype",
     "INFERFLUX_MODEL": "model",
     "INFERFLUX_MODEL_NAME": "model_name",

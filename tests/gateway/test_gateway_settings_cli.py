@@ -130,6 +130,13 @@ def test_preemption_by_swap_is_engine_configuration(tmp_path: Path) -> None:
     assert (default.preemption_mode, default.swap_dir) == ("recompute", None)
 
 
+def test_the_cpu_kernels_level_from_the_file_or_the_environment(tmp_path: Path) -> None:
+    assert load_settings(env={}).runtime.cpu_isa is None  # unset: the kernels read INFERFLUX_CPU_ISA, then auto
+    config = write(tmp_path, "runtime:\n  cpu_isa: AVX2\n")
+    assert load_settings(config, env={}).runtime.cpu_isa == "avx2"
+    assert load_settings(config, env={"INFERFLUX_CPU_ISA": "native"}).runtime.cpu_isa == "auto"
+
+
 @pytest.mark.parametrize(
     ("text", "env", "expected"),
     [
@@ -149,9 +156,10 @@ def test_preemption_by_swap_is_engine_configuration(tmp_path: Path) -> None:
         ("engine:\n  preemption_mode: drop\n", {}, "'engine.preemption_mode'"),
         ("engine:\n  speculative: {method: draft}\n", {}, "needs draft_layers or draft_model"),
         ("engine:\n  speculative: {draft_layers: 4}\n", {}, "apply to method 'draft' only"),
+        ("", {"INFERFLUX_CPU_ISA": "avx1024"}, "'runtime.cpu_isa' (from INFERFLUX_CPU_ISA)"),
     ],
     ids=["port-range", "unknown-key", "model-path", "duplicate", "size", "dtype", "list", "yaml", "env", "spec-k",
-         "spec-method", "spec-ngrams", "preemption-mode", "draft-missing", "draft-on-ngram"],
+         "spec-method", "spec-ngrams", "preemption-mode", "draft-missing", "draft-on-ngram", "cpu-isa"],
 )
 def test_bad_config_names_the_key(tmp_path: Path, text: str, env: dict[str, str], expected: str) -> None:
     with pytest.raises(ConfigError) as info:
