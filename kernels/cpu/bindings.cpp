@@ -23,9 +23,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "Causal attention of a few query tokens per sequence over the paged KV cache");
   m.def("qmatmul", &qmatmul, "x @ W^T with W in ggml blocks (Q4_0, Q4_1, Q8_0), batch-invariant per row");
-  m.def("dequantize_blocks", &dequantize_blocks, "ggml blocks (Q4_0, Q4_1, Q8_0) to a dense float32/bfloat16 matrix");
+  m.def("dequantize_blocks", &dequantize_blocks,
+        "ggml blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) to a dense float32/bfloat16 matrix");
   m.def("exact_linear", &exact_linear,
-        "bfloat16 or float32 x @ W^T with W in ggml blocks decoded to the loader's weights: invariant_linear's bits");
+        "bfloat16 or float32 x @ W^T with W in ggml blocks (Q4_0, Q4_1, Q8_0; Q4_K, Q6_K with float32 x) decoded "
+        "to the loader's weights: invariant_linear's bits");
   m.def("exact_linear_supported", &ifx::exact_linear_supported,
         "whether exact_linear was built for bfloat16 rows (AVX-512 BF16) or float32 rows (every build)",
         pybind11::arg("bf16") = true);

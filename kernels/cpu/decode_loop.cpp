@@ -150,6 +150,8 @@ class Loop {
                       " inputs, expected ", pr.in);
         } else {  // dequantize_blocks' check of the row size (qtype and K), on a zero-row view, once at load.
           dequantize_blocks(pr.weight.narrow(0, 0, 0), pr.qtype, pr.in, false);
+          TORCH_CHECK(!ifx::is_k_type(pr.qtype) || (pr.exact_below > 0 && dtype_ == at::kFloat),
+                      "DecodeLoop: Q4_K and Q6_K blocks are multiplied by exact_linear on float32 rows only");
         }
       }
     }
