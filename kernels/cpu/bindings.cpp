@@ -43,11 +43,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecodeLoop>(m, "DecodeLoop", pybind11::module_local(),
                                "Every layer of a decode step of a few single-token rows in one call (decode_loop.cpp)")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<int64_t>, int64_t, int64_t, int64_t, double, double,
-                          std::vector<at::Tensor>, std::vector<int64_t>>(),
+                          std::vector<at::Tensor>, std::vector<int64_t>, std::vector<at::Tensor>, std::vector<int64_t>,
+                          std::vector<int64_t>>(),
            pybind11::arg("layers"), pybind11::arg("qtypes"), pybind11::arg("num_heads"),
            pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"),
            pybind11::arg("exact_dense") = std::vector<at::Tensor>(),
-           pybind11::arg("exact_below") = std::vector<int64_t>())
+           pybind11::arg("exact_below") = std::vector<int64_t>(),
+           pybind11::arg("part_weights") = std::vector<at::Tensor>(),
+           pybind11::arg("part_qtypes") = std::vector<int64_t>(), pybind11::arg("part_of") = std::vector<int64_t>())
       .def_property_readonly("num_layers", &DecodeLoop::num_layers)
       .def("step", &DecodeLoop::step, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "x [rows, hidden] -> [hidden states, residual] after the last layer (the loop's own buffers)");

@@ -59,9 +59,12 @@ at::Tensor fused_silu_and_mul(at::Tensor gate_up);
 // weights and reused buffers; bindings.cpp makes it the module's Python class DecodeLoop.
 class DecodeLoop {
  public:
+  // part_weights, part_qtypes, part_of: the parts of stacked projections (blocks of several types, the blocks
+  // mode), each with the index (layer * 4 + projection) of the projection it belongs to, in output order.
   DecodeLoop(std::vector<at::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads, int64_t num_kv_heads,
              int64_t head_dim, double eps, double scale, std::vector<at::Tensor> exact_dense,
-             std::vector<int64_t> exact_below);
+             std::vector<int64_t> exact_below, std::vector<at::Tensor> part_weights = {},
+             std::vector<int64_t> part_qtypes = {}, std::vector<int64_t> part_of = {});
   ~DecodeLoop();
   int64_t num_layers() const;
   // x [M, hidden] (the embedded tokens) -> {hidden states, residual} after the last layer, before the final
