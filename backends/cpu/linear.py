@@ -1,8 +1,9 @@
 """Projections whose weights stay in ggml's quantised blocks (the ``quantise`` pass).
 
 ``QuantLinear`` takes an ``nn.Linear``'s place (same call, same result dtype) and keeps
-its weight as ``uint8 [out, row_bytes]`` blocks (Q4_0, Q4_1 or Q8_0), four to eight
-times smaller than bfloat16. Which kernel runs depends on the number of rows:
+its weight as ``uint8 [out, row_bytes]`` blocks (Q4_0, Q4_1 or Q8_0; Q4_K or Q6_K in the
+``exact`` and ``blocks`` modes on float32 rows, see ``EXACT_ONLY``), four to eight times
+smaller than bfloat16. Which kernel runs depends on the number of rows:
 
 * below ``gemm_from`` rows (decode: memory-bound), ``kernels.cpu.qmatmul``, which reads
   the blocks as they are and is batch-invariant (a row's result never depends on
@@ -37,10 +38,28 @@ from torch import nn
 
 from inferflux.kernels import cpu as cpu_kernels
 
-# ggml type ids the C++ kernel multiplies (kernels/cpu/qmatmul.cpp), and their block
-# sizes in bytes per 32 weights.
-BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
-QTYPE_NAMES: dict[int, str] = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
+# ggml type ids the C++ kernels multiply (kernels/cpu/kernels.h), and their blocks' size in bytes and values:
+# 32 values a block, 256 a K type's super-block.
+BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 8: 34, 12: 144, 14: 210}  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K
+BLOCK_VALUES: dict[int, int] = {2: 32, 3: 32, 8: 32, 12: 256, 14: 256}
+QTYPE_NAMES: dict[int, str] = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+# The types only exact_linear multiplies, and only float32 rows of them (exact_avx2.cpp): no qmatmul, no
+# bfloat16 kernel. They are kept as blocks in the exact and blocks modes of a float32 model, else left dense.
+EXACT_ONLY = frozenset({12, 14})
+
+
+def multiplies(qtype: int, *, exact: bool, dtype: torch.dtype) -> bool:
+    """Whether a kernel here multiplies blocks of ``qtype`` for a model of ``dtype`` (``exact``: by
+    ``exact_linear``, the exact and blocks modes; else by ``qmatmul``)."""
+    if qtype not in BLOCK_BYTES:
+        return False
+    return qtype not in EXACT_ONLY or (exact and dtype == torch.float32)
+
+
+def row_bytes(qtype: int, in_features: int) -> int | None:
+    """Bytes of one row of ``in_features`` weights of ``qtype``; None where they are not whole blocks."""
+    values = BLOCK_VALUES[qtype]
+    return None if in_features % values else in_features // values * BLOCK_BYTES[qtype]
 
 # Batch rows from which dequantise-per-tile + GEMM beats qmatmul over a layer's four
 # projections: 32, measured by benchmarks/bench_qmatmul.py (--threads 1 --fastest) on the
@@ -77,7 +96,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         if qtype not in BLOCK_BYTES:
             raise ValueError(f"no kernel for ggml type {qtype}; quantised types: {sorted(QTYPE_NAMES.values())}")
-        if in_features % 32 or blocks.dim() != 2 or blocks.shape[1] != in_features // 32 * BLOCK_BYTES[qtype]:
+        if blocks.dim() != 2 or blocks.shape[1] != row_bytes(qtype, in_features):
             raise ValueError(f"blocks of shape {tuple(blocks.shape)} do not hold {in_features} inputs of type "
                              f"{QTYPE_NAMES[qtype]}")
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
@@ -135,6 +154,53 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         kernel = ", exact" if self.exact else ""
         return f"in={self.in_features}, out={self.out_features}, {self.qtype_name}, gemm_from={self.gemm_from}{kernel}"
+
+
+class StackedQuantLinear(nn.Module):
+    """A fused projection (q, k and v; gate and up) whose parts the file stores in different block types, as
+    llama.cpp's Q4_K_M stores attn_v in Q6_K beside q and k in Q4_K: one ``QuantLinear`` a run of rows of one
+    type, their outputs side by side. ``exact_linear`` computes each output by itself (its reduction never
+    depends on the other outputs), so in the exact and blocks modes the result is the same bits as one
+    projection of the stacked weights."""
+
+    def __init__(self, parts: list[QuantLinear]) -> None:
+        super().__init__()
+        if len({p.in_features for p in parts}) != 1:
+            raise ValueError(f"stacked parts of {sorted({p.in_features for p in parts})} inputs")
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def dense(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The stacked weight dequantised, ``[out, in]``."""
+        return torch.cat([p.dense(dtype) for p in self.parts])
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, {'+'.join(p.qtype_name for p in self.parts)}"
+
+
+def quant_linear(parts: list[tuple[int, torch.Tensor]], in_features: int, bias: torch.Tensor | None = None,
+                 dense: torch.Tensor | None = None) -> QuantLinear | StackedQuantLinear:
+    """A projection of blocks ``parts`` (``(qtype, uint8 [rows, row_bytes])`` in output order): one
+    ``QuantLinear`` where they are of one type, else a ``StackedQuantLinear`` of one a run of rows of a type.
+    ``bias`` and ``dense`` are the whole projection's, split among the parts."""
+    runs: list[tuple[int, list[torch.Tensor]]] = []
+    for qtype, blocks in parts:
+        if runs and runs[-1][0] == qtype:
+            runs[-1][1].append(blocks)
+        else:
+            runs.append((qtype, [blocks]))
+    linears, start = [], 0
+    for qtype, pieces in runs:
+        blocks = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        rows = slice(start, start + blocks.shape[0])
+        start = rows.stop
+        linears.append(QuantLinear(blocks, qtype, in_features, None if bias is None else bias[rows],
+                                   dense=None if dense is None else dense[rows]))
+    return linears[0] if len(linears) == 1 else StackedQuantLinear(linears)
 
 
 class QuantEmbedding(nn.Module):

@@ -161,7 +161,7 @@ def exact_available(source: Any, dtype_name: str) -> bool:
     from inferflux.kernels import cpu as cpu_kernels
 
     dtype = EXACT_DTYPES.get(dtype_name)
-    return dtype is not None and cpu_kernels.exact_linear_supported(dtype) and quantised_file(source)
+    return dtype is not None and cpu_kernels.exact_linear_supported(dtype) and quantised_file(source, dtype)
 
 
 def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
@@ -233,12 +233,13 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
     counts: dict[str, int] = {}
     dense_left = 0
     for slot in _slots(model):
-        qtype, blocks = _blocks_for(slot, source, mode)
-        if blocks is None:
+        parts = _blocks_for(slot, source, mode)
+        if parts is None:
             dense_left += 1
             continue
-        slot.replace(qtype, torch.from_numpy(blocks), slot.dense().detach() if mode in _KEEP_DENSE else None)
-        counts[ql.QTYPE_NAMES[qtype]] = counts.get(ql.QTYPE_NAMES[qtype], 0) + 1
+        slot.replace(parts, slot.dense().detach() if mode in _KEEP_DENSE else None)
+        kind = "+".join(dict.fromkeys(ql.QTYPE_NAMES[qtype] for qtype, _ in parts))  # Q4_K+Q6_K: stacked
+        counts[kind] = counts.get(kind, 0) + 1
     kept = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
     how = ("kept as stored in the file" + (", beside their dense weights for batches" if mode in _KEEP_DENSE else "")
            if mode in _FILE_BLOCKS else f"re-quantised ({mode})")
@@ -349,13 +350,14 @@ PASSES: tuple[tuple[str, Callable[..., tuple[str, str]]], ...] = (
 )
 
 
-def quantised_file(source: Any) -> bool:
-    """Whether the source stores the first layer's projections in a type the kernel multiplies."""
+def quantised_file(source: Any, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the source stores the first layer's projections in a type exact_linear multiplies for rows of
+    ``dtype`` (``ql.multiplies``: the K types in float32 only)."""
     stored = getattr(source, "stored_blocks", None)
     if stored is None:
         return False
     got = stored("model.layers.0.self_attn.o_proj.weight")
-    return got is not None and got[0] in ql.BLOCK_BYTES
+    return got is not None and ql.multiplies(got[0], exact=True, dtype=dtype)
 
 
 # ----- the projections a pass may replace ---------------------------------------------
@@ -386,9 +388,11 @@ class _Slot:
         parent = block.attn if self.role in ("qkv", "o_proj") else block.mlp
         return getattr(parent, self.role), self.role
 
-    def replace(self, qtype: int, blocks: torch.Tensor, dense: torch.Tensor | None = None) -> None:
-        """Put the blocks in this weight's place; ``dense`` (hybrid): kept beside them for batches."""
+    def replace(self, parts: list[tuple[int, np.ndarray]], dense: torch.Tensor | None = None) -> None:
+        """Put the blocks (``_blocks_for``'s parts) in this weight's place; ``dense`` (hybrid): kept beside them
+        for batches."""
         m = self.model
+        qtype, blocks = parts[0][0], torch.from_numpy(parts[0][1])  # the embedding and head: one tensor, one part
         if self.role == "embed":
             m.embed = ql.QuantEmbedding(blocks, qtype, m.cfg.hidden_size, m.dtype)
             if m.lm_head is None:  # tied: the head multiplies the same blocks
@@ -401,7 +405,8 @@ class _Slot:
         old, name = self._owner()
         parent = m.layers[self.layer].attn if self.role in ("qkv", "o_proj") else m.layers[self.layer].mlp
         bias = None if old.bias is None else old.bias.detach()
-        setattr(parent, name, ql.QuantLinear(blocks, qtype, old.in_features, bias, dense=dense))
+        blocks_parts = [(t, torch.from_numpy(b)) for t, b in parts]
+        setattr(parent, name, ql.quant_linear(blocks_parts, old.in_features, bias, dense=dense))
 
 
 class _Placeholder(nn.Module):
@@ -423,16 +428,21 @@ def _slots(model: Any) -> list[_Slot]:
     return out
 
 
-def _blocks_for(slot: _Slot, source: Any, mode: str) -> tuple[int, np.ndarray | None]:
-    """The blocks a slot becomes: the file's (native) or a re-quantisation of its weights."""
+def _blocks_for(slot: _Slot, source: Any, mode: str) -> list[tuple[int, np.ndarray]] | None:
+    """The blocks a slot becomes, ``(ggml type, uint8 [rows, row_bytes])`` a tensor in output order (a fused
+    slot's q, k, v): the file's (native), or a re-quantisation of its weights; None: it stays dense. The parts may
+    differ in type (Q4_K_M's v in Q6_K beside q and k in Q4_K) only in the exact modes, whose kernel computes each
+    output by itself (``ql.quant_linear`` stacks them)."""
     if mode in _FILE_BLOCKS:
         stored = getattr(source, "stored_blocks", None)
         parts = [stored(n) for n in slot.names] if stored is not None else [None]
-        if any(p is None for p in parts) or len({p[0] for p in parts}) != 1 or parts[0][0] not in ql.BLOCK_BYTES:
-            return 0, None
-        return parts[0][0], np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        exact = mode in _EXACT
+        if (any(p is None for p in parts) or (len({p[0] for p in parts}) != 1 and not exact)
+                or not all(ql.multiplies(p[0], exact=exact, dtype=slot.model.dtype) for p in parts)):
+            return None
+        return parts
     from gguf.quants import quantize
 
     qtype = _REQUANT[mode]
     weights = slot.dense().detach().float().numpy()
-    return qtype, quantize(weights, qtype)
+    return [(qtype, quantize(weights, qtype))]

@@ -176,6 +176,29 @@ OWN_PATHS: dict[QType, Callable[[np.ndarray, np.ndarray], None]] = {
 }
 
 
+def random_k_blocks(qtype: QType, rows: int, cols: int, rng: np.random.Generator,
+                    d_range: tuple[float, float] = (1e-6, 1e-2)) -> np.ndarray:
+    """Random but valid Q4_K or Q6_K super-blocks for ``rows`` x ``cols`` weights, ``uint8 [rows, row_bytes]``.
+
+    gguf-py cannot quantise the K types, so the kernels' tests and ``benchmarks/make_shaped_gguf.py`` write
+    them this way: random quants and packed 6-bit (Q4_K) or int8 (Q6_K) scales, every float16 scale (``d``,
+    Q4_K's ``dmin``) positive and log-uniform in ``d_range`` (subnormals included by the default), never NaN
+    or Inf.
+    """
+    if qtype not in (QType.Q4_K, QType.Q6_K):
+        raise ValueError(f"random_k_blocks writes Q4_K or Q6_K, not {qtype.name}")
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    if cols % block_elems:
+        raise ValueError(f"{cols} columns is not a whole number of {qtype.name} super-blocks of {block_elems}")
+    n = rows * (cols // block_elems)
+    blocks = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+    low, high = np.log(d_range[0]), np.log(d_range[1])
+    for offset in (0, 2) if qtype == QType.Q4_K else (208,):  # d and dmin (Q4_K), d (Q6_K: its last 2 bytes)
+        d = np.exp(rng.uniform(low, high, size=(n, 1))).astype(np.float16)
+        blocks[:, offset : offset + 2] = d.view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def ggml_type(type_id: int) -> QType:
     """The ``GGMLQuantizationType`` for a raw id, or ``UnsupportedQuantType`` naming it."""
     try:

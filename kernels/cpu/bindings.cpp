@@ -23,9 +23,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &paged_attention,
         "Causal attention of a few query tokens per sequence over the paged KV cache");
   m.def("qmatmul", &qmatmul, "x @ W^T with W in ggml blocks (Q4_0, Q4_1, Q8_0), batch-invariant per row");
-  m.def("dequantize_blocks", &dequantize_blocks, "ggml blocks (Q4_0, Q4_1, Q8_0) to a dense float32/bfloat16 matrix");
+  m.def("dequantize_blocks", &dequantize_blocks,
+        "ggml blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) to a dense float32/bfloat16 matrix");
   m.def("exact_linear", &exact_linear,
-        "bfloat16 or float32 x @ W^T with W in ggml blocks decoded to the loader's weights: invariant_linear's bits");
+        "bfloat16 or float32 x @ W^T with W in ggml blocks (Q4_0, Q4_1, Q8_0; Q4_K, Q6_K with float32 x) decoded "
+        "to the loader's weights: invariant_linear's bits");
   m.def("exact_linear_supported", &ifx::exact_linear_supported,
         "whether exact_linear was built for bfloat16 rows (AVX-512 BF16) or float32 rows (every build)",
         pybind11::arg("bf16") = true);
@@ -41,11 +43,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecodeLoop>(m, "DecodeLoop", pybind11::module_local(),
                                "Every layer of a decode step of a few single-token rows in one call (decode_loop.cpp)")
       .def(pybind11::init<std::vector<at::Tensor>, std::vector<int64_t>, int64_t, int64_t, int64_t, double, double,
-                          std::vector<at::Tensor>, std::vector<int64_t>>(),
+                          std::vector<at::Tensor>, std::vector<int64_t>, std::vector<at::Tensor>, std::vector<int64_t>,
+                          std::vector<int64_t>>(),
            pybind11::arg("layers"), pybind11::arg("qtypes"), pybind11::arg("num_heads"),
            pybind11::arg("num_kv_heads"), pybind11::arg("head_dim"), pybind11::arg("eps"), pybind11::arg("scale"),
            pybind11::arg("exact_dense") = std::vector<at::Tensor>(),
-           pybind11::arg("exact_below") = std::vector<int64_t>())
+           pybind11::arg("exact_below") = std::vector<int64_t>(),
+           pybind11::arg("part_weights") = std::vector<at::Tensor>(),
+           pybind11::arg("part_qtypes") = std::vector<int64_t>(), pybind11::arg("part_of") = std::vector<int64_t>())
       .def_property_readonly("num_layers", &DecodeLoop::num_layers)
       .def("step", &DecodeLoop::step, pybind11::call_guard<pybind11::gil_scoped_release>(),
            "x [rows, hidden] -> [hidden states, residual] after the last layer (the loop's own buffers)");

@@ -1,7 +1,8 @@
 // The C++ loop over layers for decode steps: every layer of a step of a few single-token rows
 // in one call (backends/cpu/decode_loop.py packs the layers at load and decides which steps
 // qualify). A projection is ggml blocks (multiplied by qmatmul, or in the exact mode by exact_linear below its
-// threshold and its dense copy's op from there) or a dense weight, multiplied by
+// threshold and its dense copy's op from there; a stack of blocks of several types in the blocks mode, each part
+// by exact_linear) or a dense weight, multiplied by
 // the op the Python path calls on it: oneDNN's linear on the weight packed once (linear.pack),
 // or at::linear on a plain one.
 //
@@ -50,6 +51,10 @@ struct Projection {
   // blocks mode has no dense side: exact_below is then the largest int64, so every step takes exact_linear.
   at::Tensor dense;
   int64_t exact_below = 0;
+  // A fused projection whose parts are blocks of different types (linear.StackedQuantLinear: Q4_K_M's v in Q6_K
+  // beside q and k in Q4_K), in the blocks mode: each part multiplied by exact_linear into its columns. weight is
+  // then empty; out is the parts' sum.
+  std::vector<Projection> parts;
 };
 
 // linear.packed_linear's op: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "").
@@ -78,7 +83,8 @@ class Loop {
  public:
   Loop(std::vector<at::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads, int64_t num_kv_heads,
              int64_t head_dim, double eps, double scale, std::vector<at::Tensor> exact_dense,
-             std::vector<int64_t> exact_below)
+             std::vector<int64_t> exact_below, std::vector<at::Tensor> part_weights, std::vector<int64_t> part_qtypes,
+             std::vector<int64_t> part_of)
       : heads_(num_heads), kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(static_cast<float>(eps)), scale_(scale) {
     TORCH_CHECK(!layers.empty() && layers.size() % kTensorsPerLayer == 0,
                 "DecodeLoop: ", kTensorsPerLayer,
@@ -132,6 +138,25 @@ class Loop {
       pr.dense = d;
       pr.exact_below = exact_below[i];
     }
+    TORCH_CHECK(part_qtypes.size() == part_weights.size() && part_of.size() == part_weights.size(),
+                "DecodeLoop: one qtype and one projection index a part");
+    for (size_t i = 0; i < part_weights.size(); ++i) {
+      TORCH_CHECK(part_of[i] >= 0 && part_of[i] < static_cast<int64_t>(layers_.size()) * kProjections,
+                  "DecodeLoop: a part of a projection that is not there");
+      Projection& pr = layers_[part_of[i] / kProjections].proj[part_of[i] % kProjections];
+      TORCH_CHECK(pr.kind == Kind::kBlocks && pr.weight.numel() == 0 &&
+                      pr.exact_below == std::numeric_limits<int64_t>::max(),
+                  "DecodeLoop: a stacked projection is empty blocks beside its parts, exact_linear at every size");
+      Projection part;
+      part.weight = part_weights[i];
+      part.qtype = part_qtypes[i];
+      part.exact_below = pr.exact_below;
+      TORCH_CHECK(part.weight.dim() == 2 && part.weight.scalar_type() == at::kByte && part.weight.is_contiguous(),
+                  "DecodeLoop: a part must be contiguous uint8 [out, row_bytes] blocks");
+      part.out = part.weight.size(0);
+      pr.out += part.out;
+      pr.parts.push_back(std::move(part));
+    }
     const Layer& first = layers_[0];
     qkv_ = (heads_ + 2 * kv_heads_) * head_dim_;
     inter_ = first.proj[2].out / 2;
@@ -149,7 +174,17 @@ class Loop {
           TORCH_CHECK(pr.weight.size(1) == pr.in, "DecodeLoop: projection ", p, " has ", pr.weight.size(1),
                       " inputs, expected ", pr.in);
         } else {  // dequantize_blocks' check of the row size (qtype and K), on a zero-row view, once at load.
-          dequantize_blocks(pr.weight.narrow(0, 0, 0), pr.qtype, pr.in, false);
+          std::vector<Projection*> all_blocks{&pr};  // a stacked projection's: its parts'
+          if (!pr.parts.empty()) {
+            all_blocks.clear();
+            for (Projection& part : pr.parts) all_blocks.push_back(&part);
+          }
+          for (Projection* blocks : all_blocks) {
+            blocks->in = pr.in;
+            dequantize_blocks(blocks->weight.narrow(0, 0, 0), blocks->qtype, pr.in, false);
+            TORCH_CHECK(!ifx::is_k_type(blocks->qtype) || (blocks->exact_below > 0 && dtype_ == at::kFloat),
+                        "DecodeLoop: Q4_K and Q6_K blocks are multiplied by exact_linear on float32 rows only");
+          }
         }
       }
     }
@@ -182,7 +217,17 @@ class Loop {
       return;
     }
     // QuantLinear.forward: the product in the activation dtype, then + bias in that dtype.
-    if (pr.exact_below > 0 && M >= pr.exact_below) {  // exact's dense side
+    if (!pr.parts.empty()) {  // StackedQuantLinear.forward: each part's product into its columns (yf as scratch)
+      T* part_out = reinterpret_cast<T*>(yf);
+      int64_t column = 0;
+      for (const Projection& part : pr.parts) {
+        ifx::exact_linear_rows(in_t.data_ptr<T>(), M, pr.in, part.weight.data_ptr<uint8_t>(), part.out,
+                               part.weight.size(1), part.qtype, part_out);
+        for (int64_t m = 0; m < M; ++m)
+          std::memcpy(out + m * pr.out + column, part_out + m * part.out, part.out * sizeof(T));
+        column += part.out;
+      }
+    } else if (pr.exact_below > 0 && M >= pr.exact_below) {  // exact's dense side
       dense_op(pr.dense, in_t, c10::nullopt, M, pr.out, out);
     } else if (pr.exact_below > 0) {
       ifx::exact_linear_rows(in_t.data_ptr<T>(), M, pr.in, pr.weight.data_ptr<uint8_t>(), pr.out, pr.weight.size(1),
@@ -345,9 +390,12 @@ struct DecodeLoop::Impl : Loop {
 
 DecodeLoop::DecodeLoop(std::vector<at::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads,
                        int64_t num_kv_heads, int64_t head_dim, double eps, double scale,
-                       std::vector<at::Tensor> exact_dense, std::vector<int64_t> exact_below)
+                       std::vector<at::Tensor> exact_dense, std::vector<int64_t> exact_below,
+                       std::vector<at::Tensor> part_weights, std::vector<int64_t> part_qtypes,
+                       std::vector<int64_t> part_of)
     : impl_(std::make_unique<Impl>(std::move(layers), std::move(qtypes), num_heads, num_kv_heads, head_dim, eps,
-                                   scale, std::move(exact_dense), std::move(exact_below))) {}
+                                   scale, std::move(exact_dense), std::move(exact_below), std::move(part_weights),
+                                   std::move(part_qtypes), std::move(part_of))) {}
 
 DecodeLoop::~DecodeLoop() = default;
 

@@ -19,7 +19,9 @@
 //
 // The bfloat16 kernel needs AVX-512 BF16; the float32 one here AVX-512F (and F16C, which every
 // AVX-512 CPU has). Builds without AVX-512 take exact_avx2.cpp's float32 kernel (AVX2, or portable C++),
-// which keeps the same contract: float32 rows are exact on every CPU.
+// which keeps the same contract: float32 rows are exact on every CPU. The K types (Q4_K, Q6_K) have no
+// kernel here: their float32 rows go to exact_avx2.cpp's AVX2 kernel in AVX-512 builds too (every AVX-512
+// CPU runs AVX2, and the contract makes the bits the same), and bfloat16 rows of them are refused.
 #pragma GCC optimize("fp-contract=off")  // the loader's product and sum round separately: no fused multiply-add
 #include "kernels.h"
 
@@ -42,9 +44,8 @@
 namespace {
 
 constexpr int64_t QK = 32;
-constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8;
-
-constexpr int64_t block_bytes(int64_t qtype) { return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 0; }
+constexpr int64_t Q4_0 = ifx::kQ4_0, Q4_1 = ifx::kQ4_1, Q8_0 = ifx::kQ8_0;
+using ifx::block_bytes;
 
 #ifdef IFX_EXACT32
 inline float half_at(const uint8_t* p) {
@@ -255,6 +256,7 @@ bool exact_linear_supported(bool bf16) {
 
 void exact_linear_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                        int64_t qtype, c10::BFloat16* y) {
+  TORCH_CHECK(!is_k_type(qtype), "exact_linear multiplies Q4_K and Q6_K blocks by float32 rows only");
 #ifdef IFX_EXACT
   run_type(x, M, K, w, N, row_bytes, qtype, y);
 #else
@@ -265,7 +267,10 @@ void exact_linear_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8
 void exact_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                        int64_t qtype, float* y) {
 #ifdef IFX_EXACT32
-  run_type(x, M, K, w, N, row_bytes, qtype, y);
+  if (is_k_type(qtype))
+    exact_linear_rows_avx2(x, M, K, w, N, row_bytes, qtype, y);
+  else
+    run_type(x, M, K, w, N, row_bytes, qtype, y);
 #else
   exact_linear_rows_avx2(x, M, K, w, N, row_bytes, qtype, y);
 #endif
@@ -279,12 +284,13 @@ at::Tensor exact_linear(at::Tensor x, at::Tensor w, int64_t qtype) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(ifx::exact_linear_supported(bf16), "exact_linear on ", bf16 ? "bfloat16" : "float32",
               " rows needs AVX-512 BF16, which this build's CPU lacks");
-  TORCH_CHECK(block_bytes(qtype) > 0, "exact_linear: unsupported ggml type ", qtype, " (Q4_0=2, Q4_1=3, Q8_0=8)");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(K % QK == 0, "exact_linear: K = ", K, " is not a multiple of ", QK);
+  TORCH_CHECK(block_bytes(qtype) > 0, "exact_linear: unsupported ggml type ", qtype,
+              " (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q6_K=14)");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), values = ifx::block_values(qtype);
+  TORCH_CHECK(K % values == 0, "exact_linear: K = ", K, " is not a multiple of ", values);
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() &&
-                  w.size(1) == K / QK * block_bytes(qtype),
-              "exact_linear: blocks must be contiguous uint8 [N, ", K / QK * block_bytes(qtype), "] for K = ", K,
+                  w.size(1) == K / values * block_bytes(qtype),
+              "exact_linear: blocks must be contiguous uint8 [N, ", K / values * block_bytes(qtype), "] for K = ", K,
               " of type ", qtype);
   auto xc = x.contiguous();
   auto y = at::empty({M, N}, x.options());

@@ -4,8 +4,14 @@
 // AVX-512 kernels; this file keeps the same one: each output is invariant_linear's float32 reduction (16
 // lanes, lane l summing the products at k = l mod 16 front to back by fused multiply-adds, then the one
 // fold of kernels.h) over the weights the loader decodes the blocks to (backends/models/quants.py: Q4_0
-// (q - 8) * d, Q4_1 q * d + m with the product and the sum each rounded, Q8_0 q * d). AVX2 holds the 16
-// lanes in two 8-lane registers; the lanes, their order and the fold are the same, so the bits are too.
+// (q - 8) * d, Q4_1 q * d + m with the product and the sum each rounded, Q8_0 q * d; Q4_K (d * sc) * q -
+// dmin * m, with the sub-block's scale d * sc and offset dmin * m each rounded first, then the product, then
+// the difference; Q6_K (q - 32) * (sc * d), the scale rounded first). AVX2 holds the 16 lanes in two 8-lane
+// registers; the lanes, their order and the fold are the same, so the bits are too.
+//
+// The K types (Q4_K, Q6_K: super-blocks of 256 values) go through the same two ways as runs of 32 values:
+// a super-block's scales are decoded once per weight row it belongs to, then each of its 8 runs of 32 like a
+// Q4_0 block. They have no AVX-512 kernel of their own: AVX-512 builds multiply them here too (exact.cpp).
 //
 // Two ways through, by the number of rows:
 // * up to kRegisterRows (4) rows (decode, memory-bound): each block is decoded in registers straight from
@@ -36,14 +42,14 @@
 
 namespace {
 
-constexpr int64_t QK = 32;
-constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8;
+constexpr int64_t QK = 32;  // values a register path decodes at a time: a block, or one run of a K super-block
+using ifx::block_bytes;
+using ifx::block_values;
+constexpr int64_t Q4_0 = ifx::kQ4_0, Q4_1 = ifx::kQ4_1, Q8_0 = ifx::kQ8_0, Q4_K = ifx::kQ4_K, Q6_K = ifx::kQ6_K;
 constexpr int64_t kRegisterRows = 4;  // up to this many rows: blocks decoded in registers
 // More rows: weight rows decoded at a time (an even number). 8 measured faster than 2 or a group sized to L1 at
 // 32 rows (benchmarks/bench_exact_linear.py --dtype float32, 2-core AMD EPYC Zen 3).
 constexpr int64_t kGroup = 8;
-
-constexpr int64_t block_bytes(int64_t qtype) { return qtype == Q4_0 ? 18 : qtype == Q4_1 ? 20 : qtype == Q8_0 ? 34 : 0; }
 
 inline float half_at(const uint8_t* p) {
   uint16_t h;
@@ -51,12 +57,50 @@ inline float half_at(const uint8_t* p) {
   return c10::detail::fp16_ieee_to_fp32_value(h);
 }
 
-// One block's 32 weights as float32, in element order: the loader's values, scalar (the portable kernel's
-// decoder).
+// Q4_K's eight 6-bit scales and eight 6-bit minimums, packed in 12 bytes (ggml's get_scale_min_k4): runs 0-3
+// take the low 6 bits of bytes 0-3 (scales) and 4-7 (minimums); runs 4-7 their low 4 bits from bytes 8-11 and
+// their top 2 from the spare top bits of bytes 0-3 / 4-7.
+inline void k4_scales(const uint8_t* s, int32_t sc[8], int32_t mn[8]) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = (s[j + 8] & 0x0F) | ((s[j] >> 6) << 4);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+  }
+}
+
+// Q6_K: run r (32 values) of a super-block lies in half h = r / 4 as group g = r % 4, which takes its low 4 bits
+// from the low (g < 2) or high nibbles of ql[64 h + 32 (g % 2) ...] and its top 2 from bits 2g of qh[32 h ...].
+constexpr int64_t kQ6Scales = 192, kQ6D = 208;  // the 16 int8 scales (one per 16 values) and the float16 d
+inline const uint8_t* q6_low(const uint8_t* blk, int r) { return blk + 64 * (r / 4) + 32 * (r % 2); }
+inline const uint8_t* q6_high(const uint8_t* blk, int r) { return blk + 128 + 32 * (r / 4); }
+inline int q6_low_shift(int r) { return (r % 4) < 2 ? 0 : 4; }
+inline int q6_high_shift(int r) { return 2 * (r % 4); }
+
+// One block's weights (block_values(QT) of them) as float32, in element order: the loader's values, scalar
+// (the portable kernel's decoder).
 template <int64_t QT>
 inline void decode_scalar(const uint8_t* blk, float* out) {
-  const float d = half_at(blk);
-  if constexpr (QT == Q8_0) {
+  const float d = half_at(QT == Q6_K ? blk + kQ6D : blk);
+  if constexpr (QT == Q4_K) {
+    const float dmin = half_at(blk + 2);
+    int32_t sc[8], mn[8];
+    k4_scales(blk + 4, sc, mn);
+    for (int r = 0; r < 8; ++r) {
+      const float scale = d * static_cast<float>(sc[r]), offset = dmin * static_cast<float>(mn[r]);
+      const uint8_t* qs = blk + 16 + 32 * (r / 2);  // runs 2j and 2j + 1: the low and high nibbles of 32 bytes
+      for (int l = 0; l < QK; ++l) out[QK * r + l] = static_cast<float>((qs[l] >> (4 * (r % 2))) & 0x0F) * scale - offset;
+    }
+  } else if constexpr (QT == Q6_K) {
+    const int8_t* scales = reinterpret_cast<const int8_t*>(blk + kQ6Scales);
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t *ql = q6_low(blk, r), *qh = q6_high(blk, r);
+      for (int l = 0; l < QK; ++l) {
+        const int q = (((ql[l] >> q6_low_shift(r)) & 0x0F) | (((qh[l] >> q6_high_shift(r)) & 3) << 4)) - 32;
+        out[QK * r + l] = static_cast<float>(q) * (static_cast<float>(scales[2 * r + l / 16]) * d);
+      }
+    }
+  } else if constexpr (QT == Q8_0) {
     const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
     for (int j = 0; j < QK; ++j) out[j] = static_cast<float>(q[j]) * d;
   } else {
@@ -117,12 +161,81 @@ inline void decode(const uint8_t* blk, __m256 w[4]) {
   }
 }
 
+inline __m256i widen8(const uint8_t* p) {  // 8 bytes to 8 int32 (vpmovzxbd from memory)
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// A K super-block's 8 runs of 32 weights in registers: load(blk) decodes its scales once, then (r, w) puts run r
+// in w. Called with a constant r (the callers' loops are unrolled), so the nibble and bit shifts are immediates.
+template <int64_t QT>
+struct KDecoder;
+
+template <>
+struct KDecoder<Q4_K> {
+  alignas(32) float scale[8], offset[8];  // per run: d * sc and dmin * m, each rounded (the loader's)
+  const uint8_t* qs;
+  void load(const uint8_t* blk) {
+    qs = blk + 16;
+    alignas(32) int32_t sc[8], mn[8];
+    k4_scales(blk + 4, sc, mn);
+    int32_t dm;  // d and dmin, float16
+    std::memcpy(&dm, blk, 4);
+    const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+    const __m256 d = _mm256_broadcastss_ps(both), dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(both));
+    _mm256_store_ps(scale, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<__m256i*>(sc)))));
+    _mm256_store_ps(offset, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<__m256i*>(mn)))));
+  }
+  void operator()(int r, __m256 w[4]) const {
+    const uint8_t* q = qs + 32 * (r / 2);  // runs 2j and 2j + 1: the low and high nibbles of 32 bytes
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    const __m256 a = _mm256_broadcast_ss(scale + r), b = _mm256_broadcast_ss(offset + r);
+    for (int i = 0; i < 4; ++i) {
+      const __m256i v = _mm256_and_si256(_mm256_srli_epi32(widen8(q + 8 * i), 4 * (r % 2)), mask);
+      w[i] = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(v), a), b);
+    }
+  }
+};
+
+template <>
+struct KDecoder<Q6_K> {
+  alignas(32) float scale[16];  // per 16 values: sc * d, rounded (the loader's)
+  const uint8_t* blk;
+  void load(const uint8_t* p) {
+    blk = p;
+    const __m256 d = _mm256_set1_ps(half_at(p + kQ6D));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kQ6Scales + 8 * h)));
+      _mm256_store_ps(scale + 8 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(sc), d));
+    }
+  }
+  void operator()(int r, __m256 w[4]) const {
+    const uint8_t *ql = q6_low(blk, r), *qh = q6_high(blk, r);
+    for (int i = 0; i < 4; ++i) {
+      const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(widen8(ql + 8 * i), q6_low_shift(r)), _mm256_set1_epi32(0x0F));
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(widen8(qh + 8 * i), q6_high_shift(r)), _mm256_set1_epi32(3));
+      const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+      w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_broadcast_ss(scale + 2 * r + i / 2));
+    }
+  }
+};
+
 template <int64_t QT>
 inline void decode_row(const uint8_t* row, int64_t K, float* out) {
   __m256 w[4];
-  for (int64_t b = 0; b < K / QK; ++b) {
-    decode<QT>(row + b * block_bytes(QT), w);
-    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + b * QK + 8 * i, w[i]);
+  for (int64_t b = 0; b < K / block_values(QT); ++b, out += block_values(QT)) {
+    const uint8_t* blk = row + b * block_bytes(QT);
+    if constexpr (ifx::is_k_type(QT)) {
+      KDecoder<QT> dec;
+      dec.load(blk);
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        dec(r, w);
+        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + r * QK + 8 * i, w[i]);
+      }
+    } else {
+      decode<QT>(blk, w);
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + 8 * i, w[i]);
+    }
   }
 }
 
@@ -143,11 +256,28 @@ inline void register_tile(const float* x, int64_t K, const uint8_t* w, int64_t r
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = zero();
   __m256 wv[4];
-  for (int64_t b = 0; b < K / QK; ++b)
-    for (int j = 0; j < NR; ++j) {
-      decode<QT>(w + (n + j) * row_bytes + b * block_bytes(QT), wv);
-      for (int i = 0; i < MR; ++i) block_fma(x + i * K + b * QK, wv, acc[i][j]);
+  if constexpr (ifx::is_k_type(QT)) {
+    // A super-block at a time: each output's scales once, then run by run across the NR outputs. Both loops are
+    // unrolled, so the sums stay in registers (a loop over j would keep them in memory) and the shifts constant.
+    constexpr int64_t kValues = block_values(QT);
+    KDecoder<QT> dec[NR];
+    for (int64_t b = 0; b < K / kValues; ++b) {
+      for (int j = 0; j < NR; ++j) dec[j].load(w + (n + j) * row_bytes + b * block_bytes(QT));
+#pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; ++j) {
+          dec[j](r, wv);
+          for (int i = 0; i < MR; ++i) block_fma(x + i * K + b * kValues + r * QK, wv, acc[i][j]);
+        }
     }
+  } else {
+    for (int64_t b = 0; b < K / QK; ++b)
+      for (int j = 0; j < NR; ++j) {
+        decode<QT>(w + (n + j) * row_bytes + b * block_bytes(QT), wv);
+        for (int i = 0; i < MR; ++i) block_fma(x + i * K + b * QK, wv, acc[i][j]);
+      }
+  }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = fold(acc[i][j]);
 }
@@ -155,7 +285,9 @@ inline void register_tile(const float* x, int64_t K, const uint8_t* w, int64_t r
 template <int64_t QT, int MR>
 void register_rows(const float* x, int64_t K, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y,
                    int64_t ldy) {
-  constexpr int NR = MR == 1 ? 4 : MR == 2 ? 2 : 1;  // 6-8 accumulator registers
+  // 6-8 accumulator registers. A K super-block's decoding needs more registers of its own: Q4_K one row takes
+  // two outputs, Q6_K one (measured fastest at 1-4 rows, 4096 x 2048, one thread, AMD EPYC Zen 5).
+  constexpr int NR = QT == Q6_K ? 1 : QT == Q4_K ? (MR == 1 ? 2 : 1) : MR == 1 ? 4 : MR == 2 ? 2 : 1;
   int64_t n = n0;
   for (; n + NR <= n1; n += NR) register_tile<QT, MR, NR>(x, K, w, row_bytes, n, y, ldy);
   for (; n < n1; ++n) register_tile<QT, MR, 1>(x, K, w, row_bytes, n, y, ldy);
@@ -227,7 +359,8 @@ void run(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int6
 
 template <int64_t QT>
 inline void decode_row(const uint8_t* row, int64_t K, float* out) {
-  for (int64_t b = 0; b < K / QK; ++b) decode_scalar<QT>(row + b * block_bytes(QT), out + b * QK);
+  for (int64_t b = 0; b < K / block_values(QT); ++b)
+    decode_scalar<QT>(row + b * block_bytes(QT), out + b * block_values(QT));
 }
 
 inline float fold(float lane[16]) {
@@ -254,17 +387,38 @@ void run(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int6
 
 #endif
 
+template <int64_t QT>
+void decode_rows(const uint8_t* w, int64_t N, int64_t row_bytes, int64_t K, float* out) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) decode_row<QT>(w + n * row_bytes, K, out + n * K);
+  });
+}
+
 }  // namespace
 
 namespace ifx {
 
 void exact_linear_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
-                                int64_t qtype, float* y) {
+                            int64_t qtype, float* y) {
   if (M <= 0 || N <= 0) return;
   switch (qtype) {
     case Q4_0: run<Q4_0>(x, M, K, w, N, row_bytes, y); break;
     case Q4_1: run<Q4_1>(x, M, K, w, N, row_bytes, y); break;
-    default: run<Q8_0>(x, M, K, w, N, row_bytes, y); break;
+    case Q8_0: run<Q8_0>(x, M, K, w, N, row_bytes, y); break;
+    case Q4_K: run<Q4_K>(x, M, K, w, N, row_bytes, y); break;
+    case Q6_K: run<Q6_K>(x, M, K, w, N, row_bytes, y); break;
+    default: TORCH_CHECK(false, "exact_linear: unsupported ggml type ", qtype);
+  }
+}
+
+void decode_block_rows(const uint8_t* w, int64_t qtype, int64_t N, int64_t row_bytes, int64_t K, float* out) {
+  switch (qtype) {
+    case Q4_0: decode_rows<Q4_0>(w, N, row_bytes, K, out); break;
+    case Q4_1: decode_rows<Q4_1>(w, N, row_bytes, K, out); break;
+    case Q8_0: decode_rows<Q8_0>(w, N, row_bytes, K, out); break;
+    case Q4_K: decode_rows<Q4_K>(w, N, row_bytes, K, out); break;
+    case Q6_K: decode_rows<Q6_K>(w, N, row_bytes, K, out); break;
+    default: TORCH_CHECK(false, "decode_block_rows: unsupported ggml type ", qtype);
   }
 }
 

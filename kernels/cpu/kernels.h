@@ -29,12 +29,14 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
 // qmatmul.cpp: y = x @ W^T (float32 [M, N]) with W as ggml blocks (uint8 [N, row_bytes]) of type qtype
 // (ggml's ids: Q4_0 = 2, Q4_1 = 3, Q8_0 = 8); each row's result is independent of M and of its position.
 at::Tensor qmatmul(at::Tensor x, at::Tensor w, int64_t qtype);
-// qmatmul.cpp: ggml blocks to a dense [N, K] tensor, float32 or (bf16) bfloat16.
+// qmatmul.cpp: ggml blocks (those three types, and Q4_K = 12, Q6_K = 14) to a dense [N, K] tensor, float32 or
+// (bf16) bfloat16.
 at::Tensor dequantize_blocks(at::Tensor w, int64_t qtype, int64_t K, bool bf16);
 
-// exact.cpp: y = x @ W^T ([M, N], x's dtype) for bfloat16 or float32 x [M, K], W as ggml blocks (Q4_0, Q4_1, Q8_0)
-// decoded to the loader's weights in that dtype: invariant_linear's bits on those weights, reading the blocks.
-// bfloat16 needs AVX-512 BF16 (ifx::exact_linear_supported says whether it was built); float32 runs everywhere.
+// exact.cpp: y = x @ W^T ([M, N], x's dtype) for bfloat16 or float32 x [M, K], W as ggml blocks (Q4_0, Q4_1, Q8_0;
+// Q4_K and Q6_K with float32 rows) decoded to the loader's weights in that dtype: invariant_linear's bits on those
+// weights, reading the blocks. bfloat16 needs AVX-512 BF16 (ifx::exact_linear_supported says whether it was
+// built); float32 runs everywhere.
 at::Tensor exact_linear(at::Tensor x, at::Tensor w, int64_t qtype);
 
 // invariant.cpp: batch-invariant y = x @ w^T (+ bias), x [M, K], w [N, K], float32 or bfloat16 (the dtype of x);
@@ -57,9 +59,12 @@ at::Tensor fused_silu_and_mul(at::Tensor gate_up);
 // weights and reused buffers; bindings.cpp makes it the module's Python class DecodeLoop.
 class DecodeLoop {
  public:
+  // part_weights, part_qtypes, part_of: the parts of stacked projections (blocks of several types, the blocks
+  // mode), each with the index (layer * 4 + projection) of the projection it belongs to, in output order.
   DecodeLoop(std::vector<at::Tensor> layers, std::vector<int64_t> qtypes, int64_t num_heads, int64_t num_kv_heads,
              int64_t head_dim, double eps, double scale, std::vector<at::Tensor> exact_dense,
-             std::vector<int64_t> exact_below);
+             std::vector<int64_t> exact_below, std::vector<at::Tensor> part_weights = {},
+             std::vector<int64_t> part_qtypes = {}, std::vector<int64_t> part_of = {});
   ~DecodeLoop();
   int64_t num_layers() const;
   // x [M, hidden] (the embedded tokens) -> {hidden states, residual} after the last layer, before the final
@@ -93,7 +98,7 @@ inline float fold16(__m512 v) {
 #if defined(__AVX2__) && defined(__FMA__)
 // The same fold of 16 float32 lanes held in two 8-lane registers (lanes 0-7, 8-15): AVX2 kernels keep the
 // AVX-512 ones' lanes, order and fold, so their float32 results are the same bits. AVX-512 builds have it
-// too: exact_avx2.cpp is compiled into every build, and an AVX-512 CPU runs its AVX2 kernel.
+// too: exact_avx2.cpp is compiled into every build, and an AVX-512 CPU runs its AVX2 kernel (the K types').
 inline float fold16(__m256 lo, __m256 hi) {
   const __m256 h = _mm256_add_ps(lo, hi);
   __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -103,6 +108,18 @@ inline float fold16(__m256 lo, __m256 hi) {
 }
 #endif
 
+// The ggml block types the kernels read (ggml.h's ids): values per block and bytes per block. Q4_0, Q4_1 and
+// Q8_0 hold 32 values a block; the K types 256 a super-block (8 sub-blocks of 32 with 6-bit scales for Q4_K,
+// 16 runs of 16 with int8 scales for Q6_K). qmatmul reads the 32-value types only; exact_linear (float32 rows)
+// and dequantize_blocks all five.
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
+constexpr bool is_k_type(int64_t qtype) { return qtype == kQ4_K || qtype == kQ6_K; }
+constexpr int64_t block_values(int64_t qtype) { return is_k_type(qtype) ? 256 : 32; }
+// 0: a type the kernels do not read.
+constexpr int64_t block_bytes(int64_t qtype) {
+  return qtype == kQ4_0 ? 18 : qtype == kQ4_1 ? 20 : qtype == kQ8_0 ? 34 : qtype == kQ4_K ? 144 : qtype == kQ6_K ? 210 : 0;
+}
+
 // exact.cpp: exact_linear on raw buffers (y [M, N] in x's dtype); exact_linear_supported(bf16) says whether the
 // kernel for bfloat16 (or float32) rows was built.
 bool exact_linear_supported(bool bf16);
@@ -110,9 +127,13 @@ void exact_linear_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8
                        int64_t qtype, c10::BFloat16* y);
 void exact_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                        int64_t qtype, float* y);
-// exact_avx2.cpp: the float32 kernel of builds without AVX-512 (AVX2 + FMA + F16C, or portable C++).
+// exact_avx2.cpp: the float32 kernel of builds without AVX-512 (AVX2 + FMA + F16C, or portable C++), and of the
+// K types in every build.
 void exact_linear_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                             int64_t qtype, float* y);
+// exact_avx2.cpp: N rows of blocks (any type above) to float32 [N, K]: the loader's values, as exact_linear
+// multiplies them (dequantize_blocks' K types).
+void decode_block_rows(const uint8_t* w, int64_t qtype, int64_t N, int64_t row_bytes, int64_t K, float* out);
 
 // fused.cpp: rows x n; residual null: new_residual is x (copied there unless it is x itself).
 template <typename T>

@@ -247,12 +247,15 @@ void dequantise(const uint8_t* w, int64_t qtype, int64_t N, int64_t row_bytes, i
   });
 }
 
-void check_blocks(const at::Tensor& w, int64_t qtype, int64_t K) {
+// k_types: whether the caller reads Q4_K and Q6_K too (dequantize_blocks does, through exact_avx2.cpp's decoder).
+void check_blocks(const at::Tensor& w, int64_t qtype, int64_t K, bool k_types = false) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "qmatmul: weights must be a contiguous uint8 [N, row_bytes] tensor of blocks");
-  TORCH_CHECK(K > 0 && K % QK == 0, "qmatmul: K must be a positive multiple of 32, got ", K);
-  TORCH_CHECK(w.size(1) == K / QK * block_bytes(qtype), "qmatmul: ", w.size(1),
-              " bytes a row do not hold K = ", K, " weights of type ", qtype);
+  const int64_t values = k_types && ifx::is_k_type(qtype) ? ifx::block_values(qtype) : QK;
+  const int64_t bytes = k_types && ifx::is_k_type(qtype) ? ifx::block_bytes(qtype) : block_bytes(qtype);
+  TORCH_CHECK(K > 0 && K % values == 0, "qmatmul: K must be a positive multiple of ", values, ", got ", K);
+  TORCH_CHECK(w.size(1) == K / values * bytes, "qmatmul: ", w.size(1), " bytes a row do not hold K = ", K,
+              " weights of type ", qtype);
 }
 
 }  // namespace
@@ -310,9 +313,14 @@ at::Tensor qmatmul(at::Tensor x, at::Tensor w, int64_t qtype) {
 }
 
 at::Tensor dequantize_blocks(at::Tensor w, int64_t qtype, int64_t K, bool bf16) {
-  check_blocks(w, qtype, K);
+  check_blocks(w, qtype, K, /*k_types=*/true);
   const auto dtype = bf16 ? at::kBFloat16 : at::kFloat;
   const int64_t N = w.size(0);
+  if (ifx::is_k_type(qtype)) {  // exact_linear's decoder: the loader's float32 values (then rounded to bfloat16)
+    auto values = at::empty({N, K}, w.options().dtype(at::kFloat));
+    ifx::decode_block_rows(w.data_ptr<uint8_t>(), qtype, N, w.size(1), K, values.data_ptr<float>());
+    return bf16 ? values.to(at::kBFloat16) : values;
+  }
   auto out = at::empty({N, K}, w.options().dtype(dtype));
   if (dtype == at::kFloat) {
     dequantise(w.data_ptr<uint8_t>(), qtype, N, w.size(1), K, out.data_ptr<float>());

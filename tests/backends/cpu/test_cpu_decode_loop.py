@@ -6,6 +6,7 @@ same order), and only the steps it applies to go through it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -15,6 +16,7 @@ from inferflux.backends.base import Batch, ModelSpec, SequenceSlice
 from inferflux.backends.cpu import CPUBackend
 from inferflux.backends.models import default_model_path
 from inferflux.kernels import cpu as cpu_kernels
+from shaped_models import tiny_q4_k_m
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(cpu_kernels.load() is None, reason="no C++ CPU kernels")]
 BS = 16
@@ -104,6 +106,30 @@ def test_greedy_decoding_through_the_loop_gives_the_python_paths_bits(mode: str,
     assert loop_tokens == python_tokens
     for a, b in zip(via_loop, via_python):
         assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_q4_k_m_model_in_blocks_runs_the_loop_with_the_python_paths_bits(tmp_path: Path, rows: int) -> None:
+    """The K types in the loop: Q4_K and Q6_K projections, and layer 1's q/k/v stacked from Q4_K and Q6_K blocks,
+    each part by exact_linear into its columns."""
+    from inferflux.backends.cpu.linear import StackedQuantLinear
+
+    backend = CPUBackend()
+    info = backend.load(ModelSpec(name="k", path=str(tiny_q4_k_m(tmp_path)), dtype="float32",
+                                  passes={"quantise": "blocks"}))
+    assert next(r for r in info.passes if r["name"] == "decode_loop")["status"] == "ran"
+    assert isinstance(backend.model.layers[1].attn.qkv, StackedQuantLinear)
+    backend.allocate_kv(10 * BLOCKS_PER_SEQ, BS)
+    loop = backend.model.decode_loop
+    calls = _count_loop_calls(backend)
+    via_loop, loop_tokens = _greedy(backend, rows)
+    assert calls[0] == STEPS
+    backend.model.decode_loop = None
+    via_python, python_tokens = _greedy(backend, rows)
+    backend.model.decode_loop = loop
+    assert loop_tokens == python_tokens
+    for a, b in zip(via_loop, via_python):
+        assert torch.equal(a, b)
 
 
 def _decode(seq: int, pos: int) -> SequenceSlice:

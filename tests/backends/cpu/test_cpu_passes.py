@@ -22,6 +22,7 @@ from inferflux.backends.engine import EngineConfig, LLMEngine
 from inferflux.backends.models import default_model_path, open_model
 from inferflux.kernels import cpu as cpu_kernels
 from greedy_runs import reference_prompts, run_greedy
+from shaped_models import tiny_q4_k_m
 
 pytestmark = pytest.mark.slow
 TOKENS = 8
@@ -284,8 +285,8 @@ def test_int4_requantises_to_q4_1_blocks_close_to_the_weights(f32_model: Any) ->
 
     model = f32_model[0].model
     slot = next(s for s in passes._slots(model) if s.role == "o_proj" and s.layer == 0)
-    qtype, blocks = passes._blocks_for(slot, None, "int4")
-    assert qtype == 3 and blocks is not None  # Q4_1
+    [(qtype, blocks)] = passes._blocks_for(slot, None, "int4")
+    assert qtype == 3  # Q4_1
     dense = slot.dense().detach().numpy()
     back = dequantize(blocks, qtype)
     # 4 bits over each block's range: an error of at most half a step, (max - min) / 15 / 2.
@@ -430,3 +431,36 @@ def test_blocks_keeps_only_the_files_blocks_and_multiplies_every_batch_size_exac
         for rows in (1, 2, 3, 8, 33):
             assert torch.equal(p(x[:rows]), batched[:rows])
             assert torch.equal(p(x[rows - 1 : rows]), batched[rows - 1 : rows])
+
+
+@needs_exact32
+def test_blocks_keeps_a_q4_k_m_files_k_blocks_with_invariant_linears_bits(tmp_path: Path) -> None:
+    """A Q4_K_M file (benchmarks/make_shaped_gguf.py's layout: Q4_K, and Q6_K for the tied embedding and for
+    attn_v and ffn_down of the last layer here) in ``blocks``: every projection stays in its blocks, a fused q/k/v
+    of two types as a stack of both, within 1.1x the file; in deterministic mode the logits are the f32 mode's
+    (invariant_linear on the loader's weights) bit for bit, prefill and decode."""
+    from inferflux.backends.cpu import linear as ql
+
+    path = tiny_q4_k_m(tmp_path)
+    loaded = {}
+    for mode in ("blocks", "f32"):
+        backend = CPUBackend()
+        info = backend.load(ModelSpec(name="k", path=str(path), dtype="float32", deterministic=True,
+                                      passes={"quantise": mode}))
+        loaded[mode] = backend, {r["name"]: r for r in info.passes}
+    backend, records = loaded["blocks"]
+    assert records["quantise"]["detail"] == "6 Q4_K, 1 Q4_K+Q6_K, 2 Q6_K projections kept as stored in the file"
+    model = backend.model
+    stacked = model.layers[1].attn.qkv
+    assert isinstance(stacked, ql.StackedQuantLinear) and [p.qtype_name for p in stacked.parts] == ["Q4_K", "Q6_K"]
+    assert model.layers[1].mlp.down.qtype_name == "Q6_K" and model.layers[0].mlp.down.qtype_name == "Q4_K"
+    assert isinstance(model.embed, ql.QuantEmbedding) and model.embed.qtype == 14
+    assert ql.weight_bytes(model) <= 1.1 * path.stat().st_size, (ql.weight_bytes(model), path.stat().st_size)
+    # The blocks decode to the loader's weights, and multiply as invariant_linear does on them at any row count.
+    dense = loaded["f32"][0].model.layers[1].attn.qkv.weight.detach()
+    assert torch.equal(stacked.dense(), dense)
+    x = torch.randn(33, 256, generator=torch.Generator().manual_seed(3))
+    for rows in (1, 4, 33):
+        assert torch.equal(stacked(x[:rows]), cpu_kernels.loaded().invariant_linear(x[:rows], dense, None))
+    assert torch.equal(_logits(backend), _logits(loaded["f32"][0]))
+
