@@ -23,7 +23,7 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     # A remote backend's model: where it is served from (the ``upstream`` settings, as plain data); path is "".
     upstream: Mapping[str, Any] | None = field(default=None, hash=False)
-    # The load-time pass pipeline's settings (backends/cpu/passes.py PassConfig: quantise, gemm_from);
+    # The load-time pass pipeline's settings (backends/cpu/pass_config.py PassConfig: quantise, gemm_from);
     # None: the engine's, else the backend's default.
     passes: Mapping[str, Any] | None = field(default=None, hash=False)
     # Batch-invariant kernels: a request's logits are the same bits alone, in any batch, after
@@ -44,7 +44,7 @@ class ModelInfo:
     head_dim: int
     dtype: str  # the dtype actually in use: float32 | bfloat16
     hidden_size: int = 0  # the width of an embedding (``embed``); 0: unknown (an upstream's model)
-    # What the load-time passes did (backends/cpu/passes.py PassRecord.as_dict), in order; () if none ran.
+    # What the load-time passes did (backends/cpu/pass_config.py PassRecord.as_dict), in order; () if none ran.
     passes: tuple[Mapping[str, Any], ...] = field(default=(), hash=False, compare=False)
     deterministic: bool = False  # batch-invariant kernels in use (ModelSpec.deterministic)
 

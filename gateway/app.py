@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, cast
 
 from starlette.applications import Starlette
@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from inferflux.backends.engine.grammar_sandbox import shared_sandbox
 
@@ -98,6 +98,15 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return InternalError(f"Internal server error (request id {ctx.request_id})").to_response(ctx.request_id)
 
 
+# Starlette's exception handlers, by the exception they answer (the most specific class wins).
+EXCEPTION_HANDLERS = {
+    ApiError: _api_error,
+    HTTPException: _http_exception,
+    ClientDisconnect: _client_disconnect,
+    Exception: _unexpected,
+}
+
+
 def create_app(
     settings: Settings,
     manager: ModelManager,
@@ -127,14 +136,7 @@ def create_app(
     if store is None:
         store = PolicyStore.open(settings.store, settings.data_dir)
     if authenticator is None:
-        auth = settings.auth
-        authenticator = Authenticator(
-            store,
-            cache_ttl=auth.cache_ttl_seconds,
-            poll_interval=auth.revocation_poll_seconds,
-            flush_interval=auth.last_used_flush_seconds,
-            snapshot=StoreSnapshot(settings.store.stale_seconds),
-        )
+        authenticator = _authenticator(settings, store)
     # One clock for every cache of store decisions: how long they may serve while the store is down.
     snapshot = authenticator.snapshot
     metrics = GatewayMetrics(manager)
@@ -152,31 +154,55 @@ def create_app(
     _watch(metrics, snapshot, audit_health)
     shared_sandbox().resize(settings.grammar.workers)  # the process's grammar workers (gateway.pipeline.grammars)
     tracing = Tracing.build(settings.tracing, exporter=span_exporter)  # None: off
+    app = Starlette(
+        routes=_routes(settings, store, authenticator, metrics),
+        middleware=_middleware(settings, tracing, metrics, authenticator, audit_health),
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=_lifespan(owns_models=owns_models, owns_store=owns_store, tracing=tracing),
+    )
+    app.state = _gateway_state(settings, manager, metrics, store, authenticator, model_admin, traffic, audit_health)
+    return app
 
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        app.state.drain = Drain()  # one per run: its events belong to this loop
-        await authenticator.start()
-        app.state.audit_trail = audit_health.trail = await traffic.start()
-        model_admin.start()  # follows the store's model registry: other replicas' loads, unloads, default
-        try:
-            yield
-        finally:
-            app.state.drain.draining = True
-            await model_admin.aclose()
-            await traffic.close()
-            await authenticator.stop()
-            if owns_models:
-                # Engine shutdown joins worker threads; keep the loop free meanwhile.
-                await asyncio.to_thread(manager.shutdown)
-            if owns_store:
-                await asyncio.to_thread(store.close)
-            if tracing is not None:
-                await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
-            await asyncio.to_thread(shared_sandbox().close)  # the idle grammar workers; a busy one ends with its check
 
+def _gateway_state(settings: Settings, manager: ModelManager, metrics: GatewayMetrics, store: PolicyStore,
+                   authenticator: Authenticator, model_admin: ModelAdmin, traffic: TrafficPolicy,
+                   audit_health: AuditHealth) -> GatewayState:  # fmt: skip
+    """The app's typed state: the parts ``create_app`` built, and the limits the settings imply, made once."""
+    return GatewayState(
+        settings=settings,
+        manager=manager,
+        metrics=metrics,
+        store=store,
+        authenticator=authenticator,
+        model_admin=model_admin,
+        traffic=traffic,
+        snapshot=authenticator.snapshot,
+        audit_health=audit_health,
+        drain=Drain(),
+        json_limits=settings.input_limits.json_limits(),
+        store_json_limits=settings.input_limits.json_limits(allow_nul=False),
+        stop_limits=settings.input_limits.stop_limits(),
+        schema_limits=settings.input_limits.schema_limits(),
+        grammar_budget=settings.grammar.budget(),
+    )
+
+
+def _authenticator(settings: Settings, store: PolicyStore) -> Authenticator:
+    auth = settings.auth
+    return Authenticator(
+        store,
+        cache_ttl=auth.cache_ttl_seconds,
+        poll_interval=auth.revocation_poll_seconds,
+        flush_interval=auth.last_used_flush_seconds,
+        snapshot=StoreSnapshot(settings.store.stale_seconds),
+    )
+
+
+def _routes(settings: Settings, store: PolicyStore, authenticator: Authenticator,
+            metrics: GatewayMetrics) -> list[BaseRoute]:  # fmt: skip
+    """The API's routes, the probes, /metrics and /openapi.json; the console's when it is enabled."""
     openapi = document("This document", tag="meta")(requires(Scope.READ)(openapi_route("InferFlux", VERSION)))
-    routes = [
+    routes: list[BaseRoute] = [
         *openai.routes(),
         *admin.routes(),
         *health.routes(),
@@ -188,7 +214,13 @@ def create_app(
         console = Console(store, authenticator, metrics, lifetime=settings.console.session_seconds,
                           idle=settings.console.idle_seconds, throttle=throttle)  # fmt: skip
         routes.append(console.mount())
-    middleware = [
+    return routes
+
+
+def _middleware(settings: Settings, tracing: Tracing | None, metrics: GatewayMetrics, authenticator: Authenticator,
+                audit_health: AuditHealth) -> list[Middleware]:  # fmt: skip
+    """The middleware in the module docstring's order, outermost first."""
+    return [
         Middleware(RequestContextMiddleware, tracing=tracing),
         Middleware(AnthropicErrors),
         Middleware(AuditMiddleware),
@@ -199,35 +231,37 @@ def create_app(
         Middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes),
         Middleware(BodyDeadlineMiddleware, seconds=settings.input_limits.body_timeout_seconds),
     ]
-    app = Starlette(
-        routes=routes,
-        middleware=middleware,
-        exception_handlers={
-            ApiError: _api_error,
-            HTTPException: _http_exception,
-            ClientDisconnect: _client_disconnect,
-            Exception: _unexpected,
-        },
-        lifespan=lifespan,
-    )
-    app.state = GatewayState(
-        settings=settings,
-        manager=manager,
-        metrics=metrics,
-        store=store,
-        authenticator=authenticator,
-        model_admin=model_admin,
-        traffic=traffic,
-        snapshot=snapshot,
-        audit_health=audit_health,
-        drain=Drain(),
-        json_limits=settings.input_limits.json_limits(),
-        store_json_limits=settings.input_limits.json_limits(allow_nul=False),
-        stop_limits=settings.input_limits.stop_limits(),
-        schema_limits=settings.input_limits.schema_limits(),
-        grammar_budget=settings.grammar.budget(),
-    )
-    return app
+
+
+def _lifespan(*, owns_models: bool, owns_store: bool,
+              tracing: Tracing | None) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:  # fmt: skip
+    """The app's start (authentication's and the traffic policy's tasks, the registry's follower) and its
+    stop, in reverse; the engines and the store stopped only where the app owns them."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state: GatewayState = app.state
+        state.drain = Drain()  # one per run: its events belong to this loop
+        await state.authenticator.start()
+        state.audit_trail = state.audit_health.trail = await state.traffic.start()
+        state.model_admin.start()  # follows the store's model registry: other replicas' loads, unloads, default
+        try:
+            yield
+        finally:
+            state.drain.draining = True
+            await state.model_admin.aclose()
+            await state.traffic.close()
+            await state.authenticator.stop()
+            if owns_models:
+                # Engine shutdown joins worker threads; keep the loop free meanwhile.
+                await asyncio.to_thread(state.manager.shutdown)
+            if owns_store:
+                await asyncio.to_thread(state.store.close)
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # exports the spans still buffered
+            await asyncio.to_thread(shared_sandbox().close)  # the idle grammar workers; a busy one ends with its check
+
+    return lifespan
 
 
 def _watch(metrics: GatewayMetrics, snapshot: StoreSnapshot, audit: AuditHealth) -> None:

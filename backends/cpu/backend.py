@@ -1,112 +1,37 @@
 """CPUBackend: turns the engine's integer batch into tensors and runs the model.
 
-torch is imported lazily so that discovering and probing this backend works on a
-machine without it (the probe then says what to install).
+Loading runs the model through the load passes (``passes.py``); each step's
+batch is flattened into tensors by ``step_inputs.py``; what the backend tunes in
+its process (malloc, OpenMP) is in ``runtime.py``. torch is imported lazily so
+that discovering and probing this backend works on a machine without it (the
+probe then says what to install).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import importlib.util
 import logging
-import os
-import platform
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
-import numpy as np
-
 from inferflux.backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed_args, choose_dtype
+from inferflux.backends.cpu.pass_config import DENSE_DTYPES, PassConfig, PassRecord, requested_dtype
+from inferflux.backends.cpu.runtime import (
+    cpu_has_native_bf16,
+    keep_freed_memory,
+    release_freed_heap,
+    release_openmp_pool,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from inferflux.backends.cpu import passes
     from inferflux.backends.cpu.model import AttentionMetadata, Transformer
     from inferflux.backends.cpu.swap import DiskSwap, HostSwap
 
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "bfloat16")
-
-
-def cpu_has_native_bf16() -> bool:
-    """True where the CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX), as /proc/cpuinfo says, and the
-    kernels are built for it: a level pinned below (runtime.cpu_isa avx512, avx2, generic) has no bfloat16
-    kernels, so it loads float32 as a CPU of that level would."""
-    from inferflux.kernels import cpu as cpu_kernels  # stdlib only at import: the probe needs no torch
-
-    try:
-        automatic = cpu_kernels.requested_isa() == "auto"
-    except ValueError:  # a bad INFERFLUX_CPU_ISA: the kernels' load_error() says so, and none load
-        automatic = False
-    return automatic and cpu_kernels.native_bf16(cpu_kernels.cpu_flags())
-
-
-def release_freed_heap() -> bool:
-    """Hand the heap's free pages back to the kernel once (glibc's malloc_trim), e.g. after
-    the load passes dropped the dense copies of quantised weights; a no-op off glibc."""
-    if platform.system() != "Linux":
-        return False
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim(0) == 1
-    except (OSError, AttributeError):
-        return False
-
-
-def keep_freed_memory() -> bool:
-    """Stop glibc from returning large freed blocks to the kernel.
-
-    Every step allocates and frees multi-megabyte temporaries (gathered K/V,
-    activations). With glibc's defaults each one is a fresh mmap that is
-    page-faulted in and unmapped again, which made decode attention 5x slower
-    than the arithmetic. Raising the mmap and trim thresholds keeps those pages
-    in the heap for reuse. Process-wide, harmless elsewhere; a no-op off glibc.
-    """
-    if platform.system() != "Linux":
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    ok = libc.mallopt(m_mmap_threshold, 1 << 30) == 1
-    return libc.mallopt(m_trim_threshold, 1 << 30) == 1 and ok
-
-
-def _torch_openmp_libraries() -> list[str]:
-    import glob
-
-    import torch
-
-    return sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*")))
-
-
-def release_openmp_pool() -> bool:
-    """Free the calling thread's OpenMP worker threads (libgomp); False if not possible.
-
-    libgomp keeps one team of workers per thread that ever ran a parallel
-    region. The model is loaded on one thread and run on the engine's: with
-    the loader's team still alive, the engine's team got about 1.4 of 2 cores
-    and a decode step ran ~25% slower (a bf16 [32x576]x[576x3072] matmul 460
-    instead of 370 us, a parallel elementwise op 5x slower). OpenMP 5's
-    ``omp_pause_resource_all`` frees only the caller's pool in libgomp, so
-    other engines' threads are untouched. A no-op where the symbol is absent
-    (another OpenMP runtime, or none).
-    """
-    pause = None
-    for library in (None, *_torch_openmp_libraries()):  # torch may load libgomp privately
-        try:
-            pause = ctypes.CDLL(library).omp_pause_resource_all
-            break
-        except (OSError, AttributeError):
-            continue
-    if pause is None:
-        return False
-    pause.argtypes = [ctypes.c_int]
-    pause.restype = ctypes.c_int
-    omp_pause_soft = 1
-    return pause(omp_pause_soft) == 0
 
 
 def resolve_dtype(name: str) -> str:
@@ -151,13 +76,12 @@ class CPUBackend:
     # -- loading -----------------------------------------------------------------
 
     def load(self, spec: ModelSpec) -> ModelInfo:
-        from inferflux.backends.cpu import passes
         from inferflux.backends.cpu.model import Transformer
         from inferflux.backends.models import open_model
 
         torch = self._torch
         pass_config = self._pass_config(spec)
-        dtype_name = self._resolve_dtype(passes.requested_dtype(spec.dtype, pass_config))
+        dtype_name = self._resolve_dtype(requested_dtype(spec.dtype, pass_config))
         dtype = getattr(torch, dtype_name)
         source = open_model(spec.path)
         cfg = source.config
@@ -185,20 +109,18 @@ class CPUBackend:
         return dataclasses.replace(cfg.model_info(spec.name, dtype_name), deterministic=spec.deterministic,
                                    passes=tuple(r.as_dict() for r in records))
 
-    def _pass_config(self, spec: ModelSpec) -> passes.PassConfig:
-        from inferflux.backends.cpu import passes
-
+    def _pass_config(self, spec: ModelSpec) -> PassConfig:
         try:
-            config = passes.PassConfig.parse(spec.passes)
-            passes.requested_dtype(spec.dtype, config)
+            config = PassConfig.parse(spec.passes)
+            requested_dtype(spec.dtype, config)
         except ValueError as exc:
             raise BackendError(str(exc)) from exc
-        if str(self.device) != "cpu" and config.quantise not in ("auto", *passes.DENSE_DTYPES):
+        if str(self.device) != "cpu" and config.quantise not in ("auto", *DENSE_DTYPES):
             raise BackendError(f"passes.quantise {config.quantise} runs on the cpu backend only, not on {self.name}")
         return config
 
-    def _run_passes(self, spec: ModelSpec, model: Transformer, source: Any, config: passes.PassConfig,
-                    dtype_name: str) -> list[passes.PassRecord]:
+    def _run_passes(self, spec: ModelSpec, model: Transformer, source: Any, config: PassConfig,
+                    dtype_name: str) -> list[PassRecord]:
         """The load-time pass pipeline (backends/cpu/passes.py), logged; none off the CPU."""
         from inferflux.backends.cpu import passes
         from inferflux.kernels import cpu as cpu_kernels
@@ -212,7 +134,7 @@ class CPUBackend:
                                        isa=cpu_kernels.isa() if self.kernel_error is None else "")
         except ValueError as exc:
             raise BackendError(str(exc)) from exc
-        if mode not in passes.DENSE_DTYPES and self.kernel_error is not None:
+        if mode not in DENSE_DTYPES and self.kernel_error is not None:
             raise BackendError(f"passes.quantise {mode} needs the C++ CPU kernels, which are unavailable: "
                                f"{self.kernel_error}")
         try:
@@ -373,22 +295,9 @@ class CPUBackend:
 
     def _prepare_fresh(self, token_lists: Sequence[Sequence[int]]) -> tuple[torch.Tensor, AttentionMetadata]:
         """Token ids and attention metadata of sequences that each start at position 0 and keep no KV."""
-        from inferflux.backends.cpu.model import AttentionMetadata, PrefillGroup
+        from inferflux.backends.cpu.step_inputs import fresh_inputs
 
-        torch = self._torch
-        ids: list[int] = []
-        prefills: list[PrefillGroup] = []
-        for tokens in token_lists:
-            start = len(ids)
-            ids.extend(tokens)
-            prefills.append(PrefillGroup(start, len(ids), True, None, None, None))
-        pos = torch.cat([torch.arange(len(tokens)) for tokens in token_lists])
-        cos, sin = self._rope(pos, max(map(len, token_lists), default=0))
-        meta = AttentionMetadata(
-            slots=torch.empty(0, dtype=torch.long), cos=cos, sin=sin, decode_rows=None, decode_tables=None,
-            decode_lens=None, decode_starts=None, decode_mask=None, prefills=prefills,
-        )
-        return torch.tensor(ids, dtype=torch.long), meta
+        return fresh_inputs(token_lists, self._rope)
 
     def _on_device(
         self, ids: torch.Tensor, meta: AttentionMetadata, index: torch.Tensor | None
@@ -415,69 +324,11 @@ class CPUBackend:
         return tables[0].index_select(0, pos), tables[1].index_select(0, pos)
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-        """Flatten the batch: token ids, cache slots, rope tables and attention groups."""
-        from inferflux.backends.cpu.model import CONTINUATION_KERNEL_WORK, AttentionMetadata, PrefillGroup
-        from inferflux.kernels.reference import attention_mask
+        """Flatten the batch: token ids, cache slots, rope rows and attention groups (``step_inputs``)."""
+        from inferflux.backends.cpu.step_inputs import step_inputs
 
-        torch, bs = self._torch, batch.block_size
-        ids: list[int] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        logits_rows: list[int] = []
-        decode_rows: list[int] = []
-        decode_tables: list[np.ndarray] = []
-        decode_lens: list[int] = []
-        prefills: list[PrefillGroup] = []
-        for s in batch.slices:
-            n = len(s.token_ids)
-            start = len(ids)
-            table = np.asarray(s.block_table, dtype=np.int64)
-            new_pos = np.arange(s.start_pos, s.start_pos + n, dtype=np.int64)  # this step's tokens only
-            ids.extend(s.token_ids)
-            positions.append(new_pos)
-            slots.append(table[new_pos // bs] * bs + new_pos % bs)
-            logits_rows.extend(range(start + n - s.num_logits, start + n))
-            used_blocks = table[: (s.start_pos + n + bs - 1) // bs]
-            if n == 1:
-                decode_rows.append(start)
-                decode_tables.append(used_blocks)
-                decode_lens.append(s.start_pos + 1)
-            elif s.start_pos == 0:
-                prefills.append(PrefillGroup(start, start + n, True, None, None, None))
-            else:
-                prefills.append(PrefillGroup(
-                    start, start + n, False,
-                    torch.from_numpy(used_blocks)[None],
-                    torch.tensor([s.start_pos + n]),
-                    torch.tensor([s.start_pos]),
-                    short=n * (s.start_pos + n) <= CONTINUATION_KERNEL_WORK,
-                ))
-        pos = torch.from_numpy(np.concatenate(positions))
-        cos, sin = self._rope(pos, max(s.start_pos + len(s.token_ids) for s in batch.slices))
-        decode_index = decode_table = decode_len = decode_start = decode_mask = None
-        if decode_rows:
-            padded = np.zeros((len(decode_tables), max(len(t) for t in decode_tables)), dtype=np.int64)
-            for row, t in zip(padded, decode_tables):
-                row[: len(t)] = t
-            all_decode = len(decode_rows) == len(ids)
-            decode_index = slice(0, len(ids)) if all_decode else torch.tensor(decode_rows)
-            decode_table = torch.from_numpy(padded)
-            decode_len = torch.tensor(decode_lens)
-            decode_start = decode_len - 1
-            if self.kernel_error is not None:  # the reference path takes its mask from here, built once a step
-                cfg = self._cfg
-                decode_mask = attention_mask(decode_len, decode_start, 1, padded.shape[1] * bs,
-                                             cfg.num_heads // cfg.num_kv_heads)
-        meta = AttentionMetadata(
-            slots=torch.from_numpy(np.concatenate(slots)),
-            cos=cos,
-            sin=sin,
-            decode_rows=decode_index,
-            decode_tables=decode_table,
-            decode_lens=decode_len,
-            decode_starts=decode_start,
-            decode_mask=decode_mask,
-            prefills=prefills,
-        )
-        return torch.tensor(ids, dtype=torch.long), meta, torch.tensor(logits_rows, dtype=torch.long)
-
+        mask_group = None
+        if self.kernel_error is not None:  # the reference path takes its decode mask from here, built once a step
+            cfg = self._cfg
+            mask_group = cfg.num_heads // cfg.num_kv_heads
+        return step_inputs(batch, self._rope, mask_group)

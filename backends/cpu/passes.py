@@ -37,94 +37,16 @@ records are logged at load and shown by ``GET /admin/v1/models/{id}`` and
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 from torch import nn
 
 from inferflux.backends.cpu import linear as ql
-from inferflux.backends.models import layout
+from inferflux.backends.cpu.pass_config import DENSE_DTYPES, EXACT_MODES, PassConfig, PassRecord, requested_dtype
+from inferflux.backends.cpu.quantise import quantise
 
 log = logging.getLogger(__name__)
-
-MODES = ("auto", "blocks", "native", "hybrid", "exact", "int8", "int4", "bf16", "f32")
-_FILE_BLOCKS = ("blocks", "native", "hybrid", "exact")  # the modes that keep the file's own blocks
-_EXACT = ("blocks", "exact")  # the modes whose blocks are multiplied by exact_linear
-_KEEP_DENSE = ("hybrid", "exact")  # the modes that keep the loaded dense weights beside them
-DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
-# The ggml types int8 and int4 re-quantise to.
-_REQUANT = {"int8": 8, "int4": 3}  # Q8_0, Q4_1
-_KEYS = ("quantise", "gemm_from", "pack", "decode_loop")
-_LINEAR_ROLES = ("qkv", "o_proj", "gate_up", "down")
-
-
-@dataclass(frozen=True)
-class PassConfig:
-    """``passes`` in the settings (``engine.passes``, ``models[].passes``, admin model load)."""
-
-    quantise: str = "auto"
-    gemm_from: int | None = None  # rows from which quantised projections use the GEMM path
-    pack: bool | None = None  # bfloat16 dense weights packed once for oneDNN; None: yes
-    decode_loop: bool | None = None  # the C++ loop over layers for decode steps where it applies; None: yes
-
-    @classmethod
-    def parse(cls, value: Mapping[str, Any] | None) -> PassConfig:
-        """Validate a ``passes`` mapping; ``ValueError`` naming the bad key or value."""
-        if value is None:
-            return cls()
-        if not isinstance(value, Mapping):
-            raise ValueError("passes must be a mapping, e.g. {quantise: native}")
-        unknown = sorted(set(value) - set(_KEYS))
-        if unknown:
-            raise ValueError(f"passes: unknown key {unknown[0]!r}; known: {', '.join(_KEYS)}")
-        mode = value.get("quantise", "auto")
-        if mode not in MODES:
-            raise ValueError(f"passes.quantise must be one of {', '.join(MODES)}, not {mode!r}")
-        gemm_from = value.get("gemm_from")
-        if gemm_from is not None and (isinstance(gemm_from, bool) or not isinstance(gemm_from, int)
-                                      or not 1 <= gemm_from <= 1 << 20):
-            raise ValueError(f"passes.gemm_from must be an integer from 1 to {1 << 20}, not {gemm_from!r}")
-        flags = {key: value.get(key) for key in ("pack", "decode_loop")}
-        for key, flag in flags.items():
-            if flag is not None and not isinstance(flag, bool):
-                raise ValueError(f"passes.{key} must be true or false, not {flag!r}")
-        return cls(quantise=mode, gemm_from=gemm_from, **flags)
-
-    def merged(self, override: PassConfig | None) -> PassConfig:
-        """A model's own passes over the engine's: each key the model sets wins."""
-        if override is None:
-            return self
-        return PassConfig(quantise=override.quantise if override.quantise != "auto" else self.quantise,
-                          gemm_from=override.gemm_from if override.gemm_from is not None else self.gemm_from,
-                          pack=override.pack if override.pack is not None else self.pack,
-                          decode_loop=override.decode_loop if override.decode_loop is not None else self.decode_loop)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-
-@dataclass(frozen=True)
-class PassRecord:
-    name: str
-    status: str  # "ran" | "done at load" | "skipped"
-    detail: str
-    bytes_before: int
-    bytes_after: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def requested_dtype(dtype: str, config: PassConfig) -> str:
-    """The dtype to load in: ``bf16``/``f32`` name one (which an explicit, different dtype contradicts)."""
-    want = DENSE_DTYPES.get(config.quantise)
-    if want is None or dtype == want:
-        return dtype
-    if dtype != "auto":
-        raise ValueError(f"passes.quantise {config.quantise} contradicts dtype {dtype}")
-    return want
 
 
 def resolve_mode(mode: str, *, dtype_name: str, exact_ok: bool = False, isa: str = "") -> str:
@@ -142,7 +64,7 @@ def resolve_mode(mode: str, *, dtype_name: str, exact_ok: bool = False, isa: str
     gateways over two engines answered one prompt two ways in CI. ``native`` would change every
     answer (int8 activations) and is slower for batches. Both are a choice to make per model
     (docs/backends.md says what each costs)."""
-    if mode in _EXACT and dtype_name not in EXACT_DTYPES:
+    if mode in EXACT_MODES and dtype_name not in EXACT_DTYPES:
         raise ValueError(f"passes.quantise {mode} multiplies bfloat16 or float32 rows; dtype {dtype_name} contradicts it")
     if mode != "auto":
         return mode
@@ -227,30 +149,9 @@ def fuse_add_rmsnorm(model: Any, source: Any, config: PassConfig, mode: str) -> 
     return "done at load", "residual add + RMSNorm run as one add_rms_norm kernel call (Block.forward)"
 
 
-def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
-    if mode in DENSE_DTYPES:
-        return "skipped", f"dense {DENSE_DTYPES[mode]} weights"
-    counts: dict[str, int] = {}
-    dense_left = 0
-    for slot in _slots(model):
-        parts = _blocks_for(slot, source, mode)
-        if parts is None:
-            dense_left += 1
-            continue
-        slot.replace(parts, slot.dense().detach() if mode in _KEEP_DENSE else None)
-        kind = "+".join(dict.fromkeys(ql.QTYPE_NAMES[qtype] for qtype, _ in parts))  # Q4_K+Q6_K: stacked
-        counts[kind] = counts.get(kind, 0) + 1
-    kept = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
-    how = ("kept as stored in the file" + (", beside their dense weights for batches" if mode in _KEEP_DENSE else "")
-           if mode in _FILE_BLOCKS else f"re-quantised ({mode})")
-    detail = f"{kept or 'no'} projections {how}" + (f"; {dense_left} left dense (no kernel for their type)"
-                                                     if dense_left else "")
-    return "ran", detail
-
-
 def choose_kernels(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[str, str]:
     deterministic = bool(getattr(model, "deterministic", False))
-    hybrid, exact = mode == "hybrid", mode in _EXACT
+    hybrid, exact = mode == "hybrid", mode in EXACT_MODES
     exact_from = ql.EXACT_GEMM_FROM_ROWS if model.dtype == torch.bfloat16 else ql.EXACT_F32_GEMM_FROM_ROWS
     default_from = ql.DENSE_GEMM_FROM_ROWS if hybrid else exact_from if exact else ql.GEMM_FROM_ROWS
     # blocks: nothing dense to run a GEMM on, so exact_linear takes every row count (gemm_from is ignored).
@@ -360,89 +261,5 @@ def quantised_file(source: Any, dtype: torch.dtype = torch.float32) -> bool:
     return got is not None and ql.multiplies(got[0], exact=True, dtype=dtype)
 
 
-# ----- the projections a pass may replace ---------------------------------------------
-
-
 def _out_features(module: nn.Module) -> int:
     return int(module.out_features)
-
-
-@dataclass
-class _Slot:
-    """One dense weight the quantise pass may replace: a layer projection, the embedding or the head."""
-
-    model: Any
-    role: str
-    layer: int | None
-    names: tuple[str, ...]  # canonical tensor names, in fused order
-
-    def dense(self) -> torch.Tensor:
-        if self.role == "embed":
-            return self.model.embed.weight
-        if self.role == "head":
-            return self.model.lm_head.weight
-        return self._owner()[0].weight
-
-    def _owner(self) -> tuple[nn.Module, str]:
-        block = self.model.layers[self.layer]
-        parent = block.attn if self.role in ("qkv", "o_proj") else block.mlp
-        return getattr(parent, self.role), self.role
-
-    def replace(self, parts: list[tuple[int, np.ndarray]], dense: torch.Tensor | None = None) -> None:
-        """Put the blocks (``_blocks_for``'s parts) in this weight's place; ``dense`` (hybrid): kept beside them
-        for batches."""
-        m = self.model
-        qtype, blocks = parts[0][0], torch.from_numpy(parts[0][1])  # the embedding and head: one tensor, one part
-        if self.role == "embed":
-            m.embed = ql.QuantEmbedding(blocks, qtype, m.cfg.hidden_size, m.dtype)
-            if m.lm_head is None:  # tied: the head multiplies the same blocks
-                m.head_linear = ql.QuantHead(ql.QuantLinear(m.embed.blocks, qtype, m.cfg.hidden_size, dense=dense))
-            return
-        if self.role == "head":
-            m.head_linear = ql.QuantHead(ql.QuantLinear(blocks, qtype, m.cfg.hidden_size, dense=dense))
-            m.lm_head = _Placeholder()
-            return
-        old, name = self._owner()
-        parent = m.layers[self.layer].attn if self.role in ("qkv", "o_proj") else m.layers[self.layer].mlp
-        bias = None if old.bias is None else old.bias.detach()
-        blocks_parts = [(t, torch.from_numpy(b)) for t, b in parts]
-        setattr(parent, name, ql.quant_linear(blocks_parts, old.in_features, bias, dense=dense))
-
-
-class _Placeholder(nn.Module):
-    """An untied head whose weights live in ``head_linear``'s blocks: ``weight`` is an empty
-    tensor, which ``Transformer.forward`` hands to ``head_linear`` unused."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("weight", torch.empty(0), persistent=False)
-
-
-def _slots(model: Any) -> list[_Slot]:
-    by_role = {(d.role, d.layer): d for d in layout.destinations(model.cfg)}
-    out = [_Slot(model, "embed", None, by_role[("embed", None)].names)]
-    if ("head", None) in by_role:
-        out.append(_Slot(model, "head", None, by_role[("head", None)].names))
-    for i in range(model.cfg.num_layers):
-        out += [_Slot(model, role, i, by_role[(role, i)].names) for role in _LINEAR_ROLES]
-    return out
-
-
-def _blocks_for(slot: _Slot, source: Any, mode: str) -> list[tuple[int, np.ndarray]] | None:
-    """The blocks a slot becomes, ``(ggml type, uint8 [rows, row_bytes])`` a tensor in output order (a fused
-    slot's q, k, v): the file's (native), or a re-quantisation of its weights; None: it stays dense. The parts may
-    differ in type (Q4_K_M's v in Q6_K beside q and k in Q4_K) only in the exact modes, whose kernel computes each
-    output by itself (``ql.quant_linear`` stacks them)."""
-    if mode in _FILE_BLOCKS:
-        stored = getattr(source, "stored_blocks", None)
-        parts = [stored(n) for n in slot.names] if stored is not None else [None]
-        exact = mode in _EXACT
-        if (any(p is None for p in parts) or (len({p[0] for p in parts}) != 1 and not exact)
-                or not all(ql.multiplies(p[0], exact=exact, dtype=slot.model.dtype) for p in parts)):
-            return None
-        return parts
-    from gguf.quants import quantize
-
-    qtype = _REQUANT[mode]
-    weights = slot.dense().detach().float().numpy()
-    return [(qtype, quantize(weights, qtype))]

@@ -8,9 +8,9 @@ tests on the CPU). A batch is still flattened on the host (``CPUBackend._prepare
 and its few small index tensors are copied over; logits come back to the host as
 float32 for the engine's sampler.
 
-``CUDABackend`` adds CUDA graphs for decode-only steps (``DecodeGraphs``) and swaps
+``CUDABackend`` adds CUDA graphs for decode-only steps (``graphs.DecodeGraphs``) and swaps
 preempted sequences' blocks to pinned host memory without waiting for the copy
-(``DeviceSwap``).
+(``swap.DeviceSwap``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence, TypeVar
 
 from inferflux.backends.base import Batch, BackendError, choose_dtype
 from inferflux.backends.cpu.backend import CPUBackend, resolve_dtype
+from inferflux.backends.cuda.graphs import GRAPH_BATCH_SIZES, DecodeGraphs
+from inferflux.backends.cuda.swap import DeviceSwap
 from inferflux.kernels.errors import KernelError
 
 if TYPE_CHECKING:
@@ -36,29 +38,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-# Decode batches are padded up to one of these sizes, each with its own graph.
-GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 GRAPHS_ENV = "INFERFLUX_CUDA_GRAPHS"  # "0" runs every step eagerly
 
 _D = TypeVar("_D")
-
-
-def graph_batch_size(n: int, sizes: Sequence[int] = GRAPH_BATCH_SIZES) -> int | None:
-    """The captured size a decode step of ``n`` sequences is padded to; None past the largest."""
-    if n < 1:
-        return None
-    return next((size for size in sorted(sizes) if n <= size), None)
-
-
-def slot_runs(slots: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``(first index, count, first slot)`` per run of consecutive slots: one copy per run, not per block."""
-    runs: list[list[int]] = []
-    for i, slot in enumerate(slots):
-        if runs and slot == runs[-1][2] + runs[-1][1]:
-            runs[-1][1] += 1
-        else:
-            runs.append([i, 1, slot])
-    return [(first, count, slot) for first, count, slot in runs]
 
 
 def tensors_to(obj: _D, device: torch.device) -> _D:
@@ -169,212 +151,6 @@ class DeviceRunner(CPUBackend):
             self.swap.swap_in(self.kv_caches, pairs)
         else:
             super().swap_in(pairs)
-
-
-class DeviceSwap:
-    """Swap slots in host memory for a KV cache on a device.
-
-    A slot holds one block of every layer, ``[2 * layers, kv_heads, block_size,
-    head_dim]`` (K then V of layer 0, then of layer 1, ...).
-
-    On CUDA the slots are pinned and ``swap_out`` does not wait for the host copy.
-    It first gathers the blocks into a staging tensor on the device, on the
-    compute stream: a device-to-device copy at memory speed, and every later use of
-    the blocks (a forward, ``copy_blocks``, ``swap_in``) is queued after it on that
-    same stream, so the blocks may be overwritten as soon as ``swap_out`` returns.
-    A side stream then copies staging to the slots over PCIe, overlapping the next
-    steps, and records an event that ``swap_in`` of those slots makes the compute
-    stream wait for. The alternative, a synchronous copy into pinned memory, would
-    stall the step loop for the whole PCIe transfer. ``record_stream`` keeps the
-    staging memory from being reused until the side stream is done with it.
-    Elsewhere (cpu, mps) the copies are plain synchronous ones.
-    """
-
-    def __init__(self, num_slots: int, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        import torch
-
-        k0 = kv_caches[0][0]
-        kv_heads, _, block_size, head_dim = k0.shape
-        self.device = k0.device
-        self.num_slots = num_slots
-        self.slot_shape = (2 * len(kv_caches), kv_heads, block_size, head_dim)
-        cuda = self.device.type == "cuda"
-        try:
-            self.store = torch.empty((num_slots, *self.slot_shape), dtype=k0.dtype, pin_memory=cuda)
-        except RuntimeError as exc:
-            raise BackendError(f"cannot allocate {num_slots} swap slots in host memory: {exc}") from exc
-        self.stream = torch.cuda.Stream(self.device) if cuda else None
-        self.pending: dict[int, Any] = {}  # slot -> torch.cuda.Event of the copy that fills it
-
-    def swap_out(
-        self, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]], pairs: Sequence[tuple[int, int]]
-    ) -> None:
-        import torch
-
-        if not pairs:
-            return
-        from inferflux.backends.cpu.swap import stack_blocks
-
-        slots = self._checked([slot for _, slot in pairs])
-        staging = stack_blocks(kv_caches, [block for block, _ in pairs])
-        if self.stream is None:
-            self._copy_runs(slots, staging, to_host=True)
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            self._copy_runs(slots, staging, to_host=True)
-            done = torch.cuda.Event()
-            done.record()
-        staging.record_stream(self.stream)
-        for slot in slots:
-            self.pending[slot] = done
-
-    def swap_in(
-        self, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]], pairs: Sequence[tuple[int, int]]
-    ) -> None:
-        import torch
-
-        if not pairs:
-            return
-        slots = self._checked([slot for slot, _ in pairs])
-        if self.stream is not None:
-            compute = torch.cuda.current_stream(self.device)
-            for event in {id(e): e for s in slots if (e := self.pending.pop(s, None)) is not None}.values():
-                compute.wait_event(event)  # the device waits, not the host
-        from inferflux.backends.cpu.swap import unstack_blocks
-
-        staging = torch.empty((len(slots), *self.slot_shape), dtype=self.store.dtype, device=self.device)
-        self._copy_runs(slots, staging, to_host=False)
-        unstack_blocks(kv_caches, [block for _, block in pairs], staging)
-
-    def close(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()
-        self.pending.clear()
-
-    def _copy_runs(self, slots: Sequence[int], staging: torch.Tensor, to_host: bool) -> None:
-        for first, count, slot in slot_runs(slots):
-            host, dev = self.store[slot : slot + count], staging[first : first + count]
-            dst, src = (host, dev) if to_host else (dev, host)
-            dst.copy_(src, non_blocking=self.stream is not None)
-
-    def _checked(self, slots: list[int]) -> list[int]:
-        bad = [s for s in slots if not 0 <= s < self.num_slots]
-        if bad:
-            raise BackendError(f"swap slots {bad} out of range 0..{self.num_slots - 1}")
-        return slots
-
-
-class DecodeGraphs:
-    """CUDA graphs of decode-only steps, one per batch size, over static input buffers.
-
-    A step of ``n`` sequences is copied into the first ``n`` rows of the buffers and
-    padded to the next captured size; padded rows run token 0 at position 0 of
-    ``scratch_block``, a KV block no sequence owns, so they write only there. The
-    block-table buffer is ``width`` blocks wide for every size, the longest context
-    a sequence can have, so one graph serves every context length (the kernels read
-    a row's table only up to its context length).
-
-    Before ``capture`` (or where it is impossible: no CUDA), ``run`` executes the
-    same static forward eagerly; that is how the padding is tested without a GPU.
-    """
-
-    def __init__(
-        self,
-        model: Transformer,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        block_size: int,
-        scratch_block: int,
-        width: int,
-        sizes: Sequence[int] = GRAPH_BATCH_SIZES,
-    ) -> None:
-        import torch
-
-        self.model, self.kv_caches = model, kv_caches
-        self.block_size, self.scratch_block, self.width = block_size, scratch_block, width
-        self.sizes = tuple(sorted(sizes))
-        n = self.sizes[-1]
-        device = kv_caches[0][0].device
-        head_dim = kv_caches[0][0].shape[-1]
-        self.ids = torch.zeros(n, dtype=torch.long, device=device)
-        self.slots = torch.zeros(n, dtype=torch.long, device=device)
-        self.cos = torch.ones((n, 1, head_dim), dtype=model.dtype, device=device)  # position 0: no rotation
-        self.sin = torch.zeros_like(self.cos)
-        self.tables = torch.full((n, width), scratch_block, dtype=torch.long, device=device)
-        self.lens = torch.ones(n, dtype=torch.long, device=device)
-        self.starts = torch.zeros(n, dtype=torch.long, device=device)
-        self.rows = torch.arange(n, device=device)
-        self._pad(0, n)
-        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # size -> (torch.cuda.CUDAGraph, its logits)
-
-    def size_for(self, batch: Batch) -> int | None:
-        """The size to pad ``batch`` to, or None when it must run eagerly."""
-        if any(len(s.token_ids) != 1 or s.num_logits != 1 for s in batch.slices):
-            return None  # prefill chunks, drafts being verified
-        if any(s.start_pos >= self.width * self.block_size for s in batch.slices):
-            return None
-        return graph_batch_size(len(batch.slices), self.sizes)
-
-    def run(self, ids: torch.Tensor, meta: AttentionMetadata, size: int) -> torch.Tensor:
-        """Logits ``[n, vocab]`` of a decode step prepared on the host (rows ``n..size`` are padding)."""
-        n = ids.shape[0]
-        self._load(ids, meta, size)
-        if size not in self.graphs:
-            return self._forward_static(size)[:n]
-        graph, logits = self.graphs[size]
-        graph.replay()
-        return logits[:n]  # a view of the graph's output: the caller copies it before the next replay
-
-    def capture(self) -> None:
-        """Capture every size; raises whatever the capture raises (the caller then runs eagerly)."""
-        import torch
-
-        pool = None
-        with torch.inference_mode():
-            for size in reversed(self.sizes):  # the largest first: the others reuse its memory pool
-                self._pad(0, size)
-                warmup = torch.cuda.Stream()
-                warmup.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(warmup):  # compiles the Triton kernels outside the capture
-                    self._forward_static(size)
-                torch.cuda.current_stream().wait_stream(warmup)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    logits = self._forward_static(size)
-                pool = graph.pool()
-                self.graphs[size] = (graph, logits)
-        torch.cuda.synchronize()
-
-    def _load(self, ids: torch.Tensor, meta: AttentionMetadata, size: int) -> None:
-        n, width = ids.shape[0], meta.decode_tables.shape[1]
-        self.ids[:n].copy_(ids, non_blocking=True)
-        self.slots[:n].copy_(meta.slots, non_blocking=True)
-        self.cos[:n].copy_(meta.cos, non_blocking=True)
-        self.sin[:n].copy_(meta.sin, non_blocking=True)
-        # Columns past ``width`` keep earlier steps' block ids: valid blocks, never read.
-        self.tables[:n, :width].copy_(meta.decode_tables, non_blocking=True)
-        self.lens[:n].copy_(meta.decode_lens, non_blocking=True)
-        self.starts[:n].copy_(meta.decode_starts, non_blocking=True)
-        self._pad(n, size)
-
-    def _pad(self, start: int, stop: int) -> None:
-        # cos/sin of padded rows keep whatever finite values they hold: nothing reads those rows' results.
-        self.ids[start:stop] = 0
-        self.slots[start:stop] = self.scratch_block * self.block_size
-        self.tables[start:stop, 0] = self.scratch_block
-        self.lens[start:stop] = 1
-        self.starts[start:stop] = 0
-
-    def _forward_static(self, size: int) -> torch.Tensor:
-        from inferflux.backends.cpu.model import AttentionMetadata
-
-        meta = AttentionMetadata(
-            slots=self.slots[:size], cos=self.cos[:size], sin=self.sin[:size],
-            decode_rows=slice(0, size), decode_tables=self.tables[:size],
-            decode_lens=self.lens[:size], decode_starts=self.starts[:size],
-            decode_mask=None, prefills=[],
-        )
-        return self.model(self.ids[:size], meta, self.kv_caches, self.rows[:size])
 
 
 class CUDABackend(DeviceRunner):

@@ -29,7 +29,8 @@ from typing import Any
 
 from .errors import SamplingParamsError
 from .grammar_sandbox import DEFAULT_BUDGET, PARSER_LIMITS, GrammarBudget, GrammarSandbox, Vocabulary, shared_sandbox
-from .guided import Guide, GuidedSpec, JsonCloser, TokenBytes, first_line
+from .guided import Guide, GuidedSpec, TokenBytes, first_line
+from .json_closer import JsonCloser
 
 DEFAULT_CACHE_SIZE = 256  # compiled grammars kept per engine
 DEFAULT_CACHE_BYTES = 256 << 20

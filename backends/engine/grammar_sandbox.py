@@ -8,9 +8,10 @@ its memory is the gateway's. So each grammar the engine has not compiled before 
 first built, and its first mask computed, in a worker process
 (``grammar_worker.py``) under a ``GrammarBudget``: CPU time, wall time and memory;
 the parent reads the worker's CPU time and resident memory from /proc while it
-waits and kills it the moment one is over (rlimits in the worker are the
-backstop), and kills it as well when the caller cancels (the client left, the
-server is draining). A killed worker is replaced on the next check.
+waits (``grammar_process.WorkerProcess``) and kills it the moment one is over
+(rlimits in the worker are the backstop), and kills it as well when the caller
+cancels (the client left, the server is draining). A killed worker is replaced
+on the next check.
 
 What passes is built again in the engine's own process, where it costs what it
 cost in the worker (the same grammar, limits and vocabulary: llguidance is
@@ -33,25 +34,19 @@ import atexit
 import hashlib
 import json
 import logging
-import os
-import select
 import signal
-import struct
-import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, replace
-from typing import IO, Any, cast
+from typing import Any
 
 from .errors import GrammarBusyError, GrammarCancelledError, GrammarTooComplexError
+from .grammar_process import WorkerProcess
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "grammar_worker.py")
-_HEADER = struct.Struct(">I")
 VOCABULARY_SECONDS = 60.0  # a worker's first use of a vocabulary loads it (about 0.5 s), outside the budget
 VERDICTS = 4096  # grammars whose verdict is remembered (a digest and a few numbers each)
 
@@ -131,68 +126,6 @@ class _Ticket:
     owner: str | None
 
 
-class _Worker:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-I", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     close_fds=True, start_new_session=True)  # fmt: skip
-        self.vocabularies: set[str] = set()
-        self._buffer = bytearray()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def send(self, message: dict[str, Any]) -> None:
-        body = json.dumps(message).encode()
-        stdin = cast(IO[bytes], self.proc.stdin)  # a pipe: Popen made it
-        stdin.write(_HEADER.pack(len(body)) + body)
-        stdin.flush()
-
-    def receive(self, timeout: float) -> dict[str, Any] | None:
-        """The next message, or None if none came within ``timeout``; EOFError if the worker is gone."""
-        fd = cast(IO[bytes], self.proc.stdout).fileno()
-        deadline = time.monotonic() + timeout
-        while True:
-            if len(self._buffer) >= _HEADER.size:
-                (length,) = _HEADER.unpack_from(self._buffer)
-                if len(self._buffer) >= _HEADER.size + length:
-                    body = bytes(self._buffer[_HEADER.size : _HEADER.size + length])
-                    del self._buffer[: _HEADER.size + length]
-                    message: dict[str, Any] = json.loads(body)
-                    return message
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise EOFError
-            self._buffer += chunk
-
-    def usage(self) -> tuple[float, int] | None:
-        """CPU seconds and resident bytes so far, from /proc; None where there is none."""
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{self.pid}/statm", "rb") as f:
-                resident = int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            return None
-        # after the command's ")": state is field 3 of stat(5), utime and stime fields 14 and 15
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, resident * _PAGE
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
 class GrammarSandbox:
     """A pool of at most ``workers`` grammar worker processes, started when needed, and the verdicts so far."""
 
@@ -201,8 +134,8 @@ class GrammarSandbox:
         self.poll_seconds = poll_seconds
         self.stats = SandboxStats()
         self._cond = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._busy: set[_Worker] = set()
+        self._idle: list[WorkerProcess] = []
+        self._busy: set[WorkerProcess] = set()
         self._alive = 0
         self._waiting: list[_Ticket] = []  # checks waiting for a worker, in arrival order
         self._held: dict[str | None, int] = {}  # workers each owner holds now
@@ -267,7 +200,7 @@ class GrammarSandbox:
 
     # -- the pool
 
-    def _acquire(self, budget: GrammarBudget, cancel: threading.Event | None, owner: str | None) -> _Worker:
+    def _acquire(self, budget: GrammarBudget, cancel: threading.Event | None, owner: str | None) -> WorkerProcess:
         deadline = time.monotonic() + budget.queue_seconds
         ticket = _Ticket(owner)
         with self._cond:
@@ -295,7 +228,7 @@ class GrammarSandbox:
                 self._alive += 1
         if worker is None:
             try:
-                worker = _Worker()
+                worker = WorkerProcess()
             except BaseException:
                 self._give_back(None, owner, kept=False)
                 raise
@@ -313,7 +246,7 @@ class GrammarSandbox:
         longest ago (or never), its earliest check (``min`` keeps the first of equals)."""
         return min(self._waiting, key=lambda t: (self._held.get(t.owner, 0), self._last_grant.get(t.owner, -1)))
 
-    def _release(self, worker: _Worker, owner: str | None) -> None:
+    def _release(self, worker: WorkerProcess, owner: str | None) -> None:
         with self._cond:
             kept = len(self._idle) < self.size
             if kept:
@@ -322,11 +255,11 @@ class GrammarSandbox:
             worker.kill()
         self._give_back(worker, owner, kept)
 
-    def _discard(self, worker: _Worker, owner: str | None) -> None:
+    def _discard(self, worker: WorkerProcess, owner: str | None) -> None:
         worker.kill()
         self._give_back(worker, owner, kept=False)
 
-    def _give_back(self, worker: _Worker | None, owner: str | None, kept: bool) -> None:
+    def _give_back(self, worker: WorkerProcess | None, owner: str | None, kept: bool) -> None:
         """``owner`` no longer holds ``worker`` (None: one that never started); one not kept idle is gone."""
         with self._cond:
             if worker is not None:
@@ -346,7 +279,7 @@ class GrammarSandbox:
 
     # -- one check
 
-    def _run(self, worker: _Worker, grammar: str, vocabulary: Vocabulary | None, budget: GrammarBudget,
+    def _run(self, worker: WorkerProcess, grammar: str, vocabulary: Vocabulary | None, budget: GrammarBudget,
              cancel: threading.Event | None, limits: dict[str, Any]) -> Verdict:  # fmt: skip
         request: dict[str, Any] = {"grammar": grammar, "limits": limits, "cpu_seconds": budget.cpu_seconds,
                                    "memory_bytes": budget.memory_bytes, "vocabulary": None}  # fmt: skip
@@ -367,7 +300,7 @@ class GrammarSandbox:
         return Verdict(answer.get("error"), int(answer.get("bytes") or 0), float(answer.get("cpu") or 0.0),
                        time.monotonic() - begin)  # fmt: skip
 
-    def _wait(self, worker: _Worker, budget: GrammarBudget, cancel: threading.Event | None,
+    def _wait(self, worker: WorkerProcess, budget: GrammarBudget, cancel: threading.Event | None,
               started: bool) -> dict[str, Any]:  # fmt: skip
         """The worker's next message: its "started" (not budgeted: it may be loading a vocabulary),
         then its answer, while it keeps within ``budget``."""
@@ -404,12 +337,12 @@ class GrammarSandbox:
                 self._over(worker, reason)
                 raise GrammarTooComplexError(f"the grammar is too complex to compile: {reason}")
 
-    def _over(self, worker: _Worker, reason: str) -> None:
+    def _over(self, worker: WorkerProcess, reason: str) -> None:
         with self._cond:
             self.stats.over_budget += 1
         log.info("grammar worker %d stopped: %s", worker.pid, reason)
 
-    def _death(self, worker: _Worker, budget: GrammarBudget) -> str:
+    def _death(self, worker: WorkerProcess, budget: GrammarBudget) -> str:
         """What a worker that died in a check ran out of (the kernel, or llguidance's aborted allocation, ended it)."""
         code = worker.proc.wait()
         if code == -signal.SIGXCPU:

@@ -4,24 +4,23 @@ Not thread-safe: one thread owns an ``LLMEngine`` (``AsyncEngine`` runs it on
 its own thread). ``make_request`` is the exception: it reads only
 configuration and may be called from any thread; the ``EngineRequest`` it
 returns is checked once and trusted by ``add`` (``backends.engine.request``).
-Its sizes and their resolution are in ``config``; its embedding methods in
+Its sizes and their resolution are in ``config``; ``make_request``'s checks in
+``request.EngineRequestChecks`` and its embedding methods in
 ``embedding.EngineEmbeddings``, which it inherits.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import operator
 import time
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
-from inferflux.backends.base import Backend, BackendError, ModelInfo
+from inferflux.backends.base import Backend, ModelInfo
 
-from .block_manager import BlockManager, blocks_for
+from .block_manager import BlockManager
 from .config import (
     DEFAULT_KV_CACHE_BYTES,
     EngineConfig,
@@ -32,31 +31,23 @@ from .config import (
 )
 from .detokenizer import DecodingTokenizer, IncrementalDetokenizer
 from .embedding import EngineEmbeddings
-from .errors import (
-    CacheCapacityError,
-    DuplicateRequestError,
-    EmptyPromptError,
-    EngineConfigError,
-    InvalidPromptError,
-    InvalidRequestError,
-    PromptTooLongError,
-)
+from .errors import DuplicateRequestError, InvalidRequestError
 from .grammar_compiler import GrammarCompiler
 from .outputs import EngineStats, RequestOutput, RequestTimings, TokenLogprob
 from .prompt_logprobs import entries, prompt_rows, score_rows
-from .request import EngineRequest
+from .request import EngineRequest, EngineRequestChecks
 from .sampler import SampleResult, Sampler
-from .sampling_params import SamplingParams
-from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from .scheduler import Scheduler
+from .scheduler_output import ScheduledSeq, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
-from .speculative import DraftModelProposer, Speculator
+from .speculative import make_speculator
 
 __all__ = ["DEFAULT_KV_CACHE_BYTES", "EngineConfig", "LLMEngine"]  # the config's names, importable here as before
 
 _KV_OP_METHODS = {"copy": "copy_blocks", "swap_out": "swap_out", "swap_in": "swap_in"}  # BlockManager op -> Backend
 
 
-class LLMEngine(EngineEmbeddings):
+class LLMEngine(EngineRequestChecks, EngineEmbeddings):
     def __init__(
         self,
         backend: Backend,
@@ -86,7 +77,7 @@ class LLMEngine(EngineEmbeddings):
             enable_prefix_caching=config.enable_prefix_caching,
             num_swap_slots=self.num_swap_blocks,
         )
-        self.speculator = self._make_speculator(config, backend, draft_backend)
+        self.speculator = make_speculator(config.speculative, backend, draft_backend, self.num_blocks, self.block_size)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -109,85 +100,6 @@ class LLMEngine(EngineEmbeddings):
         self.num_tokens_embedded = 0
 
     # -- requests
-
-    def make_request(
-        self,
-        request_id: str,
-        prompt_token_ids: Iterable[int],
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        weight: float = 1.0,
-    ) -> EngineRequest:
-        """Check a request against the model and the cache without queueing it.
-
-        Returns the ``EngineRequest`` that ``add`` (and ``AsyncEngine.stream``)
-        trust, with ``max_tokens`` resolved (``params.max_tokens=None`` becomes
-        "until the context or the cache is full"). ``cache_salt``: the
-        prefix-cache namespace of the request (a tenant id, say): it reuses
-        cached KV only of requests with the same salt. ``tenant`` and
-        ``weight``: whose request it is (any string; the scheduler only
-        compares them) and that tenant's share of the batch relative to the
-        others' (``Scheduler``, fair sharing). ``priority``: lower is more
-        important. ``params.guided`` is compiled here (once per distinct spec:
-        ``guided.GrammarCompiler`` caches them); a grammar the engine cannot
-        compile is an ``InvalidRequestError`` with param ``guided`` naming the
-        construct. Raises an ``InvalidRequestError`` subclass
-        (``EmptyPromptError``, ``PromptTooLongError``, ``CacheCapacityError``,
-        ``SamplingParamsError``, ...). Thread-safe.
-        """
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate(self.vocab_size)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidRequestError(f"priority must be an integer, got {priority!r}", param="priority")
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight < math.inf:
-            raise InvalidRequestError(f"weight must be a positive number, got {weight!r}", param="weight")
-        for name, value in (("cache_salt", cache_salt), ("tenant", tenant)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
-        prompt = self._checked_prompt(prompt_token_ids)
-        max_tokens = self._fitted_max_tokens(len(prompt), params.max_tokens)
-        grammar = None if params.guided is None else self.grammars.compile(params.guided)
-        return EngineRequest(
-            request_id, prompt, params, max_tokens, priority=priority, cache_salt=cache_salt, tenant=tenant,
-            weight=float(weight), engine_id=id(self), grammar=grammar,
-        )
-
-    def _checked_prompt(self, prompt_token_ids: Iterable[int]) -> list[int]:
-        try:
-            prompt = [operator.index(t) for t in prompt_token_ids]
-        except TypeError:
-            raise InvalidPromptError("prompt token ids must be integers") from None
-        if not prompt:
-            raise EmptyPromptError()
-        lo, hi = min(prompt), max(prompt)
-        if lo < 0 or hi >= self.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise InvalidPromptError(f"prompt token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})")
-        return prompt
-
-    def _fitted_max_tokens(self, n: int, requested: int | None) -> int:
-        """``requested`` (or, for None, as many as fit), checked against the context and the KV cache."""
-        if n >= self.max_model_len:  # the prompt alone leaves no room, whatever was asked for
-            raise PromptTooLongError(n, None, self.max_model_len)
-        if requested is None:
-            # The last sampled token is never fed back, so n + max_tokens - 1
-            # positions need KV.
-            cache_tokens = self.num_blocks * self.block_size
-            max_tokens = min(self.max_model_len - n, cache_tokens + 1 - n)
-            if max_tokens < 1:
-                raise CacheCapacityError(n, blocks_for(n, self.block_size), self.num_blocks, self.block_size)
-        else:
-            max_tokens = requested
-            if n + max_tokens > self.max_model_len:
-                raise PromptTooLongError(n, max_tokens, self.max_model_len)
-        needed = n + max_tokens - 1
-        if blocks_for(needed, self.block_size) > self.num_blocks:
-            raise CacheCapacityError(needed, blocks_for(needed, self.block_size), self.num_blocks, self.block_size)
-        return max_tokens
 
     def add_request(self, request_id: str, prompt_token_ids: Iterable[int], *args: Any, **kwargs: Any) -> None:
         """Check a request (``make_request``'s arguments) and queue it; it joins the running batch at the next step.
@@ -311,29 +223,6 @@ class LLMEngine(EngineEmbeddings):
             # Swaps only happen with swap space, whose backend methods were checked at start.
             getattr(self.backend, _KV_OP_METHODS[kind])(pairs)
         self.block_manager.copies_done()
-
-    def _make_speculator(
-        self, config: EngineConfig, backend: Backend, draft_backend: Backend | None
-    ) -> Speculator | None:
-        spec = config.speculative
-        if spec is None:
-            return None
-        if spec.method != "draft":
-            return Speculator(spec)
-        if draft_backend is None:
-            if spec.draft_layers is None:
-                raise EngineConfigError(
-                    f"speculative draft_model {spec.draft_model!r} was not loaded: pass the loaded draft backend"
-                )
-            truncated = getattr(backend, "truncated", None)
-            if truncated is None:
-                raise EngineConfigError(f"{type(backend).__name__} cannot run a self-draft (draft_layers)")
-            try:
-                draft_backend = truncated(spec.draft_layers)
-            except BackendError as exc:
-                raise EngineConfigError(f"speculative draft_layers: {exc}") from exc
-        # The draft keeps KV for as many tokens as the target can.
-        return Speculator(spec, DraftModelProposer(spec, draft_backend, self.num_blocks, self.block_size))
 
     def _sample(self, sched: SchedulerOutput, logits: object) -> list[RequestOutput]:
         """Tokens from the step's logits: plain rows sampled together, each draft verified row by row;

@@ -41,7 +41,11 @@ what the prefix cache still holds (``BlockManager``): admission starts a
 sequence after its cached prefix. By swap (``preemption_mode="swap"``) its
 computed KV is first parked in swap slots, and it resumes where it stopped once
 blocks are free again; a sequence with nothing computed, or more than the free
-slots hold, is recomputed instead. Imports no tensor library.
+slots hold, is recomputed instead.
+
+A step's decision is a ``SchedulerOutput`` (``scheduler_output.py``): an entry
+per sequence that runs, and the KV copies and swaps to run before the forward.
+Imports no tensor library.
 """
 
 from __future__ import annotations
@@ -51,79 +55,12 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-from inferflux.backends.base import Batch, SequenceSlice
-
-from .block_manager import BlockManager, KVOpKind
+from .block_manager import BlockManager
 from .errors import BlockManagerError
+from .scheduler_output import ScheduledSeq, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
 from .speculative import Speculator
-
-
-@dataclass(frozen=True)
-class ScheduledSeq:
-    """``num_tokens`` tokens of ``seq`` starting at ``start_pos`` run this step.
-
-    A speculative decode runs the sequence's last token and then ``draft``
-    (tokens proposed, not yet the sequence's), with a logits row for each.
-    A prefill chunk of a sequence that wants prompt logprobs has a row for
-    each position: its first ``prompt_logits`` rows score the prompt
-    (``prompt_logprobs``), and the last is sampled when the chunk reaches the end.
-    """
-
-    seq: Sequence
-    start_pos: int
-    num_tokens: int
-    num_logits: int  # 1 when the chunk reaches the end of the known tokens, else 0; 1 + len(draft) with a draft
-    draft: tuple[int, ...] = ()
-    prompt_logits: int = 0  # of num_logits, the leading rows that score the prompt and are not sampled
-
-    @property
-    def samples(self) -> bool:
-        """Whether a token is sampled (or a draft verified) from this entry's rows."""
-        return self.num_logits > self.prompt_logits
-
-    @property
-    def token_ids(self) -> tuple[int, ...]:
-        known = self.seq.token_ids[self.start_pos : self.start_pos + self.num_tokens - len(self.draft)]
-        return (*known, *self.draft)
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    block_size: int = 16
-    # Copies (copy-on-write of a cached block) and swaps for the backend to run, in
-    # this order, before the forward: BlockManager.take_ops().
-    kv_ops: list[tuple[KVOpKind, list[tuple[int, int]]]] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
-    def sampled_seqs(self) -> list[Sequence]:
-        """Sequences owning a logits row, in row order."""
-        return [s.seq for s in self.scheduled if s.samples]
-
-    def batch(self) -> Batch:
-        slices = [
-            SequenceSlice(
-                seq_id=s.seq.seq_id,
-                token_ids=s.token_ids,
-                start_pos=s.start_pos,
-                block_table=tuple(s.seq.block_table),
-                num_logits=s.num_logits,
-            )
-            for s in self.scheduled
-        ]
-        return Batch(slices=slices, block_size=self.block_size)
 
 
 class Scheduler:
@@ -186,11 +123,18 @@ class Scheduler:
     # -- one step
 
     def schedule(self) -> SchedulerOutput:
+        """One step's work, in the module docstring's order; each stage takes what budget the ones before left."""
         out = SchedulerOutput(block_size=self.block_manager.block_size)
         scheduled: dict[int, ScheduledSeq] = {}  # seq_id -> entry, insertion ordered
-        budget = self.max_num_batched_tokens
+        budget = self._schedule_decodes(scheduled, out, self.max_num_batched_tokens)
+        budget = self._schedule_prefill_chunks(scheduled, budget)
+        self._schedule_admissions(scheduled, out, budget)
+        out.scheduled = list(scheduled.values())
+        out.kv_ops = self.block_manager.take_ops()
+        return out
 
-        # 1. decodes, with preemption when blocks run out; then drafts where they fit as is
+    def _schedule_decodes(self, scheduled: dict[int, ScheduledSeq], out: SchedulerOutput, budget: int) -> int:
+        """1. decodes, preempting when blocks run out; then drafts where they fit as is. Returns the budget left."""
         decoding = [s for s in self.running if s.num_uncomputed_tokens == 1]
         decoded: list[Sequence] = []
         for seq in decoding:
@@ -205,23 +149,27 @@ class Scheduler:
                     break
             if seq.status is SequenceStatus.RUNNING:
                 self.block_manager.append_slots(seq, 1)
-                scheduled[seq.seq_id] = _entry(seq, 1)
+                scheduled[seq.seq_id] = ScheduledSeq.of(seq, 1)
                 budget -= 1
                 decoded.append(seq)
         if self.speculator is not None and len(decoding) <= self.speculator.config.max_batch and budget > 0:
             budget = self._add_drafts(self.speculator, decoded, scheduled, budget)
+        return budget
 
-        # 2. next chunks of prefills already under way
+    def _schedule_prefill_chunks(self, scheduled: dict[int, ScheduledSeq], budget: int) -> int:
+        """2. next chunks of prefills already under way (their blocks came at admission). Returns the budget left."""
         for seq in self.running:
             if budget == 0:
                 break
             if seq.seq_id in scheduled:
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
-            scheduled[seq.seq_id] = _entry(seq, n)
+            scheduled[seq.seq_id] = ScheduledSeq.of(seq, n)
             budget -= n
+        return budget
 
-        # 3. resumptions and admissions, in fair order
+    def _schedule_admissions(self, scheduled: dict[int, ScheduledSeq], out: SchedulerOutput, budget: int) -> None:
+        """3. resumptions and admissions, in fair order, until one does not fit."""
         while (self.waiting or self.swapped) and budget > 0:
             seq = self._next_to_admit()
             if seq.status is SequenceStatus.SWAPPED:
@@ -244,12 +192,8 @@ class Scheduler:
                 self.block_manager.allocate(seq)
             self._join_running(seq)
             n = min(seq.num_uncomputed_tokens, budget)
-            scheduled[seq.seq_id] = _entry(seq, n)
+            scheduled[seq.seq_id] = ScheduledSeq.of(seq, n)
             budget -= n
-
-        out.scheduled = list(scheduled.values())
-        out.kv_ops = self.block_manager.take_ops()
-        return out
 
     def postprocess(self, out: SchedulerOutput) -> list[Sequence]:
         """Record that the scheduled tokens are in the KV cache, and release
@@ -285,7 +229,7 @@ class Scheduler:
             if not draft or not self.block_manager.can_append(seq, 1 + len(draft)):
                 continue  # no preemption for a guess
             self.block_manager.append_slots(seq, 1 + len(draft))
-            scheduled[seq.seq_id] = _entry(seq, 1, draft)
+            scheduled[seq.seq_id] = ScheduledSeq.of(seq, 1, draft)
             budget -= len(draft)
         return budget
 
@@ -424,14 +368,3 @@ MAX_REMEMBERED_TURNS = 1024  # tenants whose last admission is kept; pruned to t
 
 def _key(seq: Sequence) -> tuple[int, int]:
     return seq.sort_key
-
-
-def _entry(seq: Sequence, num_tokens: int, draft: list[int] | None = None) -> ScheduledSeq:
-    start = seq.num_computed_tokens
-    if draft:
-        return ScheduledSeq(seq, start, num_tokens + len(draft), 1 + len(draft), tuple(draft))
-    reaches_end = start + num_tokens == seq.num_tokens
-    if seq.needs_prompt_logits:  # a row for every position, the last sampled if the chunk reaches the end
-        prompt_rows = num_tokens - 1 if reaches_end else num_tokens
-        return ScheduledSeq(seq, start, num_tokens, num_tokens, prompt_logits=prompt_rows)
-    return ScheduledSeq(seq=seq, start_pos=start, num_tokens=num_tokens, num_logits=1 if reaches_end else 0)

@@ -48,6 +48,21 @@ class Sequence:
     positions ``i*block_size .. (i+1)*block_size - 1``.
     """
 
+    # Set by the engine and the sampler after construction (these are the defaults until then):
+    # per-request state that outlives preemption, so a recomputed sequence continues its text
+    # and its random stream exactly.
+    detokenizer: IncrementalDetokenizer | None = None
+    generator: Any = None  # numpy Generator, owned by the sampler
+    prompt_token_set: Any = None  # cached by the sampler for penalties
+    logit_bias_arrays: Any = None  # params.logit_bias as (ids, values) arrays, cached by the sampler
+    # Structured outputs: the grammar's matcher (guided.Guide), advanced past each output token as
+    # it is appended; its state depends on the output alone, so preemption leaves it right.
+    guide: Any = None
+    # Prompt logprobs (prompt_logprobs.py), when asked for: one entry per prompt token scored
+    # so far (None for the first), kept across preemption; sent once, in the first output.
+    prompt_logprobs: list[Any] | None = None
+    prompt_logprobs_sent: bool = False
+
     def __init__(
         self,
         seq_id: int,
@@ -95,20 +110,6 @@ class Sequence:
         self.block_hashes: list[bytes] = []
         self.num_committed_blocks = 0
         self.spec_state: Any = None  # speculative decoding's per-sequence state (speculative.SpecState)
-
-        # Set by the engine: per-request state that outlives preemption, so a
-        # recomputed sequence continues its text and its random stream exactly.
-        self.detokenizer: IncrementalDetokenizer | None = None
-        self.generator: Any = None  # numpy Generator, owned by the sampler
-        self.prompt_token_set: Any = None  # cached by the sampler for penalties
-        self.logit_bias_arrays: Any = None  # params.logit_bias as (ids, values) arrays, cached by the sampler
-        # Structured outputs: the grammar's matcher (guided.Guide), advanced past each output token as
-        # it is appended; its state depends on the output alone, so preemption leaves it right.
-        self.guide: Any = None
-        # Prompt logprobs (prompt_logprobs.py), when asked for: one entry per prompt token scored
-        # so far (None for the first), kept across preemption; sent once, in the first output.
-        self.prompt_logprobs: list[Any] | None = None
-        self.prompt_logprobs_sent = False
 
     def __repr__(self) -> str:
         return (

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from inferflux.backends.base import Backend, Batch, SequenceSlice
+from inferflux.backends.base import Backend, BackendError, Batch, SequenceSlice
 
 from .block_manager import BlockManager
 from .errors import EngineConfigError
@@ -285,3 +285,28 @@ class Speculator:
             state.k //= 2
         else:
             state.wait = self.config.cooldown_steps
+
+
+def make_speculator(spec: SpeculativeConfig | None, backend: Backend, draft_backend: Backend | None,
+                    num_blocks: int, block_size: int) -> Speculator | None:  # fmt: skip
+    """The engine's speculator for ``spec`` (None: no speculation). ``draft_backend``: the loaded
+    draft model of a ``draft_model``; a self-draft (``draft_layers``) is cut from ``backend`` here.
+    ``num_blocks`` and ``block_size``: the target's cache, which the draft's KV matches."""
+    if spec is None:
+        return None
+    if spec.method != "draft":
+        return Speculator(spec)
+    if draft_backend is None:
+        if spec.draft_layers is None:
+            raise EngineConfigError(
+                f"speculative draft_model {spec.draft_model!r} was not loaded: pass the loaded draft backend"
+            )
+        truncated = getattr(backend, "truncated", None)
+        if truncated is None:
+            raise EngineConfigError(f"{type(backend).__name__} cannot run a self-draft (draft_layers)")
+        try:
+            draft_backend = truncated(spec.draft_layers)
+        except BackendError as exc:
+            raise EngineConfigError(f"speculative draft_layers: {exc}") from exc
+    # The draft keeps KV for as many tokens as the target can.
+    return Speculator(spec, DraftModelProposer(spec, draft_backend, num_blocks, block_size))

@@ -18,12 +18,20 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import numpy as np
 
-from inferflux.backends.base import Batch, BackendError, ModelInfo, ModelSpec, check_embed_args, choose_dtype
+from inferflux.backends.base import (
+    Batch,
+    BackendError,
+    ModelInfo,
+    ModelSpec,
+    SequenceSlice,
+    check_embed_args,
+    choose_dtype,
+)
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
-    from inferflux.backends.mlx.model import StepMetadata, Transformer
+    from inferflux.backends.mlx.model import DecodeGroup, StepMetadata, Transformer
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +277,7 @@ class MLXBackend:
 
     def _prepare(self, batch: Batch) -> tuple[mx.array, StepMetadata, mx.array]:
         """Flatten the batch: token ids, cache slots, positions and attention groups."""
-        from inferflux.backends.mlx.model import DecodeGroup, PrefillGroup, StepMetadata
+        from inferflux.backends.mlx.model import PrefillGroup, StepMetadata
 
         mx, bs = self._mx, batch.block_size
         ids: list[int] = []
@@ -284,15 +292,8 @@ class MLXBackend:
         for s in batch.slices:
             n, start = len(s.token_ids), len(ids)
             end_pos = s.start_pos + n
-            if n < 1 or not 0 <= s.num_logits <= n or s.start_pos < 0:
-                raise BackendError(f"bad slice for sequence {s.seq_id}: {n} tokens from {s.start_pos}, "
-                                   f"{s.num_logits} logits")
-            table = np.asarray(s.block_table, dtype=np.int64)
-            used = (end_pos + bs - 1) // bs
-            if len(table) < used or table[:used].min() < 0 or table[:used].max() >= self.num_blocks:
-                raise BackendError(f"block table of sequence {s.seq_id} does not cover positions "
-                                   f"0..{end_pos - 1} with valid blocks")
-            table = table[:used]
+            table = self._checked_table(s, bs)
+            used = len(table)
             ids.extend(s.token_ids)
             positions.append(np.arange(s.start_pos, end_pos))
             tables.append(table)
@@ -312,16 +313,7 @@ class MLXBackend:
 
         pos = np.concatenate(positions)
         slot_blocks = np.concatenate([t[p // bs] for t, p in zip(tables, positions)])
-        decode = None
-        if decode_rows:
-            max_blocks = max(len(t) for t in decode_tables)
-            padded = np.zeros((len(decode_tables), max_blocks), dtype=np.int64)
-            for row, t in zip(padded, decode_tables):
-                row[: len(t)] = t
-            visible = np.arange(max_blocks * bs)[None, :] < np.asarray(decode_lens)[:, None]
-            rows = None if len(decode_rows) == len(ids) else mx.array(decode_rows)
-            decode = DecodeGroup(rows, mx.array(padded), mx.array(visible[:, None, None]),
-                                 mx.array(np.asarray(decode_lens, dtype=np.int32)))
+        decode = self._decode_group(decode_rows, decode_tables, decode_lens, len(ids), bs) if decode_rows else None
         order = np.asarray(decode_rows + prefill_rows)
         row_order = None
         if (order != np.arange(len(ids))).any():
@@ -335,3 +327,31 @@ class MLXBackend:
             row_order=row_order,
         )
         return mx.array(ids, dtype=mx.int32), meta, mx.array(logits_rows, dtype=mx.int32)
+
+    def _checked_table(self, s: SequenceSlice, bs: int) -> np.ndarray:
+        """The blocks of ``s``'s table that hold its positions up to its last new token, each checked."""
+        n, end_pos = len(s.token_ids), s.start_pos + len(s.token_ids)
+        if n < 1 or not 0 <= s.num_logits <= n or s.start_pos < 0:
+            raise BackendError(f"bad slice for sequence {s.seq_id}: {n} tokens from {s.start_pos}, "
+                               f"{s.num_logits} logits")
+        table = np.asarray(s.block_table, dtype=np.int64)
+        used = (end_pos + bs - 1) // bs
+        if len(table) < used or table[:used].min() < 0 or table[:used].max() >= self.num_blocks:
+            raise BackendError(f"block table of sequence {s.seq_id} does not cover positions "
+                               f"0..{end_pos - 1} with valid blocks")
+        return table[:used]
+
+    def _decode_group(self, rows: list[int], tables: list[np.ndarray], lens: list[int], num_rows: int,
+                      bs: int) -> DecodeGroup:  # fmt: skip
+        """The single-token rows as one group: their tables padded to the longest, what each may see."""
+        from inferflux.backends.mlx.model import DecodeGroup
+
+        mx = self._mx
+        max_blocks = max(len(t) for t in tables)
+        padded = np.zeros((len(tables), max_blocks), dtype=np.int64)
+        for row, t in zip(padded, tables):
+            row[: len(t)] = t
+        visible = np.arange(max_blocks * bs)[None, :] < np.asarray(lens)[:, None]
+        index = None if len(rows) == num_rows else mx.array(rows)
+        return DecodeGroup(index, mx.array(padded), mx.array(visible[:, None, None]),
+                           mx.array(np.asarray(lens, dtype=np.int32)))

@@ -144,3 +144,12 @@ def error_in_stream(chunk: dict[str, Any], scrub: Scrubber, where: str = "mid-st
     message, _, _ = _error_fields(json.dumps(chunk).encode())
     text = scrub(message) if message else ""
     return UpstreamFailed(f"the upstream failed {where}: {text}" if text else f"the upstream failed {where}")
+
+
+def retry_after_seconds(value: str | None) -> float:
+    """A Retry-After in seconds, kept within 1-60 s; 1 when absent or an HTTP date (not worth parsing)."""
+    try:
+        seconds = float(value) if value is not None else 1.0
+    except ValueError:
+        return 1.0
+    return min(60.0, max(1.0, seconds)) if seconds == seconds else 1.0

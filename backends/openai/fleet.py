@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -57,8 +56,9 @@ from inferflux.backends.openai.errors import (
     UpstreamUnavailable,
     error_from_answer,
     error_in_stream,
+    retry_after_seconds,
 )
-from inferflux.backends.openai.health import EndpointState, EndpointStatus
+from inferflux.backends.openai.health import EndpointState, EndpointStatus, check, retry_after
 from inferflux.backends.openai.routing import LeastOutstanding, PrefixRing
 from inferflux.backends.openai.sse import EventReader
 from inferflux.backends.openai.transport import (
@@ -72,8 +72,6 @@ from inferflux.backends.openai.transport import (
 )
 
 __all__ = ["EndpointStatus", "Fleet", "FleetConfig"]
-
-log = logging.getLogger(__name__)
 
 BACKOFF_BASE_SECONDS = 0.05  # the first retry waits up to this (full jitter), each next one up to twice as long
 BACKOFF_CAP_SECONDS = 1.0
@@ -293,9 +291,10 @@ class Fleet:
             except _Retry as retry:
                 last = retry.error
         if last is None:
-            raise UpstreamUnavailable("no upstream endpoint can take the request now", retry_after=self._retry_after())
+            raise UpstreamUnavailable("no upstream endpoint can take the request now",
+                                      retry_after=retry_after(self._endpoints))
         if isinstance(last, UpstreamUnavailable):  # the endpoints' state may have moved since
-            last.retry_after = max(last.retry_after, self._retry_after())
+            last.retry_after = max(last.retry_after, retry_after(self._endpoints))
         raise last
 
     def _choose(self, affinity: bytes | None, tried: frozenset[int]) -> int | None:
@@ -352,7 +351,8 @@ class Fleet:
         """What a non-2xx answer means: ``_Retry`` for a busy or failing endpoint, the error itself for a 4xx."""
         status = answer.status
         if status == 429:  # busy, not broken: try another, and say when to come back if all are
-            return _Retry(UpstreamUnavailable("the upstream is busy", retry_after=_seconds(answer.retry_after)))
+            wait = retry_after_seconds(answer.retry_after)
+            return _Retry(UpstreamUnavailable("the upstream is busy", retry_after=wait))
         if 400 <= status < 500 and status != 408:
             endpoint.succeeded()  # it answered: the request (or our credential), not the endpoint, is at fault
             return error_from_answer(status, start, self._scrub)
@@ -379,53 +379,13 @@ class Fleet:
             raise error_in_stream(value, self._scrub, where)
         return value
 
-    def _retry_after(self) -> float:
-        """Seconds until retrying is worth it: 1 when an endpoint is only full, else the soonest half-open."""
-        waits = []
-        for endpoint in self._endpoints:
-            opens_in = endpoint.half_opens_in()
-            if opens_in is not None:
-                waits.append(opens_in)
-            elif endpoint.healthy:
-                return 1.0  # full (or its probe is out): slots free up as requests finish
-        return max(0.1, min(waits)) if waits else 1.0
-
     # -- active health
 
     async def _health_loop(self) -> None:
         """Check every endpoint each interval, all at once, so a slow one does not delay the others' verdicts."""
         while True:
-            await asyncio.gather(*(self._check(endpoint) for endpoint in self._endpoints))
+            # A check slower than its interval is as good as a failed one.
+            timeout = min(self.config.idle_seconds, max(self.config.health_interval_seconds, 1.0))
+            await asyncio.gather(*(check(endpoint, self._transport, timeout, MAX_ERROR_BODY)
+                                   for endpoint in self._endpoints))  # fmt: skip
             await asyncio.sleep(self.config.health_interval_seconds)
-
-    async def _check(self, endpoint: EndpointState) -> None:
-        """``GET {base}/models``: an answer below 500 means the server is up (a 401 is about the key)."""
-        # A check slower than its interval is as good as a failed one.
-        timeout = min(self.config.idle_seconds, max(self.config.health_interval_seconds, 1.0))
-        for _attempt in range(2):
-            try:
-                status = await self._transport.get_status(endpoint.url + "/models", timeout, MAX_ERROR_BODY)
-                healthy, why = status < 500, f"HTTP {status}"
-            except ConnectionLost:
-                # A pooled connection the server closed just then: not a dead server, ask once more.
-                healthy, why = False, "connection lost"
-                continue
-            except (ConnectFailed, TimedOut, TimeoutError, OSError) as exc:
-                healthy, why = False, type(exc).__name__
-            except Exception as exc:  # anything else must not end the loop that checks every endpoint
-                log.exception("upstream endpoint %s: the health check failed unexpectedly", endpoint.url)
-                healthy, why = False, type(exc).__name__
-            break
-        if healthy != endpoint.healthy:
-            state = "healthy again" if healthy else "unhealthy"
-            log.warning("upstream endpoint %s is %s (%s)", endpoint.url, state, why)
-        endpoint.healthy = healthy
-
-
-def _seconds(value: str | None) -> float:
-    """A Retry-After in seconds, kept within 1-60 s; 1 when absent or an HTTP date (not worth parsing)."""
-    try:
-        seconds = float(value) if value is not None else 1.0
-    except ValueError:
-        return 1.0
-    return min(60.0, max(1.0, seconds)) if seconds == seconds else 1.0

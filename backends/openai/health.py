@@ -9,15 +9,19 @@ dead endpoint stops costing every request a connect attempt; after
 it again or reopens it for another period.
 
 Times come from an injectable clock, so tests move a breaker through its
-states without waiting.
+states without waiting. ``check`` is the active check of one endpoint, which
+the fleet runs on every endpoint each interval; ``retry_after`` is what a
+refusal tells the client to wait, from the endpoints' states.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from inferflux.backends.openai.transport import ConnectFailed, ConnectionLost, TimedOut, Transport
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +123,37 @@ class EndpointState:
             failures=self.failures,
             last_error=self.last_error,
         )
+
+
+async def check(endpoint: EndpointState, transport: Transport, timeout: float, max_body: int) -> None:
+    """``GET {base}/models``: an answer below 500 means the server is up (a 401 is about the key)."""
+    for _attempt in range(2):
+        try:
+            status = await transport.get_status(endpoint.url + "/models", timeout, max_body)
+            healthy, why = status < 500, f"HTTP {status}"
+        except ConnectionLost:
+            # A pooled connection the server closed just then: not a dead server, ask once more.
+            healthy, why = False, "connection lost"
+            continue
+        except (ConnectFailed, TimedOut, TimeoutError, OSError) as exc:
+            healthy, why = False, type(exc).__name__
+        except Exception as exc:  # anything else must not end the loop that checks every endpoint
+            log.exception("upstream endpoint %s: the health check failed unexpectedly", endpoint.url)
+            healthy, why = False, type(exc).__name__
+        break
+    if healthy != endpoint.healthy:
+        state = "healthy again" if healthy else "unhealthy"
+        log.warning("upstream endpoint %s is %s (%s)", endpoint.url, state, why)
+    endpoint.healthy = healthy
+
+
+def retry_after(endpoints: Sequence[EndpointState]) -> float:
+    """Seconds until retrying is worth it: 1 when an endpoint is only full, else the soonest half-open."""
+    waits = []
+    for endpoint in endpoints:
+        opens_in = endpoint.half_opens_in()
+        if opens_in is not None:
+            waits.append(opens_in)
+        elif endpoint.healthy:
+            return 1.0  # full (or its probe is out): slots free up as requests finish
+    return max(0.1, min(waits)) if waits else 1.0

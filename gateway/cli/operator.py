@@ -13,14 +13,65 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from inferflux.gateway.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, print_error
-from inferflux.gateway.settings import ConfigError, ensure_data_dir, load_settings
+from inferflux.gateway.settings import ConfigError, Settings, ensure_data_dir, load_settings
 from inferflux.policy.errors import StoreConfigError
 
 if TYPE_CHECKING:
     from inferflux.backends.base import ModelSpec
+    from inferflux.gateway.models.served import ModelManager
+    from inferflux.policy.store import PolicyStore
 
 
 def _serve(args: argparse.Namespace) -> int:
+    settings = _serve_settings(args)
+    if isinstance(settings, int):
+        return settings  # the exit status of settings that did not load
+    _configure_logs(settings)
+
+    # Imported here: loading pulls in the engine and backends, which --help and
+    # the client commands do not need.
+    from inferflux.gateway import drain
+    from inferflux.gateway.app import create_app
+    from inferflux.gateway.logs import redaction as log_redaction
+    from inferflux.gateway.slowclients import server_options
+    from inferflux.gateway.tracing import TracingConfigError
+
+    # The store first: a wrong key or an unreachable database should fail in
+    # a second, not after the models have loaded.
+    store = _open_store(settings)
+    if store is None:
+        return EXIT_FAILURE
+    loaded = _load_models(settings, store)
+    if loaded is None:
+        store.close()
+        return EXIT_FAILURE
+    manager, configured = loaded
+
+    # The app closes the store at shutdown: uvicorn re-raises the signal that
+    # stopped it, so nothing after uvicorn.run() is sure to run.
+    try:
+        app = create_app(settings, manager, store=store, owns_store=True, configured_models=configured)
+    except TracingConfigError as exc:  # an OTEL_* variable asks for what is not installed
+        print_error(str(exc))
+        manager.shutdown()
+        store.close()
+        return EXIT_FAILURE
+    drain.serve(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=log_redaction.log_config(settings.log_format),
+        # SIGTERM: readiness fails, new requests get 503, requests in flight get this long.
+        grace=settings.server.shutdown_grace_seconds,
+        # Slow clients: header, write and keep-alive deadlines (the body's is a middleware of the app).
+        **server_options(settings.input_limits, settings.server.stream_write_timeout_seconds),
+    )
+    return EXIT_OK
+
+
+def _serve_settings(args: argparse.Namespace) -> Settings | int:
+    """The settings from the flags, the environment and the file, the data directory made; else the exit status."""
     try:
         settings = load_settings(
             args.config,
@@ -44,41 +95,44 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print_error(f"cannot create the data directory: {exc}")
         return EXIT_FAILURE
+    return settings
 
-    level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
+
+def _configure_logs(settings: Settings) -> None:
+    """Log lines as the settings ask (text or JSON), none with a credential in it."""
     from inferflux.gateway.logs import redaction as log_redaction
     from inferflux.gateway.logs import structured as structured_logs
 
+    level = "DEBUG" if settings.log_level == "trace" else settings.log_level.upper()
     structured_logs.configure(settings.log_format, level)  # text, or one JSON object a line
-
     log_redaction.install()  # no credential reaches a log line (the access log prints query strings)
 
-    # Imported here: loading pulls in the engine and backends, which --help and
-    # the client commands do not need.
-    from inferflux.backends.base import BackendError
-    from inferflux.gateway import drain
-    from inferflux.gateway.app import create_app
-    from inferflux.gateway.slowclients import server_options
-    from inferflux.gateway.tracing import TracingConfigError
-    from inferflux.gateway.models.served import ModelManager, engine_config_from, load_served_model
 
-    from inferflux.gateway.models.admin import ModelAdmin
-    from inferflux.gateway.models.upstreams import egress_policy, upstream_key
+def _open_store(settings: Settings) -> PolicyStore | None:
+    """The policy store, its bootstrap admin key made (and shown) on first start; None, said why, if it cannot open."""
     from inferflux.policy.store import PolicyStore
 
-    # The store first: a wrong key or an unreachable database should fail in
-    # a second, not after the models have loaded.
     try:
         store = PolicyStore.open(settings.store, settings.data_dir)
         admin_key = store.ensure_bootstrap_admin(os.environ.get("INFERFLUX_BOOTSTRAP_ADMIN_KEY"))
     except StoreConfigError as exc:
         print_error(str(exc))
-        return EXIT_FAILURE
+        return None
     except Exception as exc:  # the driver's: connection refused, authentication failed, ...
         print_error(f"cannot open the policy store: {getattr(exc, 'orig', None) or exc}")
-        return EXIT_FAILURE
+        return None
     if admin_key is not None:
         _announce_admin_key(admin_key)
+    return store
+
+
+def _load_models(settings: Settings, store: PolicyStore) -> tuple[ModelManager, set[str]] | None:
+    """The configured models loaded, then those loaded over the admin API before the restart; and the
+    configured names. None (said why, every model stopped) when a configured model does not load."""
+    from inferflux.backends.base import BackendError
+    from inferflux.gateway.models.admin import ModelAdmin
+    from inferflux.gateway.models.served import ModelManager, engine_config_from, load_served_model
+    from inferflux.gateway.models.upstreams import egress_policy, upstream_key
 
     specs = settings.model_specs()
     manager = ModelManager(expected=[spec.name for spec, _ in specs])
@@ -93,33 +147,11 @@ def _serve(args: argparse.Namespace) -> int:
             where = "upstream" if spec.upstream is not None else spec.path
             print_error(f"cannot load model {spec.name!r} ({where}) on backend {backend!r}: {exc}")
             manager.shutdown()
-            store.close()
-            return EXIT_FAILURE
+            return None
     configured = {spec.name for spec, _ in specs}
     # Models loaded over the admin API before the restart; one that fails to load is logged and skipped.
     ModelAdmin(manager, store, settings, configured).restore()
-
-    # The app closes the store at shutdown: uvicorn re-raises the signal that
-    # stopped it, so nothing after uvicorn.run() is sure to run.
-    try:
-        app = create_app(settings, manager, store=store, owns_store=True, configured_models=configured)
-    except TracingConfigError as exc:  # an OTEL_* variable asks for what is not installed
-        print_error(str(exc))
-        manager.shutdown()
-        store.close()
-        return EXIT_FAILURE
-    drain.serve(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        log_config=log_redaction.log_config(settings.log_format),
-        # SIGTERM: readiness fails, new requests get 503, requests in flight get this long.
-        grace=settings.server.shutdown_grace_seconds,
-        # Slow clients: header, write and keep-alive deadlines (the body's is a middleware of the app).
-        **server_options(settings.input_limits, settings.server.stream_write_timeout_seconds),
-    )
-    return EXIT_OK
+    return manager, configured
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -191,6 +223,11 @@ def _announce_admin_key(key: str) -> None:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``serve`` and ``backends`` to ``inferctl``'s commands."""
+    _add_serve(sub)
+    _add_backends(sub)
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser(
         "serve",
         help="load the models and serve the OpenAI-compatible API",
@@ -226,6 +263,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         choices=["auto", "float32", "bfloat16"],
         help="weight and activation dtype for models that do not name one (default: auto; env: INFERFLUX_DTYPE)",
     )
+    _add_server_arguments(serve)
+    serve.set_defaults(handler=_serve)
+
+
+def _add_server_arguments(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s flags for the server itself rather than its models: address, state, memory, limits, logs."""
     serve.add_argument("--host", help="address to listen on (default: 127.0.0.1; env: INFERFLUX_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (default: 8080; env: INFERFLUX_PORT)")
     serve.add_argument(
@@ -249,8 +292,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="log verbosity (default: info; env: INFERFLUX_LOG_LEVEL)",
     )
-    serve.set_defaults(handler=_serve)
 
+
+def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     backends = sub.add_parser(
         "backends",
         help="list the installed backends, whether each can run here and why not",

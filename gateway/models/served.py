@@ -224,10 +224,7 @@ def load_served_model(
     Raises ``BackendError`` (from the registry or the backend) when the backend
     is unavailable or the model cannot be loaded.
     """
-    stage = on_stage or (lambda _: None)
-    from inferflux.backends.base import BackendError, backend_kind, serves_embeddings
-    from inferflux.backends.engine import AsyncEngine, EngineConfig, LLMEngine
-    from inferflux.backends.models import open_model
+    from inferflux.backends.base import BackendError, backend_kind
     from inferflux.backends.registry import resolve
 
     backend, backend_cls = resolve(backend, priority=priority)
@@ -236,6 +233,16 @@ def load_served_model(
             raise BackendError(f"the model {spec.name!r}: an upstream section goes with a remote backend, "
                                f"and backend {backend!r} is {backend_kind(backend_cls)}")  # fmt: skip
         return _open_remote(spec, backend, backend_cls, upstream_key, egress)
+    return _start_engine(spec, backend, backend_cls, engine_config, on_stage or (lambda _: None))
+
+
+def _start_engine(spec: ModelSpec, backend: str, backend_cls: Any, engine_config: EngineConfig | None,
+                  stage: Callable[[str], None]) -> ServedModel:  # fmt: skip
+    """A model of an engine backend: its weights (and draft model) loaded, its engine thread started."""
+    from inferflux.backends.base import serves_embeddings
+    from inferflux.backends.engine import AsyncEngine, EngineConfig, LLMEngine
+    from inferflux.backends.models import open_model
+
     instance = backend_cls()
     started = time.perf_counter()
     stage("loading weights")

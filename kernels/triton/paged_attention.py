@@ -55,6 +55,9 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     return out
 
 
+# Long: a Triton kernel is one program's body, read top to bottom: the query tile loaded, the
+# context walked with an online softmax, the output (or its share) stored. Its tiles stay in
+# registers across those steps; jitted helpers would only pass them through inlined calls.
 @triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, starts_ptr, out_ptr,
@@ -284,12 +287,19 @@ def _paged_attention(
         num_warps=4, num_stages=2,
     )
     if splits > 1:
-        _merge_shares_kernel[(num_seqs * q_len, q.shape[2])](
-            part, lse, out,
-            splits, q_len, q.shape[2], head_dim,
-            *part_strides,
-            out.stride(0), out.stride(1), out.stride(2),
-            BLOCK_S=block(splits), BLOCK_D=block_d,
-            num_warps=1,
-        )
+        _merge_shares(part, lse, out, splits, part_strides, block_d)
     return out
+
+
+def _merge_shares(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, splits: int,
+                  part_strides: tuple[int, int, int, int], block_d: int) -> None:
+    """The second launch of a split context: each (sequence, query, head)'s shares merged into ``out``."""
+    num_seqs, q_len, heads, head_dim = out.shape
+    _merge_shares_kernel[(num_seqs * q_len, heads)](
+        part, lse, out,
+        splits, q_len, heads, head_dim,
+        *part_strides,
+        out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_S=block(splits), BLOCK_D=block_d,
+        num_warps=1,
+    )

@@ -87,7 +87,7 @@ def test_release_openmp_pool_frees_the_callers_team():
     # must keep working on this thread afterwards (a new team is made on demand).
     import torch
 
-    from inferflux.backends.cpu.backend import release_openmp_pool
+    from inferflux.backends.cpu.runtime import release_openmp_pool
 
     a = torch.randn(64, 256)
     expected = a @ a.T

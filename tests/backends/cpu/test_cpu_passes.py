@@ -17,6 +17,7 @@ import torch
 
 from inferflux.backends.base import BackendError, ModelSpec
 from inferflux.backends.cpu import CPUBackend, passes
+from inferflux.backends.cpu import quantise as quantise_pass
 from inferflux.backends.cpu.linear import QuantEmbedding, QuantLinear
 from inferflux.backends.engine import EngineConfig, LLMEngine
 from inferflux.backends.models import default_model_path, open_model
@@ -284,8 +285,8 @@ def test_int4_requantises_to_q4_1_blocks_close_to_the_weights(f32_model: Any) ->
     from gguf.quants import dequantize
 
     model = f32_model[0].model
-    slot = next(s for s in passes._slots(model) if s.role == "o_proj" and s.layer == 0)
-    [(qtype, blocks)] = passes._blocks_for(slot, None, "int4")
+    slot = next(s for s in quantise_pass.slots(model) if s.role == "o_proj" and s.layer == 0)
+    [(qtype, blocks)] = quantise_pass.blocks_for(slot, None, "int4")
     assert qtype == 3  # Q4_1
     dense = slot.dense().detach().numpy()
     back = dequantize(blocks, qtype)

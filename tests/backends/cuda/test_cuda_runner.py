@@ -22,7 +22,8 @@ import torch
 from inferflux.backends.base import Batch, BackendError, ModelSpec, SequenceSlice
 from inferflux.backends.cpu import CPUBackend
 from inferflux.backends.cuda import CUDABackend
-from inferflux.backends.cuda.backend import graph_batch_size, slot_runs
+from inferflux.backends.cuda.graphs import graph_batch_size
+from inferflux.backends.cuda.swap import slot_runs
 from inferflux.kernels import reference
 from inferflux.kernels.errors import KernelError
 

@@ -380,7 +380,7 @@ JSON_VALUES = st.recursive(
 def test_the_closing_text_completes_every_prefix_and_the_grammar_takes_it(doc) -> None:
     """After every token of a JSON object, the closer's text is a valid ending the grammar allows,
     byte by byte, and it grows by at most JSON_CLOSE_GROWTH per byte written."""
-    from inferflux.backends.engine.guided import JSON_CLOSE_GROWTH
+    from inferflux.backends.engine.json_closer import JSON_CLOSE_GROWTH
 
     engine = engine_for(scripted(1, []))
     compiled = engine.grammars.compile(GuidedSpec("json_object"))

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from inferflux.backends.models.tokenizer import bytes_to_unicode
+from inferflux.backends.models.gguf_tokenizer import bytes_to_unicode
 
 # A varied text set for tokenizer comparisons; the last one uses bytes SmolLM2 cannot encode.
 TEXTS = [

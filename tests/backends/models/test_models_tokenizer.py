@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import models_testutil as util
 from inferflux.backends.models import ModelLoadError, Tokenizer
-from inferflux.backends.models.tokenizer import bytes_to_unicode
+from inferflux.backends.models.gguf_tokenizer import bytes_to_unicode
 
 TEXTS = util.TEXTS
 SPECIAL = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<jupyter_code>", "<jupyter_output>")
