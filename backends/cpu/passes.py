@@ -90,7 +90,7 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
          resolve_dtype: Callable[[str], str]) -> dict[str, Any]:
     """What loading ``path`` with these passes would do here, without loading it (``inferctl backends
     --json``): the passes in order, the quantise mode they resolve to and the kernels' instruction set
-    (``cpu_isa``; None without them); what ran and the weight bytes
+    (``cpu_isa``; None without them) with the level asked for (``cpu_isa_requested``); what ran and the weight bytes
     before and after are known only after a load (``GET /admin/v1/models/{id}``). ``error``: why it
     would not load (a bad passes section, a contradicting dtype, an unreadable file, no C++ kernels).
     ``resolve_dtype``: the backend's (backends.cpu.backend.resolve_dtype, which imports this module)."""
@@ -112,7 +112,9 @@ def plan(value: Mapping[str, Any] | None, dtype: str, path: str,
                             isa=cpu_kernels.isa())
     except ValueError as exc:
         return {**out, "error": str(exc)}
-    out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised, cpu_isa=cpu_kernels.isa() or None)
+    # cpu_isa_requested says why that level: auto (built for this CPU) or one pinned by runtime.cpu_isa.
+    out.update(quantise=mode, dtype=dtype_name, quantised_file=quantised, cpu_isa=cpu_kernels.isa() or None,
+               cpu_isa_requested=cpu_kernels.requested_isa())
     if mode not in DENSE_DTYPES and not kernels_ok:
         out["error"] = f"passes.quantise {mode} needs the C++ CPU kernels: {cpu_kernels.load_error()}"
     return out

@@ -1,4 +1,5 @@
-"""What the CPU backend sets in its process: glibc's malloc thresholds, libgomp's thread pools, the bf16 check.
+"""What the CPU backend sets in its process: glibc's malloc thresholds, libgomp's thread pools, the kernels'
+instruction-set level and the bf16 check.
 
 Each is a no-op where the library or the symbol is absent (another libc, another
 OpenMP runtime), so the backend calls them unconditionally. torch is imported only
@@ -10,6 +11,15 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+
+
+def choose_isa(isa: str | None) -> None:
+    """Pin the CPU kernels' instruction-set level (the settings' ``runtime.cpu_isa``) before any model loads;
+    None leaves it to INFERFLUX_CPU_ISA, then ``auto``."""
+    if isa is not None:
+        from inferflux.kernels import cpu as cpu_kernels
+
+        cpu_kernels.choose(isa)
 
 
 def cpu_has_native_bf16() -> bool:

@@ -72,6 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_settings(args: argparse.Namespace) -> Settings | int:
     """The settings from the flags, the environment and the file, the data directory made; else the exit status."""
+    from inferflux.backends.cpu.runtime import choose_isa  # loads no torch: a bad flag still fails at once
+
     try:
         settings = load_settings(
             args.config,
@@ -89,6 +91,7 @@ def _serve_settings(args: argparse.Namespace) -> Settings | int:
             },
         )
         ensure_data_dir(settings.data_dir)
+        choose_isa(settings.runtime.cpu_isa)
     except ConfigError as exc:
         print_error(str(exc))
         return EXIT_USAGE
@@ -157,8 +160,10 @@ def _load_models(settings: Settings, store: PolicyStore) -> tuple[ModelManager, 
 def _backends(args: argparse.Namespace) -> int:
     from inferflux.backends import registry
     from inferflux.backends.base import BackendError
+    from inferflux.backends.cpu.runtime import choose_isa
 
     settings = load_settings(args.config)
+    choose_isa(settings.runtime.cpu_isa)
     priority = settings.runtime.backend_priority
     try:
         chain = registry.configured_priority(priority)

@@ -75,6 +75,7 @@ def test_inferctl_backends_json_plans_each_cpu_models_passes(tmp_path, capsys):
     exact = {"bfloat16": "exact" if kernels and cpu_kernels.exact_linear_supported(torch.bfloat16) else "bf16",
              "float32": ("exact" if avx512 else "blocks") if kernels else "f32"}
     assert plans["auto"]["cpu_isa"] == (cpu_kernels.isa() or None)
+    assert plans["auto"]["cpu_isa_requested"] == cpu_kernels.requested_isa()
     assert plans["auto"]["quantised_file"] is True and plans["auto"]["quantise"] == exact[plans["auto"]["dtype"]]
     assert plans["i4"]["quantise"] == "int4" and ("error" in plans["i4"]) is not kernels
     assert plans["f32"] == {**plans["f32"], "quantise": exact["float32"], "dtype": "float32"}

@@ -65,6 +65,17 @@ def test_a_level_is_named_or_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         cpu_kernels.choose("sse9")
 
 
+def test_the_settings_pin_a_level_or_leave_it_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferflux.backends.cpu.runtime import choose_isa
+
+    monkeypatch.setattr(cpu_kernels, "_chosen", None)
+    monkeypatch.setenv(cpu_kernels.ISA_ENV, "avx2")
+    choose_isa(None)  # runtime.cpu_isa unset
+    assert cpu_kernels.requested_isa() == "avx2"
+    choose_isa("generic")
+    assert cpu_kernels.requested_isa() == "generic"
+
+
 def test_a_pinned_level_loads_float32_as_a_cpu_of_that_level_would(monkeypatch: pytest.MonkeyPatch) -> None:
     from inferflux.backends.cpu import backend
 
