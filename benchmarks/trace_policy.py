@@ -143,15 +143,15 @@ def instrument_finely() -> None:
     parts, the output checker, the audit event's digests, JSON and seal), to tell which part of a
     stage its in-request cost is."""
     import inferflux.gateway.auth as gateway_auth
-    import inferflux.gateway.pipeline.policy as request_policy
     import inferflux.policy.audit.events as audit_events
     import inferflux.policy.guardrails.engine as guardrails_engine
+    import inferflux.policy.guardrails.screen as guardrails_screen
     import inferflux.policy.guardrails.stream as guardrails_stream
     import inferflux.policy.ratelimit.limiter as limiter
     import inferflux.policy.ratelimit.memory as memory
 
     around(gateway_auth.Authenticator, "authenticate", "auth", "authed")
-    around(request_policy, "request_texts", None, "g.texts")
+    around(guardrails_screen, "collect", None, "g.texts")  # the body's texts, gathered for the input check
     around(guardrails_engine.Guardrails, "check_input", None, "g.checked")
     around(limiter.RateLimiter, "check_and_reserve", "rl.start", "rl.done")
     around(memory.MemoryBackend, "reserve", "rl.backend", "rl.backend.done")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from inferflux.backends.base import POOLINGS, Backend, BackendError, ModelInfo
+from inferflux.backends.base import POOLINGS, Backend, BackendError, ModelInfo, serves_embeddings
 
 from .errors import EmbeddingsUnsupportedError, InputTooLongError, InvalidRequestError
 
@@ -191,7 +191,7 @@ class EngineEmbeddings:
     @property
     def supports_embeddings(self) -> bool:
         """Whether the backend has the optional ``embed`` (backends.base)."""
-        return callable(getattr(self.backend, "embed", None))
+        return serves_embeddings(self.backend)
 
     def make_embedding_request(
         self,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferflux.backends.cpu.pass_config import DENSE_DTYPES  # loads no torch
 from inferflux.backends.openai.egress import EgressPolicy
 from inferflux.gateway.auth import call_store
 from inferflux.gateway.models.upstreams import check_key_source, checked_upstream, describe_upstream
@@ -24,11 +25,6 @@ from inferflux.gateway.settings import Settings
 from inferflux.gateway.settings.engine import REMOTE_BACKEND
 from inferflux.policy.errors import ValidationFailed
 from inferflux.policy.store import PolicyStore
-
-# The dense modes of passes.quantise and the dtype each loads in (backends/cpu/passes.py DENSE_DTYPES, which
-# imports torch: not worth it for a check).
-_DENSE_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
-
 
 @dataclass
 class ModelLoad:
@@ -160,7 +156,7 @@ def merged_passes(settings: Settings, passes: dict[str, Any] | None, dtype: str)
     engine = settings.engine.passes
     merged = {**(engine.model_dump(exclude_none=True) if engine else {}), **(passes or {})}
     # quantise bf16/f32 names the load dtype: an explicit other one is refused now, not at load.
-    wanted = _DENSE_DTYPES.get(merged.get("quantise", ""))
+    wanted = DENSE_DTYPES.get(merged.get("quantise", ""))
     if wanted is not None and dtype not in ("auto", wanted):
         raise ValidationFailed(f"passes.quantise {merged['quantise']} contradicts dtype {dtype}", param="passes")
     return merged or None
