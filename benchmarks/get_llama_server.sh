@@ -14,12 +14,22 @@
 #   LLAMA_CPP_PY_VERSION  pin an sdist version, e.g. 0.3.16 (default: latest on PyPI)
 #   JOBS                  parallel build jobs (default: 2)
 #   LLAMA_AMX             1: keep ggml's AMX kernels on a CPU with AMX (default: built without)
+#   LLAMA_ISA             native (default) or avx2: an AVX2 + FMA + F16C build with AVX-512 off, for comparing
+#                         InferFlux's avx2 level (runtime.cpu_isa) on an AVX-512 host; it goes to build-avx2/
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${INFERFLUX_CACHE:-$HOME/.cache/inferflux}/llama.cpp"
-BIN="$CACHE/build/bin/llama-server"
-PPL_BIN="$CACHE/build/bin/llama-perplexity"
+ISA="${LLAMA_ISA:-native}"
+case "$ISA" in
+  native) BUILD="$CACHE/build"; ISA_FLAGS=(-DGGML_NATIVE=ON) ;;
+  avx2) BUILD="$CACHE/build-avx2"
+        ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+                   -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF) ;;
+  *) echo "error: LLAMA_ISA is native or avx2, not $ISA" >&2; exit 1 ;;
+esac
+BIN="$BUILD/bin/llama-server"
+PPL_BIN="$BUILD/bin/llama-perplexity"
 JOBS="${JOBS:-2}"
 
 if [[ -x "$BIN" && -x "$PPL_BIN" ]]; then
@@ -56,7 +66,7 @@ echo "[get_llama_server] sdist: $SDIST"
 # Extract the vendored llama.cpp tree into $CACHE/src (re-extract, and drop the build
 # dir, only when the sdist changed; an interrupted build resumes where it stopped).
 if [[ ! -f "$CACHE/src/CMakeLists.txt" || "$(cat "$CACHE/SOURCE" 2>/dev/null)" != "$(basename "$SDIST")" ]]; then
-  rm -rf "$CACHE/src" "$CACHE/extract" "$CACHE/build"
+  rm -rf "$CACHE/src" "$CACHE/extract" "$CACHE/build" "$CACHE/build-avx2"
   mkdir -p "$CACHE/extract"
   tar -xzf "$SDIST" -C "$CACHE/extract"
   TOP="$(find "$CACHE/extract" -mindepth 1 -maxdepth 1 -type d | head -n 1)"
@@ -73,20 +83,20 @@ fi
 # 2026-11-26, although a plain tile-load/zero/release test program ran there. So on such a
 # CPU it is built without AMX (the AVX-512 VNNI kernels, as on CPUs without AMX);
 # LLAMA_AMX=1 keeps it. Binaries already built are kept as they are (the check at the top):
-# delete $CACHE/build to rebuild with other flags.
+# delete $CACHE/build (or build-avx2) to rebuild with other flags.
 NO_AMX=""
 if grep -qw amx_tile /proc/cpuinfo 2>/dev/null && [[ "${LLAMA_AMX:-0}" != "1" ]]; then
   NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 fi
 
-echo "[get_llama_server] configuring (Release, native CPU${NO_AMX:+ without AMX}, no curl) ..."
+echo "[get_llama_server] configuring (Release, $ISA CPU${NO_AMX:+ without AMX}, no curl) ..."
 start=$(date +%s)
-nice -n 19 cmake -S "$CACHE/src" -B "$CACHE/build" \
+nice -n 19 cmake -S "$CACHE/src" -B "$BUILD" \
   -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_FLAGS="$NO_AMX" \
   -DCMAKE_CXX_FLAGS="$NO_AMX" \
   -DLLAMA_CURL=OFF \
-  -DGGML_NATIVE=ON \
+  "${ISA_FLAGS[@]}" \
   -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=ON \
@@ -95,7 +105,7 @@ nice -n 19 cmake -S "$CACHE/src" -B "$CACHE/build" \
   -DLLAMA_USE_PREBUILT_UI=OFF \
   -DBUILD_SHARED_LIBS=OFF
 echo "[get_llama_server] building targets llama-server llama-perplexity with -j$JOBS (nice 19) ..."
-nice -n 19 cmake --build "$CACHE/build" --config Release --target llama-server llama-perplexity -j"$JOBS"
+nice -n 19 cmake --build "$BUILD" --config Release --target llama-server llama-perplexity -j"$JOBS"
 end=$(date +%s)
 
 for b in "$BIN" "$PPL_BIN"; do

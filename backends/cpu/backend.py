@@ -76,6 +76,7 @@ class CPUBackend:
     # -- loading -----------------------------------------------------------------
 
     def load(self, spec: ModelSpec) -> ModelInfo:
+        from inferflux.backends.cpu import quantise
         from inferflux.backends.cpu.model import Transformer
         from inferflux.backends.models import open_model
 
@@ -85,20 +86,23 @@ class CPUBackend:
         dtype = getattr(torch, dtype_name)
         source = open_model(spec.path)
         cfg = source.config
-        # Build on the meta device so no time goes into random initialisation of
-        # weights that are overwritten straight away.
-        with torch.device("meta"):
+        # Built on the device, uninitialised (model.Linear): every weight is the file's.
+        with torch.device(self.device):
             model = Transformer(cfg, dtype)
-        model = model.to_empty(device=self.device)
+        self.kernel_error = self._use_kernels(model)
+        # The weights' format is settled before they are read: the projections that will hold the file's blocks
+        # alone are never decoded (the pages allocated for them are never touched, so they cost no memory either).
+        mode = self._quantise_mode(source, pass_config, dtype_name)
+        absent = quantise.file_block_names(model, source, mode) if mode else frozenset()
         try:
-            model.load_weights(source.tensors())
+            model.load_weights(source.tensors(skip=absent), absent=absent)
         except ValueError as exc:
             raise BackendError(f"cannot load {spec.path}: {exc}") from exc
         model.eval()
-        self.kernel_error = self._use_kernels(model)
         if spec.deterministic:
             self._use_invariant_kernels(model)
-        records = self._run_passes(spec, model, source, pass_config, dtype_name)
+        records = self._run_passes(spec, model, source, pass_config, mode) if mode else []
+        source.close()  # drop the file's mapping: the blocks kept are copies
         self.model = model
         self.dtype = dtype
         self.inv_freq = torch.from_numpy(cfg.rope_inv_freq())
@@ -119,14 +123,13 @@ class CPUBackend:
             raise BackendError(f"passes.quantise {config.quantise} runs on the cpu backend only, not on {self.name}")
         return config
 
-    def _run_passes(self, spec: ModelSpec, model: Transformer, source: Any, config: PassConfig,
-                    dtype_name: str) -> list[PassRecord]:
-        """The load-time pass pipeline (backends/cpu/passes.py), logged; none off the CPU."""
+    def _quantise_mode(self, source: Any, config: PassConfig, dtype_name: str) -> str | None:
+        """The quantise mode the load passes will run (``passes.resolve_mode``); None off the CPU, where none run."""
         from inferflux.backends.cpu import passes
         from inferflux.kernels import cpu as cpu_kernels
 
         if str(self.device) != "cpu":
-            return []
+            return None
         try:
             # auto never picks a mode that needs the kernels this backend is not using.
             exact_ok = self.kernel_error is None and passes.exact_available(source, dtype_name)
@@ -137,6 +140,13 @@ class CPUBackend:
         if mode not in DENSE_DTYPES and self.kernel_error is not None:
             raise BackendError(f"passes.quantise {mode} needs the C++ CPU kernels, which are unavailable: "
                                f"{self.kernel_error}")
+        return mode
+
+    def _run_passes(self, spec: ModelSpec, model: Transformer, source: Any, config: PassConfig,
+                    mode: str) -> list[PassRecord]:
+        """The load-time pass pipeline (backends/cpu/passes.py), logged."""
+        from inferflux.backends.cpu import passes
+
         try:
             records = passes.run(model, source, config, mode)
         except ValueError as exc:

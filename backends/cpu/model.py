@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Collection, Iterable, Protocol
 
 import numpy as np
 import torch
@@ -36,6 +36,22 @@ KernelSet = ModuleType
 # 2-core CI machine in bfloat16: at 200 positions the kernel wins up to ~9 tokens,
 # at 600 it loses already at 5.
 CONTINUATION_KERNEL_WORK = 2048
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` without the random initialisation: every weight comes from the file (or is replaced
+    by its blocks). Drawing random values first cost load time, and on the meta device the initialisers'
+    Python meta kernels imported torch's compiler (dynamo, sympy, triton: about 100 MiB resident)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Embedding(nn.Embedding):
+    """``nn.Embedding`` without the random initialisation, as ``Linear``."""
+
+    def reset_parameters(self) -> None:
+        pass
 
 
 @dataclass
@@ -79,8 +95,8 @@ class Attention(nn.Module):
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.eps = cfg.rms_norm_eps
-        self.qkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias, dtype=dtype)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False, dtype=dtype)
+        self.qkv = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias, dtype=dtype)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False, dtype=dtype)
         self.q_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
         self.k_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype)) if cfg.qk_norm else None
         # Decode steps' attention; Transformer.use_paged_attention may swap in a compiled kernel.
@@ -148,8 +164,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, kernels: KernelSet = reference) -> None:
         super().__init__()
         self.kernels = kernels
-        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, dtype=dtype)
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
+        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, dtype=dtype)
+        self.down = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.kernels.silu_and_mul(self.gate_up(x)))
@@ -200,10 +216,10 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.dtype = dtype
         self.kernels = kernels
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(Block(cfg, dtype, kernels) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=dtype))
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(
             cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype
         )
         # The output projection, (hidden, weight) -> logits; use_invariant_kernels swaps it.
@@ -212,6 +228,8 @@ class Transformer(nn.Module):
         # The C++ loop over layers for the decode steps it applies to (backends/cpu/decode_loop.py, put
         # here by the decode_loop load pass); None: every step runs the layers below in Python.
         self.decode_loop: LayerLoop | None = None
+        # The tensors load_weights left to the quantise pass (the file's blocks): their dense weights are unread.
+        self.absent_weights: frozenset[str] = frozenset()
 
     def forward(
         self,
@@ -285,14 +303,17 @@ class Transformer(nn.Module):
         self.deterministic = True
 
     @torch.no_grad()
-    def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
+    def load_weights(self, tensors: Iterable[tuple[str, np.ndarray]], absent: Collection[str] = ()) -> None:
         """Copy canonical (Hugging Face named) tensors in, fused as backends/models/layout.py says.
+        ``absent``: the tensors left out of the stream because the quantise pass puts the file's
+        blocks in their place; their weights stay as allocated, never written nor read.
 
         An optional bias the checkpoint carries becomes the projection's ``bias`` here
         (``nn.Linear`` adds it from then on); one it lacks costs nothing. Raises
         ``ValueError`` naming a tensor that is unknown, misshapen or missing.
         """
-        for dest, array in layout.assemble(self.cfg, tensors):
+        self.absent_weights = frozenset(absent)
+        for dest, array in layout.assemble(self.cfg, tensors, absent):
             owner, attr = self._slot(dest)
             src = torch.from_numpy(np.ascontiguousarray(array))
             dst = getattr(owner, attr)

@@ -32,9 +32,13 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
     keep_dense = mode in KEEP_DENSE_MODES
     counts: dict[str, int] = {}
     dense_left = 0
+    absent = model.absent_weights
     for slot in slots(model):
         parts = blocks_for(slot, source, mode)
         if parts is None:
+            if absent.intersection(slot.names):  # its dense weights were never read: it must not run on them
+                raise ValueError(f"quantise: {slot.names[0]} was left to the file's blocks at load, which {mode} "
+                                 "does not take")
             dense_left += 1
             continue
         slot.replace(parts, slot.dense().detach() if keep_dense else None)
@@ -43,6 +47,8 @@ def quantise(model: Any, source: Any, config: PassConfig, mode: str) -> tuple[st
     kept = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
     how = ("kept as stored in the file" + (", beside their dense weights for batches" if keep_dense else "")
            if mode in FILE_BLOCK_MODES else f"re-quantised ({mode})")
+    if absent:
+        how += ", never decoded to dense weights"
     detail = f"{kept or 'no'} projections {how}" + (f"; {dense_left} left dense (no kernel for their type)"
                                                      if dense_left else "")
     return "ran", detail
@@ -109,6 +115,27 @@ def slots(model: Any) -> list[Slot]:
     return out
 
 
+def file_block_names(model: Any, source: Any, mode: str) -> frozenset[str]:
+    """The tensors whose stored blocks ``quantise`` will put in place with no dense copy beside them
+    (``blocks``, ``native``): a loader need not decode them at all (``Transformer.load_weights``'
+    ``absent``). Asked of the file's types before the weights are read, as ``blocks_for`` decides."""
+    stored_type = getattr(source, "stored_type", None)
+    if mode not in FILE_BLOCK_MODES or mode in KEEP_DENSE_MODES or stored_type is None:
+        return frozenset()
+    return frozenset(name for slot in slots(model) if _keeps_file_blocks(slot, [stored_type(n) for n in slot.names],
+                                                                          mode)
+                     for name in slot.names)
+
+
+def _keeps_file_blocks(slot: Slot, types: list[int | None], mode: str) -> bool:
+    """Whether a slot whose tensors the file stores in ``types`` takes those blocks in ``mode``: every part
+    quantised in a type the mode's kernel multiplies for the model's dtype; types mixed only in the exact
+    modes."""
+    exact = mode in EXACT_MODES
+    return (all(t is not None for t in types) and (len(set(types)) == 1 or exact)
+            and all(ql.multiplies(t, exact=exact, dtype=slot.model.dtype) for t in types))  # type: ignore[arg-type]
+
+
 def blocks_for(slot: Slot, source: Any, mode: str) -> list[tuple[int, np.ndarray]] | None:
     """The blocks a slot becomes, ``(ggml type, uint8 [rows, row_bytes])`` a tensor in output order (a fused
     slot's q, k, v): the file's (native), or a re-quantisation of its weights; None: it stays dense. The parts may
@@ -117,11 +144,9 @@ def blocks_for(slot: Slot, source: Any, mode: str) -> list[tuple[int, np.ndarray
     if mode in FILE_BLOCK_MODES:
         stored = getattr(source, "stored_blocks", None)
         parts = [stored(n) for n in slot.names] if stored is not None else [None]
-        exact = mode in EXACT_MODES
-        if (any(p is None for p in parts) or (len({p[0] for p in parts}) != 1 and not exact)
-                or not all(ql.multiplies(p[0], exact=exact, dtype=slot.model.dtype) for p in parts)):
+        if not _keeps_file_blocks(slot, [None if p is None else p[0] for p in parts], mode):
             return None
-        return parts
+        return parts  # type: ignore[return-value]  # _keeps_file_blocks saw no None
     from gguf.quants import quantize
 
     qtype = _REQUANT[mode]

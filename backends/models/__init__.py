@@ -3,13 +3,14 @@
     src = open_model(path)     # a GGUF file or a Hugging Face safetensors directory
     src.config                 # ModelConfig
     src.tensors()              # (canonical HF name, numpy array) pairs
+    src.tensors(skip=names)    # the same without decoding the tensors named (a backend keeps the file's blocks)
     src.tokenizer()            # Tokenizer
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Collection, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class ModelSource(Protocol):
     format: str  # 'gguf' | 'safetensors'
     config: ModelConfig
 
-    def tensors(self) -> Iterator[tuple[str, np.ndarray]]: ...
+    def tensors(self, skip: Collection[str] = ()) -> Iterator[tuple[str, np.ndarray]]: ...
 
     def tokenizer(self) -> Tokenizer: ...
 

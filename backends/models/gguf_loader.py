@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
@@ -224,8 +224,10 @@ class GGUFModel:
 
     # ----- the ModelSource interface ------------------------------------------------
 
-    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """``(hf_name, array)`` per tensor, in file order; float32, or float16 if stored so.
+    def tensors(self, skip: Collection[str] = ()) -> Iterator[tuple[str, np.ndarray]]:
+        """``(hf_name, array)`` per tensor, in file order; float32, or float16 if stored so. The
+        tensors named in ``skip`` are neither decoded nor yielded: a backend that keeps their
+        blocks (``stored_blocks``) saves decoding them, in time and in memory.
 
         Each array is a fresh, writable, C-contiguous copy (never a view of the file).
         """
@@ -237,6 +239,8 @@ class GGUFModel:
             if name == _ROPE_FREQS:
                 continue
             hf = canonical_name(name)
+            if hf in skip:
+                continue
             try:
                 arr = quants.dequantize(t.data, int(t.tensor_type), self._shape(t), keep_f16=True)
             except (quants.UnsupportedQuantType, ValueError) as e:
@@ -255,15 +259,30 @@ class GGUFModel:
         """
         if self._reader is None:
             raise ModelLoadError(f"{self.path}: the model source is closed", {"path": self.path})
-        t = self._by_canonical.get(hf_name)
-        if t is None or int(t.tensor_type) in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
-                                                GGMLQuantizationType.BF16):
+        if self.stored_type(hf_name) is None:
             return None
-        arr = np.array(t.data, dtype=np.uint8, copy=True)
+        t = self._by_canonical[hf_name]
+        # Read, not copied out of the reader's mapping: the mapped pages would count in the process's
+        # resident memory until the source closes, so a load would peak at the weights plus the whole file.
+        arr = np.empty(t.data.shape, np.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(int(t.data_offset))
+            if f.readinto(memoryview(arr).cast("B")) != arr.nbytes:
+                raise ModelLoadError(f"{self.path}: tensor {t.name} runs past the end of the file",
+                                     {"path": self.path, "tensor": t.name})
         if self.config.architecture == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
             heads = self.config.num_heads if ".q_proj." in hf_name else self.config.num_kv_heads
             arr = np.ascontiguousarray(unpermute_rows(arr, heads))
         return int(t.tensor_type), arr
+
+    def stored_type(self, hf_name: str) -> int | None:
+        """The ggml type ``stored_blocks`` would return the tensor in, without reading it; None for float
+        tensors."""
+        t = self._by_canonical.get(hf_name)
+        if t is None or int(t.tensor_type) in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
+                                                GGMLQuantizationType.BF16):
+            return None
+        return int(t.tensor_type)
 
     @cached_property
     def _by_canonical(self) -> dict[str, Any]:
@@ -282,3 +301,4 @@ class GGUFModel:
         """Drop the file mapping (tensors already yielded stay valid)."""
         self._reader = None  # type: ignore[assignment]
         self._tensors = {}
+        self.__dict__.pop("_by_canonical", None)  # its tensors hold views of the mapping too

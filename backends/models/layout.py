@@ -17,7 +17,7 @@ destination given in part (a gate bias without its up bias) is refused at open t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Collection, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -135,9 +135,11 @@ def check_tensors(config: ModelConfig, shapes: Mapping[str, Shape], source: str)
 
 
 def assemble(
-    config: ModelConfig, tensors: Iterable[tuple[str, np.ndarray]]
+    config: ModelConfig, tensors: Iterable[tuple[str, np.ndarray]], absent: Collection[str] = ()
 ) -> Iterator[tuple[Destination, np.ndarray]]:
     """Each destination with its data (parts concatenated), as soon as all its parts are in.
+    ``absent``: tensors the caller has left out of the stream on purpose (it holds them another
+    way: the file's blocks); they are not missing, and one that comes anyway is refused.
 
     ``tensors`` streams canonical ``(name, array)`` pairs, as ``ModelSource.tensors()`` does;
     since a file keeps a layer's tensors together, at most about one layer's parts are held
@@ -150,7 +152,7 @@ def assemble(
     pending: dict[int, dict[str, np.ndarray]] = {}
     seen: set[str] = set()
     for name, array in tensors:
-        if name not in owner:
+        if name not in owner or name in absent:
             raise ValueError(f"unexpected tensor in model file: {name}")
         if name in seen:
             raise ValueError(f"tensor {name} appears twice in the model file")
@@ -165,6 +167,6 @@ def assemble(
             del pending[index]
             yield d, got[name] if len(d.parts) == 1 else np.concatenate([got[n] for n in d.names], axis=0)
     missing = [name for i, d in enumerate(dests) if not d.optional or i in pending
-               for name in d.names if name not in seen]
+               for name in d.names if name not in seen and name not in absent]
     if missing:
         raise ValueError(f"model file lacks tensors: {sorted(missing)[:8]}")

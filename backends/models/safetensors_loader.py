@@ -11,7 +11,7 @@ import json
 import os
 import struct
 from functools import cached_property
-from typing import Any, Iterator, Mapping
+from typing import Any, Collection, Iterator, Mapping
 
 import numpy as np
 
@@ -167,8 +167,9 @@ class SafetensorsModel:
                 refs[tensor] = _TensorRef(file, dtype, shape, data_start + int(start), data_start + int(end))
         return refs
 
-    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+    def tensors(self, skip: Collection[str] = ()) -> Iterator[tuple[str, np.ndarray]]:
         """``(hf_name, array)`` per tensor; float32 for F32/BF16 checkpoints, float16 for F16.
+        Those named in ``skip`` are left out (as ``GGUFModel.tensors``; this format has no blocks to keep).
 
         Each array is a fresh, writable, C-contiguous copy (never a view of the file).
         """
@@ -177,6 +178,8 @@ class SafetensorsModel:
         maps: dict[str, np.memmap] = {}
         try:
             for name, ref in self._refs.items():
+                if name in skip:
+                    continue
                 mm = maps.get(ref.file)
                 if mm is None:
                     mm = maps[ref.file] = np.memmap(ref.file, dtype=np.uint8, mode="r")

@@ -414,7 +414,11 @@ def test_blocks_keeps_only_the_files_blocks_and_multiplies_every_batch_size_exac
     info = backend.load(ModelSpec(name="smol", path=default_model_path(), dtype="float32",
                                   passes={"quantise": "blocks"}))
     records = {r["name"]: r for r in info.passes}
-    assert records["quantise"]["detail"] == "120 Q4_1, 1 Q8_0 projections kept as stored in the file"
+    assert records["quantise"]["detail"] == ("120 Q4_1, 1 Q8_0 projections kept as stored in the file, never decoded "
+                                             "to dense weights")
+    # Settled before the weights were read: the loader never decoded a projection or the embedding.
+    slot_names = {n for slot in quantise_pass.slots(backend.model) for n in slot.names}
+    assert backend.model.absent_weights == slot_names and len(slot_names) == 30 * 7 + 1
     assert records["choose_kernels"]["detail"].startswith("exact_linear on the blocks at every batch size")
     assert records["decode_loop"]["status"] == "ran"
     file_bytes = Path(default_model_path()).stat().st_size
@@ -450,7 +454,8 @@ def test_blocks_keeps_a_q4_k_m_files_k_blocks_with_invariant_linears_bits(tmp_pa
                                       passes={"quantise": mode}))
         loaded[mode] = backend, {r["name"]: r for r in info.passes}
     backend, records = loaded["blocks"]
-    assert records["quantise"]["detail"] == "6 Q4_K, 1 Q4_K+Q6_K, 2 Q6_K projections kept as stored in the file"
+    assert records["quantise"]["detail"] == ("6 Q4_K, 1 Q4_K+Q6_K, 2 Q6_K projections kept as stored in the file, "
+                                             "never decoded to dense weights")
     model = backend.model
     stacked = model.layers[1].attn.qkv
     assert isinstance(stacked, ql.StackedQuantLinear) and [p.qtype_name for p in stacked.parts] == ["Q4_K", "Q6_K"]

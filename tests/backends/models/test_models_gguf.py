@@ -103,6 +103,16 @@ def test_synthetic_model_round_trips(tmp_path, arch):
         np.testing.assert_array_equal(got[name], arr, err_msg=name)
 
 
+def test_tensors_skips_what_it_is_told_and_stored_type_names_the_blocks_type(tmp_path):
+    path, hf = _tiny_gguf(tmp_path, "llama")
+    src = open_model(path)
+    skip = {"model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"}
+    assert set(dict(src.tensors(skip=skip))) == set(hf) - skip
+    for name in hf:
+        stored = src.stored_blocks(name)
+        assert src.stored_type(name) == (None if stored is None else stored[0]), name
+
+
 def test_qwen3_explicit_head_dim(tmp_path):
     # Qwen3 heads are wider than hidden/heads: head_dim comes from attention.key_length.
     cfg = _config("qwen3", head_dim=16)

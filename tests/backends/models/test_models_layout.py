@@ -71,6 +71,19 @@ def test_assemble_fuses_parts_in_order_and_names_what_is_wrong(tmp_path):
             list(assemble(src.config, stream))
 
 
+def test_assemble_takes_tensors_left_out_on_purpose_as_held_elsewhere(tmp_path):
+    """``absent`` (the tensors a backend keeps as the file's blocks): not missing when left out, refused if
+    they come anyway, and the destinations they make up are not yielded."""
+    src = open_model(write_variant(tmp_path, "qwen2"))
+    gate_up = ("model.layers.1.mlp.gate_proj.weight", "model.layers.1.mlp.up_proj.weight")
+    fused = {(d.layer, d.role) for d, _ in assemble(src.config, src.tensors(skip=gate_up), gate_up)}
+    assert (1, "gate_up") not in fused and (0, "gate_up") in fused and (1, "qkv") in fused
+    with pytest.raises(ValueError, match="lacks tensors: .'model.layers.1.mlp.up_proj.weight'"):
+        list(assemble(src.config, src.tensors(skip=gate_up), gate_up[:1]))
+    with pytest.raises(ValueError, match="unexpected tensor in model file: model.layers.1.mlp.gate_proj.weight"):
+        list(assemble(src.config, src.tensors(), gate_up))
+
+
 def test_a_partial_set_of_optional_biases_is_refused_at_open_time(tmp_path):
     src = open_model(write_variant(tmp_path, "llama-biases"))
     tensors = {name: array for name, array in src.tensors() if name != "model.layers.1.mlp.up_proj.bias"}
