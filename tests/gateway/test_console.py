@@ -404,6 +404,7 @@ def test_a_tenant_admin_sees_its_own_tenant_by_name_and_no_other(world: tuple[Se
     sign_in(admin, key_of(seeded.admin))
     tenants = admin.get("/console/tenants").text
     assert f'<a href="/console/tenants/{seeded.globex.id}/keys">globex</a>' in tenants
+    assert f'data-confirm="Delete globex ({seeded.globex.id})?"' in tenants
     deadline = time.monotonic() + 15  # globex's call above, once indexed
     while f'<span title="{seeded.globex.id}">globex</span>' not in (audit := admin.get("/console/audit").text):
         assert time.monotonic() < deadline, audit[-3000:]
