@@ -2,7 +2,7 @@
 
 ``usage`` reads ``GET /admin/v1/usage`` (a table, ``--json`` or ``--csv``;
 filters ``--tenant``, ``--key``, ``--model``, ``--from``, ``--to``; ``--group
-day|minute``; ``--by tenant,key,model``); ``--all`` follows the pages. A
+day|hour|minute``; ``--by tenant,key,model``); ``--all`` follows the pages. A
 tenant admin sees its own tenant. ``prices`` lists, sets and deletes a model's
 price in dollars per million prompt and completion tokens (platform admins).
 ``budgets`` shows, sets and deletes a tenant's monthly budgets, which are
@@ -110,14 +110,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``usage``, ``prices`` and ``budgets`` to ``subparsers`` (``inferctl admin``'s groups)."""
-    usage = subparsers.add_parser("usage", help="usage and spend per day or minute, by tenant, key or model",
+    usage = subparsers.add_parser("usage", help="usage and spend per day, hour or minute, by tenant, key or model",
                                   description=(__doc__ or "").split("\n\n", 1)[1].replace("``", "'"))  # fmt: skip
     usage.add_argument("--tenant", help="one tenant (tenant admins: their own, the default)")
     usage.add_argument("--key", help="one API key id")
     usage.add_argument("--model", help="one model")
     usage.add_argument("--from", dest="from_", metavar="TIME", help="buckets from this RFC 3339 time")
     usage.add_argument("--to", metavar="TIME", help="buckets before this RFC 3339 time")
-    usage.add_argument("--group", choices=("day", "minute"), default="day", help="bucket size (default: day)")
+    usage.add_argument("--group", choices=("day", "hour", "minute"), default="day",
+                       help="bucket size: day, or hour or minute for the last 24 hours (default: day)")
     usage.add_argument("--by", default="tenant", help="comma-separated: tenant, key, model (default: tenant)")
     usage.add_argument("--limit", type=positive_int, default=100, help="rows per page (default: 100)")
     usage.add_argument("--all", action="store_true", help="follow every page")

@@ -11,7 +11,8 @@ endpoint (``/console/api/...``, ``/console/live/events``) and a form post
 answer 401 JSON, as the API would. A form post needs the session's CSRF token
 (403 ``csrf_failed`` otherwise). The routes are in ``gateway.console.views``
 (what they read of a request, and the refusals they answer with, in
-``forms``; the live panel's events in ``live``); sessions in ``sessions``, the
+``forms``; the live panel's events in ``live``; the usage page in ``usage_page``, its SVG charts in
+``charts``; tenants' names in ``names``); sessions in ``sessions``, the
 CSP and its reports in ``security``, OIDC sign-in in ``oidc``, the throttling
 of failed API-key sign-ins (429 with Retry-After per source) in ``throttle``.
 """

@@ -71,7 +71,7 @@ _DELETE = Action("delete", "Delete", "DELETE", danger=True)
 _POLICY_COLUMNS = ("id", "name", "kind", "model", "enabled", "updated_at")
 
 PAGES: tuple[Page, ...] = (
-    Page("tenants", "Tenants", "tenants", ("id", "name", "display_name", "disabled", "allowed_models"),
+    Page("tenants", "Tenants", "tenants", ("name", "display_name", "id", "disabled", "allowed_models"),
          create=(Field("name", "Name (lower-case slug)", required=True), Field("display_name", "Display name"),
                  Field("allowed_models", "Allowed models (comma separated; empty: all)", "list")),
          actions=(_DELETE,), scope=Scope.ADMIN_PLATFORM),
@@ -147,6 +147,12 @@ def form_body(page: Page, form: dict[str, str]) -> tuple[Any, bytes | None]:
         else:
             body[f.name] = value
     return body, None
+
+
+def tenant_links(tenant_id: str) -> list[tuple[str, str]]:
+    """(title, console path) of the pages of one tenant (its keys, role bindings, limits, audit)."""
+    return [(p.title, "/console/" + p.pattern.replace("{tenant_id}", tenant_id)) for p in PAGES
+            if "{tenant_id}" in p.pattern]  # fmt: skip
 
 
 def menu(principal: Principal) -> list[tuple[str, str]]:

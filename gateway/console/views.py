@@ -21,8 +21,9 @@ from inferflux.gateway.auth import Authenticator
 from inferflux.gateway.console.dispatch import API_PREFIX, ApiAnswer, call_api
 from inferflux.gateway.console.forms import CsrfFailed, no_route, read_form, safe_next, same_origin, unauthenticated
 from inferflux.gateway.console.live import live_events
+from inferflux.gateway.console.names import tenant_names, tenant_of
 from inferflux.gateway.console.oidc import BINDING_COOKIE, OidcLogin, continue_page
-from inferflux.gateway.console.pages import TAIL_PAGES, TAIL_ROWS, TAIL_SECONDS, Page, cell, find_action, find_page, form_body, menu
+from inferflux.gateway.console.pages import TAIL_PAGES, TAIL_ROWS, TAIL_SECONDS, Page, cell, find_action, find_page, form_body, menu, tenant_links
 from inferflux.gateway.console.security import REPORT_PATH, CspReports, SecurityHeaders
 from inferflux.gateway.console.sessions import (
     COOKIE,
@@ -36,6 +37,7 @@ from inferflux.gateway.console.sessions import (
     set_cookie,
 )
 from inferflux.gateway.console.throttle import SignInThrottle, source_of
+from inferflux.gateway.console.usage_page import CHART_BY, NUMERIC, usage_view
 from inferflux.gateway.context import get_context
 from inferflux.gateway.errors import render_error
 from inferflux.gateway.metrics import GatewayMetrics
@@ -46,7 +48,6 @@ from inferflux.policy.rbac import Principal, Scope
 from inferflux.policy.store import PolicyStore
 
 _HERE = Path(__file__).parent
-_USAGE_FILTERS = ("group", "by", "from", "to", "model", "key_id", "tenant_id", "limit", "offset")
 
 
 class Console:
@@ -68,6 +69,7 @@ class Console:
         self.templates = Environment(loader=FileSystemLoader(_HERE / "templates"),
                                      autoescape=select_autoescape(default=True))  # fmt: skip
         self.templates.filters["cell"] = cell
+        self.templates.globals["tenant_links"] = tenant_links
         metrics.gauge("inferflux_console_csp_violations", "CSP violations browsers reported from console pages",
                       lambda: float(self.reports.count))  # fmt: skip
         metrics.gauge("inferflux_console_sessions", "Console sessions open on this replica",
@@ -250,8 +252,13 @@ class Console:
             rows = answer.json().get("data", []) if answer.ok else []
         if not answer.ok:
             return self.failure(request, session, answer, page.title)
-        return self.render(request, "resource.html", extra.pop("status", 200), session=session, title=page.title,
-                           page=page, rows=rows, base="/console/" + page_path.strip("/"), **extra)  # fmt: skip
+        # Tenants by name: the page's own tenant in its title, a tenant column's ids as names.
+        tenant = await tenant_of(request, values["tenant_id"]) if "tenant_id" in values else None
+        names = await tenant_names(request, session.principal) if "tenant_id" in page.columns else None
+        title = f"{page.title} · {tenant.text}" if tenant is not None else page.title
+        return self.render(request, "resource.html", extra.pop("status", 200), session=session, title=title,
+                           page=page, rows=rows, base="/console/" + page_path.strip("/"), tenant=tenant,
+                           names=names, **extra)  # fmt: skip
 
     async def act(self, request: Request, session: Session, form: dict[str, str]) -> Response:
         path = request.path_params["path"]
@@ -291,23 +298,14 @@ class Console:
         return Response(answer.body, status_code=answer.status, media_type=answer.content_type or None)
 
     async def usage(self, request: Request, session: Session) -> Response:
-        principal = session.principal
-        query = {k: v for k, v in request.query_params.items() if k in _USAGE_FILTERS and v}
-        if not principal.is_platform_admin:
-            query["tenant_id"] = principal.tenant_id
-        answer = await call_api(request, "GET", API_PREFIX + "/usage", query=query)
-        if answer.status == 404 and answer.error.get("message", "").startswith("No route"):
-            return self.render(request, "usage.html", session=session, title="Usage", missing=True, rows=[])
-        if not answer.ok:
-            return self.failure(request, session, answer, "Usage")
-        rows = [r for r in (answer.json() or {}).get("data", []) if isinstance(r, dict)]
-        numeric = [k for k in (rows[0] if rows else {}) if isinstance(rows[0][k], int | float)
-                   and not isinstance(rows[0][k], bool)]  # fmt: skip
-        bar = "total_tokens" if "total_tokens" in numeric else (numeric[-1] if numeric else None)
-        top = max((float(r.get(bar) or 0) for r in rows), default=0.0) if bar else 0.0
-        return self.render(request, "usage.html", session=session, title="Usage", missing=False, rows=rows,
-                           columns=[c for c in rows[0] if c != "object"] if rows else [], bar=bar, top=top or 1.0, filters=query,
-                           csv="/console/api/usage?" + urlencode({**query, "format": "csv"}))  # fmt: skip
+        view = await usage_view(request, session.principal)
+        if isinstance(view, ApiAnswer):
+            if view.status == 404 and view.error.get("message", "").startswith("No route"):
+                return self.render(request, "usage.html", session=session, title="Usage", missing=True)
+            return self.failure(request, session, view, "Usage")
+        csv = "/console/api/usage?" + urlencode({**view.filters, "format": "csv"})
+        return self.render(request, "usage.html", session=session, title="Usage", missing=False, view=view, csv=csv,
+                           numeric=NUMERIC, chart_by=CHART_BY)  # fmt: skip
 
     async def live(self, request: Request, session: Session) -> Response:
         return self.render(request, "live.html", session=session, title="Live")

@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from inferflux.policy.errors import NotFound, StoreUnavailable, ValidationFailed
 from inferflux.policy.store.db import lock_for_write
 from inferflux.policy.store.models import BudgetAlert, ModelPrice, UsageRow
+from inferflux.policy.usage.buckets import GRAINS, STEP, STORED, bucket_of
 from inferflux.policy.usage.cost import Price
 from inferflux.policy.usage.rollup import DAY, MINUTE, MINUTE_HOURS
 
-GRAINS: Final = (DAY, MINUTE)
 GROUPS: Final = ("tenant", "key", "model")
 _COLUMNS: Final = {"tenant": UsageRow.tenant_id, "key": UsageRow.key_id, "model": UsageRow.model}
 MAX_PAGE: Final = 1000
@@ -128,9 +128,11 @@ class UsageStore:
         limit: int = 100,
         offset: int = 0,
     ) -> tuple[list[UsageItem], bool]:
-        """Buckets whose start is in [since, until), oldest first, summed per ``group_by``; and whether more follow.
+        """Buckets of ``grain`` (``GRAINS``), oldest first, summed per ``group_by``; and whether more follow.
 
-        ``tenant_id`` None: every tenant (the caller decides the scope).
+        The stored rows counted are those whose bucket (a day's or a minute's) starts in [since,
+        until); an hour sums the minute rows of its hour in that range. ``tenant_id`` None: every
+        tenant (the caller decides the scope).
         """
         if grain not in GRAINS:
             raise ValidationFailed(f"group must be one of {', '.join(GRAINS)}", param="grain")
@@ -138,7 +140,7 @@ class UsageStore:
             raise ValidationFailed(f"by must be distinct fields among {', '.join(GROUPS)}", param="by")
         if not 1 <= limit <= MAX_PAGE or offset < 0:
             raise ValidationFailed(f"limit must be from 1 to {MAX_PAGE}, offset at least 0", param="limit")
-        where = [UsageRow.grain == grain]
+        where = [UsageRow.grain == STORED[grain]]
         for column, value in ((UsageRow.tenant_id, tenant_id), (UsageRow.key_id, key_id), (UsageRow.model, model)):
             if value is not None:
                 where.append(column == value)
@@ -147,11 +149,12 @@ class UsageStore:
         if until is not None:
             where.append(UsageRow.bucket < until)
         columns = [_COLUMNS[g] for g in group_by]
+        bucket = bucket_of(grain)
         refused = func.sum(case((UsageRow.reason != "", UsageRow.requests), else_=0))
         query = (
-            select(UsageRow.bucket, *columns, func.sum(UsageRow.requests), func.sum(UsageRow.prompt_tokens),
+            select(bucket, *columns, func.sum(UsageRow.requests), func.sum(UsageRow.prompt_tokens),
                    func.sum(UsageRow.completion_tokens), func.sum(UsageRow.cost_micros), refused)
-            .where(*where).group_by(UsageRow.bucket, *columns).order_by(UsageRow.bucket, *columns)
+            .where(*where).group_by(bucket, *columns).order_by(bucket, *columns)
             .limit(limit + 1).offset(offset)
         )  # fmt: skip
         with self._session() as session:
@@ -160,17 +163,19 @@ class UsageStore:
             rows = rows[:limit]
             items = [_item(row, group_by) for row in rows]
             if items and any(row[-1] for row in rows):
-                self._add_refusals(session, items, where, columns, group_by)
+                self._add_refusals(session, items, where, columns, group_by, grain)
         return items, more
 
     def _add_refusals(self, session: Session, items: list[UsageItem], where: list[Any], columns: list[Any],
-                      group_by: tuple[str, ...]) -> None:  # fmt: skip
+                      group_by: tuple[str, ...], grain: str) -> None:  # fmt: skip
         found = {(item.bucket, *item.group.values()): item for item in items}
+        bucket = bucket_of(grain)
+        # The range on the stored column (its index), up to the end of the last bucket.
         query = (
-            select(UsageRow.bucket, *columns, UsageRow.reason, func.sum(UsageRow.requests))
+            select(bucket, *columns, UsageRow.reason, func.sum(UsageRow.requests))
             .where(*where, UsageRow.reason != "", UsageRow.bucket >= items[0].bucket,
-                   UsageRow.bucket <= items[-1].bucket)
-            .group_by(UsageRow.bucket, *columns, UsageRow.reason)
+                   UsageRow.bucket < items[-1].bucket + STEP[grain])
+            .group_by(bucket, *columns, UsageRow.reason)
         )  # fmt: skip
         for row in session.execute(query):
             item = found.get((_aware(row[0]), *row[1:-2]))

@@ -6,8 +6,10 @@ The browser test is test_console_browser.py; OIDC sign-in is test_console_oidc.p
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -331,3 +333,109 @@ def test_sign_in_and_out_are_on_the_audit_trail(world: tuple[Seeded, Any]) -> No
         time.sleep(0.2)
     assert all(e["tenant_id"] == seeded.acme.id and e["key_id"] == record.id for e in events)
     assert events[0]["detail"] == {"method": "api_key"}
+
+
+_TH = re.compile(r"<th[^>]*>([^<]*)</th>")
+_POINT = re.compile(r'<g class="point s\d" data-series="([^"]*)" data-bucket="([^"]*)" data-value="([^"]*)">')
+
+
+def _chart_points(html: str, chart_id: str) -> dict[tuple[str, str], float]:
+    figure = html.split(f'<figure class="chart" id="{chart_id}">', 1)[1].split("</figure>", 1)[0]
+    return {(s, b): float(v) for s, b, v in _POINT.findall(figure)}
+
+
+def _api_hours(client: TestClient, headers: dict[str, str], names: dict[str, str]) -> dict[tuple[str, str], float]:
+    rows = client.get("/admin/v1/usage", params={"group": "hour", "by": "tenant", "limit": "1000"},
+                      headers=headers).json()["data"]  # fmt: skip
+    return {(names[r["tenant_id"]], datetime.fromisoformat(r["bucket"].replace("Z", "+00:00")).isoformat()):
+            float(r["requests"]) for r in rows}  # fmt: skip
+
+
+def test_usage_page_names_tenants_draws_the_api_hours_and_repeats_no_column(world: tuple[Seeded, Any]) -> None:
+    seeded, main = world
+    for headers in (seeded.acme_admin, seeded.globex_admin):  # tenant API calls: usage once indexed
+        assert main.get("/v1/models", headers=headers).status_code == 200
+    names = {t.id: t.name for t in seeded.store.list_tenants(limit=200).items}
+    client = client_of(main)
+    sign_in(client, key_of(seeded.admin))
+    deadline = time.monotonic() + 30
+    while True:  # the page against the API's answer around it (the indexer may add between the two)
+        before = _api_hours(main, seeded.admin, names)
+        page = client.get("/console/usage", params={"group": "minute", "by": "tenant,key"})
+        after = _api_hours(main, seeded.admin, names)
+        tenants_seen = {series for series, _ in before}
+        if before == after and {"acme", "globex"} <= tenants_seen:
+            break
+        assert time.monotonic() < deadline, (before, after)
+        time.sleep(0.3)
+    assert page.status_code == 200
+    headers = _TH.findall(page.text.split('id="usage"', 1)[1])
+    assert len(headers) == len(set(headers)) and headers[:3] == ["bucket", "tenant", "key"], headers
+    assert "total tokens" in headers and "total_tokens" not in headers
+    table = page.text.split('id="usage"', 1)[1]
+    assert ">acme<" in table and ">globex<" in table and f">{seeded.acme.id}<" not in table
+    # Each drawn point is the API's requests of that tenant and hour; the hours without any are 0.
+    for chart_id in ("chart-requests", "chart-total-tokens"):
+        assert f'id="{chart_id}"' in page.text
+    points = _chart_points(page.text, "chart-requests")
+    assert {k: v for k, v in points.items() if v} == {k: v for k, v in before.items() if v}
+    assert len({b for _, b in points}) == 24  # the hours of the minute window
+    assert "style=" not in page.text.split("<main>", 1)[1]  # the CSP allows no inline style
+    # By model: one series per model (no model is served here: the calls have none).
+    by_model = client.get("/console/usage", params={"group": "hour", "chart": "model"})
+    assert by_model.status_code == 200 and 'data-series="(no model)"' in by_model.text
+
+
+def test_a_tenant_admin_sees_its_own_tenant_by_name_and_no_other(world: tuple[Seeded, Any]) -> None:
+    seeded, main = world
+    assert main.get("/v1/models", headers=seeded.globex_admin).status_code == 200
+    client = client_of(main)
+    sign_in(client, key_of(seeded.acme_admin))
+    usage = client.get("/console/usage", params={"chart": "tenant", "tenant_id": seeded.globex.id})
+    assert usage.status_code == 200 and ">acme<" in usage.text  # its own tenant, whatever the URL asks
+    assert "globex" not in usage.text and seeded.globex.id not in usage.text
+    keys = client.get(f"/console/tenants/{seeded.acme.id}/keys")
+    assert keys.status_code == 200 and "<h1>API keys · acme</h1>" in keys.text
+    assert f'href="/console/tenants/{seeded.acme.id}/audit"' in keys.text
+    other = client.get(f"/console/tenants/{seeded.globex.id}/keys")
+    assert other.status_code == 404 and "globex" not in other.text
+    # A platform admin: the tenants list links each tenant's pages by name, the all-tenant audit names them.
+    admin = client_of(main)
+    sign_in(admin, key_of(seeded.admin))
+    tenants = admin.get("/console/tenants").text
+    assert f'<a href="/console/tenants/{seeded.globex.id}/keys">globex</a>' in tenants
+    assert f'data-confirm="Delete globex ({seeded.globex.id})?"' in tenants
+    deadline = time.monotonic() + 15  # globex's call above, once indexed
+    while f'<span title="{seeded.globex.id}">globex</span>' not in (audit := admin.get("/console/audit").text):
+        assert time.monotonic() < deadline, audit[-3000:]
+        time.sleep(0.3)
+    assert f">{seeded.globex.id}<" not in audit
+
+
+_USAGE_KEYS = st.sampled_from(["group", "by", "from", "to", "chart", "model", "key_id", "tenant_id", "limit", "offset",
+                               "format", "x"])  # fmt: skip
+_USAGE_VALUES = st.one_of(st.sampled_from(["day", "hour", "minute", "tenant", "model", "tenant,key,model", "",
+                                           "2026-11-01T00:00:00Z", "2026-11-01T00:00:00", "1000", "-1", "csv"]),
+                          _SEGMENT)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=st.dictionaries(_USAGE_KEYS, _USAGE_VALUES, max_size=5), tenant_admin=st.booleans())
+def test_fuzzed_usage_pages_never_fail_the_server(world: tuple[Seeded, Any], query: dict[str, str],
+                                                  tenant_admin: bool) -> None:  # fmt: skip
+    seeded, main = world
+    client = _usage_client(main, seeded, tenant_admin)
+    answer = client.get("/console/usage", params=query, follow_redirects=False)
+    assert answer.status_code < 500, (query, answer.text[:300])
+    assert answer.status_code in (200, 400, 404, 422), (query, answer.status_code)
+    if tenant_admin:
+        assert "globex" not in answer.text and seeded.globex.id not in answer.text, query
+
+
+def _usage_client(main: TestClient, seeded: Seeded, tenant_admin: bool) -> TestClient:
+    key = id(main) * 2 + tenant_admin
+    if key not in _FUZZ:
+        client = client_of(main)
+        sign_in(client, key_of(seeded.acme_admin if tenant_admin else seeded.admin))
+        _FUZZ[key] = client
+    return _FUZZ[key]

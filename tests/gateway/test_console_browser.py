@@ -120,7 +120,26 @@ def test_sign_in_create_see_once_revoke_refused_audited(live: tuple[Seeded, str]
         while not page.locator("#usage tbody tr").count() and time.monotonic() < deadline:
             time.sleep(1)
             page.reload()
+        # At 1280 px the table and the charts fit: nothing scrolls sideways, the page nor its main column.
+        page.set_viewport_size({"width": 1280, "height": 800})
+        for path in ("/console/usage?group=minute&by=tenant,key", "/console/usage?by=tenant,key,model",
+                     "/console/audit", f"/console/tenants/{seeded.acme.id}/keys"):  # fmt: skip
+            page.goto(url + path)
+            widths = page.evaluate("() => { const m = document.querySelector('main'); return [document.scrollingElement"
+                                   ".scrollWidth, innerWidth, m.scrollWidth, m.clientWidth]; }")  # fmt: skip
+            assert widths[0] <= widths[1] and widths[2] <= widths[3], (path, widths)
+        page.goto(f"{url}/console/usage?group=minute&by=tenant,key")
+        headers = page.locator("#usage thead th").all_text_contents()
+        assert len(headers) == len(set(headers)), headers
+        assert page.locator("#usage td[data-col=tenant_id]", has_text="acme").count()
+        # The charts are drawn (inline SVG, laid out) with a point per hour and series.
+        for chart in ("#chart-requests", "#chart-total-tokens"):
+            box = page.locator(f"{chart} svg.chart").bounding_box()
+            assert box is not None and box["width"] > 300 and box["height"] > 100, (chart, box)
+            assert page.locator(f"{chart} g.point").count() >= 24
+        assert page.locator("#chart-requests ul.legend li", has_text="acme").count() == 1
         page.screenshot(path=str(shots / "console-usage.png"), full_page=True)
+        page.set_viewport_size({"width": 1440, "height": 800})
 
         page.goto(f"{url}/console/live")
         # A locator, not wait_for_function: its polling evaluates a string, which the CSP refuses (and reports).

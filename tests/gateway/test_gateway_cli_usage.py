@@ -77,6 +77,9 @@ def test_prices_budgets_and_usage(live_server: str, admin_key: str, capsys: pyte
     code, out, _ = run(capsys, "admin", "usage", "--by", "model", "--csv", *mine)
     table = list(csv.DictReader(io.StringIO(out)))
     assert code == 0 and [r["requests"] for r in table if r["model"] == DEFAULT_MODEL_NAME] == ["2"]
+    code, out, _ = run(capsys, "admin", "usage", "--by", "model", "--group", "hour", "--json", *mine)
+    hours = [r for r in json.loads(out) if r["model"] == DEFAULT_MODEL_NAME] if code == 0 else []
+    assert sum(r["requests"] for r in hours) == 2 and all(r["bucket"].endswith(":00:00Z") for r in hours), out
     code, out, _ = run(capsys, "admin", "usage", "--tenant", tenant["id"], "--group", "minute", "--all", *admin)
     assert code == 0 and out.startswith("BUCKET") and tenant["id"] in out
     code, _, err = run(capsys, "admin", "usage", "--tenant", other["id"], *mine)

@@ -1,7 +1,7 @@
 """Usage, spend and prices: ``/admin/v1/usage`` and ``/admin/v1/prices``.
 
 * ``GET /admin/v1/usage``: requests, tokens, refusals by reason and cost per
-  bucket (``group`` ``day``, or ``minute`` for the last 24 hours) and per the
+  bucket (``group`` ``day``, or ``hour`` or ``minute`` for the last 24 hours) and per the
   fields in ``by`` (``tenant``, ``key``, ``model``), filtered by ``tenant_id``,
   ``key_id``, ``model``, ``from`` and ``to`` (bucket starts in [from, to)).
   ``admin:tenant``: a tenant admin sees its own tenant (naming another answers
@@ -39,7 +39,8 @@ from inferflux.gateway.state import state_of
 from inferflux.policy.errors import ValidationFailed
 from inferflux.policy.rbac import Scope
 from inferflux.policy.usage.cost import Price, format_usd, parse_usd
-from inferflux.policy.usage.store import GRAINS, GROUPS, MAX_PAGE, PriceRecord, UsageItem
+from inferflux.policy.usage.buckets import GRAINS
+from inferflux.policy.usage.store import GROUPS, MAX_PAGE, PriceRecord, UsageItem
 
 _QUERY = frozenset({"tenant_id", "key_id", "model", "from", "to", "group", "by", "limit", "offset", "format"})
 _DIGITS = re.compile(r"[0-9]{1,9}")
@@ -51,7 +52,7 @@ _USAGE_DOCS = (
     query_param("model", {"type": "string", "maxLength": _MAX_TEXT}, "One model"),
     query_param("from", {"type": "string", "format": "date-time"}, "Buckets starting at or after (RFC 3339)"),
     query_param("to", {"type": "string", "format": "date-time"}, "Buckets starting before (RFC 3339)"),
-    query_param("group", {"type": "string", "enum": list(GRAINS)}, "Bucket size (minute: the last 24 hours)"),
+    query_param("group", {"type": "string", "enum": list(GRAINS)}, "Bucket size (hour, minute: the last 24 hours)"),
     query_param("by", {"type": "string", "maxLength": 20}, "Comma-separated fields among tenant, key, model"),
     query_param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}, "Rows per page (100)"),
     query_param("offset", {"type": "integer", "minimum": 0}, "Rows to skip"),
@@ -154,7 +155,7 @@ def _cell(value: Any) -> Any:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
-@document("Usage and spend per bucket (day, or minute for the last 24 h) grouped by tenant, key and/or model; "
+@document("Usage and spend per bucket (day, or hour or minute for the last 24 h) grouped by tenant, key and/or model; "
           "tenant admins see their own tenant", tag="usage", query=_USAGE_DOCS)  # fmt: skip
 @requires(Scope.ADMIN_TENANT)
 async def get_usage(request: Request) -> Response:

@@ -91,6 +91,47 @@ def test_usage_is_the_sum_of_indexed_events(tmp_path: Path, stores: tuple[AuditS
     assert more and len(page) == 1
 
 
+def test_hours_sum_the_minute_rows_of_each_hour(
+    tmp_path: Path, stores: tuple[AuditStore, UsageStore, PolicyStore]
+) -> None:
+    audit, usage, _ = stores
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    # (minutes after `hour`, tenant, model, prompt, completion): two hours, two tenants, two models.
+    calls = [(5, "ten_a", "m1", 10, 1), (50, "ten_a", "m1", 20, 2), (59, "ten_a", "m2", 30, 3),
+             (65, "ten_a", "m1", 40, 4), (70, "ten_b", "m1", 50, 5), (119, "ten_a", "m2", 60, 6)]  # fmt: skip
+    events = [make_event(t, at=hour + timedelta(minutes=m), model=model, prompt_tokens=p, completion_tokens=c)
+              for m, t, model, p, c in calls]  # fmt: skip
+    events.append(make_event("ten_a", "deny", at=hour + timedelta(minutes=61), prompt_tokens=None,
+                             completion_tokens=None, status=429, reasons=("quota",)))  # fmt: skip
+    index(tmp_path, audit, events)
+
+    expected: dict[tuple[datetime, str, str], list[int]] = {}
+    for m, t, model, p, c in calls:
+        row = expected.setdefault((hour + timedelta(hours=m // 60), t, model), [0, 0, 0])
+        row[0] += 1
+        row[1] += p
+        row[2] += c
+    refusal_row = expected.setdefault((hour + timedelta(hours=1), "ten_a", "smollm2"), [0, 0, 0])
+    refusal_row[0] += 1
+    hours, more = usage.query(tenant_id=None, grain="hour", group_by=("tenant", "model"))
+    assert not more
+    assert {(i.bucket, i.group["tenant"], i.group["model"]): [i.requests, i.prompt_tokens, i.completion_tokens]
+            for i in hours} == expected  # fmt: skip
+    assert [i.bucket for i in hours] == sorted(i.bucket for i in hours)  # ordered by the hour, in SQL
+    assert all(i.bucket.tzinfo is not None and i.bucket.minute == 0 for i in hours)
+    refused = [i for i in hours if i.refusals]
+    assert [(i.bucket, i.group["model"], i.refusals) for i in refused] == [
+        (hour + timedelta(hours=1), "smollm2", {"quota": 1})]
+    # One tenant, no grouping: the hours of the day; paged in the database.
+    ten_a, _ = usage.query(tenant_id="ten_a", grain="hour", group_by=())
+    assert [(i.bucket, i.prompt_tokens) for i in ten_a] == [(hour, 60), (hour + timedelta(hours=1), 100)]
+    first, more = usage.query(tenant_id="ten_a", grain="hour", group_by=(), limit=1)
+    assert more and first == ten_a[:1]
+    # The range is on the minute rows: from the second hour's 10th minute, its 65 is out.
+    late, _ = usage.query(tenant_id="ten_a", grain="hour", group_by=(), since=hour + timedelta(minutes=66))
+    assert [(i.bucket, i.prompt_tokens) for i in late] == [(hour + timedelta(hours=1), 60)]
+
+
 def test_prices_and_alerts(stores: tuple[AuditStore, UsageStore, PolicyStore]) -> None:
     _, usage, policy = stores
     version = policy.policy_version()
