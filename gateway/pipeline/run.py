@@ -10,8 +10,9 @@ its docstring holds the refusal order, and ``complete`` calls its steps in that
 order. The Responses and Messages APIs (``adapted``) turn the vendor's body into
 a chat body that ``complete`` takes, and the chat answer back into the vendor's
 shape; Anthropic's token count (``count_tokens``) takes the Messages body as far as
-its prompt's tokens, and the policy steps that do not start the engine. An embeddings request (``embeddings``) takes the same stages but the
-grammars and the engine's start. docs/architecture.md ("A chat completion's
+its prompt's tokens, and the policy steps that do not start the engine. An
+embeddings request (``embeddings``) takes the same stages but the grammars and
+the engine's start. docs/architecture.md ("A chat completion's
 path") lists every function this path enters, with its module.
 """
 

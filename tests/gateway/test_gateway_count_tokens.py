@@ -4,11 +4,12 @@ The count is the prompt ``/v1/messages`` gives the model for the same body, so t
 strongest check is that it equals that call's ``usage.input_tokens``; then the policy
 chain as the Messages route has it (allow-list 404, input guardrails, OPA told the
 route, the audit event), the limits (a count is a request, and spends no tokens) and
-Anthropic's error shapes.
+Anthropic's error shapes; and ``inferctl count-tokens``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ import anthropic
 import httpx
 import pytest
 
+from inferflux.gateway import cli
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from app_world import LiveWorld, open_live_world
 
@@ -153,3 +155,16 @@ def test_one_audit_event_naming_the_route_with_no_tokens(world: World) -> None:
                                                                                      tenant.id)  # fmt: skip
     assert (event["prompt_tokens"], event["completion_tokens"]) == (0, 0) and event["prompt_hmac"]
     assert events[refused.headers["x-request-id"]]["route"] == f"POST {PATH}"
+
+
+def test_inferctl_count_tokens(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    _, key = world.tenant_key()
+    client = ["--url", world.url, "--api-key", key]
+    with world.client(key) as an:
+        expected = an.messages.count_tokens(model=MODEL, system="Be brief.", messages=ASK).input_tokens  # type: ignore[arg-type]
+    assert cli.main(["count-tokens", ASK[0]["content"], "--system", "Be brief.", "--model", MODEL, *client]) == 0
+    assert capsys.readouterr().out.strip() == str(expected)
+    assert cli.main(["count-tokens", "Hi", "--json", *client]) == 0  # the first model the server lists
+    assert json.loads(capsys.readouterr().out)["input_tokens"] > 0
+    assert cli.main(["count-tokens", "Hi", "--model", "no-such-model", *client]) == 1
+    assert "HTTP 404" in capsys.readouterr().err
