@@ -89,15 +89,23 @@ def test_errors_are_anthropics_naming_its_fields(world: World) -> None:
     assert bare.status_code == 400 and bare.json()["type"] == "error"
 
 
-def test_input_guardrails_block_a_count(world: World) -> None:
+def test_input_guardrails_block_or_redact_a_count(world: World) -> None:
     tenant, key = world.tenant_key()
-    world.store.create_policy(tenant.id, "guardrail", "g", {"blocklist": [{"id": "no-ski", "literal": "ski"}]})
+    world.store.create_policy(tenant.id, "guardrail", "g", {"blocklist": [{"id": "no-ski", "literal": "ski"}],
+                                                            "pii": {"email": "redact"}})  # fmt: skip
+    _, plain = world.tenant_key()
     time.sleep(3 * POLL)
-    with world.client(key) as an:
-        assert an.messages.count_tokens(model=MODEL, messages=ASK).input_tokens > 0  # type: ignore[arg-type]
-        with pytest.raises(anthropic.BadRequestError) as blocked:
-            an.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "let's go ski"}])
+
+    def count(key: str, text: str) -> int:
+        with world.client(key) as an:
+            return an.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": text}]).input_tokens
+
+    with pytest.raises(anthropic.BadRequestError) as blocked:
+        count(key, "let's go ski")
     assert blocked.value.body["error"]["code"] == "content_filter"  # type: ignore[index]
+    # Redacted, the prompt the model would read is counted.
+    assert count(key, "write to bob.longname@example.com") == count(plain, "write to [EMAIL]")
+    assert count(plain, "write to bob.longname@example.com") != count(plain, "write to [EMAIL]")
 
 
 def test_opa_is_told_the_route(world: World) -> None:
