@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferflux.gateway.context import SCOPE_KEY, route_template
 from inferflux.gateway.errors import InvalidRequest
+from inferflux.policy.audit.events import CLIENT_CLOSED_STATUS
 
 if TYPE_CHECKING:
     from inferflux.backends.engine import EngineStats
@@ -33,8 +34,7 @@ log = logging.getLogger("inferflux.gateway.metrics")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-# Status recorded when the client went away before a response was sent (nginx's convention).
-CLIENT_CLOSED_STATUS = 499
+# CLIENT_CLOSED_STATUS (499): the status recorded when the client went away before the response was complete.
 
 
 def _acceptance(stats: EngineStats) -> float:
@@ -197,15 +197,20 @@ class MetricsMiddleware:
             return
         started = time.perf_counter()
         status = 500
+        ended = False  # the response's last body message went out
 
         async def send_recording(message: Message) -> None:
-            nonlocal status
+            nonlocal status, ended
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended = True
             await send(message)
 
         try:
             await self.app(scope, receive, send_recording)
+            if not ended:  # the client left first (a stream's status went out with its head): its own outcome
+                status = CLIENT_CLOSED_STATUS
         finally:
             route = route_template(scope)
             method = scope.get("method", "")

@@ -95,8 +95,10 @@ def _print_rows(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict):  # a spec, printed as it is given (--spec JSON), never as a Python repr
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     if isinstance(value, list):
-        return ",".join(map(str, value)) or "(none)"
+        return ",".join(map(_cell, value)) or "(none)"
     return str(value)
 
 

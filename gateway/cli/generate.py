@@ -1,4 +1,5 @@
-"""Client commands of the OpenAI-compatible API: ``inferctl models``, ``complete``, ``chat`` and ``embed``.
+"""Client commands of the OpenAI-compatible API: ``inferctl models``, ``complete``, ``chat`` and ``embed``;
+``count-tokens``, through Anthropic's ``/v1/messages/count_tokens``.
 
 A streamed answer is read with ``httpx-sse`` (the server's ``data:`` events,
 up to ``data: [DONE]``); an error the server sends in the stream, after its
@@ -138,6 +139,20 @@ def _embed(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _count_tokens(args: argparse.Namespace) -> int:
+    """The tokens of a one-message prompt, as the model reads it (its chat template around the text)."""
+    with connect(args) as client:
+        body: dict[str, Any] = {"model": _model(client, args.model), "messages": [{"role": "user",
+                                                                                  "content": args.message}]}
+        if args.system is not None:
+            body["system"] = args.system
+        response = client.post("/v1/messages/count_tokens", json=body)
+        raise_for_error(response)
+        answer = response.json()
+    print(json.dumps(answer, indent=2) if args.json else answer["input_tokens"])
+    return EXIT_OK
+
+
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model id (default: the first model the server lists)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate at most (default: %(default)s)")
@@ -155,7 +170,7 @@ def add_models_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def add_generation_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``complete``, ``chat`` and ``embed`` to ``inferctl``'s commands."""
+    """Add ``complete``, ``chat``, ``embed`` and ``count-tokens`` to ``inferctl``'s commands."""
     complete = sub.add_parser("complete", help="complete a prompt on a running server")
     complete.add_argument("prompt", help="the text to continue")
     add_client_options(complete)
@@ -181,3 +196,12 @@ def add_generation_parsers(sub: argparse._SubParsersAction[argparse.ArgumentPars
     embed.add_argument("--dimensions", type=int, help="shorten the vectors (models configured as matryoshka only)")
     embed.add_argument("--json", action="store_true", help="print the whole answer (usage included)")
     embed.set_defaults(handler=_embed)
+
+    count = sub.add_parser("count-tokens", help="count the tokens of a message's prompt on a running server "
+                           "(Anthropic's count_tokens: the chat template included; nothing is generated)")  # fmt: skip
+    count.add_argument("message", help="the user message")
+    count.add_argument("--system", help="a system prompt")
+    add_client_options(count)
+    count.add_argument("--model", help="model id (default: the first model the server lists)")
+    count.add_argument("--json", action="store_true", help="print the whole answer")
+    count.set_defaults(handler=_count_tokens)

@@ -5,8 +5,8 @@
 servers elsewhere instead of weights here, held to the server's ``upstreams``
 settings (its endpoints to ``allowed_hosts``, public addresses only without it;
 ``api_key_env`` to the ``INFERFLUX_UPSTREAM_`` prefix; ``ca_file`` to ``ca_dir``; a
-credential or variable it names must exist: a 422 names the field otherwise); ``--pooling``, ``--no-normalize``
-and ``--matryoshka`` are its ``embedding`` section (how it answers
+credential or variable it names must exist: a 422 names the field otherwise); ``--pooling``, ``--no-normalize``,
+``--matryoshka`` and ``--token-ids`` are its ``embedding`` section (how it answers
 /v1/embeddings), as a configuration file's ``models[].embedding``;
 ``--deterministic`` loads it with batch-invariant kernels (``models[].deterministic``);
 ``--quantise``, ``--gemm-from`` and ``--no-pack`` are its load ``passes`` (``models[].passes``). ``unload``
@@ -50,7 +50,8 @@ def _upstream(value: str | None) -> dict[str, Any] | None:
 
 def _embedding(args: argparse.Namespace) -> dict[str, Any] | None:
     """The ``embedding`` section from the flags given; None when none was."""
-    section = {"pooling": args.pooling, "normalize": args.normalize, "matryoshka": args.matryoshka}
+    section = {"pooling": args.pooling, "normalize": args.normalize, "matryoshka": args.matryoshka,
+               "token_ids": args.token_ids}
     given = {name: value for name, value in section.items() if value is not None}
     return given or None
 
@@ -103,6 +104,20 @@ def _served_models(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_embedding_flags(load: argparse.ArgumentParser) -> None:
+    """``load``'s flags of the model's ``embedding`` section."""
+    load.add_argument("--pooling", choices=POOLINGS, help="embedding: pool the final hidden states by "
+                      "their mean or the last token's (default: mean)")  # fmt: skip
+    load.add_argument("--no-normalize", dest="normalize", action="store_const", const=False,
+                      help="embedding: leave vectors unnormalised (default: unit L2 norm)")  # fmt: skip
+    load.add_argument("--matryoshka", action="store_const", const=True,
+                      help="embedding: the model is trained so that a prefix of its vector is an embedding "
+                      "(requests may ask for fewer dimensions)")  # fmt: skip
+    load.add_argument("--token-ids", action="store_const", const=True,
+                      help="embedding: take token-id inputs, read as this model's own ids (default: refused, "
+                      "since clients such as LangChain's OpenAIEmbeddings send OpenAI's)")  # fmt: skip
+
+
 def add_parser(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str = "served-models"
 ) -> argparse.ArgumentParser:
@@ -147,13 +162,7 @@ def add_parser(
     load.add_argument("--default", action="store_true", help="make it the default model once loaded")
     load.add_argument("--wait", action="store_true", help="wait until it is ready (a progress line on a terminal); "
                       "exit status 1 if it fails")  # fmt: skip
-    load.add_argument("--pooling", choices=POOLINGS, help="embedding: pool the final hidden states by "
-                      "their mean or the last token's (default: mean)")  # fmt: skip
-    load.add_argument("--no-normalize", dest="normalize", action="store_const", const=False,
-                      help="embedding: leave vectors unnormalised (default: unit L2 norm)")  # fmt: skip
-    load.add_argument("--matryoshka", action="store_const", const=True,
-                      help="embedding: the model is trained so that a prefix of its vector is an embedding "
-                      "(requests may ask for fewer dimensions)")  # fmt: skip
+    _add_embedding_flags(load)
     for action, text in (("show", "a model's status and load progress"), ("unload", "unload a model and forget it"),
                          ("default", "make a model the default")):  # fmt: skip
         actions.add_parser(action, help=text).add_argument("model", help="the model's name")

@@ -23,7 +23,7 @@ from inferflux.gateway.cli.common import EXIT_OK, ClientError, positive_int
 
 _PRICE_COLUMNS = ("model", "prompt_usd_per_million", "completion_usd_per_million", "updated_at")
 _BUDGET_COLUMNS = ("id", "name", "enabled", "spec")
-_COUNTS = ("requests", "refused", "prompt_tokens", "completion_tokens", "cost_usd")
+_COUNTS = ("requests", "refused", "cancelled", "prompt_tokens", "completion_tokens", "cost_usd")
 _FIELDS = {"tenant": "tenant_id", "key": "key_id", "model": "model"}
 
 

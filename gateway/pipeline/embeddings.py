@@ -9,7 +9,10 @@ admission, limits on the input tokens with no completion, OPA, audit).
   token-id lists: at most ``MAX_INPUTS`` inputs and ``MAX_TOTAL_TOKENS``
   tokens in all (OpenAI's limits), none empty (as OpenAI refuses ``""``), each
   within the model's context. Errors name the input: ``input[3]``, or
-  ``input`` for a single one.
+  ``input`` for a single one. Token ids are a local model's own ids, taken only
+  from a model configured ``embedding.token_ids`` (400 ``token_ids_not_enabled``
+  otherwise): a client's ids are usually another tokenizer's, and read as this
+  model's they embed other text without any error.
 - A local model pools its final hidden states as its ``embedding`` settings
   say (``mean`` by default, or ``last``), L2-normalised unless configured
   otherwise; ``dimensions`` shortens vectors only for a model configured as
@@ -159,6 +162,8 @@ def plan_embeddings(served: ServedModel, req: EmbeddingsRequest, settings: Embed
         remote = RemoteEmbeddingRequest(request_id, body, num_inputs=len(inputs), prompt_tokens=estimate,
                                         headers=dict(upstream_headers), tenant=tenant)  # fmt: skip
         return EmbeddingPlan(served, remote, req.encoding_format, names, req.user)
+    if not settings.token_ids and any(not isinstance(i, str) for i in req.inputs()):
+        raise _token_ids_refused(served)
     dimensions = _dimensions(served, req.dimensions, settings)
     tokenizer = served.local_tokenizer
     token_lists = [tokenizer.encode(i) if isinstance(i, str) else i for i in req.inputs()]
@@ -181,6 +186,18 @@ def embedding_settings(served: ServedModel, settings: Settings) -> EmbeddingSett
     if served.embedding is not None:
         return EmbeddingSettings.model_validate(dict(served.embedding))
     return settings.model_embedding(served.name)
+
+
+def _token_ids_refused(served: ServedModel) -> InvalidRequest:
+    return InvalidRequest(
+        f"The model {served.name!r} does not take token ids as input: they would be read as its own vocabulary's "
+        "ids, and a client's are usually another tokenizer's (LangChain's OpenAIEmbeddings sends OpenAI's by "
+        "default), which embeds other text without an error. Send the text instead (LangChain: "
+        "OpenAIEmbeddings(..., check_embedding_ctx_length=False)), or, if the ids are this model's own, have an "
+        "operator enable embedding.token_ids for the model",
+        param="input",
+        code="token_ids_not_enabled",
+    )
 
 
 def _dimensions(served: ServedModel, wanted: int | None, settings: EmbeddingSettings) -> int | None:

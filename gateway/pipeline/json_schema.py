@@ -83,7 +83,7 @@ def _close(schema: Any, at: str, *, close: bool, shared: set[str]) -> Any:
         for key in keys:
             value = out.get(key)
             if isinstance(value, dict) and key in _MAPS:
-                out[key] = {n: _close(s, f"{at}/{key}/{_escaped(n)}", close=close, shared=shared)
+                out[key] = {n: _close(s, f"{at}/{key}/{pointer_token(n)}", close=close, shared=shared)
                             for n, s in value.items()}  # fmt: skip
             elif isinstance(value, dict):
                 out[key] = _close(value, f"{at}/{key}", close=close, shared=shared)
@@ -99,6 +99,6 @@ def _close(schema: Any, at: str, *, close: bool, shared: set[str]) -> Any:
     return out
 
 
-def _escaped(name: str) -> str:
+def pointer_token(name: str) -> str:
     """``name`` as a JSON Pointer token (RFC 6901), as a ``$ref`` to it spells it."""
     return name.replace("~", "~0").replace("/", "~1")

@@ -107,6 +107,15 @@ def plan_chat(served: ServedModel, req: ChatCompletionRequest, placement: Placem
     return _plan(served, req, [PreparedPrompt(encode_chat(served, req))], placement, prefix="chatcmpl")
 
 
+def count_chat(served: ServedModel, req: ChatCompletionRequest) -> int:
+    """The tokens of ``req``'s prompt as ``plan_chat`` makes it (a token count: nothing more is planned)."""
+    if served.remote:
+        raise InvalidRequest(f"The model {served.name!r} is served by an upstream, whose tokenizer this server does "
+                             "not have: its tokens cannot be counted here", param="model",
+                             code="model_not_supported")  # fmt: skip
+    return len(encode_chat(served, req))
+
+
 def plan_completion(served: ServedModel, req: CompletionRequest, placement: Placement) -> Plan:
     return _plan(served, req, encode_prompts(served, req), placement, prefix="cmpl")
 

@@ -48,6 +48,13 @@ completion), then every OPA policy at once (``authorize_all``: 3b and 3c togethe
 as there is no engine start to overlap with), so nothing of it reaches the engine
 before all of them allow; then 4 (``settle``), with the tokens the model counted.
 
+A token count (Anthropic's ``/v1/messages/count_tokens``) takes 1, the allow-list,
+then ``admit_count`` (stage ``limits``: one request to the rate limits, with no
+tokens, since nothing reaches the engine: its requests and concurrency count, and
+neither the engine's queue nor a token quota or budget is charged), then every OPA
+policy at once (``authorize_all``, told the prompt's tokens and no completion),
+then 4 (``settle``) with no tokens.
+
 Everything the audit event says about the request's policy (the prompt and
 completion texts, guardrail findings, the reasons of a refusal, the usage, the
 end user the caller named) is written to the request context here, and only here.
@@ -188,6 +195,12 @@ class RequestPolicy:
         self._admit(work)
         self._admission = await self._reserve(work)
         self.headers = self._admission.headers  # the answer's, once every step of 3 allows
+
+    async def admit_count(self, served: ServedModel, prompt_tokens: int) -> None:
+        """3a for a token count: one request to the limits, none of its tokens (the engine never sees it)."""
+        self._work = work = Work(served, 0, 0, 0, prompt_tokens)
+        self._admission = await self._reserve(work)
+        self.headers = self._admission.headers
 
     @property
     def decides(self) -> bool:

@@ -9,8 +9,10 @@ steps that make them. ``RequestPolicy`` (``gateway.pipeline.policy``) decides;
 its docstring holds the refusal order, and ``complete`` calls its steps in that
 order. The Responses and Messages APIs (``adapted``) turn the vendor's body into
 a chat body that ``complete`` takes, and the chat answer back into the vendor's
-shape. An embeddings request (``embeddings``) takes the same stages but the
-grammars and the engine's start. docs/architecture.md ("A chat completion's
+shape; Anthropic's token count (``count_tokens``) takes the Messages body as far as
+its prompt's tokens, and the policy steps that do not start the engine. An
+embeddings request (``embeddings``) takes the same stages but the grammars and
+the engine's start. docs/architecture.md ("A chat completion's
 path") lists every function this path enters, with its module.
 """
 
@@ -26,12 +28,13 @@ from starlette.responses import JSONResponse, Response
 
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS
 from inferflux.gateway.models.served import ServedModel
-from inferflux.gateway.pipeline.adapters import Adapter, AdapterRenderer
+from inferflux.gateway.pipeline.adapters import Adapter, AdapterRenderer, parse_count_tokens
 from inferflux.gateway.pipeline.body import check_schemas, read_body
 from inferflux.gateway.pipeline.call import Call
 from inferflux.gateway.pipeline.embeddings import embed, embedding_settings, parse_embeddings, plan_embeddings
 from inferflux.gateway.pipeline.embeddings import render_embeddings
-from inferflux.gateway.pipeline.plan import INLINE_PLAN_BYTES, Placement, Plan, plan_chat, plan_completion, plan_request
+from inferflux.gateway.pipeline.plan import INLINE_PLAN_BYTES, Placement, Plan, count_chat, plan_chat, plan_completion
+from inferflux.gateway.pipeline.plan import plan_request
 from inferflux.gateway.pipeline.plan_remote import plan_remote
 from inferflux.gateway.pipeline.policy import RequestPolicy, allowed_model
 from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, CompletionRequest, Req, parse_request
@@ -120,10 +123,50 @@ async def adapted(request: Request, parse: Callable[[dict[str, Any]], Adapter]) 
         check_schemas(body, call.state.schema_limits)
         return await complete(call, body, api)
     except ApiError as exc:
-        chat_param, exc.param = exc.param, adapter.param(exc.param)
-        if chat_param and exc.param != chat_param and exc.message.startswith(f"{chat_param}:"):
-            exc.message = f"{exc.param}{exc.message[len(chat_param):]}"  # "stop[1]: ..." -> "stop_sequences[1]: ..."
+        _rename(exc, adapter)
         raise
+
+
+def _rename(exc: ApiError, adapter: Adapter) -> None:
+    """``exc`` made to name the vendor's field where it named the chat body's."""
+    chat_param, exc.param = exc.param, adapter.param(exc.param)
+    if chat_param and exc.param != chat_param and exc.message.startswith(f"{chat_param}:"):
+        exc.message = f"{exc.param}{exc.message[len(chat_param):]}"  # "stop[1]: ..." -> "stop_sequences[1]: ..."
+
+
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's token count: body → policy 1 → parse → allow-list → the prompt templated and tokenised as
+    ``/v1/messages`` would → policy 3 (one request to the limits with no tokens, every OPA policy at once) →
+    policy 4 (nothing used) → ``{"input_tokens": N}``. Nothing reaches the engine."""
+    call = Call.of(request)
+    policy = RequestPolicy(call, call.state.traffic)
+    with stage(call.ctx, "read_body"):
+        vendor_body = await read_body(call.headers.get("content-type"), call.body, call.state.json_limits, None)
+    adapter = parse_count_tokens(vendor_body)
+    try:
+        body = adapter.chat_body()
+        check_schemas(body, call.state.schema_limits)
+        with stage(call.ctx, "guardrails.input"):
+            body = await policy.screen(body)
+        with stage(call.ctx, "plan"):
+            req = parse_request(ChatCompletionRequest, body, call.state.stop_limits)
+            served = allowed_model(call, req.model)
+            small = len(await call.body()) <= INLINE_PLAN_BYTES  # templated on the loop, as a small plan is
+            tokens = count_chat(served, req) if small else await run_in_threadpool(count_chat, served, req)
+    except ApiError as exc:
+        _rename(exc, adapter)
+        raise
+    try:
+        with stage(call.ctx, "limits"):
+            await policy.admit_count(served, tokens)
+    except ApiError:
+        await _authorized(call, policy)  # a policy's refusal answers first
+        raise
+    try:
+        await _authorized(call, policy)
+    finally:
+        policy.settle(served.name, 0, 0)  # the request counted; no tokens were used
+    return JSONResponse({"input_tokens": tokens}, headers=policy.headers)
 
 
 # -- embeddings

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from inferflux.backends.engine import GuidedSpec
 
+from inferflux.gateway.pipeline.json_numbers import bounded_numbers
 from inferflux.gateway.pipeline.json_schema import closed_schema
 
 MAX_N = 8  # choices a prompt may ask for (n)
@@ -92,8 +93,9 @@ class ResponseFormat(BaseModel):
         if self.type == "json_schema" and self.json_schema is not None:
             schema = self.json_schema.schema_
             # No schema: any JSON value (OpenAI leaves it optional). Objects closed to their listed
-            # properties (gateway.pipeline.json_schema): the answer still validates against the client's schema.
-            return GuidedSpec("json_schema", schema={} if schema is None else closed_schema(schema))
+            # properties (gateway.pipeline.json_schema), numbers bounded (gateway.pipeline.json_numbers):
+            # the answer still validates against the client's schema.
+            return GuidedSpec("json_schema", schema={} if schema is None else closed_schema(bounded_numbers(schema)))
         return None
 
 

@@ -54,6 +54,7 @@ from inferflux.backends.engine.guided import first_line
 from inferflux.backends.models.tool_prompt import generic_tool_messages, template_uses_tools
 
 from inferflux.gateway.errors import InvalidRequest, SchemaTooComplex
+from inferflux.gateway.pipeline.json_numbers import bounded_numbers
 from inferflux.gateway.pipeline.json_schema import closed_schema
 
 if TYPE_CHECKING:
@@ -198,8 +199,9 @@ def check_parameters(tools: Sequence[ToolDefinition], budget: GrammarBudget = DE
             continue
         param = f"tools[{i}].function.parameters"
         try:
-            grammar = _parameters_grammar(json.dumps(_arguments_schema(tool.function.parameters), sort_keys=True,
-                                                     separators=(",", ":")))  # fmt: skip
+            # As a forced call decodes it (call_schema): its numbers bounded.
+            schema = bounded_numbers(_arguments_schema(tool.function.parameters))
+            grammar = _parameters_grammar(json.dumps(schema, sort_keys=True, separators=(",", ":")))
             verdict = sandbox.check(grammar, None, budget, cancel, owner=owner)
         except GrammarTooComplexError as exc:  # (a ValueError too)
             raise SchemaTooComplex(f"parameters cannot be enforced: {exc}", param=param) from None
@@ -266,7 +268,8 @@ def call_schema(tools: Sequence[ToolDefinition], *, parallel: bool) -> dict[str,
     calls = []
     for i, tool in enumerate(tools):
         at = f"{where}/anyOf/{i}" if len(tools) > 1 else where
-        arguments = _rebased(closed_schema(_arguments_schema(tool.function.parameters)), f"{at}/properties/arguments")
+        parameters = bounded_numbers(_arguments_schema(tool.function.parameters))
+        arguments = _rebased(closed_schema(parameters), f"{at}/properties/arguments")
         calls.append({"type": "object", "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
                       "required": ["name", "arguments"], "additionalProperties": False})  # fmt: skip
     one = calls[0] if len(calls) == 1 else {"anyOf": calls}

@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: chat completions, completions, embeddings, models; the Responses and Messages APIs.
+"""OpenAI-compatible routes: chat completions, completions, embeddings, models; the Responses and Messages APIs
+(and the Messages API's token count).
 
 Each API call's handler is one line: its stages are the pipeline's
 (``gateway.pipeline``), called in order by its driver (``gateway.pipeline.run``),
@@ -18,7 +19,8 @@ from inferflux.gateway.authz import requires
 from inferflux.gateway.models.served import ServedModel
 from inferflux.gateway.openapi import document
 from inferflux.gateway.pipeline import run
-from inferflux.gateway.pipeline.adapters import MessagesRequest, ResponsesRequest, parse_messages, parse_responses
+from inferflux.gateway.pipeline.adapters import CountTokensRequest, MessagesRequest, ResponsesRequest, parse_messages
+from inferflux.gateway.pipeline.adapters import parse_responses
 from inferflux.gateway.pipeline.call import Call
 from inferflux.gateway.pipeline.embeddings import EmbeddingsRequest
 from inferflux.gateway.pipeline.policy import allowed_model
@@ -55,6 +57,13 @@ async def responses(request: Request) -> Response:
 @requires(Scope.GENERATE)
 async def messages(request: Request) -> Response:
     return await run.adapted(request, parse_messages)
+
+
+@document("Token count of a message's prompt (Anthropic's count_tokens; nothing is generated)", tag="openai",
+          body=CountTokensRequest)  # fmt: skip
+@requires(Scope.GENERATE)
+async def count_tokens(request: Request) -> Response:
+    return await run.count_tokens(request)
 
 
 # -- embeddings -----------------------------------------------------------------
@@ -104,6 +113,7 @@ def routes() -> list[BaseRoute]:
         Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         # :path so ids containing "/" (e.g. "org/model") resolve.
         Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),

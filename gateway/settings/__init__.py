@@ -70,6 +70,7 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
           pooling: mean     # mean of the final hidden states (after the final norm) | last: the last token's
           normalize: true   # unit L2 norm, as OpenAI's embeddings have
           matryoshka: false # true: a request's dimensions may shorten the vectors (models trained for it)
+          token_ids: false  # true: token-id inputs are taken, as this model's own ids (clients' are often OpenAI's)
       - name: llama-70b     # served by remote OpenAI-compatible servers (backend openai; no path)
         upstream:
           endpoints: [http://10.0.0.5:8000/v1, http://10.0.0.6:8000/v1]

@@ -67,6 +67,10 @@ class EmbeddingSettings(BaseModel):
     # embedding of their own (Matryoshka representation learning): a request's
     # ``dimensions`` may then shorten them. Off, ``dimensions`` may only name the full size.
     matryoshka: bool = False
+    # Token ids as ``input`` are read as this model's own ids. Clients send other tokenizers'
+    # (LangChain's OpenAIEmbeddings sends OpenAI's by default), which would embed other text
+    # without an error; so they are refused (400) unless the operator says the clients' ids are this model's.
+    token_ids: bool = False
 
 
 class ModelEntry(BaseModel):

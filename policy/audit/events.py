@@ -30,6 +30,9 @@ from inferflux.policy.ids import random_id
 KINDS: Final = ("api", "admin", "checkpoint")  # checkpoint: a signed chain head (policy.audit.checkpoint)
 DECISIONS: Final = ("allow", "deny", "error")
 STAGES: Final = ("input", "output")
+# The status of a call whose client left before its answer was complete (nginx's convention): the
+# client's own doing, neither a refusal nor the server's failure (usage counts it apart).
+CLIENT_CLOSED_STATUS: Final = 499
 _MAX_TEXT = 255
 _MAX_REASONS = 32
 _MAX_FINDINGS = 64

@@ -47,6 +47,6 @@ def _hour_of_sqlite(element: HourOf, compiler: SQLCompiler, **kw: Any) -> str:
     return f"strftime('%Y-%m-%d %H:00:00', {compiler.process(element.clauses, **kw)})"
 
 
-def bucket_of(grain: str) -> ColumnElement[datetime]:
+def bucket_column(grain: str) -> ColumnElement[datetime]:
     """The bucket a row of ``STORED[grain]`` adds to, as SQL."""
     return HourOf(UsageRow.bucket) if grain == HOUR else UsageRow.bucket  # type: ignore[return-value]

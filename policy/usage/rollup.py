@@ -9,8 +9,10 @@ indexes its own spool and adds its own increments with upserts that add
 overwrite each other's counts.
 
 What counts: tenant API calls (``kind`` ``api`` with a tenant), answered or
-refused. An answered call adds to the row whose ``reason`` is ''; a refused or
-failed one to the row of its first reason (or ``status <code>``). A refusal
+refused. An answered call adds to the row whose ``reason`` is ''; a call its
+client left (status 499 with no reason) to the row ``client_closed`` (``CANCELLED``:
+not a refusal, ``policy.usage.store`` counts it apart); a refused or failed one to the
+row of its first reason (or ``status <code>``). A refusal
 aggregate (``detail.aggregated``, ``policy.audit.refusals``) counts its repeats.
 Cost is priced when the event is indexed, at the model's price then.
 """
@@ -26,12 +28,16 @@ from sqlalchemy import Connection, Table
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from inferflux.policy.audit.events import CLIENT_CLOSED_STATUS
 from inferflux.policy.usage.cost import Price, cost_micros
 
 DAY: Final = "day"
 MINUTE: Final = "minute"
 MINUTE_HOURS: Final = 24  # minute rows are kept (and written) for this long
 REASON_CHARS: Final = 64
+CANCELLED: Final = "client_closed"  # the reason of a call its client left
+# Rows of calls the client left: before CANCELLED, the rollup wrote them under their status.
+CANCELLED_REASONS: Final = (CANCELLED, f"status {CLIENT_CLOSED_STATUS}")
 _COUNTS: Final = ("requests", "prompt_tokens", "completion_tokens", "cost_micros")
 _KEY: Final = ("grain", "bucket", "tenant_id", "key_id", "model", "reason")  # a row's identity: Key's fields
 
@@ -46,11 +52,16 @@ def bucket_of(at: datetime, grain: str) -> datetime:
 
 
 def reason_of(event: Mapping[str, Any]) -> str:
-    """'' for an answered call; else its first reason, or its status."""
+    """'' for an answered call; ``CANCELLED`` for one its client left; else its first reason, or its status.
+
+    A 499 with a reason is the server's doing (``client_timeout``: it ended a client that read
+    nothing), so it stays a refusal by that reason."""
     status = event.get("status")
     if event.get("decision") == "allow" and (status is None or status < 400):
         return ""
     reasons = event.get("reasons") or ()
+    if status == CLIENT_CLOSED_STATUS and not reasons:
+        return CANCELLED
     reason = str(reasons[0]) if reasons else f"status {status}"
     return reason[:REASON_CHARS]
 

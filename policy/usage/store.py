@@ -14,16 +14,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import Engine, case, delete, func, select
+from sqlalchemy import Engine, and_, case, delete, func, select
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from inferflux.policy.errors import NotFound, StoreUnavailable, ValidationFailed
 from inferflux.policy.store.db import lock_for_write
 from inferflux.policy.store.models import BudgetAlert, ModelPrice, UsageRow
-from inferflux.policy.usage.buckets import GRAINS, STEP, STORED, bucket_of
+from inferflux.policy.usage.buckets import GRAINS, STEP, STORED, bucket_column
 from inferflux.policy.usage.cost import Price
-from inferflux.policy.usage.rollup import DAY, MINUTE, MINUTE_HOURS
+from inferflux.policy.usage.rollup import CANCELLED_REASONS, DAY, MINUTE, MINUTE_HOURS
 
 GROUPS: Final = ("tenant", "key", "model")
 _COLUMNS: Final = {"tenant": UsageRow.tenant_id, "key": UsageRow.key_id, "model": UsageRow.model}
@@ -40,7 +40,8 @@ class UsageItem:
     prompt_tokens: int
     completion_tokens: int
     cost_micros: int
-    refusals: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)  # by reason; a call its client left is not one
+    cancelled: int = 0  # calls their client left before the answer was complete (499)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +150,13 @@ class UsageStore:
         if until is not None:
             where.append(UsageRow.bucket < until)
         columns = [_COLUMNS[g] for g in group_by]
-        bucket = bucket_of(grain)
-        refused = func.sum(case((UsageRow.reason != "", UsageRow.requests), else_=0))
+        bucket = bucket_column(grain)
+        cancelled = UsageRow.reason.in_(CANCELLED_REASONS)
+        refused = func.sum(case((and_(UsageRow.reason != "", ~cancelled), UsageRow.requests), else_=0))
         query = (
             select(bucket, *columns, func.sum(UsageRow.requests), func.sum(UsageRow.prompt_tokens),
-                   func.sum(UsageRow.completion_tokens), func.sum(UsageRow.cost_micros), refused)
+                   func.sum(UsageRow.completion_tokens), func.sum(UsageRow.cost_micros),
+                   func.sum(case((cancelled, UsageRow.requests), else_=0)), refused)
             .where(*where).group_by(bucket, *columns).order_by(bucket, *columns)
             .limit(limit + 1).offset(offset)
         )  # fmt: skip
@@ -169,12 +172,12 @@ class UsageStore:
     def _add_refusals(self, session: Session, items: list[UsageItem], where: list[Any], columns: list[Any],
                       group_by: tuple[str, ...], grain: str) -> None:  # fmt: skip
         found = {(item.bucket, *item.group.values()): item for item in items}
-        bucket = bucket_of(grain)
+        bucket = bucket_column(grain)
         # The range on the stored column (its index), up to the end of the last bucket.
         query = (
             select(bucket, *columns, UsageRow.reason, func.sum(UsageRow.requests))
-            .where(*where, UsageRow.reason != "", UsageRow.bucket >= items[0].bucket,
-                   UsageRow.bucket < items[-1].bucket + STEP[grain])
+            .where(*where, UsageRow.reason != "", UsageRow.reason.not_in(CANCELLED_REASONS),
+                   UsageRow.bucket >= items[0].bucket, UsageRow.bucket < items[-1].bucket + STEP[grain])
             .group_by(bucket, *columns, UsageRow.reason)
         )  # fmt: skip
         for row in session.execute(query):
@@ -203,6 +206,7 @@ def _item(row: Any, group_by: tuple[str, ...]) -> UsageItem:
         prompt_tokens=int(row[2 + n]),
         completion_tokens=int(row[3 + n]),
         cost_micros=int(row[4 + n]),
+        cancelled=int(row[5 + n] or 0),
     )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -26,6 +25,7 @@ import pytest
 
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from inferflux.policy.store import PolicyStore, StoreSettings
+from app_world import LiveWorld, open_live_world
 from servers import start_uvicorn, stop_uvicorn
 
 MODEL = DEFAULT_MODEL_NAME
@@ -36,17 +36,10 @@ SYSTEM = "You are a terse geography teacher."
 GREEDY = {"temperature": 0}
 
 
-class World:
+class World(LiveWorld):
     """A live server with its own store: tenants, keys and policies per test, both vendors' clients."""
 
-    def __init__(self, store: PolicyStore, url: str, data_dir: Path, app: Any) -> None:
-        self.store, self.url, self.data_dir, self.app = store, url, data_dir, app
-        self.n = 0
-
-    def tenant_key(self, **tenant: Any) -> tuple[Any, str]:
-        self.n += 1
-        record = self.store.create_tenant(f"a{self.n}", **tenant)
-        return record, self.store.create_api_key(record.id, "k", "member")[1]
+    tenant_prefix = "a"
 
     def openai(self, key: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
@@ -58,29 +51,12 @@ class World:
         auth = {"authorization": f"Bearer {key}"} if key else {}
         return httpx.post(f"{self.url}{path}", json=body, headers={**auth, **headers}, timeout=120)
 
-    def settled(self) -> None:
-        deadline = time.monotonic() + 10
-        while self.app.state.traffic_tasks:
-            assert time.monotonic() < deadline, "settlements did not finish"
-            time.sleep(0.02)
-
-    def events(self) -> dict[str, dict[str, Any]]:
-        segments = sorted((self.data_dir / "audit" / "segments").glob("*.jsonl"))
-        return {e["event"]["request_id"]: e["event"] for s in segments for line in s.read_text().splitlines()
-                if (e := json.loads(line))}  # fmt: skip
-
 
 @pytest.fixture(scope="module")
 def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    data_dir = tmp_path_factory.mktemp("adapters")
-    store = PolicyStore.open(StoreSettings(), data_dir)
-    app = make_app(store, data_dir=str(data_dir), auth={"revocation_poll_seconds": POLL})
-    server, thread, sock, url = start_uvicorn(app)
-    try:
-        yield World(store, url, data_dir, app)
-    finally:
-        stop_uvicorn(server, thread, sock)
-        store.close()
+    with open_live_world(World, make_app, tmp_path_factory.mktemp("adapters"),
+                         auth={"revocation_poll_seconds": POLL}) as world:  # fmt: skip
+        yield world
 
 
 @pytest.fixture(scope="module")
@@ -573,6 +549,9 @@ def test_both_apis_front_a_model_an_upstream_serves(world: World, key: str, oa: 
             whole = an.messages.create(model=MODEL, max_tokens=8, messages=ask, extra_body=GREEDY)  # type: ignore[arg-type]
             text = "".join(e.delta.text for e in streamed if e.type == "content_block_delta")  # type: ignore[union-attr]
             assert text == whole.content[0].text and streamed[-1].type == "message_stop"  # type: ignore[union-attr]
+            with pytest.raises(anthropic.BadRequestError) as uncounted:  # no tokenizer here for the upstream's model
+                front_an.messages.count_tokens(model="fleet", messages=ask)  # type: ignore[arg-type]
+            assert uncounted.value.body["error"]["code"] == "model_not_supported"  # type: ignore[index]
     finally:
         model.shutdown()  # while the server's loop runs: the fleet's connections close in it
         stop_uvicorn(server, thread, sock)

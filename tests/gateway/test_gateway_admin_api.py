@@ -132,7 +132,7 @@ def test_a_models_embedding_section_is_loaded_kept_and_restored(world: dict[str,
     import numpy as np
 
     client, admin, store = world["client"], world["admin"], world["store"]
-    section = {"pooling": "last", "normalize": True, "matryoshka": True}
+    section = {"pooling": "last", "normalize": True, "matryoshka": True, "token_ids": True}
     body = {"name": "pooled", "path": default_model_path(), "dtype": "float32", "embedding": section}
     for bad, param in (({"pooling": "max"}, "embedding.pooling"), ({"pool": "mean"}, "embedding.pool")):
         refused = client.post("/admin/v1/models", headers=admin, json={**body, "embedding": bad})
@@ -157,6 +157,9 @@ def test_a_models_embedding_section_is_loaded_kept_and_restored(world: dict[str,
     assert embed("smollm2-135m-instruct", dimensions=64).status_code == 400  # the configured model may not
     mean = np.array(embed("smollm2-135m-instruct").json()["data"][0]["embedding"])
     assert not np.allclose(full, mean, atol=1e-3)  # last-token pooling, not the default mean
+    assert embed("pooled", input=[[17, 42]]).status_code == 200  # token_ids: its clients send its own ids
+    refused = embed("smollm2-135m-instruct", input=[17, 42])
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "token_ids_not_enabled", refused.text
 
     settings = Settings(data_dir=world["data_dir"], engine={"kv_cache_bytes": 32 * 1024 * 1024})
     manager = ModelManager()
@@ -184,9 +187,11 @@ def test_inferctl_served_models_load_passes_the_embedding_section(tmp_path: Path
     upstream = tmp_path / "up.json"
     upstream.write_text('{"endpoints": ["http://10.0.0.5:8000/v1"]}')
     args = build_parser().parse_args(["served-models", "load", "m", "--path", "/models/m.gguf", "--alias", "a",
-                                      "--alias", "b", "--pooling", "last", "--no-normalize", "--matryoshka"])
+                                      "--alias", "b", "--pooling", "last", "--no-normalize", "--matryoshka",
+                                      "--token-ids"])  # fmt: skip
     assert _load_body(args) == {"name": "m", "path": "/models/m.gguf", "aliases": ["a", "b"], "default": False,
-                                "embedding": {"pooling": "last", "normalize": False, "matryoshka": True}}
+                                "embedding": {"pooling": "last", "normalize": False, "matryoshka": True,
+                                              "token_ids": True}}  # fmt: skip
     args = build_parser().parse_args(["served-models", "load", "far", "--upstream", f"@{upstream}", "--default"])
     assert _load_body(args) == {"name": "far", "aliases": [], "default": True,
                                 "upstream": {"endpoints": ["http://10.0.0.5:8000/v1"]}}

@@ -161,6 +161,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/embeddings"): Case(G, 200, lambda w: ("/v1/embeddings", {"model": MODEL, "input": "hello"})),
     ("POST", "/v1/responses"): Case(G, 200, lambda w: ("/v1/responses", RESPONSE)),
     ("POST", "/v1/messages"): Case(G, 200, lambda w: ("/v1/messages", MESSAGE)),
+    ("POST", "/v1/messages/count_tokens"): Case(G, 200, lambda w: ("/v1/messages/count_tokens", MESSAGE)),
     ("GET", "/v1/models"): Case(R, 200, lambda w: ("/v1/models", None)),
     ("GET", "/v1/models/{model_id:path}"): Case(R, 200, lambda w: (f"/v1/models/{MODEL}", None)),
     ("GET", "/openapi.json"): Case(R, 200, lambda w: ("/openapi.json", None)),

@@ -132,6 +132,9 @@ def test_limits_set_get_delete(tenant: dict[str, Any], capsys: pytest.CaptureFix
     assert code == 0 and json.loads(out)["id"] == policy["id"]
     code, out, _ = run(capsys, "admin", "limits", "get", tenant["id"], "--json", *tenant["tadmin"])
     assert code == 0 and [p["spec"] for p in json.loads(out)] == [{"requests_per_minute": 1000}]
+    # The table prints the spec as it is given (--spec JSON), not as a Python dict.
+    code, out, _ = run(capsys, "admin", "limits", "get", tenant["id"], *tenant["tadmin"])
+    assert code == 0 and '{"requests_per_minute":1000}' in out and "{'" not in out, out
     code, _, err = run(capsys, "admin", "limits", "set", tenant["id"], "--name", "tight", "--requests-per-minute",
                        "5000", *tenant["tadmin"])  # fmt: skip
     assert code == 1 and ("HTTP 403" in err or "HTTP 404" in err)

@@ -1,6 +1,7 @@
 """``inferctl admin usage|prices|budgets`` against the live server: a price, a token budget that
 refuses the request after the one that spent it, the usage table, JSON and CSV; a tenant admin
-reads its own usage and budgets, not another tenant's, and may not set prices."""
+reads its own usage and budgets, not another tenant's, and may not set prices. A stream its
+client closes is counted as cancelled, not refused, in usage and in the metrics."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from argparse import Namespace
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from inferflux.gateway import cli
@@ -89,3 +91,42 @@ def test_prices_budgets_and_usage(live_server: str, admin_key: str, capsys: pyte
     assert code == 0 and budget["id"] in out
     code, out, _ = run(capsys, "admin", "prices", "delete", DEFAULT_MODEL_NAME, *admin)
     assert code == 0 and DEFAULT_MODEL_NAME in out
+
+
+def _closed_streams(live_server: str) -> float:
+    """The metrics' count of chat completions whose client left (status 499)."""
+    scrape = httpx.get(f"{live_server}/metrics", params={"name[]": "inferflux_http_requests_total"}, timeout=30).text
+    mine = [line for line in scrape.splitlines() if line.startswith("inferflux_http_requests_total{")
+            and 'route="/v1/chat/completions"' in line and 'status="499"' in line]  # fmt: skip
+    return sum(float(line.rsplit(" ", 1)[1]) for line in mine)
+
+
+def test_a_stream_its_client_closed_is_cancelled_not_refused(live_server: str, admin_key: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    ns = Namespace(url=live_server, api_key=admin_key)
+    tenant = admin_call(ns, "POST", "/tenants", {"name": f"leave-{secrets.token_hex(4)}"})
+    member = admin_call(ns, "POST", f"/tenants/{tenant['id']}/keys", {"name": "m", "role": "member"})["key"]
+    tadmin = admin_call(ns, "POST", f"/tenants/{tenant['id']}/keys", {"name": "t", "role": "tenant-admin"})["key"]
+    closed_before = _closed_streams(live_server)
+    body = {"model": DEFAULT_MODEL_NAME, "stream": True, "max_tokens": 400, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Write a long story."}]}  # fmt: skip
+    with httpx.Client(base_url=live_server, headers={"authorization": f"Bearer {member}"}, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            # The first chunk: the stream is under way; leaving the block closes the connection.
+            assert next(line for line in response.iter_lines() if line.startswith("data: "))
+        refused = client.post("/v1/chat/completions", json={"model": DEFAULT_MODEL_NAME, "messages": []})
+        assert refused.status_code == 400
+
+    def usage() -> dict[str, Any] | None:
+        code, out, _ = run(capsys, "admin", "usage", "--json", "--url", live_server, "--api-key", tadmin)
+        rows = json.loads(out) if code == 0 else []
+        return rows[0] if rows and rows[0]["requests"] >= 2 else None
+
+    row = until(usage)
+    assert row, "no usage within 15 s"
+    assert (row["requests"], row["cancelled"], row["refused"]) == (2, 1, 1), row
+    assert sum(row["refusals"].values()) == 1 and not {"client_closed", "status 499"} & set(row["refusals"]), row
+    code, out, _ = run(capsys, "admin", "usage", "--url", live_server, "--api-key", tadmin)
+    assert code == 0 and "CANCELLED" in out.splitlines()[0]
+    assert until(lambda: _closed_streams(live_server) >= closed_before + 1), "the metrics did not count the 499"

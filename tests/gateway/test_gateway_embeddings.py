@@ -3,7 +3,9 @@
 The vectors are transformers' final hidden states (after the final norm) of the same
 tokens, pooled and L2-normalised, within 1e-4 in float32; a batch of 64 inputs gives each
 input the vector it gets alone; base64 is the same floats; token ids are the same inputs
-as their text. Errors are OpenAI-shaped 400s naming the parameter (``input[3]``). The
+as their text, on a model whose operator said its clients send its own ids (and are refused,
+naming the fixes, on any other: LangChain's OpenAIEmbeddings, over a real socket, sends
+OpenAI's ids by default). Errors are OpenAI-shaped 400s naming the parameter (``input[3]``). The
 policy chain is the generation routes': 401, the model allow-list's 404, token quotas
 charged the input tokens only, input guardrails (block and redact), OPA told the route,
 and one audit event without the text.
@@ -26,6 +28,7 @@ from inferflux.backends.models import default_model_path
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from http_helpers import bearer, error_of
 from inferflux.policy.store import PolicyStore, StoreSettings
+from app_world import LiveWorld, open_live_world
 
 MODEL = DEFAULT_MODEL_NAME
 HIDDEN = 576  # SmolLM2-135M's hidden size
@@ -81,6 +84,16 @@ def last_world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     """The same model configured for last-token pooling, shortened (Matryoshka) vectors allowed."""
     entry = {"name": MODEL, "path": default_model_path(), "embedding": {"pooling": "last", "matryoshka": True}}
     yield from start_world(make_app, tmp_path_factory.mktemp("embeddings-last"), models=[entry])
+
+
+@pytest.fixture(scope="module")
+def ids_world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The same model configured to take token-id inputs as its own ids."""
+    yield from start_world(make_app, tmp_path_factory.mktemp("embeddings-ids"), models=[ids_entry()])
+
+
+def ids_entry() -> dict[str, Any]:
+    return {"name": MODEL, "path": default_model_path(), "embedding": {"token_ids": True}}
 
 
 @pytest.fixture(scope="module")
@@ -168,11 +181,55 @@ def test_base64_is_the_same_little_endian_float32s(world: World, key: str) -> No
         np.testing.assert_array_equal(decoded, np.array(f["embedding"], dtype=np.float32))
 
 
-def test_token_id_inputs_are_the_texts_they_encode(world: World, key: str, served_model: Any) -> None:
-    as_text = vectors(world.embed(key, input=TEXTS[:2]))
+def test_token_id_inputs_are_the_texts_they_encode(ids_world: World, served_model: Any) -> None:
+    _, key = ids_world.tenant_key()
+    as_text = vectors(ids_world.embed(key, input=TEXTS[:2]))
     ids = [tokens(served_model, text) for text in TEXTS[:2]]
-    np.testing.assert_allclose(vectors(world.embed(key, input=ids)), as_text, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(vectors(world.embed(key, input=ids[0]))[0], as_text[0], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(vectors(ids_world.embed(key, input=ids)), as_text, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(vectors(ids_world.embed(key, input=ids[0]))[0], as_text[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("ids", [[17, 42], [[17, 42], [5]]])
+def test_token_ids_are_refused_unless_the_model_takes_them(world: World, key: str, ids: Any) -> None:
+    """Read as this model's ids, another tokenizer's would embed other text without an error: a 400 that
+    names both fixes (send the text, as LangChain does with check_embedding_ctx_length=False; or the setting)."""
+    refused = world.embed(key, input=ids)
+    assert refused.status_code == 400, refused.text
+    error = error_of(refused)
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "input", "token_ids_not_enabled")
+    assert "check_embedding_ctx_length=False" in error["message"] and "embedding.token_ids" in error["message"]
+
+
+def test_langchain_openai_embeddings(live_server: str, admin_key: str, ids_world: World, world: World, key: str,
+                                     make_app: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """LangChain's OpenAIEmbeddings over a real socket: by default it sends token ids (its tokenizer's), which
+    a model not configured for them refuses with the fix; with check_embedding_ctx_length=False it sends the
+    text, and gets the text's vector; a model whose operator opted in takes the ids as its own."""
+    import openai
+    import tiktoken
+    from langchain_openai import OpenAIEmbeddings
+
+    # OpenAI's vocabulary is a file tiktoken downloads on first use, and nothing is downloaded here: a
+    # byte-level encoding stands in for it (its ids, 0-255, are in SmolLM2's vocabulary too).
+    byte_level = tiktoken.Encoding(name="bytes", pat_str=r"[\s\S]", special_tokens={},
+                                   mergeable_ranks={bytes([b]): b for b in range(256)})  # fmt: skip
+    monkeypatch.setattr(tiktoken, "encoding_for_model", lambda _: byte_level)
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda _: byte_level)
+    client = {"model": MODEL, "base_url": f"{live_server}/v1", "api_key": admin_key, "max_retries": 0}
+    with pytest.raises(openai.BadRequestError) as refused:
+        OpenAIEmbeddings(**client).embed_query(TEXTS[0])  # type: ignore[arg-type]
+    assert refused.value.code == "token_ids_not_enabled"
+    assert "check_embedding_ctx_length=False" in refused.value.message
+    text = OpenAIEmbeddings(**client, check_embedding_ctx_length=False).embed_query(TEXTS[0])  # type: ignore[arg-type]
+    np.testing.assert_allclose(text, vectors(world.embed(key, input=TEXTS[0]))[0], atol=1e-5, rtol=0)
+
+    with open_live_world(LiveWorld, make_app, tmp_path, models=[ids_entry()]) as live:
+        _, ids_key = live.tenant_key()
+        taken = OpenAIEmbeddings(model=MODEL, base_url=f"{live.url}/v1", api_key=ids_key,  # type: ignore[arg-type]
+                                 max_retries=0).embed_query(TEXTS[0])  # fmt: skip
+    as_ids = vectors(ids_world.embed(ids_world.tenant_key()[1], input=list(TEXTS[0].encode())))[0]
+    np.testing.assert_allclose(taken, as_ids, atol=1e-5, rtol=0)
+    assert not np.allclose(taken, text, atol=1e-2)  # OpenAI-style ids read as SmolLM2's: another text's vector
 
 
 def test_the_official_client_reads_them(live_server: str, admin_key: str, world: World, key: str) -> None:
@@ -214,9 +271,11 @@ def test_the_official_client_reads_them(live_server: str, admin_key: str, world:
         ({"input": "a", "model": ""}, "model", None),
     ],
 )
-def test_bad_requests_are_openai_shaped_400s_naming_the_parameter(world: World, key: str, body: dict[str, Any],
+def test_bad_requests_are_openai_shaped_400s_naming_the_parameter(ids_world: World, body: dict[str, Any],
                                                                   param: str, code: str | None) -> None:  # fmt: skip
-    response = world.client.post("/v1/embeddings", json={"model": MODEL, **body}, headers=bearer(key))
+    """On a model that takes token ids, so that the engine's checks of them answer."""
+    _, key = ids_world.tenant_key()
+    response = ids_world.client.post("/v1/embeddings", json={"model": MODEL, **body}, headers=bearer(key))
     assert response.status_code == 400, response.text
     error = error_of(response)
     assert (error["type"], error["param"]) == ("invalid_request_error", param), error
@@ -256,7 +315,7 @@ def test_a_backend_without_embed_says_the_model_serves_no_embeddings(
     admin = store.ensure_bootstrap_admin()
     try:
         with TestClient(app_for_model(model, store, data_dir=str(tmp_path / "app"))) as client:
-            response = client.post("/v1/embeddings", json={"model": "tiny", "input": [[1, 2]]}, headers=bearer(str(admin)))
+            response = client.post("/v1/embeddings", json={"model": "tiny", "input": "a b"}, headers=bearer(str(admin)))
     finally:
         engine.shutdown(5)
         store.close()

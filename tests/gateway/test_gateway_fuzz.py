@@ -349,7 +349,7 @@ def generation_bodies() -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
 
 
 def adapter_bodies() -> list[st.SearchStrategy[tuple[str, dict[str, Any]]]]:
-    """/v1/responses and /v1/messages for the real model: their vendors' shapes, near-valid and hostile."""
+    """/v1/responses, /v1/messages and its count_tokens for the real model: their vendors' shapes, near-valid and hostile."""
     text = HOSTILE_TEXT
     part = st.one_of(hostile_values(), st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text",
                                                                                        "input_image", "refusal"]),
@@ -384,7 +384,9 @@ def adapter_bodies() -> list[st.SearchStrategy[tuple[str, dict[str, Any]]]]:
                   "stop_sequences": st.lists(text, max_size=20), "top_k": HOSTILE_NUMBER.map(_Raw),
                   "tools": hostile_values(), "tool_choice": hostile_values(), "metadata": hostile_values()},
     )  # fmt: skip
-    return [response.map(lambda b: ("/v1/responses", b)), message.map(lambda b: ("/v1/messages", b))]
+    # Anthropic's token count takes the Messages body (its max_tokens checked and ignored).
+    return [response.map(lambda b: ("/v1/responses", b)), message.map(lambda b: ("/v1/messages", b)),
+            message.map(lambda b: ("/v1/messages/count_tokens", b))]
 
 
 def test_hostile_generation_requests_find_no_5xx(fuzz: Fuzz, client: httpx.Client) -> None:

@@ -22,6 +22,7 @@ import jsonschema
 import openai
 import pytest
 
+from inferflux.gateway.pipeline.json_numbers import INT_BOUND, NUMBER_BOUND
 from inferflux.gateway.pipeline.plan_remote import _sampling
 from inferflux.gateway.pipeline.protocol import ChatCompletionRequest, parse_request
 
@@ -50,6 +51,7 @@ PET_FORMAT = {"type": "json_schema", "json_schema": {"name": "pet", "schema": PE
 PET_MAX_TOKENS = 256
 ASK_PET = [{"role": "system", "content": "You answer in JSON."},
            {"role": "user", "content": "Describe a pet as a JSON object."}]  # fmt: skip
+COUNT = "How many people live in France? Answer with a JSON object."
 ASK_OBJECT = [{"role": "system", "content": 'You answer with one short JSON object, like {"name": "Rex", "species": '
                                         '"dog"}.'},
               {"role": "user", "content": "Describe a pet in JSON: its name and species."}]  # fmt: skip
@@ -103,6 +105,22 @@ def test_a_streamed_json_schema_answer_validates(client: openai.OpenAI) -> None:
             finish = choice.finish_reason or finish
     assert finish == "stop"
     jsonschema.validate(json.loads(text), PET)
+
+
+@pytest.mark.parametrize("kind", ["integer", "number"])
+def test_a_number_without_bounds_ends(client: openai.OpenAI, kind: str) -> None:
+    """A bare integer or number has no end in its grammar, and at temperature 0 this model writes digits
+    until max_tokens cuts the JSON; bounded by default (gateway.pipeline.json_numbers), the answer ends."""
+    schema = {"type": "object", "properties": {"population": {"type": kind}}, "required": ["population"]}
+    answer = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=64, messages=[{"role": "user", "content": COUNT}],
+        response_format={"type": "json_schema", "json_schema": {"name": "count", "schema": schema}},
+    )  # fmt: skip
+    [choice] = answer.choices
+    assert choice.finish_reason == "stop", choice.message.content
+    value = json.loads(choice.message.content)["population"]
+    assert abs(value) <= (INT_BOUND if kind == "integer" else NUMBER_BOUND), value
+    jsonschema.validate({"population": value}, schema)
 
 
 def test_the_completions_route_and_the_guided_extensions(client: openai.OpenAI) -> None:

@@ -7,9 +7,10 @@ from typing import Any
 
 def error_of(response: Any) -> dict[str, Any]:
     """The OpenAI-shaped error of ``response``; fails unless the body is exactly that shape (on
-    ``/v1/messages`` with Anthropic's top-level ``"type": "error"`` beside it, as that route answers)."""
+    ``/v1/messages`` and its count_tokens with Anthropic's top-level ``"type": "error"`` beside it, as those
+    routes answer)."""
     body = response.json()
-    if response.request.url.path == "/v1/messages":
+    if response.request.url.path in ("/v1/messages", "/v1/messages/count_tokens"):
         assert body.pop("type", None) == "error", body
     assert set(body) == {"error"}, body
     error = body["error"]

@@ -178,8 +178,8 @@ class MessagesRequest(BaseModel):
             raise BodyError("tool_choice.name", "tool_choice of type 'tool' needs the tool's name")
 
 
-def parse_messages(body: dict[str, Any]) -> MessagesAdapter:
-    req = parse_body(MessagesRequest, body)
+def parse_messages(body: dict[str, Any], model: type[MessagesRequest] = MessagesRequest) -> MessagesAdapter:
+    req = parse_body(model, body)
     try:
         req.refusals()
         messages = _messages(req)
@@ -254,9 +254,9 @@ class MessagesAdapter(ParsedRequest):
 
     def chat_body(self) -> dict[str, Any]:
         req = self.req
-        body: dict[str, Any] = {"model": req.model, "messages": self.messages, "max_tokens": req.max_tokens,
-                                "stream": req.stream}  # fmt: skip
+        body: dict[str, Any] = {"model": req.model, "messages": self.messages, "stream": req.stream}
         optional = {
+            "max_tokens": req.max_tokens,  # None only for a token count, which generates nothing
             "stop": req.stop_sequences,
             "temperature": req.temperature,
             "top_p": req.top_p,

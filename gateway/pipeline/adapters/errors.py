@@ -3,7 +3,7 @@
 A refusal can come from any layer (authentication's 401, the body limit's 413,
 the service gate's 503, the route's 400s and 404s, the audit layer's 503), and
 each renders the OpenAI error object. ``AnthropicErrors`` rewrites those
-answers on ``/v1/messages`` only: it keeps the OpenAI object's fields
+answers on ``/v1/messages`` (and its ``/count_tokens``) only: it keeps the OpenAI object's fields
 (``message``, ``param``, ``code``) and the status, adds the top-level
 ``"type": "error"`` and sets ``error.type`` to Anthropic's name for the status,
 so the ``anthropic`` client raises its own exception class for it and an
@@ -19,7 +19,7 @@ from typing import Any
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-MESSAGES_PATH = "/v1/messages"
+MESSAGES_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 _MAX_ERROR_BODY = 64 * 1024  # larger is not one of our error objects: passed through
 
 # Anthropic's error types by HTTP status (its API reference, "Errors").
@@ -60,7 +60,7 @@ class AnthropicErrors:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != MESSAGES_PATH:
+        if scope["type"] != "http" or scope["path"] not in MESSAGES_PATHS:
             await self.app(scope, receive, send)
             return
         held: dict[str, Any] = {"start": None, "body": b""}

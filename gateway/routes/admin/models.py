@@ -40,7 +40,8 @@ class ModelLoadRequest(BaseModel):
     embedding: EmbeddingSettings | None = Field(
         default=None,
         description="How a local model answers /v1/embeddings, as a configuration file's models[].embedding: "
-        "pooling (mean|last), normalize, matryoshka; not for a model with an upstream",
+        "pooling (mean|last), normalize, matryoshka, token_ids (token-id inputs taken as this model's own ids); "
+        "not for a model with an upstream",
     )
     deterministic: bool | None = Field(
         default=None,

@@ -1,6 +1,7 @@
 """Usage, spend and prices: ``/admin/v1/usage`` and ``/admin/v1/prices``.
 
-* ``GET /admin/v1/usage``: requests, tokens, refusals by reason and cost per
+* ``GET /admin/v1/usage``: requests, tokens, refusals by reason, calls the client
+  left (``cancelled``, 499: not refusals) and cost per
   bucket (``group`` ``day``, or ``hour`` or ``minute`` for the last 24 hours) and per the
   fields in ``by`` (``tenant``, ``key``, ``model``), filtered by ``tenant_id``,
   ``key_id``, ``model``, ``from`` and ``to`` (bucket starts in [from, to)).
@@ -129,6 +130,7 @@ def _row(item: UsageItem) -> dict[str, Any]:
         **{_FIELD_NAMES[g]: v for g, v in item.group.items()},
         "requests": item.requests,
         "refused": refused,
+        "cancelled": item.cancelled,
         "prompt_tokens": item.prompt_tokens,
         "completion_tokens": item.completion_tokens,
         "total_tokens": item.prompt_tokens + item.completion_tokens,
@@ -138,7 +140,7 @@ def _row(item: UsageItem) -> dict[str, Any]:
 
 
 def _csv(rows: list[dict[str, Any]], group_by: tuple[str, ...]) -> Response:
-    columns = ["bucket", *(_FIELD_NAMES[g] for g in group_by), "requests", "refused", "prompt_tokens",
+    columns = ["bucket", *(_FIELD_NAMES[g] for g in group_by), "requests", "refused", "cancelled", "prompt_tokens",
                "completion_tokens", "total_tokens", "cost_usd", "refusals"]  # fmt: skip
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")

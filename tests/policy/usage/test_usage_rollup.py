@@ -15,7 +15,9 @@ from inferflux.policy.audit.spool import Spool, SpoolSettings
 from inferflux.policy.audit.store import AuditStore
 from inferflux.policy.errors import NotFound, ValidationFailed
 from inferflux.policy.store import PolicyStore, StoreSettings
+from inferflux.policy.store.models import UsageRow
 from inferflux.policy.usage.cost import Price, cost_micros, format_usd, parse_usd
+from inferflux.policy.usage.rollup import DAY, add, bucket_of
 from inferflux.policy.usage.store import UsageStore
 
 
@@ -130,6 +132,26 @@ def test_hours_sum_the_minute_rows_of_each_hour(
     # The range is on the minute rows: from the second hour's 10th minute, its 65 is out.
     late, _ = usage.query(tenant_id="ten_a", grain="hour", group_by=(), since=hour + timedelta(minutes=66))
     assert [(i.bucket, i.prompt_tokens) for i in late] == [(hour + timedelta(hours=1), 60)]
+
+
+def test_a_call_its_client_left_is_counted_apart_from_refusals(
+    tmp_path: Path, stores: tuple[AuditStore, UsageStore, PolicyStore]
+) -> None:
+    audit, usage, _ = stores
+    now = datetime.now(UTC).replace(microsecond=0)
+    index(tmp_path, audit, [
+        make_event("ten_c", at=now),
+        make_event("ten_c", "error", at=now, status=499, prompt_tokens=9, completion_tokens=4),  # a stream left
+        make_event("ten_c", "deny", at=now, status=499, reasons=("client_timeout",)),  # ended by the server
+        make_event("ten_c", "deny", at=now, status=429, prompt_tokens=None, completion_tokens=None,
+                   reasons=("rate limit: requests_per_minute (tenant)",)),
+    ])  # fmt: skip
+    with audit.engine.begin() as connection:  # a row the rollup wrote before 499 had a reason of its own
+        add(connection, UsageRow.__table__, {(DAY, bucket_of(now, DAY), "ten_c", "ten_c-k1", "smollm2",
+                                              "status 499"): [2, 0, 0, 0]})  # fmt: skip
+    [today] = usage.query(tenant_id="ten_c", group_by=("tenant",), since=now - timedelta(days=1))[0]
+    assert (today.requests, today.cancelled, today.prompt_tokens) == (1 + 1 + 1 + 1 + 2, 1 + 2, 12 + 9 + 12)
+    assert today.refusals == {"client_timeout": 1, "rate limit: requests_per_minute (tenant)": 1}
 
 
 def test_prices_and_alerts(stores: tuple[AuditStore, UsageStore, PolicyStore]) -> None:
