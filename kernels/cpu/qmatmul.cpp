@@ -14,7 +14,9 @@
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>  // the AVX2 and AVX-512 paths below; other CPUs (ARM) take the portable one
+#endif
 
 #include <cmath>
 #include <cstdint>

@@ -35,8 +35,8 @@ CROSS_CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 SYSROOT = Path("/usr/aarch64-linux-gnu")  # the cross toolchain's libc, for qemu's dynamic loader
 CORE = [cpu_kernels.SOURCE_DIR / "driver" / "exact_driver.cpp", cpu_kernels.SOURCE_DIR / "exact_core.cpp"]
-# name: (compiler, flags, the lanes the core must report). -O3 as the extension builds; no -ffp-contract flag,
-# so the sources' own pragma is what keeps the loader's products and sums apart, as in the extension.
+# name: (compiler, flags, the lanes the core must report). -O3 and no other flag, as the extension builds it: the
+# sources' own pragma turns off fp-contract.
 BUILDS = {
     "armv8-a": (CROSS_CXX, ["-march=armv8-a"], "neon"),
     "armv8.2-a+dotprod": (CROSS_CXX, ["-march=armv8.2-a+dotprod"], "neon"),
