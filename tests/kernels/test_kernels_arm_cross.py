@@ -189,3 +189,25 @@ def test_a_malformed_case_is_refused(drivers: dict[str, list[str]], tmp_path: Pa
     done = subprocess.run([*drivers["host-portable"], "linear", str(request), str(tmp_path / "out.bin")],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and "malformed case" in done.stderr
+
+
+def test_the_extensions_sources_compile_for_arm64() -> None:
+    """Every C++ file of the torch extension but bindings.cpp (which needs the target's Python headers) passes
+    the aarch64 compiler against this torch's ATen headers: no x86 header or intrinsic outside its guards (an
+    unguarded <immintrin.h> in qmatmul.cpp once made the extension unbuildable on ARM). Syntax only: no aarch64
+    torch is at hand to link or run it."""
+    _tools_or_skip()
+    from torch.utils import cpp_extension
+
+    includes = [flag for path in cpp_extension.include_paths() for flag in ("-I", path)]
+    sources = [path for path in cpu_kernels.sources() if not path.endswith("bindings.cpp")]
+    assert any(path.endswith("exact_f32.cpp") for path in sources)
+    checks = {path: subprocess.Popen([CROSS_CXX, "-std=c++17", "-fsyntax-only", "-w", "-march=armv8-a", "-I",
+                                      str(cpu_kernels.SOURCE_DIR), *includes, path],
+                                     stderr=subprocess.PIPE, text=True) for path in sources}  # fmt: skip
+    failed = {}
+    for path, check in checks.items():
+        _, errors = check.communicate(timeout=300)
+        if check.returncode != 0:
+            failed[Path(path).name] = errors[-2000:]
+    assert not failed, failed
