@@ -13,16 +13,7 @@
 
 namespace ifx {
 
-#if defined(__AVX512F__)
-inline float fold16(__m512 v) {
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
-}
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 // The 16 lanes held in two 8-lane registers (lanes 0-7, 8-15): AVX2 kernels keep the AVX-512 ones' lanes, order
 // and fold, so their float32 results are the same bits. AVX-512 builds have it too: an AVX-512 CPU runs the
 // AVX2 kernels of exact_core.cpp (the K types').
@@ -33,6 +24,9 @@ inline float fold16(__m256 lo, __m256 hi) {
   q = _mm_add_ss(q, _mm_movehdup_ps(q));
   return _mm_cvtss_f32(q);
 }
+#endif
+#if defined(__AVX512F__)
+inline float fold16(__m512 v) { return fold16(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
 #endif
 #if defined(__ARM_NEON) && defined(__aarch64__)
 // NEON: the 16 lanes in four 4-lane registers (lanes 0-3, 4-7, 8-11, 12-15). Not vaddvq_f32: its pairwise
