@@ -43,7 +43,7 @@ from inferflux.kernels import cpu as cpu_kernels
 BLOCK_BYTES: dict[int, int] = {2: 18, 3: 20, 8: 34, 12: 144, 14: 210}  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K
 BLOCK_VALUES: dict[int, int] = {2: 32, 3: 32, 8: 32, 12: 256, 14: 256}
 QTYPE_NAMES: dict[int, str] = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
-# The types only exact_linear multiplies, and only float32 rows of them (exact_avx2.cpp): no qmatmul, no
+# The types only exact_linear multiplies, and only float32 rows of them (exact_core.cpp): no qmatmul, no
 # bfloat16 kernel. They are kept as blocks in the exact and blocks modes of a float32 model, else left dense.
 EXACT_ONLY = frozenset({12, 14})
 

@@ -84,7 +84,7 @@ def requested_isa() -> str:
         raise ValueError(f"{ISA_ENV}: {exc}") from None
 
 
-_AVX2 = {"avx2", "fma", "f16c"}  # the flags of x86-64-v3's kernels (exact_avx2.cpp)
+_AVX2 = {"avx2", "fma", "f16c"}  # the flags of x86-64-v3's kernels (exact_lanes_avx2.h)
 _AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}  # x86-64-v4's
 
 

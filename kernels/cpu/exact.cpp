@@ -18,10 +18,10 @@
 // rounded, then a sum rounded), Q8_0 q * d.
 //
 // The bfloat16 kernel needs AVX-512 BF16; the float32 one here AVX-512F (and F16C, which every
-// AVX-512 CPU has). Builds without AVX-512 take exact_avx2.cpp's float32 kernel (AVX2, or portable C++),
-// which keeps the same contract: float32 rows are exact on every CPU. The K types (Q4_K, Q6_K) have no
-// kernel here: their float32 rows go to exact_avx2.cpp's AVX2 kernel in AVX-512 builds too (every AVX-512
-// CPU runs AVX2, and the contract makes the bits the same), and bfloat16 rows of them are refused.
+// AVX-512 CPU has). Builds without AVX-512 take exact_core.cpp's float32 kernel (AVX2, ARM64 NEON, or portable
+// C++, through exact_f32.cpp), which keeps the same contract: float32 rows are exact on every CPU. The K types
+// (Q4_K, Q6_K) have no kernel here: their float32 rows go to exact_core.cpp's AVX2 kernel in AVX-512 builds too
+// (every AVX-512 CPU runs AVX2, and the contract makes the bits the same), and bfloat16 rows of them are refused.
 #pragma GCC optimize("fp-contract=off")  // the loader's product and sum round separately: no fused multiply-add
 #include "kernels.h"
 
@@ -250,7 +250,7 @@ bool exact_linear_supported(bool bf16) {
 #ifdef IFX_EXACT
   return true;
 #else
-  return !bf16;  // float32: AVX-512F here, exact_avx2.cpp's kernel elsewhere
+  return !bf16;  // float32: AVX-512F here, exact_core.cpp's kernel elsewhere
 #endif
 }
 
@@ -268,11 +268,11 @@ void exact_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, i
                        int64_t qtype, float* y) {
 #ifdef IFX_EXACT32
   if (is_k_type(qtype))
-    exact_linear_rows_avx2(x, M, K, w, N, row_bytes, qtype, y);
+    exact_linear_rows_f32(x, M, K, w, N, row_bytes, qtype, y);
   else
     run_type(x, M, K, w, N, row_bytes, qtype, y);
 #else
-  exact_linear_rows_avx2(x, M, K, w, N, row_bytes, qtype, y);
+  exact_linear_rows_f32(x, M, K, w, N, row_bytes, qtype, y);
 #endif
 }
 

@@ -80,7 +80,7 @@ struct BF16Chunk {
 };
 #elif defined(__AVX2__) && defined(__FMA__)
 // AVX2: the same 16 lanes in two 8-lane registers, each chunk one FMA per lane, the same fold: the AVX-512
-// kernels' float32 bits (and those of exact_avx2.cpp, which reduces blocks this way).
+// kernels' float32 bits (and those of exact_core.cpp, which reduces blocks this way).
 struct Acc {
   __m256 lo, hi;
 };

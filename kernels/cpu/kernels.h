@@ -17,9 +17,8 @@
 #include <memory>
 #include <vector>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "exact_core.h"  // the block types and exact_linear's torch-free float32 core
+#include "fold16.h"      // the one fold of 16 float32 lanes
 
 // paged_attention.cpp: causal attention of a few query tokens per sequence over the paged KV cache.
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
@@ -84,42 +83,6 @@ class DecodeLoop {
 // instantiated for float and c10::BFloat16 in its own .cpp file.
 namespace ifx {
 
-#if defined(__AVX512F__)
-// The one fold of 16 float32 lanes (halves, then halves again) that invariant_linear, invariant_rms_norm and
-// exact_linear end with: exact_linear's bits equal invariant_linear's only while they share it.
-inline float fold16(__m512 v) {
-  __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
-}
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-// The same fold of 16 float32 lanes held in two 8-lane registers (lanes 0-7, 8-15): AVX2 kernels keep the
-// AVX-512 ones' lanes, order and fold, so their float32 results are the same bits. AVX-512 builds have it
-// too: exact_avx2.cpp is compiled into every build, and an AVX-512 CPU runs its AVX2 kernel (the K types').
-inline float fold16(__m256 lo, __m256 hi) {
-  const __m256 h = _mm256_add_ps(lo, hi);
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
-}
-#endif
-
-// The ggml block types the kernels read (ggml.h's ids): values per block and bytes per block. Q4_0, Q4_1 and
-// Q8_0 hold 32 values a block; the K types 256 a super-block (8 sub-blocks of 32 with 6-bit scales for Q4_K,
-// 16 runs of 16 with int8 scales for Q6_K). qmatmul reads the 32-value types only; exact_linear (float32 rows)
-// and dequantize_blocks all five.
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
-constexpr bool is_k_type(int64_t qtype) { return qtype == kQ4_K || qtype == kQ6_K; }
-constexpr int64_t block_values(int64_t qtype) { return is_k_type(qtype) ? 256 : 32; }
-// 0: a type the kernels do not read.
-constexpr int64_t block_bytes(int64_t qtype) {
-  return qtype == kQ4_0 ? 18 : qtype == kQ4_1 ? 20 : qtype == kQ8_0 ? 34 : qtype == kQ4_K ? 144 : qtype == kQ6_K ? 210 : 0;
-}
-
 // exact.cpp: exact_linear on raw buffers (y [M, N] in x's dtype); exact_linear_supported(bf16) says whether the
 // kernel for bfloat16 (or float32) rows was built.
 bool exact_linear_supported(bool bf16);
@@ -127,11 +90,11 @@ void exact_linear_rows(const c10::BFloat16* x, int64_t M, int64_t K, const uint8
                        int64_t qtype, c10::BFloat16* y);
 void exact_linear_rows(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
                        int64_t qtype, float* y);
-// exact_avx2.cpp: the float32 kernel of builds without AVX-512 (AVX2 + FMA + F16C, or portable C++), and of the
-// K types in every build.
-void exact_linear_rows_avx2(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
-                            int64_t qtype, float* y);
-// exact_avx2.cpp: N rows of blocks (any type above) to float32 [N, K]: the loader's values, as exact_linear
+// exact_f32.cpp: the float32 kernel of builds without AVX-512 (exact_core.cpp's AVX2, NEON or portable lanes),
+// and of the K types in every build, over threads.
+void exact_linear_rows_f32(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N, int64_t row_bytes,
+                           int64_t qtype, float* y);
+// exact_f32.cpp: N rows of blocks (any type above) to float32 [N, K]: the loader's values, as exact_linear
 // multiplies them (dequantize_blocks' K types).
 void decode_block_rows(const uint8_t* w, int64_t qtype, int64_t N, int64_t row_bytes, int64_t K, float* out);
 

@@ -14,7 +14,9 @@
 #include "kernels.h"
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>  // the AVX2 and AVX-512 paths below; other CPUs (ARM) take the portable one
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -247,7 +249,7 @@ void dequantise(const uint8_t* w, int64_t qtype, int64_t N, int64_t row_bytes, i
   });
 }
 
-// k_types: whether the caller reads Q4_K and Q6_K too (dequantize_blocks does, through exact_avx2.cpp's decoder).
+// k_types: whether the caller reads Q4_K and Q6_K too (dequantize_blocks does, through exact_core.cpp's decoder).
 void check_blocks(const at::Tensor& w, int64_t qtype, int64_t K, bool k_types = false) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "qmatmul: weights must be a contiguous uint8 [N, row_bytes] tensor of blocks");

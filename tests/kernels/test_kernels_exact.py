@@ -2,7 +2,7 @@
 activations' dtype), multiplied in invariant_linear's order, so the same bits as invariant_linear on the dense
 weights, at any row count. bfloat16 runs where its kernel builds (AVX-512 BF16); float32 on every build (AVX-512F,
 AVX2, portable C++), and the slow tier checks each instruction-set level the host can run (kernels.cpu.host_isas).
-The K types (Q4_K, Q6_K: kernels/cpu/exact_avx2.cpp, on every x86 build) take float32 rows; their blocks are
+The K types (Q4_K, Q6_K: kernels/cpu/exact_core.cpp, on every build) take float32 rows; their blocks are
 random but valid super-blocks (gguf cannot quantise them), decoded by the loader's numpy dequantisers."""
 
 from __future__ import annotations
