@@ -125,3 +125,31 @@ def test_the_engine_metrics_move_with_each_step(gateway: tuple[str, str]) -> Non
     assert moved["inferflux_engine_sampled_tokens_total"] == 10, moved
     assert moved["inferflux_engine_step_tokens_total"] == len(PROMPT) + 9, moved
     assert moved["inferflux_engine_thread_cpu_seconds_total"] > 0, moved
+
+
+def test_the_serving_benchmark_reads_the_counters_and_sets_latency_against_the_step(gateway: tuple[str, str]) -> None:
+    from scripts import load_benchmark
+
+    from inferflux.backends.standin import StepTime
+
+    url, key = gateway
+    bench = load_benchmark("serving_standin")
+    before = bench.read_counters(url, {})  # /metrics needs no key
+    stream(url, key, {"prompt": PROMPT, "max_tokens": 10})
+    after = bench.read_counters(url, {})
+    latencies = {"itl_ms_p50": 2.0, "itl_ms_p90": 4.0, "tpot_ms_p50": None}
+    figures = bench.level_figures(before, after, StepTime.parse("1,0.01"), latencies)
+    steps = figures["engine_steps"]
+    assert steps == after["steps"] - before["steps"] >= 10
+    assert figures["batch_per_step"] == pytest.approx(10 / steps)
+    assert figures["rows_per_step"] == pytest.approx((len(PROMPT) + 9) / steps)
+    assert figures["engine_cpu_ms_per_step"] == pytest.approx((after["cpu_s"] - before["cpu_s"]) / steps * 1e3)
+    assert figures["engine_cpu_ms_per_step"] > 0
+    step_ms = 1 + 0.01 * round(10 / steps)
+    assert figures["standin_step_ms"] == pytest.approx(step_ms)
+    assert figures["itl_p50_over_step"] == pytest.approx(2.0 / step_ms)
+    assert figures["tpot_p50_over_step"] is None  # no figure, no ratio
+    # Without a formula: the CPU per step, no ratios; without counters (not InferFlux): nothing.
+    assert "itl_p50_over_step" not in bench.level_figures(before, after, None, latencies)
+    assert bench.read_counters("http://127.0.0.1:9", {}) is None
+    assert bench.level_figures(None, after, None, latencies) == {}
