@@ -13,6 +13,11 @@ Two ways to use it:
   same GGUF file: InferFlux (``inferctl serve``, ready on ``/readyz``) and llama.cpp's
   ``llama-server`` (ready on ``/health``), alternating the two per concurrency level over
   ``--rounds`` rounds, and report medians and the ratio ours/peer as a markdown table.
+* ``--standin-step BASE_MS,PER_ROW_MS``: InferFlux only, on the stand-in device (a step
+  waits ``BASE + PER_ROW x rows`` ms; docs/backends.md): the host loop's cost, ITL against
+  the step time (serving_standin.py).
+
+For InferFlux the report also has the engine thread's CPU per step, from its /metrics.
 
 Everything is bounded: each request has a timeout, each level a deadline, each server
 start a deadline, and only loopback addresses are used for launched servers.
@@ -47,6 +52,8 @@ import httpx
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 from serving_extras import KVSampler, plot_levels, plot_saved  # noqa: E402
+from serving_standin import (  # noqa: E402
+    ENGINE_METRICS, level_figures, method_lines, parse_step, read_counters, server_env, step_text)
 from inferflux.policy.fileio import write_atomically  # noqa: E402
 
 DEFAULT_LLAMA_SERVER = Path(
@@ -659,8 +666,12 @@ def ours_def(args: argparse.Namespace) -> ServerDef:
             "--dtype", args.dtype, "--data-dir", tempfile.mkdtemp(prefix="inferflux-bench-data-")]
     if args.ours_model_flag and args.gguf_given:  # default model: inferctl's own default (same file)
         argv += [args.ours_model_flag, args.gguf]
+    env = {"INFERFLUX_BOOTSTRAP_ADMIN_KEY": key}
+    if args.standin_step is not None:
+        argv += ["--backend", "standin"]
+        env.update(server_env(args.standin_step))
     argv += shlex.split(args.ours_args)
-    return ServerDef("ours", "InferFlux", argv, args.ours_port, "/readyz", {"INFERFLUX_BOOTSTRAP_ADMIN_KEY": key})
+    return ServerDef("ours", "InferFlux", argv, args.ours_port, "/readyz", env)
 
 
 def peer_slot_ctx(args: argparse.Namespace) -> int:
@@ -760,6 +771,7 @@ def summarize(results: dict[str, dict[int, list[dict[str, Any]]]], levels: list[
             runs = per_level.get(c, [])
             out[key][c] = {m: median_of(runs, m) for m, *_ in METRICS}
             out[key][c].update({m: median_of(runs, m) for m, *_ in CPU_METRICS})
+            out[key][c].update({m: median_of(runs, m) for m, *_ in ENGINE_METRICS})
             out[key][c]["rounds"] = len(runs)
             out[key][c]["output_tok_s_all"] = [round(r["output_tok_s"], 2) for r in runs]
             out[key][c]["failed_total"] = sum(r["failed"] for r in runs)
@@ -792,8 +804,9 @@ def markdown_table(summary: dict, levels: list[int], labels: dict[str, str]) -> 
                 a, b = summary["ours"][c][m], summary["peer"][c][m]
                 row.append("–" if a is None or not b else f"{a / b:.2f}")
             lines.append("| " + " | ".join(row) + " |")
-        for m, label, f in CPU_METRICS:
-            row = [str(c), label] + [_fmt(summary[k][c][m], f) for k in keys]
+        for m, label, f in CPU_METRICS + [e for e in ENGINE_METRICS if any(summary[k][c].get(e[0]) is not None
+                                                                          for k in keys)]:
+            row = [str(c), label] + [_fmt(summary[k][c].get(m), f) for k in keys]
             if both:
                 row.append("")
             lines.append("| " + " | ".join(row) + " |")
@@ -831,10 +844,15 @@ def method_text(meta: dict[str, Any]) -> str:
         "(tok/s shows min–max in brackets). Ratio = ours/peer: >1 is better for tok/s, <1 is better for latencies.",
         "- CPU rows: CPU seconds per wall second during the level for the server's process group, and for "
         "everything else on the machine except this client (other users' work: anything well above 0 "
-        f"means the numbers of that level were disturbed); a level with other load > {w['max_other_load']} "
-        f"cores is repeated up to {w['disturbed_retries']} times (cells marked ⚠ disturbed kept one anyway).",
+        "means the numbers of that level were disturbed); " + (
+            f"a level with other load > {w['max_other_load']} cores is repeated up to {w['disturbed_retries']} "
+            "times (cells marked ⚠ disturbed kept one anyway)." if w["max_other_load"] > 0 else
+            "the repeat of disturbed levels was off (--max-other-load 0): every level ran once."),
         f"- Limits: request timeout {w['request_timeout']}s, level deadline {w['level_timeout']}s.",
     ]
+    lines += method_lines(parse_step(meta["standin_step"]) if meta.get("standin_step") else None)
+    if meta.get("note"):
+        lines.append(f"- Note: {meta['note']}")
     for v in meta.get("servers", {}).values():
         starts, rss = v.get("startup_s") or [], v.get("rss_mb_after_level") or {}
         if starts:
@@ -878,6 +896,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="inferctl flag that takes the GGUF path; passed only with an explicit --gguf "
                         "(inferctl's default model is the same SmolLM2 file); '' to never pass it")
     g.add_argument("--ours-args", default="", help="extra arguments for inferctl serve")
+    g.add_argument("--standin-step", metavar="BASE_MS,PER_ROW_MS", type=parse_step,
+                   help="serve ours on the stand-in device (--backend standin; a measuring tool, docs/backends.md), "
+                        "each step waiting BASE_MS + PER_ROW_MS x rows, e.g. 1.4,0.04; launches ours only. "
+                        "With --url: the formula the server under test was started with. The report sets ITL "
+                        "against the step at each level's observed batch")
     g.add_argument("--peer-args", default="", help="extra arguments for llama-server")
     g.add_argument("--parallel", type=int, default=32, help="llama-server --parallel (slots)")
     g.add_argument("--threads", type=int, default=2, help="llama-server -t")
@@ -904,6 +927,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--level-timeout", type=float, default=900.0)
     o = p.add_argument_group("output")
     o.add_argument("--json", help="write all results (per round) and the summary here")
+    o.add_argument("--note", help="a sentence about the run (e.g. what else loaded the machine), kept in the "
+                                  "JSON's meta and printed with the method")
     o.add_argument("--plots", metavar="DIR",
                    help="write PNG plots (tok/s and TTFT p50 vs concurrency, one line a server) here")
     o.add_argument("--plot-stem", default="serving", help="file name start of the plots (default: serving)")
@@ -940,6 +965,10 @@ def main(argv: list[str] | None = None) -> int:
     defs: list[ServerDef] = []
     if args.url is None:
         keys = [k.strip() for k in args.servers.split(",") if k.strip()]
+        if args.standin_step is not None and keys != ["ours"]:
+            print("[bench] --standin-step: launching ours only (the stand-in computes no model to compare)",
+                  file=sys.stderr)
+            keys = ["ours"]
         if "peer" in keys and not Path(args.llama_server).exists():
             raise SystemExit(f"llama-server not found at {args.llama_server}; "
                              "run benchmarks/get_llama_server.sh or pass --llama-server")
@@ -969,6 +998,8 @@ def main(argv: list[str] | None = None) -> int:
             "disturbed_retries": args.disturbed_retries,
         },
         "servers": {},
+        "standin_step": step_text(args.standin_step) if args.standin_step else None,
+        "note": args.note,
     }
     for d in defs:
         ver = version_of_llama_server(d.argv[0]) if d.key == "peer" else f"inferflux {version_of_inferflux()}"
@@ -985,11 +1016,13 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(run_level(base_url, model, warm_prompts, min(args.warmup, c), args.warmup,
                                   args.output_tokens, args.request_timeout, args.level_timeout, extra_body))
         for attempt in range(args.disturbed_retries + 1):
+            counters = read_counters(base_url, HEADERS)
             lr = asyncio.run(run_level(base_url, model, bench_prompts, c, requests_for(args, c),
                                        args.output_tokens, args.request_timeout, args.level_timeout,
                                        extra_body, pgid))
             d = asdict(lr)
             d["round"], d["attempt"] = rnd, attempt
+            d.update(level_figures(counters, read_counters(base_url, HEADERS), args.standin_step, d))
             disturbed = (args.max_other_load > 0 and lr.cpu_other_cores is not None
                          and lr.cpu_other_cores > args.max_other_load)
             print(f"[bench] {labels[key]:<12} round {rnd} conc {c:>3}: {lr.output_tok_s:8.1f} tok/s  "
@@ -999,6 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{_fmt(lr.mean_prompt_tokens_reported, '{:.0f}')}; CPU cores server "
                   f"{_fmt(lr.cpu_server_cores, '{:.2f}')} client {_fmt(lr.cpu_client_cores, '{:.2f}')} "
                   f"other {_fmt(lr.cpu_other_cores, '{:.2f}')})"
+                  + "".join(f"  {label} {_fmt(d.get(m), f)}" for m, label, f in ENGINE_METRICS if m in d)
                   + (f"  errors: {lr.errors}" if lr.errors else "")
                   + ("  DISTURBED" if disturbed else ""), file=sys.stderr)
             if disturbed and attempt < args.disturbed_retries:

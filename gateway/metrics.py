@@ -75,6 +75,16 @@ _ENGINE_METRICS: tuple[_EngineMetric, ...] = (
      lambda s: s.num_swapped_out_blocks),
     (CounterMetricFamily, "inferflux_kv_swap_in_blocks", "KV blocks read back from swap space",
      lambda s: s.num_swapped_in_blocks),
+    # The host loop's cost (issue 47): CPU per step = delta CPU seconds / delta steps over a window.
+    (CounterMetricFamily, "inferflux_engine_steps", "Engine steps (batches run through the backend's forward)",
+     lambda s: s.num_steps),
+    (CounterMetricFamily, "inferflux_engine_step_tokens", "Tokens run through forward (prefill and decode rows)",
+     lambda s: s.num_tokens_processed),
+    (CounterMetricFamily, "inferflux_engine_sampled_tokens", "Tokens sampled by the engine's steps",
+     lambda s: s.num_tokens_generated),
+    (CounterMetricFamily, "inferflux_engine_thread_cpu_seconds",
+     "CPU seconds of the engine thread while it had work (a backend's wait on its device excluded)",
+     lambda s: s.engine_thread_cpu_seconds),
 )
 
 

@@ -111,6 +111,7 @@ class AsyncEngine:
         self._active: set[str] = set()  # request ids with a live generate(); guarded by _cond
         self._streams: dict[str, _Stream] = {}  # engine thread only
         self._embeddings = EmbeddingQueue(engine.config.max_num_batched_tokens)  # engine thread only
+        self._cpu_seconds = 0.0  # the engine thread's CPU while busy (not waiting for work), engine thread only
         self._stats = self._snapshot()  # published by the engine thread
 
     # -- lifecycle
@@ -234,8 +235,9 @@ class AsyncEngine:
             self._cond.notify()
 
     def stats(self) -> EngineStats:
-        """The latest snapshot, published by the engine thread after every step."""
-        return self._stats
+        """The latest snapshot, published by the engine thread after every step, with the thread's CPU
+        so far: that is counted once a step's outputs are delivered, after the snapshot, so it is added here."""
+        return dataclasses.replace(self._stats, engine_thread_cpu_seconds=self._cpu_seconds)
 
     # -- engine thread
 
@@ -261,6 +263,9 @@ class AsyncEngine:
                 if self._stopping:
                     break
                 commands, self._inbox = self._inbox, []
+            # This thread's CPU, not wall time: a backend's wait on its device (which releases the
+            # GIL) is not counted, the host's work around it is (issue 47: CPU per step).
+            busy_from = time.thread_time()
             self._apply(commands, outbox)
             if self._embeddings:
                 self._embed_batch(outbox)
@@ -271,6 +276,7 @@ class AsyncEngine:
             self._stats = self._snapshot()
             if self._drop_orphans(outbox.flush()):
                 self._stats = self._snapshot()
+            self._cpu_seconds += time.thread_time() - busy_from  # read by stats(), not the snapshot
             if self._dead is not None:
                 break
         self._close(outbox)

@@ -92,6 +92,8 @@ class EngineStats:
     # Token slots holding computed KV of running sequences, and slots of the blocks in use (BlockManager.kv_slots).
     kv_slots_used: int = 0
     kv_slots_allocated: int = 0
+    # The engine thread's CPU seconds while it had work (AsyncEngine; a backend's wait on its device excluded), total.
+    engine_thread_cpu_seconds: float = 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
