@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from inferflux.backends.models import default_model_path
+from inferflux.gateway import cli
 from inferflux.gateway.models.manifest_files import ManifestError, counts, parse, scan
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from inferflux.policy.store import PolicyStore, StoreSettings
@@ -92,7 +93,8 @@ def error_series(client: httpx.Client) -> dict[str, float]:
     return {line[len(prefix):].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)}
 
 
-def test_manifests_load_reload_report_and_drain(server: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+def test_manifests_load_reload_report_and_drain(server: dict[str, Any], caplog: pytest.LogCaptureFixture,
+                                                capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     client, directory = server["client"], server["dir"]
 
     # Added: loaded, served under its name and alias, owned by its file.
@@ -131,6 +133,10 @@ def test_manifests_load_reload_report_and_drain(server: dict[str, Any], caplog: 
     assert len(logged) == 1, [r.getMessage() for r in logged]
     assert chat(client, "m-two").status_code == 200  # the previous version still serves
     assert chat(client, "nowhere").status_code == 404
+    capsys.readouterr()
+    assert cli.main(["status", "--url", str(client.base_url)]) == 0  # ready: the errors are reported, not fatal
+    out = capsys.readouterr().out
+    assert "manifest: broken.yml: not valid YAML" in out and "manifest: twin.yaml: invalid" in out
 
     # Fixed (and the others removed): every report clears, the gauge's series with it.
     manifest(directory, "twin.yaml", **model_entry(aliases=["m-two"]))
