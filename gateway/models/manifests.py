@@ -22,7 +22,8 @@ the version it last applied; a file's modification time is never trusted.
 Names: the configuration file's models come first, then the admin API's
 registry, then the manifests, and among manifests the file applied first. A
 manifest naming a model (or alias) already served from elsewhere is reported
-and not loaded; the admin API can neither unload a manifest's model nor load
+and not loaded, and tried again at every poll (logged once) until the name is
+free; the admin API can neither unload a manifest's model nor load
 another under its name (409), and a registry convergence never unloads it.
 """
 
@@ -51,6 +52,11 @@ DIRECTORY = "(directory)"  # the key of the directory's own error in ``errors()`
 class _Version:
     digest: str
     text: str  # the model's name (applied) or the error (reported)
+    retry: bool = False  # reported: tried again at every poll (a name taken elsewhere may come free)
+
+
+class _NameTaken(ManifestError):
+    """The manifest's name or an alias is served from elsewhere: not the file's fault, so tried at every poll."""
 
 
 class ManifestWatcher:
@@ -112,14 +118,14 @@ class ManifestWatcher:
             self._errors.pop(file.name, None)  # put back to the version served
             return
         reported = self._errors.get(file.name)
-        if reported is not None and reported.digest == file.digest:
+        if reported is not None and reported.digest == file.digest and not reported.retry:
             return  # reported once already
         try:
             entry = parse(file)
             self._check_names(file.name, entry)
             served = await asyncio.to_thread(self._load, entry)
         except ManifestError as exc:
-            self._report(file.name, _Version(file.digest, str(exc)))
+            self._report(file.name, _Version(file.digest, str(exc), retry=isinstance(exc, _NameTaken)))
             return
         except Exception as exc:  # a backend's or an upstream's refusal: reported like a bad file
             self._report(file.name, _Version(file.digest, scrub(f"the model does not load: {exc}")))
@@ -137,14 +143,14 @@ class ManifestWatcher:
     def _check_names(self, file: str, entry: ModelEntry) -> None:
         """The entry's names are free for this file: not the configuration's, another file's, or served otherwise."""
         if entry.name in self.admin.configured:
-            raise ManifestError(f"the model {entry.name!r} is defined in the configuration file, which wins")
+            raise _NameTaken(f"the model {entry.name!r} is defined in the configuration file, which wins")
         mine = {v.text for f, v in self._applied.items() if f == file}
         for key in (entry.name, *entry.aliases):
             holder = next((m for m in self.manager if key in (m.name, *m.aliases)), None)
             if holder is not None and holder.name not in mine:
                 other = next((f for f, v in self._applied.items() if v.text == holder.name), None)
                 where = f"manifest {other}" if other else "the admin API's registry"
-                raise ManifestError(f"the name or alias {key!r} is already served (model {holder.name!r}, from {where})")
+                raise _NameTaken(f"the name or alias {key!r} is already served (model {holder.name!r}, from {where})")
 
     def _load(self, entry: ModelEntry) -> ServedModel:
         """The entry loaded as a configuration file's would be (blocking: on a thread)."""

@@ -120,17 +120,20 @@ def test_manifests_load_reload_report_and_drain(server: dict[str, Any], caplog: 
         (directory / "broken.yml").write_text("name: [unclosed\n")
         manifest(directory, "missing.yaml", name="nowhere", path=str(directory / "absent" / "model.gguf"))
         manifest(directory, "clash.yaml", name=DEFAULT_MODEL_NAME, path=default_model_path())
-        errors = eventually(lambda: manifest_errors(client), lambda e: len(e) == 4, timeout=30, what="the reports")
+        manifest(directory, "dup.yaml", name="dup", path=default_model_path(), dtype="float32", aliases=["m-two"])
+        errors = eventually(lambda: manifest_errors(client), lambda e: len(e) == 5, timeout=30, what="the reports")
         time.sleep(10 * POLL)  # ten more polls: each version is logged once, not at every poll
-    assert set(errors) == {"twin.yaml", "broken.yml", "missing.yaml", "clash.yaml"}
+    assert set(errors) == {"twin.yaml", "broken.yml", "missing.yaml", "clash.yaml", "dup.yaml"}
+    assert "'m-two' is already served (model 'manifested', from manifest twin.yaml)" in errors["dup.yaml"]
     assert "upstream_api_key" in errors["twin.yaml"] and "unknown key" in errors["twin.yaml"]
     assert "YAML" in errors["broken.yml"] and "configuration file" in errors["clash.yaml"]
     assert "path" in errors["missing.yaml"]
     readyz = client.get("/readyz").text
     assert SECRET not in readyz and str(directory) not in readyz and SECRET not in caplog.text
-    assert error_series(client) == {"twin.yaml": 1.0, "broken.yml": 1.0, "missing.yaml": 1.0, "clash.yaml": 1.0}
-    logged = [r for r in caplog.records if "twin.yaml" in r.getMessage()]
-    assert len(logged) == 1, [r.getMessage() for r in logged]
+    assert set(error_series(client)) == set(errors) and set(error_series(client).values()) == {1.0}
+    for file in errors:  # each logged once, though the name conflict is tried again at every poll
+        logged = [r.getMessage() for r in caplog.records if f"manifest {file} " in r.getMessage()]
+        assert len(logged) == 1, logged
     assert chat(client, "m-two").status_code == 200  # the previous version still serves
     assert chat(client, "nowhere").status_code == 404
     capsys.readouterr()
@@ -138,12 +141,17 @@ def test_manifests_load_reload_report_and_drain(server: dict[str, Any], caplog: 
     out = capsys.readouterr().out
     assert "manifest: broken.yml: not valid YAML" in out and "manifest: twin.yaml: invalid" in out
 
-    # Fixed (and the others removed): every report clears, the gauge's series with it.
-    manifest(directory, "twin.yaml", **model_entry(aliases=["m-two"]))
+    # Fixed: twin.yaml lets m-two go, so dup.yaml, tried at every poll, loads; the others are removed.
+    # Every report clears, the gauge's series with it.
+    manifest(directory, "twin.yaml", **model_entry(aliases=["m-four"]))
     for file in ("broken.yml", "missing.yaml", "clash.yaml"):
         (directory / file).unlink()
     eventually(lambda: manifest_errors(client), lambda e: not e, timeout=LOAD_TIMEOUT, what="the reports clearing")
     assert error_series(client) == {}
+    assert describe(client, "dup")["aliases"] == ["m-two"] and chat(client, "m-two").status_code == 200
+    assert chat(client, "m-four").status_code == 200
+    (directory / "dup.yaml").unlink()
+    eventually(lambda: served(client), lambda ids: "dup" not in ids, timeout=10, what="dup's removal")
 
     # Removed while a request is in flight: new requests get 404 at once, the one in flight finishes.
     finished: dict[str, Any] = {}
