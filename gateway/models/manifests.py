@@ -72,6 +72,7 @@ class ManifestWatcher:
         self._applied: dict[str, _Version] = {}  # file -> the digest served, and its model's name
         self._errors: dict[str, _Version] = {}  # file -> the digest reported, and why
         self._task: asyncio.Task[None] | None = None
+        self._loading: asyncio.Future[ServedModel] | None = None  # the load in progress, on its thread
         self._drains: set[asyncio.Task[None]] = set()
 
     def errors(self) -> dict[str, str]:
@@ -86,6 +87,11 @@ class ManifestWatcher:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        loading, self._loading = self._loading, None
+        if loading is not None:  # its thread runs on: the model it loads is never served, so stop it
+            [orphan] = await asyncio.gather(loading, return_exceptions=True)
+            if isinstance(orphan, ServedModel):
+                await asyncio.to_thread(orphan.shutdown)
         if self._drains:  # the engines still draining stop now (the app is stopping)
             await asyncio.gather(*self._drains, return_exceptions=True)
 
@@ -123,7 +129,7 @@ class ManifestWatcher:
         try:
             entry = parse(file)
             self._check_names(file.name, entry)
-            served = await asyncio.to_thread(self._load, entry)
+            served = await self._load_shielded(entry)
         except ManifestError as exc:
             self._report(file.name, _Version(file.digest, str(exc), retry=isinstance(exc, _NameTaken)))
             return
@@ -151,6 +157,17 @@ class ManifestWatcher:
                 other = next((f for f, v in self._applied.items() if v.text == holder.name), None)
                 where = f"manifest {other}" if other else "the admin API's registry"
                 raise _NameTaken(f"the name or alias {key!r} is already served (model {holder.name!r}, from {where})")
+
+    async def _load_shielded(self, entry: ModelEntry) -> ServedModel:
+        """``_load`` on a thread; a stop while it runs leaves it in ``_loading`` for ``stop`` to shut down."""
+        self._loading = asyncio.ensure_future(asyncio.to_thread(self._load, entry))
+        try:
+            served = await asyncio.shield(self._loading)
+        except Exception:
+            self._loading = None
+            raise
+        self._loading = None
+        return served
 
     def _load(self, entry: ModelEntry) -> ServedModel:
         """The entry loaded as a configuration file's would be (blocking: on a thread)."""

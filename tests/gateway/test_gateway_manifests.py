@@ -225,3 +225,38 @@ def test_which_files_count_and_how_a_bad_one_reads(tmp_path: Path) -> None:
 def scan_one(directory: Path, name: str, text: str) -> Any:
     (directory / name).write_text(text)
     return scan(directory, max_bytes=1024)[name]
+
+
+def test_a_stop_during_a_load_stops_the_model_it_was_loading(tmp_path: Path) -> None:
+    """The app stopping while a manifest's model loads: the load finishes on its thread, is never served,
+    and its engine is stopped (no engine thread left running behind the app)."""
+    import asyncio
+
+    from inferflux.gateway.models.admin import ModelAdmin
+    from inferflux.gateway.models.manifests import ManifestWatcher
+    from inferflux.gateway.models.served import ModelManager
+    from inferflux.gateway.settings import Settings
+
+    directory = tmp_path / "manifests"
+    directory.mkdir()
+    manifest(directory, "late.yaml", **model_entry(name="late"))
+    settings = Settings(data_dir=tmp_path / "data", engine={"kv_cache_bytes": 8 * 1024 * 1024},
+                        registry={"path": str(directory), "poll_interval_seconds": POLL})  # fmt: skip
+    store = PolicyStore.open(StoreSettings(), tmp_path / "store")
+    manager = ModelManager()
+
+    async def scenario() -> Any:
+        watcher = ManifestWatcher(ModelAdmin(manager, store, settings, set()), settings.registry, grace=5)
+        watcher.start()
+        while watcher._loading is None:
+            await asyncio.sleep(0.01)
+        loading = watcher._loading
+        await watcher.stop()
+        return loading.result()
+
+    try:
+        orphan = asyncio.run(scenario())
+    finally:
+        store.close()
+    assert orphan.name == "late" and not orphan.engine.is_running
+    assert len(manager) == 0
