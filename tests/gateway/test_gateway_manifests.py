@@ -260,3 +260,41 @@ def test_a_stop_during_a_load_stops_the_model_it_was_loading(tmp_path: Path) -> 
         store.close()
     assert orphan.name == "late" and not orphan.engine.is_running
     assert len(manager) == 0
+
+
+def test_the_registry_settings_and_their_sources(tmp_path: Path) -> None:
+    from inferflux.gateway.settings import ConfigError, load_settings
+
+    env = {"INFERFLUX_REGISTRY_PATH": str(tmp_path), "INFERFLUX_REGISTRY_POLL_INTERVAL_SECONDS": "0.5",
+           "INFERFLUX_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+    settings = load_settings(env=env)
+    assert settings.registry.path == tmp_path and settings.registry.poll_interval_seconds == 0.5
+    flags = load_settings(env=env, overrides={"registry.poll_interval_seconds": 2.0})
+    assert flags.registry.poll_interval_seconds == 2.0
+    assert load_settings(env={"INFERFLUX_DATA_DIR": str(tmp_path / "data")}).registry.path is None
+    with pytest.raises(ConfigError, match="registry.poll_interval_seconds.*INFERFLUX_REGISTRY_POLL_INTERVAL_SECONDS"):
+        load_settings(env={**env, "INFERFLUX_REGISTRY_POLL_INTERVAL_SECONDS": "0.01"})
+
+
+def test_a_directory_that_cannot_be_listed_is_reported_and_changes_nothing(tmp_path: Path) -> None:
+    import asyncio
+
+    from inferflux.gateway.models.admin import ModelAdmin
+    from inferflux.gateway.models.manifests import DIRECTORY, ManifestWatcher
+    from inferflux.gateway.models.served import ModelManager
+    from inferflux.gateway.settings import Settings
+
+    directory = tmp_path / "not-mounted"
+    settings = Settings(data_dir=tmp_path / "data", registry={"path": str(directory)})
+    store = PolicyStore.open(StoreSettings(), tmp_path / "store")
+    try:
+        watcher = ManifestWatcher(ModelAdmin(ModelManager(), store, settings, set()), settings.registry, grace=1)
+        asyncio.run(watcher.poll())
+        errors = watcher.errors()
+        assert list(errors) == [DIRECTORY] and "cannot be listed" in errors[DIRECTORY]
+        assert str(tmp_path) not in errors[DIRECTORY]
+        directory.mkdir()  # mounted again: the report clears
+        asyncio.run(watcher.poll())
+        assert watcher.errors() == {}
+    finally:
+        store.close()
