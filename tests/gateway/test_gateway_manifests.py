@@ -227,6 +227,7 @@ def scan_one(directory: Path, name: str, text: str) -> Any:
     return scan(directory, max_bytes=1024)[name]
 
 
+@pytest.mark.model  # loads the real model itself (through a manifest), without a model fixture
 def test_a_stop_during_a_load_stops_the_model_it_was_loading(tmp_path: Path) -> None:
     """The app stopping while a manifest's model loads: the load finishes on its thread, is never served,
     and its engine is stopped (no engine thread left running behind the app)."""
