@@ -52,6 +52,7 @@ from inferflux.gateway.state import GatewayState
 from inferflux.gateway.tracing import Tracing
 from inferflux.gateway.traffic import TrafficPolicy
 from inferflux.gateway.models.admin import ModelAdmin
+from inferflux.gateway.models.manifests import ManifestWatcher
 from inferflux.gateway import VERSION
 from inferflux.gateway.models.served import ModelManager
 from inferflux.gateway.openapi import document, openapi_route
@@ -161,6 +162,11 @@ def create_app(
         lifespan=_lifespan(owns_models=owns_models, owns_store=owns_store, tracing=tracing),
     )
     app.state = _gateway_state(settings, manager, metrics, store, authenticator, model_admin, traffic, audit_health)
+    if settings.registry.path is not None:
+        app.state.manifests = ManifestWatcher(model_admin, settings.registry, settings.server.shutdown_grace_seconds)
+        metrics.labelled_gauge("inferflux_registry_manifest_errors",
+                               "1 for each model manifest in error (registry.path), by file name",
+                               "file", lambda: dict.fromkeys(app.state.manifests.errors(), 1.0))  # fmt: skip
     return app
 
 
@@ -245,10 +251,14 @@ def _lifespan(*, owns_models: bool, owns_store: bool,
         await state.authenticator.start()
         state.audit_trail = state.audit_health.trail = await state.traffic.start()
         state.model_admin.start()  # follows the store's model registry: other replicas' loads, unloads, default
+        if state.manifests is not None:
+            state.manifests.start()  # and registry.path's manifests
         try:
             yield
         finally:
             state.drain.draining = True
+            if state.manifests is not None:
+                await state.manifests.stop()
             await state.model_admin.aclose()
             await state.traffic.close()
             await state.authenticator.stop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -117,6 +117,19 @@ class _ReadGauge(Collector):
         yield GaugeMetricFamily(self._name, self._doc, value=float(self._read()))
 
 
+class _ReadLabelledGauge(Collector):
+    """A gauge with one label whose series are read when scraped: a series gone from the reading is gone."""
+
+    def __init__(self, name: str, documentation: str, label: str, read: Callable[[], Mapping[str, float]]) -> None:
+        self._name, self._doc, self._label, self._read = name, documentation, label, read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self._name, self._doc, labels=[self._label])
+        for value, reading in sorted(self._read().items()):
+            family.add_metric([value], float(reading))
+        yield family
+
+
 class GatewayMetrics:
     def __init__(self, manager: ModelManager | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -170,6 +183,11 @@ class GatewayMetrics:
     def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         """A gauge read at scrape time, for state kept elsewhere (the store snapshot's age, the spool's disk)."""
         self.registry.register(_ReadGauge(name, documentation, read))
+
+    def labelled_gauge(self, name: str, documentation: str, label: str,
+                       read: Callable[[], Mapping[str, float]]) -> None:  # fmt: skip
+        """A gauge read at scrape time with a series per ``label`` value (the manifests in error, by file)."""
+        self.registry.register(_ReadLabelledGauge(name, documentation, label, read))
 
     def observe_limiter_failure(self, operation: str) -> None:
         self.ratelimit_backend_failures.labels(operation).inc()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from inferflux.gateway.gate import AuditHealth
     from inferflux.gateway.metrics import GatewayMetrics
     from inferflux.gateway.models.admin import ModelAdmin
+    from inferflux.gateway.models.manifests import ManifestWatcher
     from inferflux.gateway.models.served import ModelManager
     from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
     from inferflux.gateway.pipeline.sampling import StopLimits
@@ -51,6 +52,7 @@ class GatewayState:
     stop_limits: StopLimits
     schema_limits: SchemaLimits  # a request's schemas and tools, before its guardrails (gateway.pipeline.body)
     grammar_budget: GrammarBudget  # each new grammar's compile (gateway.pipeline.grammars)
+    manifests: ManifestWatcher | None = None  # registry.path's manifests, when it is set
     audit_trail: AuditTrail | None = None  # set when the app starts (the spool locks its directory)
     traffic_tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # rate-limit settlements in flight
 

@@ -87,6 +87,8 @@ def _serve_settings(args: argparse.Namespace) -> Settings | int:
                 "model": args.model,
                 "model_name": args.model_name,
                 "engine.kv_cache_bytes": args.kv_cache_bytes,
+                "registry.path": args.registry_path,
+                "registry.poll_interval_seconds": args.registry_poll_interval,
                 "max_body_bytes": args.max_body_bytes,
             },
         )
@@ -267,6 +269,19 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
         help="weight and activation dtype for models that do not name one (default: auto; env: INFERFLUX_DTYPE)",
+    )
+    serve.add_argument(
+        "--registry-path",
+        metavar="DIR",
+        help="a directory of model manifests (one YAML file a model, the keys of a models: entry), polled: a file "
+        "added, changed or removed loads, reloads or drains its model without a restart (default: none; "
+        "env: INFERFLUX_REGISTRY_PATH)",
+    )
+    serve.add_argument(
+        "--registry-poll-interval",
+        metavar="SECONDS",
+        type=float,
+        help="how often --registry-path is read, 0.1 at least (default: 5; env: INFERFLUX_REGISTRY_POLL_INTERVAL_SECONDS)",
     )
     _add_server_arguments(serve)
     serve.set_defaults(handler=_serve)

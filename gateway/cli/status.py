@@ -1,5 +1,7 @@
 """``inferctl status``: a running server's health, readiness, version, and per model its queue, sequences and KV use.
 
+Model manifests in error (``registry.path``) are listed after readiness, by file name.
+
 Liveness and readiness come from the probes (``/livez``, ``/readyz``: no
 credentials needed); the rest from ``GET /admin/v1/status``, which needs any
 key that reads. Without a key the probes are still shown. Exit status 0 when
@@ -29,7 +31,11 @@ def _probe(client: httpx.Client, path: str) -> dict[str, Any]:
         body = {"reasons": [] if response.status_code == 200 else failed}
     # Ready but degraded (the store unreachable, warm keys served from its snapshot): say so too.
     reasons = body.get("reasons") or body.get("degraded") or []
-    return {"ok": response.status_code == 200, "reasons": [str(r) for r in reasons]}
+    probe: dict[str, Any] = {"ok": response.status_code == 200, "reasons": [str(r) for r in reasons]}
+    manifests = body.get("manifest_errors")
+    if isinstance(manifests, dict) and manifests:  # registry.path's files in error, by name
+        probe["manifest_errors"] = {str(file): str(error) for file, error in manifests.items()}
+    return probe
 
 
 def _gather(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,6 +61,8 @@ def _print(report: dict[str, Any]) -> None:
     print(f"server:   {report['url']}")
     print(f"live:     {'yes' if live['ok'] else 'no'}" + "".join(f"\n  - {r}" for r in live["reasons"]))
     print(f"ready:    {'yes' if ready['ok'] else 'no'}" + "".join(f"\n  - {r}" for r in ready["reasons"]))
+    for file, error in ready.get("manifest_errors", {}).items():  # registry.path: reported, served as before
+        print(f"manifest: {file}: {error}")
     status = report.get("status")
     if status is None:
         print("(no --api-key: version, models and queues need a key that reads)")

@@ -7,5 +7,7 @@
 - ``loads``: a load asked of the admin API, checked (``checked_load``), and its progress
   while it runs (``ModelLoad``)
 - ``sync``: the poll that has every replica follow the registry
+- ``manifests``: ``ManifestWatcher``, the model manifests of ``registry.path``: polled, loaded,
+  swapped in, drained, reported; ``manifest_files``: which files count, read and parsed
 - ``upstreams``: an upstream model's section checked, and its key found
 """

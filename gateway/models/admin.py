@@ -53,6 +53,9 @@ class ModelAdmin:
         self.store = store
         self.settings = settings
         self.configured = set(configured)  # names from the configuration file
+        # Names served from manifest files (gateway.models.manifests keeps it): neither unloaded by a
+        # convergence nor through the admin API; their file is where they change.
+        self.manifested: set[str] = set()
         self.egress = egress_policy(settings)  # where upstream models may connect
         self._loads: dict[str, ModelLoad] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -88,12 +91,15 @@ class ModelAdmin:
             "architecture": served.info.architecture,
             "context_length": served.max_model_len,
             "default": self.manager.default_name == served.name,
-            "source": "config" if served.name in self.configured else "admin",
+            "source": self._source(served.name),
             **({"upstream": served.engine.describe()} if served.remote else {}),
             **({"embedding": dict(served.embedding)} if served.embedding is not None else {}),
             # The load-time passes (backends/cpu/passes.py): what ran, weight bytes before and after.
             **({"passes": [dict(r) for r in served.info.passes]} if served.info.passes else {}),
         }
+
+    def _source(self, name: str) -> str:
+        return "config" if name in self.configured else "manifest" if name in self.manifested else "admin"
 
     # -- changing
 
@@ -220,6 +226,8 @@ class ModelAdmin:
                 raise NotFound(f"No model '{name}'") from None
             if served.name in self.configured:
                 raise Conflict(f"The model '{served.name}' comes from the configuration file; remove it there")
+            if served.name in self.manifested:
+                raise Conflict(f"The model '{served.name}' comes from a manifest file; remove the file")
             await self._unregister(served.name)
             self.manager.remove(served.name)
             await asyncio.to_thread(served.shutdown)
@@ -237,8 +245,8 @@ class ModelAdmin:
                 served = self.manager.get(name)
             except Exception:
                 raise NotFound(f"No model '{name}' is ready") from None
-            if served.name in self.configured:
-                # A configured model has no record in the store. Clear the stored
+            if served.name in self.configured or served.name in self.manifested:
+                # A configured (or manifest's) model has no record in the store. Clear the stored
                 # mark instead, or the next start would make the admin-loaded model
                 # that holds it the default again (restore() follows the mark).
                 for record in await call_store(self.store.list_served_models):
@@ -270,7 +278,7 @@ class ModelAdmin:
             retired = [
                 self.manager.remove(model.name)
                 for model in self.manager
-                if model.name not in self.configured and model.name not in stored
+                if model.name not in self.configured | self.manifested and model.name not in stored
             ]
             self._take_default(records)
             await self._refresh_upstream_keys()

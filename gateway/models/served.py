@@ -135,6 +135,22 @@ class ModelManager:
             self._default = next(iter(self._models), None)
         return model
 
+    def replace(self, model: ServedModel) -> ServedModel:
+        """Serve ``model`` in place of the model of its name in one step (a reload: no request finds neither);
+        returns the old one, which the caller drains and shuts down. Its aliases may be the old one's."""
+        old = self._models.get(model.name)
+        if old is None:
+            raise ModelNotFound(model.name)
+        for key in (model.name, *model.aliases):
+            if self._lookup.get(key, old) is not old:
+                raise ValueError(f"model name or alias {key!r} is already served")
+        for key in (old.name, *old.aliases):
+            self._lookup.pop(key, None)
+        self._models[model.name] = model
+        for key in (model.name, *model.aliases):
+            self._lookup[key] = model
+        return old
+
     def set_default(self, name: str) -> None:
         self._default = self.get(name).name
 

@@ -6,7 +6,10 @@ running, the server draining, the policy store unreachable for longer than
 ``store.stale_seconds``, the rate-limit backend down while limits fail closed,
 or the audit spool unable to take events (failing, behind, disk below
 ``audit.min_free_bytes``). An orchestrator takes the replica out of rotation
-and puts it back when the reasons clear. While the store is unreachable within
+and puts it back when the reasons clear. Model manifests in error
+(``registry.path``) are listed under ``manifest_errors`` by file name, ready or
+not: a bad manifest changes nothing that is served, so it never makes a
+replica unready. While the store is unreachable within
 its window, warm keys are still served, so the replica stays ready (200) and
 says so under ``degraded``: 503 comes exactly when a warm key's chat would be
 refused.
@@ -73,18 +76,27 @@ def degraded(request: Request) -> list[str]:
             "credentials and tenants not cached get 503"]  # fmt: skip
 
 
+def manifest_errors(request: Request) -> dict[str, str]:
+    """The model manifests in error, by file name (``gateway.models.manifests``): reported, never a reason to be
+    unready, since a bad manifest changes nothing that is served."""
+    watcher = getattr(request.app.state, "manifests", None)
+    return watcher.errors() if watcher is not None else {}
+
+
 async def readyz(request: Request) -> Response:
     reasons = not_ready_reasons(request)
     limiter = getattr(request.app.state, "limiter", None)
     down = await limiter.unavailable() if limiter is not None else None
     if down is not None:
         reasons.append(f"the rate-limit backend is unreachable and limits fail closed ({down})")
+    manifests = manifest_errors(request)
+    detail = {"manifest_errors": manifests} if manifests else {}
     if reasons:
-        return JSONResponse({"status": "unavailable", "reasons": reasons}, status_code=503)
+        return JSONResponse({"status": "unavailable", "reasons": reasons, **detail}, status_code=503)
     serving_stale = degraded(request)
     if serving_stale:
-        return JSONResponse({"status": "ok", "degraded": serving_stale})
-    return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "degraded": serving_stale, **detail})
+    return JSONResponse({"status": "ok", **detail})
 
 
 def routes() -> list[BaseRoute]:

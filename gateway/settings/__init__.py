@@ -89,6 +89,10 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       api_key_env_prefix: INFERFLUX_UPSTREAM_   # api_key_env may only name variables starting with this
       ca_dir: /etc/inferflux/ca   # ca_file may only name a file under it; unset: no ca_file
       forward_headers: [traceparent, tracestate]      # the only client headers passed upstream
+    registry:               # model manifests (gateway.models.manifests; docs/operators.md#model-manifests)
+      path: /etc/inferflux/models.d   # one YAML file a model (a models: entry); unset: none
+      poll_interval_seconds: 5   # how often the directory is read (0.1 at least)
+      max_manifest_bytes: 64KiB  # a larger file is reported as bad
     model_registry:         # the admin API's models, kept in the store and followed by every replica
       poll_seconds: 1       # how often the store is checked for models loaded, unloaded or made default elsewhere
     store:                  # the policy store (policy.store.StoreSettings)
@@ -142,6 +146,8 @@ Environment variables (each sets the key beside it):
     INFERFLUX_MODEL                  serve this one model (a path) instead of ``models``
     INFERFLUX_MODEL_NAME             the id clients use for INFERFLUX_MODEL
     INFERFLUX_KV_CACHE_BYTES         engine.kv_cache_bytes
+    INFERFLUX_REGISTRY_PATH          registry.path
+    INFERFLUX_REGISTRY_POLL_INTERVAL_SECONDS   registry.poll_interval_seconds
     INFERFLUX_MAX_BODY_BYTES         max_body_bytes
     INFERFLUX_MAX_QUEUED_SEQUENCES   max_queued_sequences
     INFERFLUX_MAX_QUEUED_SEQUENCES_PER_TENANT   max_queued_sequences_per_tenant
@@ -184,6 +190,7 @@ from inferflux.gateway.settings.sections import (
     Dtype,
     InputLimitSettings,
     LogLevel,
+    ManifestRegistrySettings,
     ModelRegistrySettings,
     RateLimitSettings,
     ServerSettings,
@@ -205,6 +212,7 @@ __all__ = [
     "EngineSettings",
     "InputLimitSettings",
     "LogLevel",
+    "ManifestRegistrySettings",
     "ModelEntry",
     "ModelRegistrySettings",
     "RateLimitSettings",

@@ -42,6 +42,8 @@ ENV_KEYS: dict[str, str] = {
     "INFERFLUX_MODEL": "model",
     "INFERFLUX_MODEL_NAME": "model_name",
     "INFERFLUX_KV_CACHE_BYTES": "engine.kv_cache_bytes",
+    "INFERFLUX_REGISTRY_PATH": "registry.path",
+    "INFERFLUX_REGISTRY_POLL_INTERVAL_SECONDS": "registry.poll_interval_seconds",
     "INFERFLUX_MAX_BODY_BYTES": "max_body_bytes",
     "INFERFLUX_MAX_QUEUED_SEQUENCES": "max_queued_sequences",
     "INFERFLUX_MAX_QUEUED_SEQUENCES_PER_TENANT": "max_queued_sequences_per_tenant",

@@ -28,6 +28,7 @@ from inferflux.gateway.settings.sections import (
     InputLimitSettings,
     LogFormat,
     LogLevel,
+    ManifestRegistrySettings,
     ModelRegistrySettings,
     RateLimitSettings,
     ServerSettings,
@@ -69,6 +70,7 @@ class Settings(BaseModel):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: list[ModelEntry] = Field(default_factory=list)
     model_registry: ModelRegistrySettings = Field(default_factory=ModelRegistrySettings)
+    registry: ManifestRegistrySettings = Field(default_factory=ManifestRegistrySettings)  # manifest files
     store: StoreSettings = Field(default_factory=StoreSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
@@ -126,22 +128,21 @@ class Settings(BaseModel):
     def model_specs(self) -> list[tuple[ModelSpec, str]]:
         """Each model to serve with its backend name; the default SmolLM2 if none is configured."""
         entries = self.models or [ModelEntry(name=DEFAULT_MODEL_NAME, path=default_model_path(), aliases=["smollm2"])]
-        return [
-            (
-                ModelSpec(
-                    name=e.name,
-                    path=e.path or "",
-                    dtype=e.dtype or self.dtype,
-                    aliases=tuple(e.aliases),
-                    upstream=None if e.upstream is None else e.upstream.model_dump(),
-                    passes=self._passes(e),
-                    deterministic=e.upstream is None and (
-                        self.engine.deterministic if e.deterministic is None else e.deterministic),
-                ),
-                e.backend or self.backend,
-            )
-            for e in entries
-        ]
+        return [self.model_spec(e) for e in entries]
+
+    def model_spec(self, e: ModelEntry) -> tuple[ModelSpec, str]:
+        """One ``models:`` entry (or a manifest, which has its schema) as a spec under these settings' defaults,
+        with its backend name."""
+        spec = ModelSpec(
+            name=e.name,
+            path=e.path or "",
+            dtype=e.dtype or self.dtype,
+            aliases=tuple(e.aliases),
+            upstream=None if e.upstream is None else e.upstream.model_dump(),
+            passes=self._passes(e),
+            deterministic=e.upstream is None and (self.engine.deterministic if e.deterministic is None else e.deterministic),
+        )
+        return spec, e.backend or self.backend
 
     def model_speculative(self, name: str) -> SpeculativeSettings | None:
         """The ``speculative`` section of the configured model ``name`` (None: it sets none)."""

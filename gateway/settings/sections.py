@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from inferflux.gateway.pipeline.body import JsonLimits, SchemaLimits
 from inferflux.gateway.pipeline.sampling import StopLimits
@@ -81,6 +81,26 @@ class ModelRegistrySettings(BaseModel):
     # default through another replica; one changed there is taken up here within
     # about this long (plus its load time).
     poll_seconds: float = Field(default=1.0, gt=0, le=60)
+
+
+class ManifestRegistrySettings(BaseModel):
+    """A directory of model manifests each replica polls (``gateway.models.manifests``): one YAML file a
+    model, the same keys as a ``models:`` entry; a file added, changed or removed loads, reloads or drains
+    its model without a restart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path | None = None  # unset: no manifests
+    # How often the directory is read; a changed file is loaded (and swapped in) within about this long
+    # plus its load time. 0.1 s at least: each poll hashes every manifest.
+    poll_interval_seconds: float = Field(default=5.0, ge=0.1, le=3600)
+    # A larger file is reported as bad, unread: a manifest is a few lines.
+    max_manifest_bytes: ByteSize = Field(default=64 * 1024, le=1024 * 1024)
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _expand(cls, value: Any) -> Any:
+        return Path(value).expanduser() if isinstance(value, str) and value else value
 
 
 class RateLimitSettings(BaseModel):

@@ -261,7 +261,8 @@ def test_objects_refer_to_each_other(rendered: tuple[str, list[dict[str, Any]]])
 
     config_maps = {cm["metadata"]["name"] for cm in of_kind(objects, "ConfigMap")}
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
-    referred = [v["configMap"]["name"] for v in volumes if "configMap" in v]
+    # An optional ConfigMap (the model manifests) is the operator's to create; the pod starts without it.
+    referred = [v["configMap"]["name"] for v in volumes if "configMap" in v and not v["configMap"].get("optional")]
     referred += [source["configMapRef"]["name"] for source in container.get("envFrom", [])]
     assert referred and set(referred) <= config_maps, (referred, config_maps)
 
@@ -313,8 +314,13 @@ def test_each_settings_file_loads_and_shares_the_store_and_limits(
     assert unknown <= key_envs, f"{overlay}: variables nothing reads: {unknown - key_envs}"
     for name in key_envs:
         assert name in env, f"{overlay}: {name} (an upstream's api_key_env) is not set in the pod"
+    if settings.registry.path is not None:  # the model manifests: a volume every replica mounts
+        container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        mounts = {Path(mount["mountPath"]) for mount in container["volumeMounts"]}
+        assert settings.registry.path in mounts, f"{overlay}: registry.path is not a mounted volume"
     if overlay == "cpu-engine":
         assert settings.backend == "cpu" and settings.models == []  # the default SmolLM2
+        assert settings.registry.path is not None  # and the manifests' directory
     else:
         assert [m.backend for m in settings.models] == ["openai"] * len(settings.models) and settings.models
         assert settings.upstreams.allowed_hosts  # type: ignore[attr-defined]
