@@ -65,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
         # SIGTERM: readiness fails, new requests get 503, requests in flight get this long.
         grace=settings.server.shutdown_grace_seconds,
         # Slow clients: header, write and keep-alive deadlines (the body's is a middleware of the app).
-        **server_options(settings.input_limits, settings.server.stream_write_timeout_seconds),
+        **server_options(settings.input_limits, settings.server.stream_write_timeout_seconds, settings.websocket),
     )
     return EXIT_OK
 

@@ -1,0 +1,269 @@
+"""``/v1/websocket`` over a real socket, with the ``websockets`` client, on the real model.
+
+One connection carries several requests, each through the whole chain of its
+HTTP route: the events carry their request's id, the greedy text is the HTTP
+route's, the audit event is the HTTP route's but for its route, the handshake is
+refused (401) without credentials, a tenant's allow-list answers 404 in an error
+event, a key revoked mid-connection stops new requests. The connection's own
+limits (requests in flight, message size, malformed messages) answer error
+events and leave it open; a cancel ends its request as a disconnect does (499);
+a drain lets the requests finish and closes 1001.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from websockets.asyncio.client import ClientConnection, connect
+
+from inferflux.gateway.settings import DEFAULT_MODEL_NAME
+from inferflux.policy.store import PolicyStore, StoreSettings
+from app_world import LiveWorld, open_live_world, wait_until
+from servers import start_uvicorn, stop_uvicorn
+
+MODEL = DEFAULT_MODEL_NAME
+POLL = 0.05
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 24, "temperature": 0}  # fmt: skip
+COMPLETION = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 24, "temperature": 0}
+LONG = {**CHAT, "max_tokens": 400, "ignore_eos": True}
+WS = {"max_in_flight": 3, "max_message_bytes": 64 * 1024}
+
+
+class World(LiveWorld):
+    tenant_prefix = "w"
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://") + "/v1/websocket"
+
+    def connect(self, key: str | None) -> Any:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        return connect(self.ws_url, additional_headers=headers, open_timeout=30)
+
+
+@pytest.fixture(scope="module")
+def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    with open_live_world(World, make_app, tmp_path_factory.mktemp("websocket"), auth={"revocation_poll_seconds": POLL},
+                         websocket=WS) as world:  # fmt: skip
+        yield world
+
+
+async def send(ws: ClientConnection, id: str, body: dict[str, Any], type: str = "chat.completions") -> None:
+    await ws.send(json.dumps({"id": id, "type": type, "body": body}))
+
+
+async def until_end(ws: ClientConnection, ids: set[str], timeout: float = 120) -> list[dict[str, Any]]:
+    """Every event until each of ``ids`` has its end (done, error, cancelled)."""
+    events: list[dict[str, Any]] = []
+    open_ids = set(ids)
+    async with asyncio.timeout(timeout):
+        while open_ids:
+            event = json.loads(await ws.recv())
+            events.append(event)
+            if event["type"] in ("done", "error", "cancelled"):
+                open_ids.discard(event["id"])
+    return events
+
+
+def text_of(events: list[dict[str, Any]], id: str) -> str:
+    parts = []
+    for e in events:
+        if e["id"] == id and e["type"] == "chunk":
+            choice = e["data"]["choices"][0] if e["data"]["choices"] else {}
+            parts.append(choice.get("delta", {}).get("content") or choice.get("text") or "")
+    return "".join(parts)
+
+
+def end_of(events: list[dict[str, Any]], id: str) -> dict[str, Any]:
+    return next(e for e in events if e["id"] == id and e["type"] in ("done", "error", "cancelled"))
+
+
+def test_two_requests_share_a_connection_and_say_what_http_says(world: World) -> None:
+    _, key = world.tenant_key()
+
+    async def run() -> list[dict[str, Any]]:
+        async with world.connect(key) as ws:
+            await send(ws, "a", CHAT)
+            await send(ws, "b", COMPLETION, "completions")
+            return await until_end(ws, {"a", "b"})
+
+    events = asyncio.run(run())
+    assert {e["id"] for e in events} == {"a", "b"}
+    assert end_of(events, "a")["type"] == end_of(events, "b")["type"] == "done"
+    order = [e["id"] for e in events]
+    assert order.index("b") < len(order) - 1 - order[::-1].index("a"), "the two streams did not interleave"
+    assert all(e["data"]["object"] == "chat.completion.chunk" for e in events if e["id"] == "a" and e["type"] == "chunk")
+    auth = {"authorization": f"Bearer {key}"}
+    chat = httpx.post(f"{world.url}/v1/chat/completions", json=CHAT, headers=auth, timeout=120).json()
+    text = httpx.post(f"{world.url}/v1/completions", json=COMPLETION, headers=auth, timeout=120).json()
+    assert text_of(events, "a") == chat["choices"][0]["message"]["content"] != ""
+    assert text_of(events, "b") == text["choices"][0]["text"] != ""
+
+
+def test_the_audit_event_is_the_http_routes_but_for_its_route(world: World) -> None:
+    tenant, key = world.tenant_key()
+
+    async def run() -> list[dict[str, Any]]:
+        async with world.connect(key) as ws:
+            await send(ws, "a", {**CHAT, "stream_options": {"include_usage": True}})
+            return await until_end(ws, {"a"})
+
+    ws_id = end_of(asyncio.run(run()), "a")["request_id"]
+    http = httpx.post(f"{world.url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=120,
+                      headers={"authorization": f"Bearer {key}"})  # fmt: skip
+    http_id = http.headers["x-request-id"]
+    world.settled()
+    events = world.events()
+    ws_event, http_event = events[ws_id], events[http_id]
+    assert http_event["route"] == "POST /v1/chat/completions"
+    assert ws_event["route"] == "WEBSOCKET /v1/chat/completions"
+    same = ("decision", "tenant_id", "principal", "key_id", "model", "status", "prompt_tokens", "completion_tokens",
+            "kind", "reasons", "prompt_digest", "completion_digest")  # fmt: skip
+    assert {k: ws_event.get(k) for k in same} == {k: http_event.get(k) for k in same}
+    assert ws_event["tenant_id"] == tenant.id and ws_event["status"] == 200 and ws_event["completion_tokens"]
+
+
+def test_the_handshake_needs_credentials(world: World) -> None:
+    async def refused(key: str | None) -> int:
+        with pytest.raises(websockets.exceptions.InvalidStatus) as caught:
+            async with world.connect(key):
+                pass
+        return caught.value.response.status_code
+
+    assert asyncio.run(refused(None)) == 401
+    assert asyncio.run(refused("ifx_not-a-real-key")) == 401
+
+
+def test_a_model_outside_the_allow_list_is_a_404_event_and_the_connection_goes_on(world: World) -> None:
+    _, key = world.tenant_key(allowed_models=["some-other-model"])
+
+    async def run() -> list[dict[str, Any]]:
+        async with world.connect(key) as ws:
+            await send(ws, "hidden", CHAT)
+            first = await until_end(ws, {"hidden"})
+            await send(ws, "again", CHAT)
+            return first + await until_end(ws, {"again"})
+
+    events = asyncio.run(run())
+    for id in ("hidden", "again"):
+        end = end_of(events, id)
+        assert end["type"] == "error" and end["status"] == 404 and end["error"]["code"] == "model_not_found", end
+
+
+def test_a_key_revoked_mid_connection_stops_new_requests(world: World) -> None:
+    tenant, _ = world.tenant_key()
+    record, key = world.store.create_api_key(tenant.id, "short-lived", "member")
+
+    async def run() -> list[dict[str, Any]]:
+        async with world.connect(key) as ws:
+            await send(ws, "before", CHAT)
+            events = await until_end(ws, {"before"})
+            world.store.revoke_api_key(tenant.id, record.id)
+            await asyncio.sleep(POLL * 20)
+            await send(ws, "after", CHAT)
+            return events + await until_end(ws, {"after"})
+
+    events = asyncio.run(run())
+    assert end_of(events, "before")["type"] == "done"
+    after = end_of(events, "after")
+    assert after["type"] == "error" and after["status"] == 401, after
+
+
+def test_the_in_flight_limit_refuses_with_429_and_keeps_the_connection(world: World) -> None:
+    _, key = world.tenant_key()
+
+    async def run() -> list[dict[str, Any]]:
+        async with world.connect(key) as ws:
+            for n in range(WS["max_in_flight"] + 1):
+                await send(ws, f"r{n}", {**CHAT, "max_tokens": 64})
+            return await until_end(ws, {f"r{n}" for n in range(WS["max_in_flight"] + 1)})
+
+    events = asyncio.run(run())
+    over = end_of(events, f"r{WS['max_in_flight']}")
+    assert over["type"] == "error" and over["status"] == 429 and over["error"]["code"] == "too_many_in_flight"
+    assert all(end_of(events, f"r{n}")["type"] == "done" for n in range(WS["max_in_flight"]))
+
+
+def test_oversize_and_malformed_messages_are_error_events(world: World) -> None:
+    _, key = world.tenant_key()
+
+    async def run() -> list[dict[str, Any]]:
+        async with world.connect(key) as ws:
+            answers = []
+            for message in ("x" * (WS["max_message_bytes"] + 1), "{not json", "[1]", json.dumps({"type": "completions"}),
+                            json.dumps({"id": "t", "type": "embeddings", "body": {}}),
+                            json.dumps({"id": "u", "type": "completions", "body": "text"}),
+                            json.dumps({"id": "c", "type": "cancel"}),
+                            json.dumps({"id": "v", "type": "completions", "body": {"model": MODEL}})):  # fmt: skip
+                await ws.send(message)
+                answers.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+            await send(ws, "ok", CHAT)
+            return answers + await until_end(ws, {"ok"})
+
+    events = asyncio.run(run())
+    statuses = [(e["id"], e["status"], e["error"]["code"]) for e in events[:8]]
+    assert statuses == [(None, 413, "request_too_large"), (None, 400, "invalid_json"), (None, 400, "invalid_json"),
+                        (None, 400, "invalid_id"), ("t", 400, "unknown_type"), ("u", 400, None),
+                        ("c", 400, "unknown_id"), ("v", 400, statuses[7][2])]  # fmt: skip
+    assert end_of(events, "ok")["type"] == "done"
+
+
+def test_a_cancel_ends_its_request_as_a_disconnect_does(world: World) -> None:
+    _, key = world.tenant_key()
+
+    async def run() -> list[dict[str, Any]]:
+        async with world.connect(key) as ws:
+            await send(ws, "long", LONG)
+            await send(ws, "short", CHAT)
+            events = [json.loads(await asyncio.wait_for(ws.recv(), 120))]
+            while not any(e["id"] == "long" and e["type"] == "chunk" for e in events):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
+            await ws.send(json.dumps({"id": "long", "type": "cancel"}))
+            return events + await until_end(ws, {"long", "short"} - {e["id"] for e in events if e["type"] == "done"})
+
+    events = asyncio.run(run())
+    end = end_of(events, "long")
+    assert end["type"] == "cancelled"
+    assert len([e for e in events if e["id"] == "long" and e["type"] == "chunk"]) < LONG["max_tokens"]
+    assert end_of(events, "short")["type"] == "done"
+    world.settled()
+    wait_until(lambda: end["request_id"] in world.events())
+    assert world.events()[end["request_id"]]["status"] == 499
+
+
+@pytest.mark.serial  # the drain's close is timed against its grace
+def test_a_drain_finishes_the_requests_then_closes_1001(make_app: Any, tmp_path: Any) -> None:
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    app = make_app(store, data_dir=str(tmp_path))
+    server, thread, sock, url = start_uvicorn(app)
+    try:
+        world = World(store, url, tmp_path, app)
+        _, key = world.tenant_key()
+        loop = server.servers[0].get_loop()
+
+        async def run() -> tuple[list[dict[str, Any]], int | None]:
+            async with world.connect(key) as ws:
+                await send(ws, "a", {**CHAT, "max_tokens": 48})
+                first = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                loop.call_soon_threadsafe(app.state.drain.begin, 60.0)
+                events = [first, *await until_end(ws, {"a"})]
+                with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 30)
+                return events, closed.value.rcvd.code if closed.value.rcvd else None
+
+        started = time.monotonic()
+        events, code = asyncio.run(run())
+        assert end_of(events, "a")["type"] == "done" and text_of(events, "a")
+        assert code == 1001
+        assert time.monotonic() - started < 60, "the close waited for the grace, not for the requests"
+    finally:
+        stop_uvicorn(server, thread, sock)
+        store.close()
