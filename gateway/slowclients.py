@@ -102,6 +102,8 @@ def deadline_protocol(header_timeout: float, write_timeout: float | None = None)
 
         def _header_deadline_passed(self) -> None:
             self._header_timer = None
+            if self.transport.get_protocol() is not self:  # upgraded to a WebSocket: no longer an HTTP connection
+                return
             # A cycle that has not answered yet means its headers arrived: the body has its own deadline.
             if self.cycle is not None and not self.cycle.response_complete:
                 return

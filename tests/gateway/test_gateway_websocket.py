@@ -35,6 +35,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "What is the ca
 COMPLETION = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 24, "temperature": 0}
 LONG = {**CHAT, "max_tokens": 400, "ignore_eos": True}
 WS = {"max_in_flight": 3, "max_message_bytes": 64 * 1024}
+HEADER_SECONDS = 1.0  # the HTTP header deadline, which an upgraded connection outlives
 
 
 class World(LiveWorld):
@@ -52,7 +53,7 @@ class World(LiveWorld):
 @pytest.fixture(scope="module")
 def world(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with open_live_world(World, make_app, tmp_path_factory.mktemp("websocket"), auth={"revocation_poll_seconds": POLL},
-                         websocket=WS) as world:  # fmt: skip
+                         websocket=WS, input_limits={"header_timeout_seconds": HEADER_SECONDS}) as world:  # fmt: skip
         yield world
 
 
@@ -106,6 +107,18 @@ def test_two_requests_share_a_connection_and_say_what_http_says(world: World) ->
     text = httpx.post(f"{world.url}/v1/completions", json=COMPLETION, headers=auth, timeout=120).json()
     assert text_of(events, "a") == chat["choices"][0]["message"]["content"] != ""
     assert text_of(events, "b") == text["choices"][0]["text"] != ""
+
+
+def test_a_connection_outlives_the_http_header_deadline(world: World) -> None:
+    _, key = world.tenant_key()
+
+    async def run() -> list[dict[str, Any]]:
+        async with world.connect(key) as ws:
+            await asyncio.sleep(HEADER_SECONDS * 2.5)
+            await send(ws, "late", CHAT)
+            return await until_end(ws, {"late"})
+
+    assert end_of(asyncio.run(run()), "late")["type"] == "done"
 
 
 def test_the_audit_event_is_the_http_routes_but_for_its_route(world: World) -> None:
