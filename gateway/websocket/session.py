@@ -82,6 +82,8 @@ class Session:
         self.tasks: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}
         self.send_lock = asyncio.Lock()
         self.open = True
+        self.loop = asyncio.get_running_loop()
+        self.quiet_since = self.loop.time()  # when the connection last received a message or ended a request
 
     async def emit(self, event: dict[str, Any]) -> None:
         """Send ``event``; once the client is gone, nothing (its requests are being cancelled)."""
@@ -118,12 +120,16 @@ class Session:
         try:
             while self.open and not draining.is_set():
                 receive = receive or asyncio.ensure_future(self.ws.receive())
-                done, _ = await asyncio.wait({receive, stop}, timeout=self.settings.idle_timeout_seconds,
+                idle = self.settings.idle_timeout_seconds
+                # Idle: nothing in flight, and nothing received since the last request ended.
+                quiet = None if self.tasks else self.quiet_since + idle - self.loop.time()
+                done, _ = await asyncio.wait({receive, stop}, timeout=idle if quiet is None else max(quiet, 0),
                                              return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
                 if receive in done:
                     message, receive = receive.result(), None
+                    self.quiet_since = self.loop.time()
                     await self._received(message)
-                elif not done and not self.tasks:
+                elif not done and not self.tasks and self.loop.time() - self.quiet_since >= idle:
                     await self._close(NORMAL, "idle timeout")
         finally:
             stop.cancel()
@@ -173,7 +179,11 @@ class Session:
         task = asyncio.create_task(run_request(self.ws.scope["app"], scope, body, id, self.emit,
                                                cancelled))  # fmt: skip
         self.tasks[id] = (task, cancelled)
-        task.add_done_callback(lambda _: self.tasks.pop(id, None))
+        task.add_done_callback(lambda _: self._ended(id))
+
+    def _ended(self, id: str) -> None:
+        self.tasks.pop(id, None)
+        self.quiet_since = self.loop.time()
 
     async def _close(self, code: int, reason: str) -> None:
         self.open = False

@@ -7,13 +7,16 @@ refused (401) without credentials, a tenant's allow-list answers 404 in an error
 event, a key revoked mid-connection stops new requests. The connection's own
 limits (requests in flight, message size, malformed messages) answer error
 events and leave it open; a cancel ends its request as a disconnect does (499);
-a drain lets the requests finish and closes 1001.
+a drain lets the requests finish and closes 1001. The server pings, and drops a
+peer that does not answer; an idle connection is closed (1000), one with a
+request running is not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +25,10 @@ import httpx
 import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Response
+from websockets.uri import parse_uri
 
 from inferflux.gateway.settings import DEFAULT_MODEL_NAME
 from inferflux.policy.store import PolicyStore, StoreSettings
@@ -280,3 +287,67 @@ def test_a_drain_finishes_the_requests_then_closes_1001(make_app: Any, tmp_path:
     finally:
         stop_uvicorn(server, thread, sock)
         store.close()
+
+
+# -- pings and the idle timeout: a server of their own, with short intervals
+
+PING = 0.5
+IDLE = 4.0  # well after the ping's close, so that the two cannot be confused
+
+
+@pytest.fixture(scope="module")
+def quick(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    with open_live_world(World, make_app, tmp_path_factory.mktemp("websocket-quick"),
+                         websocket={"ping_interval_seconds": PING, "idle_timeout_seconds": IDLE}) as world:  # fmt: skip
+        yield world
+
+
+def test_the_server_pings_and_drops_a_peer_that_never_answers(quick: World) -> None:
+    """The library's sans-I/O client over a plain socket: it sees each frame, and its pongs are never sent."""
+    _, key = quick.tenant_key()
+    protocol = ClientProtocol(parse_uri(quick.ws_url))
+    request = protocol.connect()
+    request.headers["Authorization"] = f"Bearer {key}"
+    protocol.send_request(request)
+    host, port = quick.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"".join(protocol.data_to_send()))
+        started, pings, closed_after = time.monotonic(), 0, None
+        while closed_after is None and time.monotonic() - started < 10:
+            data = sock.recv(65536)
+            protocol.receive_data(data) if data else protocol.receive_eof()
+            for event in protocol.events_received():
+                if isinstance(event, Response):
+                    assert event.status_code == 101
+                elif isinstance(event, Frame) and event.opcode is Opcode.PING:
+                    pings += 1
+            protocol.data_to_send()  # the pongs the library queued: dropped, never sent
+            if not data or protocol.close_rcvd is not None:
+                closed_after = time.monotonic() - started
+    assert pings >= 1, "the server sent no ping"
+    close = protocol.close_rcvd  # uvicorn's keepalive: 1011 once a ping is unanswered for an interval
+    assert closed_after is not None and close is not None, "a peer that never answered a ping stayed connected"
+    assert close.code == 1011 and "ping" in close.reason and closed_after < IDLE, (close, closed_after)
+
+
+def test_an_idle_connection_is_closed_but_not_while_a_request_runs(quick: World) -> None:
+    _, key = quick.tenant_key()
+
+    async def run() -> tuple[list[dict[str, Any]], float, Any, float]:
+        async with quick.connect(key) as ws:
+            await send(ws, "slow", {**CHAT, "max_tokens": 200, "ignore_eos": True})
+            started = time.monotonic()
+            events = await until_end(ws, {"slow"})
+            ended = time.monotonic()
+            ran = ended - started
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), IDLE * 10)
+            quiet = time.monotonic() - ended
+            return events, ran, closed.value.rcvd, quiet
+
+    events, ran, close, quiet = asyncio.run(run())
+    assert end_of(events, "slow")["type"] == "done"
+    assert close is not None and close.code == 1000 and close.reason == "idle timeout"
+    assert IDLE - 0.5 <= quiet <= IDLE + 3, f"closed {quiet:.1f} s after the request ended (idle timeout {IDLE} s)"
+    if ran <= IDLE:
+        pytest.fail(f"the request took {ran:.1f} s, under the idle timeout: it proves nothing (raise max_tokens)")
