@@ -200,7 +200,8 @@ def refusal_key(event: AuditEvent) -> tuple[str, str, int, str]:
 
 
 def route_of(scope: Scope) -> str:
-    """``METHOD /path/{template}``: the route's template, never the raw path.
+    """``METHOD /path/{template}``: the route's template, never the raw path; ``WEBSOCKET`` in the method's
+    place for a request sent on ``/v1/websocket`` (``gateway.websocket``).
 
     A raw path can hold anything a client typed, a key pasted in the wrong
     place included, and is unbounded; a refusal answered before routing (a

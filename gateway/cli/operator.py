@@ -88,6 +88,7 @@ def _serve_settings(args: argparse.Namespace) -> Settings | int:
                 "model_name": args.model_name,
                 "engine.kv_cache_bytes": args.kv_cache_bytes,
                 "max_body_bytes": args.max_body_bytes,
+                "websocket.enabled": args.websocket,
             },
         )
         ensure_data_dir(settings.data_dir)
@@ -291,6 +292,14 @@ def _add_server_arguments(serve: argparse.ArgumentParser) -> None:
         "--max-body-bytes",
         metavar="SIZE",
         help="largest accepted request body, e.g. 4MiB (default: 4MiB; env: INFERFLUX_MAX_BODY_BYTES)",
+    )
+    serve.add_argument(
+        "--no-websocket",
+        dest="websocket",
+        action="store_const",
+        const=False,
+        help="do not serve /v1/websocket, several streamed requests on one WebSocket connection (default: served; "
+        "its limits are the websocket section of the config; env: INFERFLUX_WEBSOCKET)",
     )
     serve.add_argument(
         "--log-level",

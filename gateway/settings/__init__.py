@@ -141,6 +141,7 @@ Environment variables (each sets the key beside it):
     INFERFLUX_LOG_LEVEL              log_level
     INFERFLUX_LOG_FORMAT             log_format
     INFERFLUX_TRACING                tracing.enabled (true/false)
+    INFERFLUX_WEBSOCKET              websocket.enabled (true/false)
     INFERFLUX_BACKEND                backend
     INFERFLUX_BACKEND_PRIORITY       runtime.backend_priority (comma separated)
     INFERFLUX_CPU_ISA                runtime.cpu_isa
