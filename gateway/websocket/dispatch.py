@@ -35,12 +35,13 @@ Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
 # The handshake's headers that describe the WebSocket, not the request (the body's are the request's own).
 _NOT_CARRIED = frozenset({b"connection", b"upgrade", b"content-length", b"content-type", b"transfer-encoding",
-                          b"x-request-id"}) # fmt: skip
+                          b"x-request-id"})  # fmt: skip
 
 
 def request_scope(ws_scope: Scope, path: str, body: bytes) -> Scope:
     """The HTTP scope of a request sent on the connection ``ws_scope`` describes."""
-    headers = [(k, v) for k, v in ws_scope.get("headers", ()) if k not in _NOT_CARRIED and not k.startswith(b"sec-websocket-")]
+    headers = [(k, v) for k, v in ws_scope.get("headers", ())
+               if k not in _NOT_CARRIED and not k.startswith(b"sec-websocket-")]  # fmt: skip
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     return {
         "type": "http",

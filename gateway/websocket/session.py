@@ -1,16 +1,15 @@
-"""One WebSocket connection: its handshake, its messages, its requests in flight, its close.
+"""One WebSocket connection: its messages, its requests in flight, its close.
 
-The handshake is authenticated as an HTTP request is (the ``Authorization`` or
-``x-api-key`` header; never a query string, which logs would keep) and refused
-with the HTTP answer before the upgrade: 401 without valid credentials, 403
-without the generate scope, 503 while the server drains. Each request is then
+Once the handshake is admitted (``gateway.websocket.handshake``), each request is
 run through the whole app (``gateway.websocket.dispatch``), so its credentials
-are checked again there.
+are checked again there; what the connection refuses itself (a message too
+large or unreadable, one request too many) is an error event, audited, and the
+connection stays open.
 
 The connection counts as in flight for the drain (``gateway.drain``): once a
 drain begins it reads no more messages, lets its requests finish (or end at the
 drain's deadline, in error), and closes with 1001. A client gone cancels its
-requests; a connection with nothing in flight that sends nothing for
+requests; a connection with nothing in flight that receives nothing for
 ``idle_timeout_seconds`` is closed (1000).
 """
 
@@ -24,60 +23,30 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from inferflux.gateway.audit import build_event, refusal_key
-from inferflux.gateway.auth import credential_headers
 from inferflux.gateway.authz import SCOPE_ATTR
-from inferflux.gateway.context import get_context
-from inferflux.gateway.drain import ShuttingDown
-from inferflux.gateway.errors import InvalidRequest, RateLimited, render_error
+from inferflux.gateway.context import SCOPE_KEY
+from inferflux.gateway.errors import InvalidRequest, RateLimited
 from inferflux.gateway.settings import WebSocketSettings
 from inferflux.gateway.state import GatewayState
 from inferflux.gateway.websocket.dispatch import request_scope, run_request
+from inferflux.gateway.websocket.handshake import REQUIRED, admit, message_scope, record_refusal
 from inferflux.gateway.websocket.protocol import BadMessage, error_event, parse_message
 from inferflux.policy.errors import ApiError
-from inferflux.policy.rbac import Scope
+from inferflux.policy.rbac import Principal
 
 log = logging.getLogger("inferflux.gateway.websocket")
 
-REQUIRED = Scope.GENERATE  # the handshake's scope: every request on the connection generates
 GOING_AWAY = 1001  # the server drains
 NORMAL = 1000  # idle
-
-
-async def admit(ws: WebSocket, state: GatewayState) -> bool:
-    """Whether the handshake may be accepted; if not, the HTTP refusal has been sent."""
-    try:
-        if state.drain.draining:
-            raise ShuttingDown()
-        principal = await state.authenticator.authenticate(*credential_headers(ws.scope))
-        principal.require(REQUIRED)
-    except ApiError as exc:
-        await _audit_refusal(ws, state, exc)
-        refusal = render_error(exc, get_context(ws.scope).request_id)
-        if "websocket.http.response" in ws.scope.get("extensions", {}):
-            await ws.send_denial_response(refusal)
-        else:  # a server without denial responses: the close before accept is its 403
-            await ws.close(code=1008)
-        return False
-    return True
-
-
-async def _audit_refusal(ws: WebSocket, state: GatewayState, exc: ApiError) -> None:
-    """A refused handshake is on the trail as a refused HTTP request is (route ``GET /v1/websocket``)."""
-    trail = state.audit_trail
-    if trail is None:  # the app is not started
-        return
-    event = build_event({**ws.scope, "method": "GET"}, exc.status_code, state.traffic.digester, code=exc.code)
-    with contextlib.suppress(ApiError):  # the trail cannot take it: the handshake is refused all the same
-        await trail.record_refusal(refusal_key(event), event)
 
 
 class Session:
     """A connection's requests: each a task, by the id its client gave it."""
 
-    def __init__(self, ws: WebSocket, state: GatewayState, settings: WebSocketSettings) -> None:
+    def __init__(self, ws: WebSocket, state: GatewayState, settings: WebSocketSettings, principal: Principal) -> None:
         self.ws = ws
         self.state = state
+        self.principal = principal  # the handshake's: the caller of the refusals audited here
         self.settings = settings
         self.tasks: dict[str, tuple[asyncio.Task[None], asyncio.Event]] = {}
         self.send_lock = asyncio.Lock()
@@ -89,11 +58,23 @@ class Session:
         """Send ``event``; once the client is gone, nothing (its requests are being cancelled)."""
         if not self.open:
             return
+        text = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+        if not text.isascii():
+            try:
+                text.encode()
+            except UnicodeEncodeError:  # a lone surrogate, which UTF-8 cannot carry: escaped instead
+                text = json.dumps(event, separators=(",", ":"))
         try:
             async with self.send_lock:
-                await self.ws.send_text(json.dumps(event, ensure_ascii=False, separators=(",", ":")))
+                await self.ws.send_text(text)
         except (WebSocketDisconnect, RuntimeError, OSError):
             self.gone()
+
+    async def refuse(self, id: str | None, error: ApiError) -> None:
+        """A message the connection refuses before it runs: audited, then answered with an error event."""
+        scope = message_scope(self.ws.scope, self.principal)
+        await record_refusal(scope, self.state, error)
+        await self.emit(error_event(id, error, scope[SCOPE_KEY].request_id))
 
     def gone(self) -> None:
         self.open = False
@@ -148,7 +129,7 @@ class Session:
         try:
             parsed = parse_message(text, self.settings.max_message_bytes)
         except BadMessage as exc:
-            await self.emit(error_event(exc.id, exc.error))
+            await self.refuse(exc.id, exc.error)
             return
         if parsed.path is None:
             await self._cancel(parsed.id)
@@ -158,21 +139,20 @@ class Session:
     async def _cancel(self, id: str) -> None:
         running = self.tasks.get(id)
         if running is None:
-            await self.emit(error_event(id, InvalidRequest(f"No request {id!r} is in flight", param="id",
-                                                           code="unknown_id")))  # fmt: skip
+            await self.refuse(id, InvalidRequest(f"No request {id!r} is in flight", param="id", code="unknown_id"))
             return
         running[1].set()
 
     async def _start(self, id: str, path: str, body: bytes) -> None:
         if id in self.tasks:
-            await self.emit(error_event(id, InvalidRequest(f"A request {id!r} is in flight already",
-                                                                   param="id", code="duplicate_id")))  # fmt: skip
+            await self.refuse(id, InvalidRequest(f"A request {id!r} is in flight already", param="id",
+                                                 code="duplicate_id"))  # fmt: skip
             return
         if len(self.tasks) >= self.settings.max_in_flight:
             limit = self.settings.max_in_flight
-            refusal = RateLimited(f"This connection has {limit} requests in flight, its limit (websocket.max_in_flight)",
-                                  code="too_many_in_flight")  # fmt: skip
-            await self.emit(error_event(id, refusal))
+            refusal = RateLimited(f"This connection has {limit} requests in flight, its limit "
+                                  "(websocket.max_in_flight)", code="too_many_in_flight")  # fmt: skip
+            await self.refuse(id, refusal)
             return
         cancelled = asyncio.Event()
         scope = request_scope(self.ws.scope, path, body)
@@ -194,10 +174,11 @@ class Session:
 async def serve(ws: WebSocket) -> None:
     """``/v1/websocket``: the handshake, then the session."""
     state: GatewayState = ws.app.state
-    if not await admit(ws, state):
+    principal = await admit(ws, state)
+    if principal is None:
         return
     await ws.accept()
-    await Session(ws, state, state.settings.websocket).run()
+    await Session(ws, state, state.settings.websocket, principal).run()
 
 
 setattr(serve, SCOPE_ATTR, REQUIRED)  # declared as ``@requires`` declares an HTTP route's (tests and docs list it)

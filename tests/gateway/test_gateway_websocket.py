@@ -152,14 +152,20 @@ def test_the_audit_event_is_the_http_routes_but_for_its_route(world: World) -> N
 
 
 def test_the_handshake_needs_credentials(world: World) -> None:
-    async def refused(key: str | None) -> int:
+    async def refused(key: str | None) -> Any:
         with pytest.raises(websockets.exceptions.InvalidStatus) as caught:
             async with world.connect(key):
                 pass
-        return caught.value.response.status_code
+        return caught.value.response
 
-    assert asyncio.run(refused(None)) == 401
-    assert asyncio.run(refused("ifx_not-a-real-key")) == 401
+    for key, code in ((None, "missing_credentials"), ("ifx_not-a-real-key", "invalid_api_key")):
+        response = asyncio.run(refused(key))
+        assert response.status_code == 401
+        assert json.loads(response.body)["error"]["code"] == code
+        request_id = response.headers["x-request-id"]
+        wait_until(lambda: request_id in world.events())
+        event = world.events()[request_id]
+        assert (event["route"], event["status"], event["decision"]) == ("GET /v1/websocket", 401, "deny")
 
 
 def test_a_model_outside_the_allow_list_is_a_404_event_and_the_connection_goes_on(world: World) -> None:
@@ -213,7 +219,7 @@ def test_the_in_flight_limit_refuses_with_429_and_keeps_the_connection(world: Wo
 
 
 def test_oversize_and_malformed_messages_are_error_events(world: World) -> None:
-    _, key = world.tenant_key()
+    tenant, key = world.tenant_key()
 
     async def run() -> list[dict[str, Any]]:
         async with world.connect(key) as ws:
@@ -229,6 +235,9 @@ def test_oversize_and_malformed_messages_are_error_events(world: World) -> None:
             return answers + await until_end(ws, {"ok"})
 
     events = asyncio.run(run())
+    wait_until(lambda: events[0]["request_id"] in world.events())
+    audited = world.events()[events[0]["request_id"]]  # refused by the connection itself: on the trail too
+    assert (audited["route"], audited["status"], audited["tenant_id"]) == ("WEBSOCKET /v1/websocket", 413, tenant.id)
     statuses = [(e["id"], e["status"], e["error"]["code"]) for e in events[:8]]
     assert statuses == [(None, 413, "request_too_large"), (None, 400, "invalid_json"), (None, 400, "invalid_json"),
                         (None, 400, "invalid_id"), ("t", 400, "unknown_type"), ("u", 400, None),
@@ -257,6 +266,25 @@ def test_a_cancel_ends_its_request_as_a_disconnect_does(world: World) -> None:
     world.settled()
     wait_until(lambda: end["request_id"] in world.events())
     assert world.events()[end["request_id"]]["status"] == 499
+
+
+def test_a_client_gone_cancels_its_requests_as_an_http_client_leaving_does(world: World) -> None:
+    tenant, key = world.tenant_key()
+
+    async def run() -> None:
+        async with world.connect(key) as ws:
+            await send(ws, "long", LONG)
+            while json.loads(await asyncio.wait_for(ws.recv(), 120))["type"] != "chunk":
+                pass
+        # the socket closed here, the request in flight
+
+    started = time.monotonic()
+    asyncio.run(run())
+    wait_until(lambda: any(e["tenant_id"] == tenant.id for e in world.events().values()), timeout=60)
+    [event] = [e for e in world.events().values() if e["tenant_id"] == tenant.id]
+    assert event["route"] == "WEBSOCKET /v1/chat/completions" and event["status"] == 499
+    assert event["completion_tokens"] < LONG["max_tokens"], "the request ran on after its client left"
+    assert time.monotonic() - started < 60
 
 
 @pytest.mark.serial  # the drain's close is timed against its grace
