@@ -320,7 +320,7 @@ def test_a_drain_finishes_the_requests_then_closes_1001(make_app: Any, tmp_path:
 # -- pings and the idle timeout: a server of their own, with short intervals
 
 PING = 0.5
-IDLE = 4.0  # well after the ping's close, so that the two cannot be confused
+IDLE = 2.0  # after the ping's close (1011 at about twice PING), and told apart from it by its code
 
 
 @pytest.fixture(scope="module")
@@ -355,27 +355,29 @@ def test_the_server_pings_and_drops_a_peer_that_never_answers(quick: World) -> N
     assert pings >= 1, "the server sent no ping"
     close = protocol.close_rcvd  # uvicorn's keepalive: 1011 once a ping is unanswered for an interval
     assert closed_after is not None and close is not None, "a peer that never answered a ping stayed connected"
-    assert close.code == 1011 and "ping" in close.reason and closed_after < IDLE, (close, closed_after)
+    assert close.code == 1011 and "ping" in close.reason, (close, closed_after)  # not the idle close's 1000
 
 
 def test_an_idle_connection_is_closed_but_not_while_a_request_runs(quick: World) -> None:
+    """A request runs for longer than the idle timeout (cancelled then, whatever the machine's speed): the
+    connection stays; once it has ended and nothing more is sent, the connection is closed after the timeout."""
     _, key = quick.tenant_key()
 
-    async def run() -> tuple[list[dict[str, Any]], float, Any, float]:
+    async def run() -> tuple[list[dict[str, Any]], Any, float]:
         async with quick.connect(key) as ws:
-            await send(ws, "slow", {**CHAT, "max_tokens": 200, "ignore_eos": True})
-            started = time.monotonic()
-            events = await until_end(ws, {"slow"})
+            await send(ws, "slow", {**CHAT, "max_tokens": 1000, "ignore_eos": True})  # within the tests' KV cache
+            started, events = time.monotonic(), []
+            while time.monotonic() - started < IDLE * 1.5:  # the request running, the client silent
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), IDLE * 10)))
+                assert events[-1]["type"] == "chunk", events[-1]
+            await ws.send(json.dumps({"id": "slow", "type": "cancel"}))
+            events += await until_end(ws, {"slow"})
             ended = time.monotonic()
-            ran = ended - started
             with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
                 await asyncio.wait_for(ws.recv(), IDLE * 10)
-            quiet = time.monotonic() - ended
-            return events, ran, closed.value.rcvd, quiet
+            return events, closed.value.rcvd, time.monotonic() - ended
 
-    events, ran, close, quiet = asyncio.run(run())
-    assert end_of(events, "slow")["type"] == "done"
+    events, close, quiet = asyncio.run(run())
+    assert end_of(events, "slow")["type"] == "cancelled"
     assert close is not None and close.code == 1000 and close.reason == "idle timeout"
     assert IDLE - 0.5 <= quiet <= IDLE + 3, f"closed {quiet:.1f} s after the request ended (idle timeout {IDLE} s)"
-    if ran <= IDLE:
-        pytest.fail(f"the request took {ran:.1f} s, under the idle timeout: it proves nothing (raise max_tokens)")
