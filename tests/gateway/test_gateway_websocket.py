@@ -146,9 +146,10 @@ def test_the_audit_event_is_the_http_routes_but_for_its_route(world: World) -> N
     assert http_event["route"] == "POST /v1/chat/completions"
     assert ws_event["route"] == "WEBSOCKET /v1/chat/completions"
     same = ("decision", "tenant_id", "principal", "key_id", "model", "status", "prompt_tokens", "completion_tokens",
-            "kind", "reasons", "prompt_digest", "completion_digest")  # fmt: skip
+            "kind", "reasons", "findings", "user", "detail", "prompt_hmac", "completion_hmac")  # fmt: skip
     assert {k: ws_event.get(k) for k in same} == {k: http_event.get(k) for k in same}
     assert ws_event["tenant_id"] == tenant.id and ws_event["status"] == 200 and ws_event["completion_tokens"]
+    assert ws_event["prompt_hmac"] and ws_event["completion_hmac"], "the events carry no digests to compare"
 
 
 def test_the_handshake_needs_credentials(world: World) -> None:
@@ -285,6 +286,17 @@ def test_a_client_gone_cancels_its_requests_as_an_http_client_leaving_does(world
     assert event["route"] == "WEBSOCKET /v1/chat/completions" and event["status"] == 499
     assert event["completion_tokens"] < LONG["max_tokens"], "the request ran on after its client left"
     assert time.monotonic() - started < 60
+
+
+def test_disabled_there_is_no_route(make_app: Any, tmp_path: Any) -> None:
+    store = PolicyStore.open(StoreSettings(), tmp_path)
+    try:
+        app = make_app(store, data_dir=str(tmp_path), websocket={"enabled": False})
+        assert not [r for r in app.routes if getattr(r, "path", None) == "/v1/websocket"]
+        enabled = make_app(store, data_dir=str(tmp_path / "on"))
+        assert [r for r in enabled.routes if getattr(r, "path", None) == "/v1/websocket"]
+    finally:
+        store.close()
 
 
 @pytest.mark.serial  # the drain's close is timed against its grace
