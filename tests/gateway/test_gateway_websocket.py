@@ -159,6 +159,15 @@ def test_the_handshake_needs_credentials(world: World) -> None:
                 pass
         return caught.value.response
 
+    _, valid = world.tenant_key()
+
+    async def in_the_url() -> Any:  # a token in the query string or a cookie is never read: logs would keep it
+        with pytest.raises(websockets.exceptions.InvalidStatus) as caught:
+            async with connect(f"{world.ws_url}?api_key={valid}&access_token={valid}", open_timeout=30,
+                               additional_headers={"cookie": f"api_key={valid}"}):  # fmt: skip
+                pass
+        return caught.value.response
+
     for key, code in ((None, "missing_credentials"), ("ifx_not-a-real-key", "invalid_api_key")):
         response = asyncio.run(refused(key))
         assert response.status_code == 401
@@ -167,6 +176,9 @@ def test_the_handshake_needs_credentials(world: World) -> None:
         wait_until(lambda: request_id in world.events())
         event = world.events()[request_id]
         assert (event["route"], event["status"], event["decision"]) == ("GET /v1/websocket", 401, "deny")
+    # Last: its refusal is a repeat of the first (aggregated, so not on the trail at once).
+    response = asyncio.run(in_the_url())
+    assert response.status_code == 401 and json.loads(response.body)["error"]["code"] == "missing_credentials"
 
 
 def test_a_model_outside_the_allow_list_is_a_404_event_and_the_connection_goes_on(world: World) -> None:
