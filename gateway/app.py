@@ -57,6 +57,7 @@ from inferflux.gateway import VERSION
 from inferflux.gateway.models.served import ModelManager
 from inferflux.gateway.openapi import document, openapi_route
 from inferflux.gateway.routes import admin, health, openai
+from inferflux.gateway import websocket
 from inferflux.gateway.settings import Settings
 from inferflux.policy.errors import ApiError
 from inferflux.policy.rbac import Scope
@@ -215,6 +216,8 @@ def _routes(settings: Settings, store: PolicyStore, authenticator: Authenticator
         Route("/metrics", metrics_route, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
+    if settings.websocket.enabled:
+        routes += websocket.routes()
     if settings.console.enabled:
         throttle = SignInThrottle(settings.console.sign_in_failures, settings.console.sign_in_window_seconds)
         console = Console(store, authenticator, metrics, lifetime=settings.console.session_seconds,

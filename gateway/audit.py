@@ -36,7 +36,7 @@ from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferflux.gateway.auth import PUBLIC_PATHS
-from inferflux.gateway.context import get_context, header, route_template
+from inferflux.gateway.context import TRANSPORT_KEY, get_context, header, route_template
 from inferflux.gateway.errors import render_error
 from inferflux.gateway.logs.redaction import redact
 from inferflux.gateway.metrics import CLIENT_CLOSED_STATUS, KNOWN_METHODS
@@ -200,7 +200,8 @@ def refusal_key(event: AuditEvent) -> tuple[str, str, int, str]:
 
 
 def route_of(scope: Scope) -> str:
-    """``METHOD /path/{template}``: the route's template, never the raw path.
+    """``METHOD /path/{template}``: the route's template, never the raw path; ``WEBSOCKET`` in the method's
+    place for a request sent on ``/v1/websocket`` (``gateway.websocket``).
 
     A raw path can hold anything a client typed, a key pasted in the wrong
     place included, and is unbounded; a refusal answered before routing (a
@@ -208,6 +209,8 @@ def route_of(scope: Scope) -> str:
     """
     method = scope.get("method", "")
     method = method if method in KNOWN_METHODS else "OTHER"
+    if scope.get(TRANSPORT_KEY) == "websocket":  # sent on /v1/websocket, as the route's POST
+        method = "WEBSOCKET"
     template = route_template(scope)
     if template == "unmatched":
         app = scope.get("app")

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from inferflux.policy.errors import ApiError
 
 SCOPE_KEY = "inferflux.context"
+# "websocket" on a request sent over a WebSocket connection (gateway.websocket): its audit route says so.
+TRANSPORT_KEY = "inferflux.transport"
 REQUEST_ID_HEADER = "x-request-id"
 
 # A caller-supplied id ends up in logs and (later) audit records; accept only a

@@ -61,6 +61,7 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False
         self.deadline = asyncio.Event()
+        self.begun = asyncio.Event()  # set with ``draining`` by ``begin``: what a WebSocket connection waits on
         self.inflight = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -69,6 +70,7 @@ class Drain:
         if self.draining:
             return
         self.draining = True
+        self.begun.set()
         log.warning("shutting down: refusing new requests; %d in flight get up to %.0f s", self.inflight, grace)
         self._task = asyncio.get_running_loop().create_task(self._finish(grace, then), name="drain")
 

@@ -48,7 +48,7 @@ log = logging.getLogger("inferflux.gateway.slowclients")
 CLIENT_TIMEOUT_REASON = "client_timeout"
 
 if TYPE_CHECKING:
-    from inferflux.gateway.settings import InputLimitSettings
+    from inferflux.gateway.settings import InputLimitSettings, WebSocketSettings
 
 
 class RequestTimeout(GatewayError):
@@ -102,6 +102,8 @@ def deadline_protocol(header_timeout: float, write_timeout: float | None = None)
 
         def _header_deadline_passed(self) -> None:
             self._header_timer = None
+            if self.transport.get_protocol() is not self:  # upgraded to a WebSocket: no longer an HTTP connection
+                return
             # A cycle that has not answered yet means its headers arrived: the body has its own deadline.
             if self.cycle is not None and not self.cycle.response_complete:
                 return
@@ -150,12 +152,19 @@ def _drop(transport: Any) -> None:
     transport.abort()
 
 
-def server_options(limits: InputLimitSettings, stream_write_timeout: float | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``uvicorn.Config``: the header and write deadlines and the keep-alive timeout."""
-    return {
+def server_options(limits: InputLimitSettings, stream_write_timeout: float | None = None,
+                   websocket: WebSocketSettings | None = None) -> dict[str, Any]:  # fmt: skip
+    """Keyword arguments for ``uvicorn.Config``: the header and write deadlines and the keep-alive timeout;
+    with ``websocket``, the WebSocket pings and the largest frame read (``gateway.websocket``)."""
+    options: dict[str, Any] = {
         "http": deadline_protocol(limits.header_timeout_seconds, stream_write_timeout),
         "timeout_keep_alive": limits.keep_alive_timeout_seconds,
     }
+    if websocket is not None:
+        options.update(ws_ping_interval=websocket.ping_interval_seconds, ws_ping_timeout=websocket.ping_interval_seconds,
+                       # Up to twice the limit is read, so that an oversize message gets its 413 event, not a close.
+                       ws_max_size=2 * websocket.max_message_bytes)  # fmt: skip
+    return options
 
 
 class BodyDeadlineMiddleware:

@@ -34,6 +34,7 @@ from inferflux.gateway import settings as gateway_settings
 from inferflux.gateway.cli import build_parser
 from inferflux.gateway.cli.common import subcommands
 from inferflux.gateway.cli.completion import leaves
+from inferflux.gateway import websocket
 from inferflux.gateway.routes import admin, health, openai
 from inferflux.gateway.settings import load_settings
 from inferflux.gateway.settings.loading import ENV_KEYS
@@ -299,8 +300,9 @@ def api_paths() -> list[tuple[str, str, list[str]]]:
 
 
 def api_routes() -> list[BaseRoute]:
-    """The routes of the tenant API, the admin API and the probes (the app adds /metrics and /openapi.json)."""
-    return [*openai.routes(), *admin.routes(), *health.routes()]
+    """The routes of the tenant API, the admin API, the probes and the WebSocket (the app adds /metrics and
+    /openapi.json)."""
+    return [*openai.routes(), *admin.routes(), *health.routes(), *websocket.routes()]
 
 
 def unrouted(named: str, methods: list[str], routes: list[BaseRoute]) -> list[str]:
@@ -308,8 +310,11 @@ def unrouted(named: str, methods: list[str], routes: list[BaseRoute]) -> list[st
     concrete = PLACEHOLDER.sub("x1", named)
 
     def best(method: str) -> Match:
-        scope = {"type": "http", "path": concrete, "root_path": "", "method": method}
-        return max((route.matches(scope)[0] for route in routes), key=lambda m: m.value, default=Match.NONE)
+        scopes = [{"type": "http", "path": concrete, "root_path": "", "method": method}]
+        if method == "GET":  # a WebSocket's handshake is a GET
+            scopes.append({"type": "websocket", "path": concrete, "root_path": ""})
+        return max((route.matches(scope)[0] for route in routes for scope in scopes), key=lambda m: m.value,
+                   default=Match.NONE)  # fmt: skip
 
     if not methods:
         return [] if best("GET") is not Match.NONE else [""]
@@ -327,7 +332,8 @@ def test_every_api_path_the_docs_name_is_a_route() -> None:
 
 @pytest.mark.parametrize(
     ("path", "methods"),
-    [("/admin/v1/tenant/x1/keys", []), ("/admin/v1/usage", ["DELETE"]), ("/v1/completion", ["POST"])],
+    [("/admin/v1/tenant/x1/keys", []), ("/admin/v1/usage", ["DELETE"]), ("/v1/completion", ["POST"]),
+     ("/v1/websocket", ["POST"]), ("/v1/websockets", [])],
 )
 def test_a_wrong_api_path_or_method_is_caught(path: str, methods: list[str]) -> None:
     routes = api_routes()

@@ -65,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
         # SIGTERM: readiness fails, new requests get 503, requests in flight get this long.
         grace=settings.server.shutdown_grace_seconds,
         # Slow clients: header, write and keep-alive deadlines (the body's is a middleware of the app).
-        **server_options(settings.input_limits, settings.server.stream_write_timeout_seconds),
+        **server_options(settings.input_limits, settings.server.stream_write_timeout_seconds, settings.websocket),
     )
     return EXIT_OK
 
@@ -90,6 +90,7 @@ def _serve_settings(args: argparse.Namespace) -> Settings | int:
                 "registry.path": args.registry_path,
                 "registry.poll_interval_seconds": args.registry_poll_interval,
                 "max_body_bytes": args.max_body_bytes,
+                "websocket.enabled": args.websocket,
             },
         )
         ensure_data_dir(settings.data_dir)
@@ -306,6 +307,14 @@ def _add_server_arguments(serve: argparse.ArgumentParser) -> None:
         "--max-body-bytes",
         metavar="SIZE",
         help="largest accepted request body, e.g. 4MiB (default: 4MiB; env: INFERFLUX_MAX_BODY_BYTES)",
+    )
+    serve.add_argument(
+        "--no-websocket",
+        dest="websocket",
+        action="store_const",
+        const=False,
+        help="do not serve /v1/websocket, several streamed requests on one WebSocket connection (default: served; "
+        "its limits are the websocket section of the config; env: INFERFLUX_WEBSOCKET)",
     )
     serve.add_argument(
         "--log-level",

@@ -110,6 +110,12 @@ YAML file (``--config`` or ``INFERFLUX_CONFIG``), every key optional::
       idle_seconds: 1800    # it ends after this long without a request
       sign_in_failures: 5   # failed API-key sign-ins a source (address, IPv6 /64) may make in the window,
       sign_in_window_seconds: 60   # then 429 + Retry-After until the oldest leaves it
+    websocket:              # /v1/websocket: streamed requests over one connection (docs/api.md#websocket)
+      enabled: true         # false: no /v1/websocket route
+      max_in_flight: 8      # requests running at once on one connection; one more gets a 429-shaped error event
+      max_message_bytes: 4MiB   # a larger message gets a 413-shaped error event; over twice this, close 1009
+      ping_interval_seconds: 20   # protocol pings; a peer silent as long again is closed
+      idle_timeout_seconds: 300   # nothing in flight and nothing sent this long: closed (1000)
     ratelimit:              # the limits themselves are policies in the store (admin API)
       backend: memory       # memory (per process: N replicas admit N times each limit) | redis (use for replicas)
       redis_url: redis://127.0.0.1:6379/0
@@ -139,6 +145,7 @@ Environment variables (each sets the key beside it):
     INFERFLUX_LOG_LEVEL              log_level
     INFERFLUX_LOG_FORMAT             log_format
     INFERFLUX_TRACING                tracing.enabled (true/false)
+    INFERFLUX_WEBSOCKET              websocket.enabled (true/false)
     INFERFLUX_BACKEND                backend
     INFERFLUX_BACKEND_PRIORITY       runtime.backend_priority (comma separated)
     INFERFLUX_CPU_ISA                runtime.cpu_isa
@@ -195,6 +202,7 @@ from inferflux.gateway.settings.sections import (
     RateLimitSettings,
     ServerSettings,
     TracingSettings,
+    WebSocketSettings,
     parse_size,
 )
 
@@ -215,6 +223,7 @@ __all__ = [
     "ManifestRegistrySettings",
     "ModelEntry",
     "ModelRegistrySettings",
+    "WebSocketSettings",
     "RateLimitSettings",
     "RuntimeSettings",
     "ServerSettings",

@@ -35,6 +35,7 @@ ENV_KEYS: dict[str, str] = {
     "INFERFLUX_LOG_LEVEL": "log_level",
     "INFERFLUX_LOG_FORMAT": "log_format",
     "INFERFLUX_TRACING": "tracing.enabled",
+    "INFERFLUX_WEBSOCKET": "websocket.enabled",
     "INFERFLUX_BACKEND": "backend",
     "INFERFLUX_BACKEND_PRIORITY": "runtime.backend_priority",
     "INFERFLUX_CPU_ISA": "runtime.cpu_isa",

@@ -24,6 +24,7 @@ from inferflux.gateway.settings.sections import (
     AuthSettings,
     ByteSize,
     ConsoleSettings,
+    WebSocketSettings,
     Dtype,
     InputLimitSettings,
     LogFormat,
@@ -74,6 +75,7 @@ class Settings(BaseModel):
     store: StoreSettings = Field(default_factory=StoreSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    websocket: WebSocketSettings = Field(default_factory=WebSocketSettings)
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     audit: AuditSettings = Field(default_factory=AuditSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)

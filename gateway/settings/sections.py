@@ -58,6 +58,25 @@ class ConsoleSettings(BaseModel):
     sign_in_window_seconds: float = Field(default=60.0, ge=1, le=86400)
 
 
+class WebSocketSettings(BaseModel):
+    """The WebSocket front door at ``/v1/websocket`` (``gateway.websocket``): several streamed requests on one
+    connection, each through the same policy chain as its HTTP route."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    # Requests one connection may have running at once; one more is refused with a 429-shaped error event.
+    max_in_flight: int = Field(default=8, ge=1, le=1024)
+    # A client message larger than this gets a 413-shaped error event (the connection stays open); one over
+    # twice this is closed by the server with 1009, unread.
+    max_message_bytes: ByteSize = 4 * 1024 * 1024
+    # The server pings every this many seconds (protocol pings, which every client library answers); a peer
+    # that has not answered within as long again is closed.
+    ping_interval_seconds: float = Field(default=20.0, gt=0, le=3600)
+    # A connection with nothing in flight that sends nothing for this long is closed (1000).
+    idle_timeout_seconds: float = Field(default=300.0, gt=0, le=86400)
+
+
 class AuthSettings(BaseModel):
     """How long authentication decisions are cached (see ``gateway.auth``)."""
 

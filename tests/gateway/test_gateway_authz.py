@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from starlette.routing import Mount, Route
-from starlette.testclient import TestClient
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.testclient import TestClient, WebSocketDenialResponse
 
 from inferflux.gateway.auth import CONSOLE_PREFIX, PUBLIC_PATHS, Authenticator
 from inferflux.gateway.authz import SCOPE_ATTR
@@ -287,9 +287,39 @@ def app_routes(app: Any) -> Iterator[tuple[str, str, Any]]:
             # The web console signs its users in itself and calls the routes below for them
             # (tests/gateway/test_console.py checks it answers as they do).
             continue
+        if isinstance(route, WebSocketRoute):  # a handshake, not a method: WEBSOCKET_ROUTES below
+            continue
         assert isinstance(route, Route), f"a route of another kind ({route!r}) is not covered by these tests"
         for method in sorted(route.methods or ()):
             yield method, route.path, route.endpoint
+
+
+# The WebSocket routes, by the scope their handshake requires (each request on them is then its HTTP route's).
+WEBSOCKET_ROUTES: dict[str, Scope] = {"/v1/websocket": G}
+
+
+def test_websocket_routes_are_listed_with_their_scope(world: World) -> None:
+    served = {r.path: r.endpoint for r in world.app.routes if isinstance(r, WebSocketRoute)}
+    assert set(served) == set(WEBSOCKET_ROUTES), "a WebSocket route was added or removed: add it to WEBSOCKET_ROUTES"
+    for path, endpoint in served.items():
+        assert getattr(endpoint, SCOPE_ATTR, None) == WEBSOCKET_ROUTES[path], path
+
+
+@pytest.mark.parametrize("role", [*ROLES, None])
+@pytest.mark.parametrize("path", sorted(WEBSOCKET_ROUTES))
+def test_each_role_gets_the_websocket_handshake_its_scope_allows(world: World, role: str | None, path: str) -> None:
+    headers = bearer(world.keys[role]) if role else {}
+    if role is not None and WEBSOCKET_ROUTES[path] in ROLE_HAS[role]:
+        with world.client.websocket_connect(path, headers=headers) as ws:
+            ws.send_json({"id": "x", "type": "cancel"})  # accepted: the session answers
+            assert ws.receive_json()["error"]["code"] == "unknown_id"
+        return
+    with pytest.raises(WebSocketDenialResponse) as denied:
+        with world.client.websocket_connect(path, headers=headers):
+            pass
+    assert denied.value.status_code == (401 if role is None else 403)
+    expected = "missing_credentials" if role is None else "insufficient_scope"
+    assert denied.value.json()["error"]["code"] == expected
 
 
 def test_role_table_is_as_documented() -> None:

@@ -11,6 +11,10 @@ model, real audit spool):
   overrides, very long strings, integers of thousands of digits, ``1e400``,
   ``-0``, ``NaN`` and ``Infinity`` — sent as raw JSON text, and generation
   requests for the real model with hostile prompts and stop sequences;
+* hostile messages on one ``/v1/websocket`` connection (issue 48): hostile JSON,
+  envelopes of hostile ids, types and bodies, and the generation requests above in
+  a valid envelope; every error event's status must be below 500 and the
+  connection must take a request after them all;
 * hostile schemas (issue 44) in ``response_format``, in ``tools`` (with every
   ``tool_choice``) and as ``guided_regex``: deep nesting, huge enums, many
   patterns (in one ``allOf`` and spread out), recursive ``$ref``, huge
@@ -37,6 +41,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
+from websockets.sync.client import connect as ws_connect
 from schemathesis import GenerationMode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -53,6 +58,7 @@ SCHEMA_EXAMPLES = max(1, round(40 * SCALE))  # per operation; 58 operations
 BODY_EXAMPLES = max(1, round(3400 * SCALE))  # hostile bodies over every operation that reads one (also the margin over MIN_CASES)
 GENERATION_EXAMPLES = max(1, round(200 * SCALE))  # hostile generation requests (the model runs)
 SCHEMA_BODY_EXAMPLES = max(1, round(100 * SCALE))  # hostile schemas and tool lists (grammar workers run)
+WEBSOCKET_EXAMPLES = max(1, round(200 * SCALE))  # hostile messages on one /v1/websocket connection
 MIN_CASES = round(5000 * min(SCALE, 1))
 # The fuzzed app's grammar budget (for each request's new grammars), and the longest a hostile-schema request
 # may take: a wait for a worker, the budget's wall time, and a margin for starting a worker, loading its
@@ -96,7 +102,7 @@ def fuzz(make_app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fu
         store.close()
     print(f"\nfuzz: {state.cases} cases, {len(state.failures)} answered 5xx")  # in the log with -s / -rP
     assert not state.failures, "\n".join(state.failures[:20])
-    if state.runs == len(_operation_ids()) + 3:  # the whole module ran (not a -k selection)
+    if state.runs == len(_operation_ids()) + 4:  # the whole module ran (not a -k selection)
         assert state.cases >= MIN_CASES, f"only {state.cases} fuzz cases ran (at least {MIN_CASES} expected)"
 
 
@@ -401,6 +407,53 @@ def test_hostile_generation_requests_find_no_5xx(fuzz: Fuzz, client: httpx.Clien
         record(fuzz, f"{role} POST {path} {text[:200]!r}", response)
 
     run()
+    fuzz.runs += 1
+
+
+# -- the WebSocket front door ------------------------------------------------------------------
+
+WS_TYPES = st.one_of(st.sampled_from(["chat.completions", "completions", "cancel"]), HOSTILE_TEXT, hostile_values())
+
+
+def websocket_messages() -> st.SearchStrategy[str]:
+    """Hostile JSON, envelopes of hostile ids, types and bodies, and generation requests in a valid envelope."""
+    generation = generation_bodies().filter(lambda r: r[0] in ("/v1/chat/completions", "/v1/completions")).map(
+        lambda r: {"id": "g", "type": r[0].removeprefix("/v1/").replace("chat/", "chat."), "body": r[1]})
+    envelope = st.fixed_dictionaries({}, optional={"id": st.one_of(HOSTILE_TEXT, hostile_values()), "type": WS_TYPES,
+                                                   "body": hostile_values()})  # fmt: skip
+    return st.one_of(HOSTILE_TEXT, hostile_values().map(_json_text), envelope.map(_json_text),
+                     generation.map(_json_text))  # fmt: skip
+
+
+def _ws_answer(ws: Any, what: str, fuzz: Fuzz) -> None:
+    """The events of one message, up to its end; an error event of status 500 or more is a failure."""
+    fuzz.cases += 1
+    while True:
+        event = json.loads(ws.recv(timeout=60))
+        if event.get("type") == "error" and not 400 <= event.get("status", 0) < 500:
+            fuzz.failures.append(f"websocket {what} -> {event.get('status')}: {json.dumps(event)[:300]}")
+        if event.get("type") in ("done", "error", "cancelled"):
+            return
+
+
+def test_hostile_websocket_messages_find_no_5xx(fuzz: Fuzz) -> None:
+    url = fuzz.url.replace("http://", "ws://") + "/v1/websocket"
+    with ws_connect(url, additional_headers=fuzz.headers["member"], open_timeout=30) as ws:
+
+        @given(message=websocket_messages())
+        @settings(max_examples=WEBSOCKET_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+                  derandomize=True)  # fmt: skip
+        def run(message: str) -> None:
+            data = message.encode("utf-8", "surrogatepass")
+            ws.send(data if len(data) % 2 else message if message.isprintable() and data.isascii() else data)
+            _ws_answer(ws, repr(message[:200]), fuzz)
+
+        run()
+        ws.send(json.dumps({"id": "after", "type": "completions", "body": {"model": MODEL, "prompt": "Hi", "max_tokens": 2}}))
+        last = json.loads(ws.recv(timeout=60))
+        while last["type"] == "chunk":
+            last = json.loads(ws.recv(timeout=60))
+        assert last["id"] == "after" and last["type"] == "done", "the connection no longer takes requests"
     fuzz.runs += 1
 
 

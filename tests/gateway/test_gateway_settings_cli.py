@@ -58,6 +58,24 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     assert from_flags.engine.kv_cache_bytes == 32 * 1024**2
 
 
+def test_the_websocket_section_from_the_file_the_environment_and_the_flag(tmp_path: Path) -> None:
+    from inferflux.gateway.slowclients import server_options
+
+    defaults = load_settings(env={}).websocket
+    assert (defaults.enabled, defaults.max_in_flight, defaults.max_message_bytes) == (True, 8, 4 * 1024**2)
+    config = write(tmp_path, "websocket:\n  max_in_flight: 2\n  max_message_bytes: 64KiB\n  ping_interval_seconds: 5\n")
+    from_file = load_settings(config, env={})
+    assert (from_file.websocket.enabled, from_file.websocket.max_in_flight) == (True, 2)
+    options = server_options(from_file.input_limits, None, from_file.websocket)
+    assert (options["ws_ping_interval"], options["ws_ping_timeout"], options["ws_max_size"]) == (5, 5, 128 * 1024)
+    assert not load_settings(config, env={"INFERFLUX_WEBSOCKET": "false"}).websocket.enabled
+    args = cli.build_parser().parse_args(["serve", "--no-websocket"])
+    assert not load_settings(config, env={}, overrides={"websocket.enabled": args.websocket}).websocket.enabled
+    assert cli.build_parser().parse_args(["serve"]).websocket is None  # unset: the file's or the environment's
+    with pytest.raises(ConfigError, match="max_in_flight"):
+        load_settings(write(tmp_path, "websocket:\n  max_in_flight: 0\n"), env={})
+
+
 def test_config_file_from_env_and_models(tmp_path: Path) -> None:
     config = write(
         tmp_path,
@@ -199,7 +217,8 @@ def test_help_runs(args: list[str]) -> None:
 
 def test_serve_help_documents_flags() -> None:
     out = subprocess.run([*INFERCTL, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
-    for flag in ("--model", "--backend", "--host", "--port", "--data-dir", "--config", "--dtype", "--log-level"):
+    for flag in ("--model", "--backend", "--host", "--port", "--data-dir", "--config", "--dtype", "--log-level",
+                 "--no-websocket"):
         assert flag in out
     assert "INFERFLUX_PORT" in out
 

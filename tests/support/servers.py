@@ -39,7 +39,7 @@ def _gateway_options(app: Any) -> dict[str, Any]:
         return {}
     from inferflux.gateway.slowclients import server_options
 
-    return server_options(settings.input_limits, settings.server.stream_write_timeout_seconds)
+    return server_options(settings.input_limits, settings.server.stream_write_timeout_seconds, settings.websocket)
 
 
 def stop_uvicorn(server: Any, thread: threading.Thread, sock: socket.socket) -> None:
