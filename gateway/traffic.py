@@ -30,7 +30,7 @@ from inferflux.policy.audit.checkpoint import CHECKPOINT_PURPOSE, Checkpointer, 
 from inferflux.policy.audit.refusals import RefusalAggregator
 from inferflux.policy.errors import StoreUnavailable
 from inferflux.policy.guardrails import GuardrailResolver
-from inferflux.policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter, RedisBackend
+from inferflux.policy.ratelimit import MemoryBackend, PolicyResolver, RateLimiter
 from inferflux.policy.snapshot import StoreSnapshot
 from inferflux.policy.usage.store import UsageStore
 
@@ -89,6 +89,9 @@ class TrafficPolicy:
         rl = settings.ratelimit
         backend: Any
         if rl.backend == "redis":
+            # Imported only here: the redis client is 24 MiB resident that an embedded server does not need.
+            from inferflux.policy.ratelimit import RedisBackend
+
             backend = RedisBackend.from_url(rl.redis_url, prefix=rl.redis_prefix, timeout=rl.redis_timeout_seconds)
         else:
             backend = MemoryBackend(settings.data_dir / "ratelimit")

@@ -38,16 +38,11 @@ import numpy as np
 from inferflux.backends.engine import EmbeddingResult, EngineStats, RequestOutput, TokenLogprob
 from inferflux.backends.openai.errors import UpstreamFailed
 from inferflux.backends.openai.fleet import Fleet, FleetConfig
-from inferflux.backends.openai.request import RemoteEmbeddingRequest, RemoteRequest
+from inferflux.backends.openai.request import RemoteEmbeddingRequest, RemoteRequest, estimate_tokens
 
 ROUTES = {"chat": "/chat/completions", "completion": "/completions"}
 # Upstreams stream deltas; vLLM, llama.cpp, SGLang and TGI name a finished choice with these.
 FINISH_REASONS = {"stop", "length", "content_filter", "tool_calls", "function_call"}
-
-
-def estimate_tokens(text: str) -> int:
-    """Tokens a text is charged before (or without) the upstream's count: about four characters a token."""
-    return max(1, math.ceil(len(text) / 4)) if text else 0
 
 
 class RemoteEngine:

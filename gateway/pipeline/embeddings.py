@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from inferflux.backends.engine import EmbeddingRequest, EmbeddingResult, EmbeddingsUnsupportedError, EngineStepError
 from inferflux.backends.engine import InputTooLongError, InvalidRequestError
-from inferflux.backends.openai.engine import estimate_tokens
+from inferflux.backends.openai.request import estimate_tokens
 from inferflux.backends.openai.request import RemoteEmbeddingRequest
 
 from inferflux.gateway.errors import ContextLengthExceeded, GatewayError, InternalError, InvalidRequest, UnsupportedParameter

@@ -16,7 +16,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from inferflux.backends.engine import SamplingParams, SamplingParamsError
-from inferflux.backends.openai.engine import estimate_tokens
+from inferflux.backends.openai.request import estimate_tokens
 from inferflux.backends.openai.request import RemoteRequest
 
 from inferflux.gateway.errors import InvalidRequest, UnsupportedParameter
